@@ -1,0 +1,418 @@
+"""The `F` namespace: every op, usable eagerly on numpy arrays and while tracing.
+
+Each function checks its arguments, builds the op's attrs, then either runs the numpy kernel (eager:
+no tensor argument is traced) or records a node (tracing). Eager results are the reference semantics.
+"""
+from __future__ import annotations
+
+import builtins
+
+import numpy as np
+
+from ..ir import ops as O
+from ..ir.types import is_symbol
+from ..runtime.kernels import KERNELS
+from .tracer import Tensor, as_array, current, trace_error, tracing
+
+_abs = builtins.abs
+
+
+def _is_traced(args) -> bool:
+    return any(isinstance(a, Tensor) for a in args)
+
+
+def _scalar_dtype(x, other: np.dtype) -> str:
+    """dtype of a Python scalar next to a tensor of dtype `other` (the tensor's dtype wins if it fits)."""
+    if isinstance(x, bool):
+        return "bool"
+    if isinstance(x, int):
+        return other.name if other.kind in "iuf" else "int64"
+    return other.name if other.kind == "f" else "float32"
+
+
+def _prep(args):
+    """Python scalars take the dtype of the tensor/array next to them."""
+    ref = next((a for a in args if isinstance(a, (Tensor, np.ndarray, np.generic))), None)
+    out = []
+    for a in args:
+        if isinstance(a, (bool, int, float)) and ref is not None:
+            a = np.asarray(a, _scalar_dtype(a, np.dtype(ref.dtype)))
+        out.append(a)
+    return out
+
+
+def apply(api: str, op: str, args: list, attrs=None):
+    """Run (eager) or record (tracing) `op` on `args`; returns a list of outputs."""
+    attrs = O.NoAttrs() if attrs is None else attrs
+    if _is_traced(args):
+        if not tracing():
+            raise trace_error(f"{api}: got a traced tensor outside of dt.trace (it escaped a finished trace)")
+        b = current()
+        vals = [a.value if isinstance(a, Tensor) else b.constant(as_array(a)) for a in args]
+        return [Tensor(v, b) for v in b.emit(op, vals, attrs, api=api)]
+    arrays = [as_array(a) for a in args]
+    fn = KERNELS[op]
+    if op in ("reshape", "broadcast_to", "full"):
+        return list(fn(attrs, *arrays, env={}))
+    return list(fn(attrs, *arrays))
+
+
+def _one(api, op, args, attrs=None):
+    return apply(api, op, args, attrs)[0]
+
+
+def _unary(name):
+    def f(x):
+        return _one(name, name, [x])
+    f.__name__ = name
+    f.__doc__ = f"Elementwise {name} (numpy semantics)."
+    return f
+
+
+def _binary(name):
+    def f(a, b):
+        return _one(name, name, _prep([a, b]))
+    f.__name__ = name
+    f.__doc__ = f"Elementwise {name} with numpy broadcasting."
+    return f
+
+
+neg, abs, exp, log, sqrt, rsqrt, tanh, sigmoid, relu, gelu, erf, sin, cos, floor, ceil, round, sign, \
+    logical_not, isnan = [_unary(n) for n in ["neg", "abs", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid",
+                                              "relu", "gelu", "erf", "sin", "cos", "floor", "ceil", "round",
+                                              "sign", "logical_not", "isnan"]]
+add, subtract, multiply, divide, power, maximum, minimum, equal, not_equal, less, less_equal, greater, \
+    greater_equal, logical_and, logical_or = [_binary(n) for n in [
+        "add", "subtract", "multiply", "divide", "power", "maximum", "minimum", "equal", "not_equal", "less",
+        "less_equal", "greater", "greater_equal", "logical_and", "logical_or"]]
+negative = neg
+
+
+def where(cond, x, y):
+    """`np.where(cond, x, y)`; `cond` must be bool."""
+    return _one("where", "where", [cond] + _prep([x, y]))
+
+
+def matmul(a, b):
+    """`np.matmul`: batched and broadcasting."""
+    return _one("matmul", "matmul", _prep([a, b]))
+
+
+def _axes(axis):
+    if axis is None:
+        return None
+    return (int(axis),) if isinstance(axis, (int, np.integer)) else tuple(int(x) for x in axis)
+
+
+def _reduction(name):
+    def f(x, axis=None, keepdims=False):
+        return _one(name, name, [x], O.ReduceAttrs(_axes(axis), bool(keepdims)))
+    f.__name__ = name
+    f.__doc__ = f"`np.{name}(x, axis, keepdims)`."
+    return f
+
+
+sum, mean, max, min, prod = [_reduction(n) for n in ["sum", "mean", "max", "min", "prod"]]
+
+
+def argmax(x, axis=None, keepdims=False):
+    """`np.argmax` as int64."""
+    return _one("argmax", "argmax", [x], O.ArgReduceAttrs(None if axis is None else int(axis), bool(keepdims)))
+
+
+def argmin(x, axis=None, keepdims=False):
+    """`np.argmin` as int64."""
+    return _one("argmin", "argmin", [x], O.ArgReduceAttrs(None if axis is None else int(axis), bool(keepdims)))
+
+
+def _dims(shape, api):
+    if isinstance(shape, (int, np.integer, str)):
+        shape = (shape,)
+    out = []
+    for d in shape:
+        if isinstance(d, Tensor):
+            raise trace_error(f"{api}: a shape entry is a traced tensor; pass the whole shape as a tensor "
+                              "(F.reshape(x, shape_tensor)) or use x.shape[i]")
+        if isinstance(d, (int, np.integer)):
+            out.append(int(d))
+        elif isinstance(d, str):
+            out.append(d)
+        else:
+            raise trace_error(f"{api}: shape entries must be ints or dims from x.shape, got {d!r}")
+    return tuple(out)
+
+
+def reshape(x, shape):
+    """`np.reshape`; one -1 allowed; symbolic dims from `x.shape` allowed; a 1-d int tensor `shape`
+    gives a data-dependent reshape."""
+    if isinstance(shape, (Tensor, np.ndarray)) and (isinstance(shape, Tensor) or isinstance(x, Tensor)):
+        return _one("reshape", "reshape_dyn", [x, shape])
+    return _one("reshape", "reshape", [x], O.ReshapeAttrs(_dims(shape, "reshape")))
+
+
+def transpose(x, axes=None):
+    """`np.transpose`."""
+    return _one("transpose", "transpose", [x], O.TransposeAttrs(None if axes is None else tuple(int(a) for a in axes)))
+
+
+def expand_dims(x, axis):
+    """`np.expand_dims` with one axis."""
+    return _one("expand_dims", "expand_dims", [x], O.AxisAttrs(int(axis)))
+
+
+def squeeze(x, axis=None):
+    """`np.squeeze`."""
+    return _one("squeeze", "squeeze", [x], O.AxesAttrs(_axes(axis)))
+
+
+def concat(xs, axis=0):
+    """`np.concatenate`."""
+    return _one("concat", "concat", _prep(list(xs)), O.AxisAttrs(int(axis)))
+
+
+concatenate = concat
+
+
+def stack(xs, axis=0):
+    """`np.stack`."""
+    return _one("stack", "stack", _prep(list(xs)), O.AxisAttrs(int(axis)))
+
+
+def split(x, sections, axis=0):
+    """`np.split`: `sections` is a count of equal parts or a list of split indices. Returns a list."""
+    sec = int(sections) if isinstance(sections, (int, np.integer)) else tuple(int(s) for s in sections)
+    return apply("split", "split", [x], O.SplitAttrs(sec, int(axis)))
+
+
+def slice(x, starts, stops, steps=None, axes=None):
+    """`x[starts[i]:stops[i]:steps[i]]` along `axes` (default: the first len(starts) axes)."""
+    n = len(starts)
+    axes = tuple(range(n)) if axes is None else tuple(int(a) for a in axes)
+    steps = (1,) * n if steps is None else tuple(steps)
+    norm = lambda v: None if v is None else int(v)
+    return _one("slice", "slice", [x], O.SliceAttrs(axes, tuple(map(norm, starts)), tuple(map(norm, stops)),
+                                                    tuple(int(s) for s in steps)))
+
+
+strided_slice = slice
+
+
+def getitem(x, idx):
+    """numpy basic indexing (ints, slices, None, ...) plus an int tensor (take) or bool tensor (mask)."""
+    if not isinstance(idx, tuple):
+        idx = (idx,)
+    if len(idx) == 1 and isinstance(idx[0], (Tensor, np.ndarray)) and not isinstance(idx[0], (int, np.integer)):
+        i = idx[0]
+        if np.dtype(i.dtype) == np.bool_:
+            return boolean_mask(x, i)
+        return take(x, i, axis=0)
+    ndim = x.ndim if isinstance(x, Tensor) else np.ndim(x)
+    n_real = builtins.sum(1 for i in idx if i is not None and i is not Ellipsis)
+    if n_real > ndim:
+        raise trace_error(f"index {idx} has too many entries for a tensor of rank {ndim}")
+    expanded = []
+    for i in idx:
+        if i is Ellipsis:
+            expanded.extend([builtins.slice(None)] * (ndim - n_real))
+        else:
+            expanded.append(i)
+    axes, starts, stops, steps, squeeze_axes, new_axes = [], [], [], [], [], []
+    ax = 0
+    out_pos = 0
+    for i in expanded:
+        if i is None:
+            new_axes.append(out_pos)
+            out_pos += 1
+            continue
+        if isinstance(i, (int, np.integer)):
+            i = int(i)
+            d = (x.shape if isinstance(x, Tensor) else np.shape(x))[ax]
+            if isinstance(d, int) and not -d <= i < d:
+                raise trace_error(f"index {i} is out of range for axis {ax} of size {d}")
+            axes.append(ax), starts.append(i), stops.append(i + 1 if i != -1 else None), steps.append(1)
+            squeeze_axes.append(ax)
+        elif isinstance(i, builtins.slice):
+            if i != builtins.slice(None):
+                axes.append(ax), starts.append(i.start), stops.append(i.stop), steps.append(1 if i.step is None else i.step)
+            out_pos += 1
+        else:
+            raise trace_error(f"unsupported index {i!r}; use ints, slices, None, or one int/bool tensor")
+        ax += 1
+    y = slice(x, starts, stops, steps, axes) if axes else x
+    if squeeze_axes:
+        y = squeeze(y, tuple(squeeze_axes))
+    for p in new_axes:
+        y = expand_dims(y, p)
+    return y
+
+
+def take(x, indices, axis=0):
+    """`np.take(x, indices, axis)`; indices must be in range."""
+    return _one("take", "take", [x, indices], O.AxisAttrs(int(axis)))
+
+
+def embedding(ids, weight):
+    """Embedding lookup: `weight[ids]`."""
+    return take(weight, ids, axis=0)
+
+
+def broadcast_to(x, shape):
+    """`np.broadcast_to` (materialized)."""
+    return _one("broadcast_to", "broadcast_to", [x], O.ShapeAttrs(_dims(shape, "broadcast_to")))
+
+
+def flatten(x, start_axis=0, end_axis=-1):
+    """Merge axes `start_axis..end_axis` into one (torch.flatten). Default: to 1-d."""
+    shape = x.shape if isinstance(x, Tensor) else np.shape(x)
+    nd = len(shape)
+    if nd == 0:
+        return reshape(x, (1,))
+    s, e = start_axis % nd, end_axis % nd
+    return reshape(x, tuple(shape[:s]) + (-1,) + tuple(shape[e + 1:]))
+
+
+def tile(x, reps):
+    """`np.tile`."""
+    reps = (int(reps),) if isinstance(reps, (int, np.integer)) else tuple(int(r) for r in reps)
+    return _one("tile", "tile", [x], O.TileAttrs(reps))
+
+
+def pad(x, pad_width, value=0.0):
+    """`np.pad(x, pad_width, constant_values=value)` (constant mode)."""
+    ndim = x.ndim if isinstance(x, Tensor) else np.ndim(x)
+    pw = np.broadcast_to(np.asarray(pad_width, dtype=np.int64), (ndim, 2))
+    return _one("pad", "pad", [x], O.PadAttrs(tuple((int(a), int(b)) for a, b in pw), float(value)))
+
+
+def cast(x, dtype):
+    """`x.astype(dtype)`."""
+    return _one("cast", "cast", [x], O.CastAttrs(np.dtype(dtype).name))
+
+
+astype = cast
+
+
+def softmax(x, axis=-1):
+    """Softmax along `axis`."""
+    return _one("softmax", "softmax", [x], O.AxisAttrs(int(axis)))
+
+
+def log_softmax(x, axis=-1):
+    """Log-softmax along `axis`."""
+    return _one("log_softmax", "log_softmax", [x], O.AxisAttrs(int(axis)))
+
+
+def layer_norm(x, gamma, beta, eps=1e-5):
+    """Layer norm over the trailing `gamma.ndim` axes: `(x - mean) / sqrt(var + eps) * gamma + beta`."""
+    return _one("layer_norm", "layer_norm", [x, gamma, beta], O.LayerNormAttrs(float(eps)))
+
+
+def full(shape, fill_value, dtype=None):
+    """`np.full`; dtype defaults to float32 for floats, int64 for ints, bool for bools."""
+    if dtype is None:
+        dtype = as_array(fill_value).dtype
+    return _one("full", "full", [], O.FullAttrs(_dims(shape, "full"), _pyscalar(fill_value), np.dtype(dtype).name))
+
+
+def _pyscalar(v):
+    return v.item() if isinstance(v, (np.generic, np.ndarray)) else v
+
+
+def zeros(shape, dtype="float32"):
+    """`np.zeros` (float32 by default)."""
+    return full(shape, 0, dtype)
+
+
+def ones(shape, dtype="float32"):
+    """`np.ones` (float32 by default)."""
+    return full(shape, 1, dtype)
+
+
+def full_like(x, fill_value, dtype=None):
+    """`np.full_like`."""
+    return _one("full_like", "full_like", [x],
+                O.FullLikeAttrs(_pyscalar(fill_value), None if dtype is None else np.dtype(dtype).name))
+
+
+def zeros_like(x, dtype=None):
+    """`np.zeros_like`."""
+    return full_like(x, 0, dtype)
+
+
+def ones_like(x, dtype=None):
+    """`np.ones_like`."""
+    return full_like(x, 1, dtype)
+
+
+def arange(start, stop=None, step=1, dtype=None):
+    """`np.arange`; tensor bounds give a data-dependent length. dtype: int64 for ints, else float32."""
+    if stop is None:
+        start, stop = 0, start
+    bounds = [start, stop, step]
+    if dtype is None:
+        kinds = [np.dtype(b.dtype).kind if isinstance(b, (Tensor, np.ndarray, np.generic)) else
+                 ("f" if isinstance(b, float) else "i") for b in bounds]
+        dtype = "float32" if "f" in kinds else "int64"
+    dtype = np.dtype(dtype).name
+    if _is_traced(bounds):
+        return _one("arange", "arange_dyn", [cast(b, dtype) if isinstance(b, Tensor) else np.asarray(b, dtype)
+                                             for b in bounds], O.DtypeAttrs(dtype))
+    return _one("arange", "arange", [], O.ArangeAttrs(*[_pyscalar(b) for b in bounds], dtype))
+
+
+# ------------------------------------------------------------------------------ dynamic-shape ops
+def boolean_mask(data, mask, axis=0):
+    """`data[mask]` along `axis` (`np.compress(mask, data, axis)`); `mask` is 1-d bool.
+
+    Masking several tensors with the same traced mask gives results that share one length."""
+    outs = apply("boolean_mask", "boolean_mask", [data, mask], O.AxisAttrs(int(axis)))
+    if isinstance(outs[0], Tensor) and isinstance(mask, Tensor):
+        b = current()
+        key = b.lift(mask.value)
+        v = outs[0].value
+        ax = int(axis) % v.type.ndim
+        dim = b.mask_dims.setdefault(key, v.type.shape[ax])
+        if dim != v.type.shape[ax]:
+            from ..ir.types import TensorType
+            v.type = TensorType(v.type.shape[:ax] + (dim,) + v.type.shape[ax + 1:], v.type.dtype)
+    return outs[0]
+
+
+def nonzero(x):
+    """int64 indices of the non-zero entries, shape (x.ndim, n): `np.stack(np.nonzero(x))`."""
+    return _one("nonzero", "nonzero", [x])
+
+
+def unique(x, return_inverse=False, return_counts=False):
+    """`np.unique` of the flattened input; optionally the inverse (shaped like x) and counts."""
+    outs = apply("unique", "unique", [x], O.UniqueAttrs(bool(return_inverse), bool(return_counts)))
+    return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def shape_of(x):
+    """The shape of `x` as an int64 vector."""
+    return _one("shape_of", "shape_of", [x])
+
+
+def topk(x, k, axis=-1, largest=True):
+    """The `k` largest (or smallest) entries along `axis`, sorted, and their int64 indices.
+    `k` may be a 0-d integer tensor (data-dependent output size)."""
+    if isinstance(k, (Tensor, np.ndarray)) and not isinstance(k, np.generic):
+        if _is_traced([x, k]):
+            return tuple(apply("topk", "topk_dyn", [x, k], O.TopkAttrs(None, int(axis), bool(largest))))
+        k = int(k)
+    return tuple(apply("topk", "topk", [x], O.TopkAttrs(int(k), int(axis), bool(largest))))
+
+
+def all_ops_names() -> list:
+    """Names of the public F functions (for docs and tests)."""
+    return sorted(n for n, v in globals().items() if callable(v) and not n.startswith("_") and
+                  getattr(v, "__module__", "") == __name__ and n not in ("apply", "all_ops_names"))
+
+
+__all__ = all_ops_names() + ["all_ops_names"]
+
+
+from .tracer import _install_operators  # noqa: E402
+
+_install_operators()

@@ -1,0 +1,313 @@
+"""Tracing: `Tensor` proxies record ops into a `Builder`; `trace` turns a Python function into a Graph.
+
+Builders nest (one per subgraph being traced). A value from an outer builder used inside an inner
+one is *captured*: the inner builder gets a new input for it and remembers the outer value, so each
+subgraph is closed (JAX style) and the owning control-flow node passes captures explicitly.
+"""
+from __future__ import annotations
+
+import linecache
+import os
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+from dyntvm.errors import TraceError
+from ..ir.graph import Graph, Node, Value, assign_names
+from ..ir.ops import ConstantAttrs, ShapeError, get_op
+from ..ir.tree import tree_flatten, tree_unflatten
+from ..ir.types import TensorType, normalize_dtype
+
+_PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_PKG_DIRS = tuple(os.path.join(_PKG_ROOT, d) + os.sep for d in ("dyntvm", "ir", "frontend", "partition",
+                                                                  "codegen", "runtime"))
+_STACK: list["Builder"] = []
+
+
+def user_source() -> str:
+    """'file.py:LINE: code' of the innermost frame outside dyntvm (the user's line)."""
+    f = sys._getframe(1)
+    while f is not None and f.f_code.co_filename.startswith(_PKG_DIRS):
+        f = f.f_back
+    if f is None:
+        return ""
+    fn, line = f.f_code.co_filename, f.f_lineno
+    code = linecache.getline(fn, line).strip()
+    return f"{os.path.basename(fn)}:{line}: {code}" if code else f"{os.path.basename(fn)}:{line}"
+
+
+def trace_error(msg: str, source: str | None = None) -> TraceError:
+    source = user_source() if source is None else source
+    return TraceError(f"{msg}\n    at {source}" if source else msg)
+
+
+def tracing() -> bool:
+    return bool(_STACK)
+
+
+def current() -> "Builder":
+    return _STACK[-1]
+
+
+class Builder:
+    """Collects nodes for one (sub)graph."""
+
+    def __init__(self, parent: "Builder | None" = None):
+        self.parent = parent
+        self.inputs: list[Value] = []
+        self.nodes: list[Node] = []
+        self.owned: set = set()
+        self.captures: list[Value] = []         # values of the parent scope, in capture order
+        self.capture_inputs: dict = {}          # parent-scope value -> this builder's input
+        self.consts: dict = {}                  # id(array) -> (array, Value)
+        self.mask_dims: dict = {}               # (mask value, axis size) -> unknown dim
+
+    def __enter__(self):
+        _STACK.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        assert _STACK.pop() is self
+
+    def new_input(self, t: TensorType, name: str = "") -> Value:
+        v = Value(t, name)
+        self.inputs.append(v)
+        self.owned.add(v)
+        return v
+
+    def lift(self, v: Value) -> Value:
+        """`v` as seen from this builder, capturing it from outer scopes when needed."""
+        if v in self.owned:
+            return v
+        got = self.capture_inputs.get(v)
+        if got is not None:
+            return got
+        if self.parent is None:
+            raise trace_error("a traced tensor from another trace (or a finished one) was used here; "
+                              "keep traced tensors inside the function being traced")
+        outer = self.parent.lift(v)
+        got = self.capture_inputs.get(outer)
+        if got is None:
+            got = Value(outer.type, "")
+            self.owned.add(got)
+            self.captures.append(outer)
+            self.capture_inputs[outer] = got
+        return got
+
+    def constant(self, array: np.ndarray) -> Value:
+        hit = self.consts.get(id(array))
+        if hit is not None and hit[0] is array:
+            return hit[1]
+        data = np.array(array, copy=True)
+        data.flags.writeable = False
+        (v,) = self.emit("constant", [], ConstantAttrs(data), api="constant")
+        self.consts[id(array)] = (array, v)
+        return v
+
+    def emit(self, op: str, inputs: list, attrs, api: str | None = None, source: str | None = None) -> list:
+        opdef = get_op(op)
+        ins = [self.lift(v) for v in inputs]
+        try:
+            types = opdef.infer_type([v.type for v in ins], attrs)
+        except ShapeError as e:
+            raise trace_error(f"{api or op}: {e}; inputs are "
+                              f"{', '.join(str(v.type) for v in ins) or 'none'}", source) from None
+        node = Node(op, tuple(ins), attrs, source=user_source() if source is None else source)
+        node.outputs = tuple(Value(t, "", node, i) for i, t in enumerate(types))
+        self.owned.update(node.outputs)
+        self.nodes.append(node)
+        return list(node.outputs)
+
+    def add_node(self, node: Node) -> list:
+        """Append a node built elsewhere (control flow); its inputs must already be lifted."""
+        for i, v in enumerate(node.outputs):
+            v.producer, v.index = node, i
+        self.owned.update(node.outputs)
+        self.nodes.append(node)
+        return list(node.outputs)
+
+    def graph(self, outputs: list, name: str = "main", extra_inputs=()) -> Graph:
+        return Graph(list(self.inputs) + list(extra_inputs), list(self.nodes), list(outputs), name)
+
+
+class Tensor:
+    """A traced value. Supports numpy-style operators; see `dyntvm.F` for every op."""
+
+    __array_ufunc__ = None            # make `ndarray + Tensor` call Tensor.__radd__
+    __slots__ = ("value", "builder")
+
+    def __init__(self, value: Value, builder: Builder):
+        self.value, self.builder = value, builder
+
+    @property
+    def type(self) -> TensorType:
+        return self.value.type
+
+    @property
+    def shape(self) -> tuple:
+        return self.value.type.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(self.value.type.dtype)
+
+    @property
+    def ndim(self) -> int:
+        return self.value.type.ndim
+
+    @property
+    def T(self):
+        from . import ops
+        return ops.transpose(self)
+
+    def __repr__(self):
+        return f"Tensor({self.value.type})"
+
+    def _no(self, what, hint):
+        raise trace_error(f"{what} of a traced tensor {self.type} is not known while tracing; {hint}")
+
+    def __bool__(self):
+        self._no("bool()", "use F.cond / F.case for data-dependent branches or F.while_loop for loops")
+
+    def __int__(self):
+        self._no("int()", "keep it a tensor (F.cast) or use F.while_loop / F.cond on it")
+
+    def __float__(self):
+        self._no("float()", "keep it a tensor")
+
+    def __index__(self):
+        self._no("the integer value", "use F.take / F.slice with tensor indices")
+
+    def __iter__(self):
+        self._no("iteration", "use F.foreach to loop over axis 0")
+
+    def __len__(self):
+        self._no("len()", "use x.shape[0] (may be symbolic) or F.shape_of(x)")
+
+    def __array__(self, *a, **k):
+        self._no("the numpy value", "use dyntvm.F functions instead of numpy functions on traced tensors")
+
+    def __hash__(self):
+        return id(self)
+
+    def astype(self, dtype):
+        from . import ops
+        return ops.cast(self, dtype)
+
+    def reshape(self, *shape):
+        from . import ops
+        return ops.reshape(self, shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape)
+
+    def __getitem__(self, idx):
+        from . import ops
+        return ops.getitem(self, idx)
+
+
+def _install_operators():
+    from . import ops
+    pairs = {"add": "add", "sub": "subtract", "mul": "multiply", "truediv": "divide", "pow": "power",
+             "matmul": "matmul"}
+    for dunder, fn in pairs.items():
+        f = getattr(ops, fn)
+        setattr(Tensor, f"__{dunder}__", lambda a, b, f=f: f(a, b))
+        setattr(Tensor, f"__r{dunder}__", lambda a, b, f=f: f(b, a))
+    for dunder, fn in {"eq": "equal", "ne": "not_equal", "lt": "less", "le": "less_equal",
+                       "gt": "greater", "ge": "greater_equal", "and": "logical_and", "or": "logical_or"}.items():
+        f = getattr(ops, fn)
+        setattr(Tensor, f"__{dunder}__", lambda a, b, f=f: f(a, b))
+    Tensor.__rand__ = lambda a, b: ops.logical_and(b, a)
+    Tensor.__ror__ = lambda a, b: ops.logical_or(b, a)
+    Tensor.__neg__ = lambda a: ops.neg(a)
+    Tensor.__abs__ = lambda a: ops.abs(a)
+    Tensor.__invert__ = lambda a: ops.logical_not(a)
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Shape and dtype of a traced input. A dim is an int, a symbol name ("T"), or None (fresh symbol).
+
+    Example:
+        >>> dt.TensorSpec(("T", "B", 128), "float32", name="xs")
+    """
+
+    shape: tuple
+    dtype: str = "float32"
+    name: str | None = None
+
+    def to_type(self) -> TensorType:
+        from ..ir.types import fresh_dim
+        return TensorType(tuple(fresh_dim("_in") if d is None else d for d in self.shape), self.dtype)
+
+
+def as_spec(x) -> TensorSpec:
+    if isinstance(x, TensorSpec):
+        return x
+    if isinstance(x, TensorType):
+        return TensorSpec(x.shape, x.dtype)
+    if isinstance(x, np.ndarray) or np.isscalar(x):
+        a = np.asarray(x)
+        return TensorSpec(a.shape, a.dtype.name)
+    raise TypeError(f"expected a dt.TensorSpec (or an example numpy array), got {type(x).__name__}")
+
+
+def wrap(v: Value, b: Builder) -> Tensor:
+    return Tensor(v, b)
+
+
+def finish_outputs(b: Builder, out, api: str) -> tuple[list, object]:
+    """Flatten a traced function's outputs to Values of builder `b` (constants for numpy leaves)."""
+    leaves, spec = tree_flatten(out)
+    values = []
+    for i, leaf in enumerate(leaves):
+        if isinstance(leaf, Tensor):
+            values.append(b.lift(leaf.value))
+        elif isinstance(leaf, (np.ndarray, np.generic, int, float, bool)):
+            values.append(b.constant(as_array(leaf)))
+        elif leaf is None:
+            raise trace_error(f"{api}: output {i} is None; return tensors (or numpy arrays) only")
+        else:
+            raise trace_error(f"{api}: output {i} is a {type(leaf).__name__}; return tensors (or numpy arrays) only")
+    return values, spec
+
+
+def as_array(x) -> np.ndarray:
+    """Python scalars follow dyntvm's defaults: float -> float32, int -> int64."""
+    if isinstance(x, np.ndarray):
+        return x
+    if isinstance(x, bool):
+        return np.asarray(x)
+    if isinstance(x, int):
+        return np.asarray(x, np.int64)
+    if isinstance(x, float):
+        return np.asarray(x, np.float32)
+    a = np.asarray(x)
+    return a.astype(np.float32) if a.dtype == np.float64 and not isinstance(x, np.generic) else a
+
+
+def trace(fn, *specs, name: str | None = None) -> Graph:
+    """Trace `fn` into a Graph.
+
+    Args:
+        fn: a Python function of tensors built from `dyntvm.F` ops (and numpy constants).
+        *specs: one `TensorSpec` (or nested list/tuple of them) per argument of `fn`.
+
+    Example:
+        >>> g = dt.trace(lambda x: F.tanh(x) * 2, dt.TensorSpec(("N", 4)))
+    """
+    leaves, in_spec = tree_flatten(list(specs), is_leaf=lambda s: isinstance(s, (TensorSpec, TensorType)))
+    with Builder() as b:
+        tensors = []
+        for i, s in enumerate(leaves):
+            s = as_spec(s)
+            tensors.append(wrap(b.new_input(s.to_type(), s.name or ""), b))
+        args = tree_unflatten(in_spec, tensors)
+        out = fn(*args)
+        values, out_spec = finish_outputs(b, out, "trace")
+    g = b.graph(values, name=name or getattr(fn, "__name__", "main").strip("<>"))
+    g.in_tree, g.out_tree = in_spec, out_spec
+    for i, v in enumerate(g.inputs):
+        if not v.name:
+            v.name = f"in{i}"
+    assign_names(g)
+    return g.lint()

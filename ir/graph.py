@@ -1,0 +1,121 @@
+"""Values, nodes and graphs: the SSA IR every stage works on (torch.fx / jaxpr shaped, typed)."""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+from .types import TensorType
+
+
+class Value:
+    """One SSA value: a graph input or a node output. Always typed."""
+
+    __slots__ = ("type", "name", "producer", "index")
+
+    def __init__(self, type: TensorType, name: str = "", producer: "Node | None" = None, index: int = 0):
+        if not isinstance(type, TensorType):
+            raise TypeError(f"Value type must be a TensorType, got {type!r}")
+        self.type, self.name, self.producer, self.index = type, name, producer, index
+
+    def __repr__(self) -> str:
+        return f"%{self.name}: {self.type}"
+
+
+@dataclass(eq=False)
+class Node:
+    """An op applied to values. ``attrs`` is the op's frozen attrs dataclass."""
+
+    op: str
+    inputs: tuple
+    attrs: Any
+    outputs: tuple = ()
+    subgraphs: tuple = ()
+    source: str = ""           # user's source line, "file.py:12: code"
+    name: str = ""
+
+    @property
+    def opdef(self):
+        from .ops import get_op
+        return get_op(self.op)
+
+
+@dataclass(eq=False)
+class Graph:
+    """A list of nodes in topological order with typed inputs and outputs.
+
+    Subgraphs (bodies of control-flow and region nodes) are closed: they see outer values only
+    through their own ``inputs`` (the owning node passes captures explicitly).
+    ``in_tree``/``out_tree`` record the user's nesting of inputs/outputs (see `tree_flatten`).
+    """
+
+    inputs: list = field(default_factory=list)
+    nodes: list = field(default_factory=list)
+    outputs: list = field(default_factory=list)
+    name: str = "main"
+    in_tree: Any = None
+    out_tree: Any = None
+
+    def values(self):
+        yield from self.inputs
+        for n in self.nodes:
+            yield from n.outputs
+
+    def walk(self):
+        """Every node, depth first through subgraphs."""
+        for n in self.nodes:
+            yield n
+            for g in n.subgraphs:
+                yield from g.walk()
+
+    def users(self) -> dict:
+        """Value -> list of consumer nodes (graph outputs not included)."""
+        out = {v: [] for v in self.values()}
+        for n in self.nodes:
+            for v in n.inputs:
+                out.setdefault(v, []).append(n)
+        return out
+
+    def lint(self):
+        from .lint import lint
+        lint(self)
+        return self
+
+    def to_networkx(self):
+        """A DiGraph over nodes (by index) with an edge per data dependency."""
+        import networkx as nx
+        g = nx.DiGraph()
+        producer = {}
+        for i, n in enumerate(self.nodes):
+            g.add_node(i, node=n)
+            for v in n.outputs:
+                producer[v] = i
+        for i, n in enumerate(self.nodes):
+            for v in n.inputs:
+                if v in producer:
+                    g.add_edge(producer[v], i)
+        return g
+
+    def __str__(self) -> str:
+        from .printer import format_graph
+        return format_graph(self)
+
+
+def assign_names(graph: Graph, counter=None) -> Graph:
+    """Give every unnamed value and node a unique, deterministic name (whole tree)."""
+    counter = counter if counter is not None else itertools.count()
+    taken = set()
+    for v in graph.inputs:
+        if not v.name or v.name in taken:
+            v.name = f"v{next(counter)}"
+        taken.add(v.name)
+    for n in graph.nodes:
+        for v in n.outputs:
+            if not v.name or v.name in taken:
+                v.name = f"v{next(counter)}"
+            taken.add(v.name)
+        if not n.name:
+            n.name = f"{n.op}_{next(counter)}"
+        for sg in n.subgraphs:
+            assign_names(sg, counter)
+    return graph

@@ -1,0 +1,113 @@
+"""`lint(graph)`: the single verifier. Topological order, ownership, unique names, types, closed subgraphs."""
+from __future__ import annotations
+
+from dyntvm.errors import GraphError
+
+from .ops import CONTROL_FLOW, REGION, ShapeError, get_op
+from .types import TensorType, is_unknown
+
+
+def _compatible(got: TensorType, want: TensorType) -> bool:
+    if got.dtype != want.dtype or got.ndim != want.ndim:
+        return False
+    # Unknown dims are fresh names each inference: only int dims and plain symbols must agree.
+    return all(a == b or is_unknown(a) or is_unknown(b) or not isinstance(a, int) or not isinstance(b, int)
+               for a, b in zip(got.shape, want.shape))
+
+
+def lint(graph, _path: str = "") -> None:
+    where = _path or graph.name
+    defined = set()
+    names = set()
+
+    def define(v, what):
+        if v in defined:
+            raise GraphError(f"lint({where}): {what} {v!r} is defined twice")
+        if v.name:
+            if v.name in names:
+                raise GraphError(f"lint({where}): value name {v.name!r} is used twice")
+            names.add(v.name)
+        defined.add(v)
+
+    for v in graph.inputs:
+        define(v, "input")
+    for i, n in enumerate(graph.nodes):
+        label = f"node {i} ({n.op} {n.name})"
+        try:
+            opdef = get_op(n.op)
+        except KeyError:
+            raise GraphError(f"lint({where}): {label} has unregistered op {n.op!r}") from None
+        if not isinstance(n.attrs, opdef.attrs):
+            raise GraphError(f"lint({where}): {label} attrs are {type(n.attrs).__name__}, "
+                             f"expected {opdef.attrs.__name__}")
+        if opdef.num_inputs is not None and len(n.inputs) != opdef.num_inputs:
+            raise GraphError(f"lint({where}): {label} has {len(n.inputs)} inputs, expected {opdef.num_inputs}")
+        for v in n.inputs:
+            if v not in defined:
+                raise GraphError(f"lint({where}): {label} uses {v!r} before it is defined (or from outside "
+                                 "this graph: subgraphs must capture outer values explicitly)")
+        for j, v in enumerate(n.outputs):
+            if v.producer is not n or v.index != j:
+                raise GraphError(f"lint({where}): {label} output {j} does not point back to its node")
+            define(v, "output")
+        if opdef.kind in (CONTROL_FLOW, REGION):
+            _lint_subgraphs(n, label, where)
+        else:
+            if n.subgraphs:
+                raise GraphError(f"lint({where}): {label} is not control flow but has subgraphs")
+            try:
+                want = opdef.infer_type([v.type for v in n.inputs], n.attrs)
+            except ShapeError as e:
+                raise GraphError(f"lint({where}): {label} fails its type rule: {e}") from None
+            if len(want) != len(n.outputs) or not all(_compatible(v.type, t) for v, t in zip(n.outputs, want)):
+                raise GraphError(f"lint({where}): {label} output types {[str(v.type) for v in n.outputs]} do "
+                                 f"not match its type rule {[str(t) for t in want]}")
+    for v in graph.outputs:
+        if v not in defined:
+            raise GraphError(f"lint({where}): graph output {v!r} is not defined in this graph")
+
+
+def _lint_subgraphs(n, label, where):
+    a = n.attrs
+    subs = n.subgraphs
+    ins = [v.type for v in n.inputs]
+    outs = [v.type for v in n.outputs]
+    expect = {"cond": 2, "foreach": 1, "while_loop": 2}
+    if n.op == "case":
+        expect["case"] = 2 * a.num_cases + 1
+    if n.op in expect and len(subs) != expect[n.op]:
+        raise GraphError(f"lint({where}): {label} has {len(subs)} subgraphs, expected {expect[n.op]}")
+
+    def check_io(g, in_types, out_types, what):
+        got_in = [v.type for v in g.inputs]
+        if len(got_in) != len(in_types) or not all(_compatible(x, y) for x, y in zip(got_in, in_types)):
+            raise GraphError(f"lint({where}): {label} {what} inputs {[str(t) for t in got_in]} do not match "
+                             f"{[str(t) for t in in_types]}")
+        if out_types is not None:
+            got = [v.type for v in g.outputs]
+            if len(got) != len(out_types) or not all(x.dtype == y.dtype and x.ndim == y.ndim
+                                                     for x, y in zip(got, out_types)):
+                raise GraphError(f"lint({where}): {label} {what} outputs {[str(t) for t in got]} do not match "
+                                 f"{[str(t) for t in out_types]}")
+    for g in subs:
+        lint(g, f"{where}/{n.name or n.op}/{g.name}")
+    if n.op == "cond":
+        if ins[0].ndim != 0 or ins[0].dtype != "bool":
+            raise GraphError(f"lint({where}): {label} predicate must be 0-d bool, got {ins[0]}")
+        for g in subs:
+            check_io(g, ins[1:], outs, g.name)
+    elif n.op == "case":
+        for i, g in enumerate(subs):
+            is_pred = i < 2 * a.num_cases and i % 2 == 0
+            check_io(g, ins, [TensorType((), "bool")] if is_pred else outs, g.name)
+    elif n.op == "foreach":
+        d = ins[:a.num_data]
+        body_in = [TensorType(t.shape[1:], t.dtype) for t in d] + ins[a.num_data:]
+        body_out = [TensorType(t.shape[1:], t.dtype) for t in outs[:a.num_outputs]] + outs[a.num_outputs:]
+        check_io(subs[0], body_in, body_out, "body")
+    elif n.op == "while_loop":
+        nv = a.num_vars
+        carried = ins[:nv] + ins[nv + (1 if a.has_max_tensor else 0):]
+        check_io(subs[0], carried, [TensorType((), "bool")], "cond")
+        body_out = [TensorType(t.shape[1:], t.dtype) for t in outs[:a.num_outputs]] + outs[a.num_outputs:]
+        check_io(subs[1], carried, body_out, "body")

@@ -1,0 +1,204 @@
+"""Tensor types and symbolic dimensions.
+
+A dim is an ``int``, a symbol name (``"T"``), or an expression string over symbols (``"(T + S)"``).
+Symbols created by dynamic-shape ops are *unknown* dims, named with a leading underscore (``"_u3"``).
+Strings keep types hashable, printable and JSON-friendly; `dim_add` and friends fold constants.
+"""
+from __future__ import annotations
+
+import ast
+import itertools
+import re
+from dataclasses import dataclass
+from typing import Union
+
+import numpy as np
+
+Dim = Union[int, str]
+
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_unknown_counter = itertools.count()
+
+
+def fresh_dim(prefix: str = "_u") -> str:
+    """A new unknown dim (data-dependent size)."""
+    return f"{prefix}{next(_unknown_counter)}"
+
+
+def is_symbol(d: Dim) -> bool:
+    return isinstance(d, str) and bool(_IDENT.match(d))
+
+
+def is_unknown(d: Dim) -> bool:
+    return isinstance(d, str) and d.startswith("_")
+
+
+def check_dim(d) -> Dim:
+    if isinstance(d, (bool, np.bool_)):
+        raise TypeError(f"a dim must be an int or a symbol name, got {d!r}")
+    if isinstance(d, (int, np.integer)):
+        if d < 0:
+            raise ValueError(f"a dim must be >= 0, got {d}")
+        return int(d)
+    if isinstance(d, str):
+        try:
+            ast.parse(d, mode="eval")
+        except SyntaxError:
+            raise ValueError(f"bad dim expression {d!r}") from None
+        return d
+    raise TypeError(f"a dim must be an int or a symbol name, got {type(d).__name__} {d!r}")
+
+
+def _binop(a: Dim, b: Dim, sym: str) -> Dim:
+    return f"({a} {sym} {b})"
+
+
+def dim_add(a: Dim, b: Dim) -> Dim:
+    if isinstance(a, int) and isinstance(b, int):
+        return a + b
+    if a == 0:
+        return b
+    if b == 0:
+        return a
+    if isinstance(b, int) and b < 0:
+        return _binop(a, -b, "-")
+    return _binop(a, b, "+")
+
+
+def dim_sub(a: Dim, b: Dim) -> Dim:
+    if isinstance(a, int) and isinstance(b, int):
+        return a - b
+    if b == 0:
+        return a
+    if a == b:
+        return 0
+    return _binop(a, b, "-")
+
+
+def dim_mul(a: Dim, b: Dim) -> Dim:
+    if isinstance(a, int) and isinstance(b, int):
+        return a * b
+    if a == 1:
+        return b
+    if b == 1:
+        return a
+    if a == 0 or b == 0:
+        return 0
+    return _binop(a, b, "*")
+
+
+def dim_floordiv(a: Dim, b: Dim) -> Dim:
+    if isinstance(a, int) and isinstance(b, int):
+        return a // b
+    if b == 1:
+        return a
+    return _binop(a, b, "//")
+
+
+def dim_prod(dims) -> Dim:
+    out: Dim = 1
+    for d in dims:
+        out = dim_mul(out, d)
+    return out
+
+
+def dim_symbols(d: Dim) -> set[str]:
+    """Symbol names a dim refers to."""
+    if isinstance(d, int):
+        return set()
+    return {n.id for n in ast.walk(ast.parse(d, mode="eval")) if isinstance(n, ast.Name)}
+
+
+def eval_dim(d: Dim, env: dict[str, int]) -> int:
+    """Value of a dim given symbol values."""
+    if isinstance(d, int):
+        return d
+    if d in env:
+        return env[d]
+    return int(_eval_node(ast.parse(d, mode="eval").body, env))
+
+
+def _eval_node(n, env):
+    if isinstance(n, ast.Constant):
+        return n.value
+    if isinstance(n, ast.Name):
+        return env[n.id]
+    if isinstance(n, ast.BinOp):
+        a, b = _eval_node(n.left, env), _eval_node(n.right, env)
+        ops = {ast.Add: lambda: a + b, ast.Sub: lambda: a - b, ast.Mult: lambda: a * b,
+               ast.FloorDiv: lambda: a // b, ast.Mod: lambda: a % b}
+        return ops[type(n.op)]()
+    raise ValueError(f"unsupported dim expression {ast.dump(n)}")
+
+
+def normalize_dtype(dtype) -> str:
+    if dtype is None:
+        return "float32"
+    try:
+        return np.dtype(dtype).name
+    except TypeError:
+        raise TypeError(f"unknown dtype {dtype!r}") from None
+
+
+@dataclass(frozen=True)
+class TensorType:
+    """Shape and dtype of a tensor value. ``shape`` is a tuple of dims."""
+
+    shape: tuple
+    dtype: str = "float32"
+
+    def __post_init__(self):
+        object.__setattr__(self, "shape", tuple(check_dim(d) for d in self.shape))
+        object.__setattr__(self, "dtype", normalize_dtype(self.dtype))
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def is_static(self) -> bool:
+        return all(isinstance(d, int) for d in self.shape)
+
+    def symbols(self) -> set[str]:
+        return set().union(*(dim_symbols(d) for d in self.shape)) if self.shape else set()
+
+    def __str__(self) -> str:
+        return f"{self.dtype}[{','.join(str(d) for d in self.shape)}]"
+
+    def to_json(self):
+        return {"shape": list(self.shape), "dtype": self.dtype}
+
+    @staticmethod
+    def from_json(obj) -> "TensorType":
+        return TensorType(tuple(obj["shape"]), obj["dtype"])
+
+
+def join_dims(a: Dim, b: Dim) -> Dim:
+    """The dim of a value that is `a` on one path and `b` on another (an unknown `a` absorbs `b`)."""
+    return a if a == b or is_unknown(a) else fresh_dim()
+
+
+def join_types(a: TensorType, b: TensorType) -> TensorType:
+    assert a.dtype == b.dtype and a.ndim == b.ndim
+    return TensorType(tuple(join_dims(x, y) for x, y in zip(a.shape, b.shape)), a.dtype)
+
+
+def shape_matches(t: TensorType, shape: tuple, env: dict[str, int] | None = None) -> bool:
+    """Whether a concrete shape fits `t`; binds symbols in `env` (unknown dims match anything)."""
+    env = {} if env is None else env
+    if len(shape) != t.ndim:
+        return False
+    for d, s in zip(t.shape, shape):
+        if isinstance(d, int):
+            if d != s:
+                return False
+        elif is_symbol(d):
+            if env.setdefault(d, s) != s:
+                return False
+        else:
+            try:
+                if eval_dim(d, env) != s:
+                    return False
+            except KeyError:
+                pass
+    return True
