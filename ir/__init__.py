@@ -1,0 +1,1 @@
+from . import ops, region  # noqa: F401  (registers every op)

@@ -90,6 +90,9 @@ class Interpreter:
             bind_symbols(v.type, o.shape, env)
         return outs
 
+    def run_region(self, node: Node, ins: list, env: dict):
+        return self.run_graph(node.subgraphs[0], ins)
+
     # -- control flow --------------------------------------------------------------------------
     def run_cond(self, node: Node, ins: list, env: dict):
         then_g, else_g = node.subgraphs

@@ -1,0 +1,155 @@
+"""`dt.compile` and `dt.hybridize`: trace -> partition -> Relax -> TVM build (cached) -> CompiledModel."""
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+
+from dyntvm.errors import CompileError, UnsupportedOpError
+
+from ..ir.graph import Graph
+from ..runtime.model import CompiledModel
+from . import cache as _cache
+
+log = logging.getLogger("dyntvm.codegen")
+
+
+class Stats:
+    """Counters tests may assert on (e.g. one TVM build per model)."""
+    builds = 0          # TVM builds actually run
+    cache_hits = 0
+
+
+stats = Stats()
+TARGETS = ("cpu", "cuda")
+
+
+def _collect_regions(graph: Graph) -> list:
+    return [(n.attrs.name, n.subgraphs[0]) for n in graph.walk() if n.op == "region"]
+
+
+def build_executable(regions: list, target: str):
+    """Build one TVM executable holding every region function (no caching)."""
+    from .relax_builder import build_module, unsupported_ops
+    missing = sorted({op for _, g in regions for op in unsupported_ops(g)})
+    if missing:
+        raise UnsupportedOpError(f"compile: no Relax converter for op(s) {', '.join(missing)}")
+    mod = build_module(regions)
+    stats.builds += 1
+    if target == "cpu":
+        from .cpu_schedule import build_cpu
+        return build_cpu(mod)
+    from .gpu import build_cuda
+    return build_cuda(mod)
+
+
+def compile(fn_or_graph, *specs, target: str = "cpu", selector=None, cache_dir: str | None = None,
+            use_cache: bool = True) -> CompiledModel:
+    """Compile a model function (traced with `specs`) or a traced Graph.
+
+    Args:
+        fn_or_graph: a Python function of `dyntvm.F` ops, or a `dt.Graph` from `dt.trace`.
+        *specs: `dt.TensorSpec` per argument (only for a function).
+        target: "cpu" (LLVM for the host CPU) or "cuda".
+        selector: a `dyntvm.partition.Selector` deciding what goes into compiled regions.
+        cache_dir: compile cache folder (default: the user cache dir, or $DYNTVM_CACHE_DIR).
+
+    Example:
+        >>> model = dt.compile(lambda x: F.tanh(x) * 2, dt.TensorSpec(("N", 4)))
+        >>> model(np.ones((3, 4), "float32")).shape
+        (3, 4)
+    """
+    from ..partition import partition
+    if target not in TARGETS:
+        raise CompileError(f"compile: unknown target {target!r}; expected one of {', '.join(TARGETS)}")
+    t0 = time.perf_counter()
+    if isinstance(fn_or_graph, Graph):
+        if specs:
+            raise CompileError("compile: specs are only for a function; this graph is already traced")
+        graph = fn_or_graph
+    elif callable(fn_or_graph):
+        from ..frontend.tracer import trace
+        graph = trace(fn_or_graph, *specs)
+    else:
+        raise CompileError(f"compile: expected a function or a dt.Graph, got {type(fn_or_graph).__name__}")
+    pg = partition(graph, selector)
+    regions = _collect_regions(pg)
+    vm, lib, cached = None, None, False
+    if regions:
+        import tvm
+        from tvm import relax
+        key = _cache.cache_key(regions, target)
+        cdir = cache_dir or _cache.default_cache_dir()
+        path = _cache.lookup(cdir, key) if use_cache else None
+        if path is not None:
+            stats.cache_hits += 1
+            cached = True
+        else:
+            ex = build_executable(regions, target)
+            path = _cache.store(cdir, key, ex) if use_cache else None
+            if path is None:
+                lib = ex
+        if path is not None:
+            lib = tvm.runtime.load_module(path)
+        dev = tvm.cpu() if target == "cpu" else tvm.cuda()
+        vm = relax.VirtualMachine(lib, dev)
+    info = {"compile_time_s": round(time.perf_counter() - t0, 3), "cache": "hit" if cached else "miss"}
+    return CompiledModel(pg, vm, target, lib, info)
+
+
+def _signature(args) -> tuple:
+    from ..ir.tree import tree_flatten
+    leaves, spec = tree_flatten(list(args), is_leaf=lambda x: isinstance(x, np.ndarray))
+    return tuple((np.asarray(x).dtype.name, np.shape(x)) for x in leaves), str(spec)
+
+
+def hybridize(fn, target: str = "cpu", dynamic=(), selector=None, cache_dir=None):
+    """Compile `fn` on first call and cache per input signature (MXNet's hybridize).
+
+    Each call's arrays give a signature: rank and dtype of every input, plus the sizes of the axes not
+    named dynamic. `dynamic` names axes that stay symbolic: ``{"xs": {0: "T"}}`` style is not needed —
+    pass symbol names by position as a tuple per argument, e.g. ``dynamic=(("T", None), ("B",))``, or
+    ``dynamic="all"`` for every axis. Axes left as None are specialized to the call's size.
+
+    Example:
+        >>> fast = dt.hybridize(lstm, dynamic=(("T", "B", None), ("B", None), ("B", None)))
+        >>> hs, h = fast(xs, h0, c0)          # compiles once per (rank, dtype, static sizes)
+    """
+    from ..frontend.tracer import TensorSpec
+    from ..ir.tree import tree_flatten, tree_unflatten
+    compiled: dict = {}
+
+    def specs_for(args):
+        leaves, spec = tree_flatten(list(args), is_leaf=lambda x: isinstance(x, np.ndarray))
+        dyn = dynamic
+        out = []
+        for i, x in enumerate(leaves):
+            x = np.asarray(x)
+            names = None if dyn in ((), None) else ("all" if dyn == "all" else (dyn[i] if i < len(dyn) else ()))
+            shape = []
+            for ax, s in enumerate(x.shape):
+                if names == "all":
+                    shape.append(f"d{i}_{ax}")
+                elif names and ax < len(names) and names[ax] is not None:
+                    shape.append(names[ax])
+                else:
+                    shape.append(int(s))
+            out.append(TensorSpec(tuple(shape), x.dtype.name))
+        return tree_unflatten(spec, out)
+
+    def call(*args):
+        leaves, spec = tree_flatten(list(args), is_leaf=lambda x: isinstance(x, np.ndarray))
+        sig = (str(spec),) + tuple(
+            (np.asarray(x).dtype.name, tuple(d if isinstance(d, str) else d for d in s.shape))
+            for x, s in zip(leaves, tree_flatten(specs_for(args), is_leaf=lambda s: isinstance(s, TensorSpec))[0]))
+        model = compiled.get(sig)
+        if model is None:
+            model = compile(fn, *specs_for(args), target=target, selector=selector, cache_dir=cache_dir)
+            compiled[sig] = model
+        return model(*args)
+
+    call.compiled = compiled
+    call.__wrapped__ = fn
+    call.__name__ = getattr(fn, "__name__", "hybridized")
+    return call

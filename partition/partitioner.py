@@ -1,0 +1,191 @@
+"""Cycle-free partitioning of a graph into static regions (recursing into control-flow subgraphs).
+
+A candidate region grows from a seed along edges the selector accepts. Before a node joins, the
+merge is checked against precomputed reachability: it is refused if some node outside the region
+would be both reachable from the region and able to reach it (A -> dyn -> B plus A -> B must not put
+A and B together). The final partition is asserted acyclic. Deterministic: nodes are visited in
+graph order and regions named by position.
+"""
+from __future__ import annotations
+
+import logging
+
+import networkx as nx
+
+from dyntvm.errors import CompileError
+
+from ..ir.graph import Graph, Node, Value
+from ..ir.ops import CONTROL_FLOW
+from ..ir.region import RegionAttrs
+from ..ir.serialize import graph_from_dict, graph_to_dict
+from .selector import Selector, StaticRegionSelector
+
+log = logging.getLogger("dyntvm.partition")
+
+
+def partition(graph: Graph, selector: Selector | None = None) -> Graph:
+    """A copy of `graph` in which selected static nodes are grouped into `region` nodes.
+
+    Example:
+        >>> pg = partition(dt.trace(fn, *specs))
+        >>> [n.attrs.name for n in pg.nodes if n.op == "region"]
+        ['main_r0', 'main_r1']
+    """
+    selector = selector or StaticRegionSelector()
+    d, params = graph_to_dict(graph)
+    g = graph_from_dict(d, params)            # a private copy: the caller's graph stays untouched
+    g.in_tree, g.out_tree = graph.in_tree, graph.out_tree
+    out = _partition(g, selector, _ident(g.name or "main"))
+    out.lint()
+    return out
+
+
+def _ident(s: str) -> str:
+    return "".join(c if c.isalnum() or c == "_" else "_" for c in s)
+
+
+def _partition(g: Graph, selector: Selector, prefix: str) -> Graph:
+    for i, n in enumerate(g.nodes):
+        if n.opdef.kind == CONTROL_FLOW:
+            n.subgraphs = tuple(_partition(s, selector, f"{prefix}_{i}{_ident(s.name)}") for s in n.subgraphs)
+    regions = find_regions(g, selector)
+    return contract(g, regions, prefix)
+
+
+def find_regions(g: Graph, selector: Selector) -> list[list[int]]:
+    """Node-index lists, one per region, each convex (no path leaves and re-enters it)."""
+    dag = g.to_networkx()
+    desc = {i: nx.descendants(dag, i) for i in dag}
+    anc = {i: nx.ancestors(dag, i) for i in dag}
+    producer = {v: i for i, n in enumerate(g.nodes) for v in n.outputs}
+    consumers: dict[int, list[int]] = {i: sorted(dag.successors(i)) for i in dag}
+    assigned: set[int] = set()
+    regions = []
+    for seed, node in enumerate(g.nodes):
+        if seed in assigned or not selector.select(node):
+            continue
+        members, d_union, a_union = {seed}, set(desc[seed]), set(anc[seed])
+        frontier = [seed]
+        while frontier:
+            cur = frontier.pop(0)
+            cnode = g.nodes[cur]
+            cand = []
+            for v in cnode.inputs:
+                p = producer.get(v)
+                if p is not None and selector.select_input(cnode, g.nodes[p]):
+                    cand.append(p)
+            cand += [c for c in consumers[cur] if selector.select_output(cnode, g.nodes[c])]
+            for c in sorted(set(cand)):
+                if c in members or c in assigned or not selector.select(g.nodes[c]):
+                    continue
+                nd, na = d_union | desc[c], a_union | anc[c]
+                if (nd & na) - members - {c}:
+                    log.debug("refused merging node %d (%s) into region of %d: it would create a cycle",
+                              c, g.nodes[c].op, seed)
+                    continue
+                members.add(c)
+                d_union, a_union = nd, na
+                frontier.append(c)
+        kept = sorted(_filtered(selector, g, members))
+        if not kept:
+            continue
+        assigned.update(kept)
+        regions.append(kept)
+    return regions
+
+
+def _filtered(selector, g, members) -> list[int]:
+    nodes = [g.nodes[i] for i in sorted(members)]
+    keep = selector.filter(nodes)
+    index = {id(n): i for i, n in zip(sorted(members), nodes)}
+    return [index[id(n)] for n in keep]
+
+
+def contract(g: Graph, regions: list[list[int]], prefix: str) -> Graph:
+    """Replace each region's nodes by one region node owning them as a closed subgraph."""
+    region_of = {i: r for r, members in enumerate(regions) for i in members}
+    producer = {v: i for i, n in enumerate(g.nodes) for v in n.outputs}
+    used_outside: set = set(g.outputs)
+    for i, n in enumerate(g.nodes):
+        for v in n.inputs:
+            p = producer.get(v)
+            if p is None or region_of.get(p) != region_of.get(i) or i not in region_of:
+                used_outside.add(v)
+    new_nodes: dict[int, Node] = {}
+    for r, members in enumerate(regions):
+        new_nodes[min(members)] = _region_node(g, members, producer, used_outside, f"{prefix}_r{r}")
+    # order: contracted DAG, topologically sorted with original positions as tie-breaker
+    dag = nx.DiGraph()
+    key = {}
+    for i, n in enumerate(g.nodes):
+        u = ("r", region_of[i]) if i in region_of else ("n", i)
+        key[u] = min(key.get(u, i), i)
+        dag.add_node(u)
+    for i, n in enumerate(g.nodes):
+        u = ("r", region_of[i]) if i in region_of else ("n", i)
+        for v in n.inputs:
+            p = producer.get(v)
+            if p is not None:
+                w = ("r", region_of[p]) if p in region_of else ("n", p)
+                if w != u:
+                    dag.add_edge(w, u)
+    if not nx.is_directed_acyclic_graph(dag):
+        raise CompileError(f"partition of {prefix} is cyclic (a partitioner bug); regions {regions}")
+    nodes = []
+    for u in nx.lexicographical_topological_sort(dag, key=lambda u: key[u]):
+        if u[0] == "r":
+            nodes.append(new_nodes[min(regions[u[1]])])
+        else:
+            nodes.append(g.nodes[u[1]])
+    # constants only read by regions were copied into them: drop the originals
+    used = {v for n in nodes for v in n.inputs} | set(g.outputs)
+    nodes = [n for n in nodes if n.op != "constant" or any(v in used for v in n.outputs)]
+    return Graph(g.inputs, nodes, g.outputs, g.name, g.in_tree, g.out_tree)
+
+
+def _region_node(g, members, producer, used_outside, name) -> Node:
+    inner = [g.nodes[i] for i in members]
+    member_set = set(members)
+    ext_inputs: list[Value] = []
+    mapping: dict = {}
+    consts: list[Node] = []
+    for n in inner:
+        for v in n.inputs:
+            p = producer.get(v)
+            if (p is None or p not in member_set) and v not in mapping:
+                if p is not None and g.nodes[p].op == "constant":
+                    c = Node("constant", (), g.nodes[p].attrs, name=g.nodes[p].name)
+                    c.outputs = (Value(v.type, v.name, c, 0),)
+                    consts.append(c)
+                    mapping[v] = c.outputs[0]
+                else:
+                    ext_inputs.append(v)
+                    mapping[v] = Value(v.type, v.name)
+    body_nodes = []
+    for n in inner:
+        n.inputs = tuple(mapping.get(v, v) for v in n.inputs)
+        body_nodes.append(n)
+    outs = [v for n in inner for v in n.outputs if v in used_outside]
+    sub = Graph([mapping[v] for v in ext_inputs], consts + body_nodes, outs, name)
+    node = Node("region", tuple(ext_inputs), RegionAttrs(name), (), (sub,), name=name)
+    # the region's outputs are the same Value objects the rest of the graph already uses;
+    # inside the subgraph they are rebound to fresh values so each graph owns its own.
+    inner_outs = []
+    for v in outs:
+        nv = Value(v.type, v.name, v.producer, v.index)
+        v.producer.outputs = tuple(nv if o is v else o for o in v.producer.outputs)
+        inner_outs.append(nv)
+    for n in body_nodes:
+        n.inputs = tuple(_rebind(v, outs, inner_outs) for v in n.inputs)
+    sub.outputs = inner_outs
+    node.outputs = tuple(outs)
+    for k, v in enumerate(outs):
+        v.producer, v.index = node, k
+    return node
+
+
+def _rebind(v, old, new):
+    for o, n in zip(old, new):
+        if v is o:
+            return n
+    return v

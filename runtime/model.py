@@ -1,0 +1,118 @@
+"""`CompiledModel`: a partitioned graph plus its compiled kernels, callable on numpy arrays.
+
+Runtime-only (no frontend/codegen imports) so that `dt.load` stays light.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from dyntvm.errors import InputError
+
+from ..ir.graph import Graph
+from ..ir.tree import tree_flatten, tree_str, tree_unflatten
+from ..ir.types import TensorType, eval_dim, is_symbol
+from .executor import Executor
+from .tensors import to_numpy
+
+
+def check_inputs(graph: Graph, args: tuple) -> list:
+    """Flatten `args` like the traced signature and validate count, dtype, rank and dims."""
+    types = [v.type for v in graph.inputs]
+    names = [v.name for v in graph.inputs]
+    if graph.in_tree is not None:
+        n_args = len(graph.in_tree[1])
+        if len(args) != n_args:
+            raise InputError(f"the model takes {n_args} arguments {tree_str(graph.in_tree)}, got {len(args)}")
+        leaves, spec = tree_flatten(list(args), is_leaf=lambda x: isinstance(x, np.ndarray))
+        if spec != graph.in_tree:
+            raise InputError(f"arguments are nested as {tree_str(spec)}, expected {tree_str(graph.in_tree)}")
+    else:
+        leaves = list(args)
+        if len(leaves) != len(types):
+            raise InputError(f"the model takes {len(types)} inputs, got {len(leaves)}")
+    env: dict = {}
+    out = []
+    for i, (x, t, name) in enumerate(zip(leaves, types, names)):
+        label = f"input {i} ({name!r})" if name else f"input {i}"
+        if not isinstance(x, np.ndarray):
+            if isinstance(x, (int, float, bool, list, tuple, np.generic)):
+                try:
+                    x = np.asarray(x, dtype=t.dtype)
+                except (TypeError, ValueError) as e:
+                    raise InputError(f"{label}: cannot convert {type(x).__name__} to {t}: {e}") from None
+            elif hasattr(x, "__dlpack__"):
+                x = to_numpy(x)
+            else:
+                raise InputError(f"{label}: expected a numpy array of {t}, got {type(x).__name__}")
+        if x.dtype.name != t.dtype:
+            raise InputError(f"{label}: dtype is {x.dtype.name}, expected {t} (use .astype({t.dtype!r}))")
+        if x.ndim != t.ndim:
+            raise InputError(f"{label}: rank is {x.ndim} (shape {list(x.shape)}), expected {t}")
+        for ax, (d, s) in enumerate(zip(t.shape, x.shape)):
+            if isinstance(d, int):
+                if d != s:
+                    raise InputError(f"{label}: axis {ax} has size {s}, expected {d} (spec {t})")
+            elif is_symbol(d) and not d.startswith("_"):
+                if env.setdefault(d, s) != s:
+                    raise InputError(f"{label}: axis {ax} is {d}={s}, but {d}={env[d]} from an earlier input")
+        if x.dtype == np.bool_ or x.dtype.kind in "iufb":
+            pass
+        else:
+            raise InputError(f"{label}: unsupported dtype {x.dtype}")
+        out.append(x)
+    return out
+
+
+class CompiledModel:
+    """A compiled model: call it on numpy arrays; outputs come back nested like the traced function's.
+
+    Attributes:
+        graph: the partitioned graph (region nodes own their subgraphs).
+        regions: names of the compiled region functions.
+        target: "cpu" or "cuda".
+    """
+
+    def __init__(self, graph: Graph, vm=None, target: str = "cpu", lib=None, info: dict | None = None):
+        self.graph, self.vm, self.target, self.lib = graph, vm, target, lib
+        self.info = dict(info or {})
+        self.regions = [n.attrs.name for n in graph.walk() if n.op == "region"]
+        self._executor = Executor(graph, vm)
+
+    def __call__(self, *args, validate: bool = False, profile: bool = False):
+        arrays = check_inputs(self.graph, args)
+        ex = self._executor
+        if validate or profile:
+            ex = Executor(self.graph, self.vm, validate=validate, profile=profile)
+        outs = [to_numpy(o) for o in ex.run(arrays)]
+        if profile:
+            self.last_profile = {k: tuple(v) for k, v in ex.profile.items()}
+        return tree_unflatten(self.graph.out_tree, outs) if self.graph.out_tree is not None else outs
+
+    @property
+    def kernel_calls(self) -> int:
+        return self._executor.kernel_calls
+
+    def summary(self) -> str:
+        lines = [f"CompiledModel {self.graph.name!r} target={self.target}: {len(self.regions)} region(s)"]
+        for n in self.graph.walk():
+            if n.op == "region":
+                sub = n.subgraphs[0]
+                ops = [m.op for m in sub.nodes if m.op != "constant"]
+                lines.append(f"  region {n.attrs.name}: {len(ops)} ops "
+                             f"({', '.join(sorted(set(ops))[:8])}{', ...' if len(set(ops)) > 8 else ''}), "
+                             f"{len(n.inputs)} in / {len(n.outputs)} out")
+            elif n.opdef.kind in ("dynamic_shape", "control_flow"):
+                lines.append(f"  {n.opdef.kind.replace('_', '-')} node {n.name} ({n.op})")
+        for k, v in self.info.items():
+            lines.append(f"  {k}: {v}")
+        return "\n".join(lines)
+
+    __str__ = summary
+
+    def __repr__(self):
+        return f"<CompiledModel {self.graph.name!r} target={self.target} regions={len(self.regions)}>"
+
+    def save(self, path: str) -> None:
+        """Write a deployable artifact (see `dt.load`)."""
+        from .artifact import save
+        save(self, path)
