@@ -75,7 +75,7 @@ def compile(fn_or_graph, *specs, target: str = "cpu", selector=None, cache_dir: 
         raise CompileError(f"compile: expected a function or a dt.Graph, got {type(fn_or_graph).__name__}")
     pg = partition(graph, selector)
     regions = _collect_regions(pg)
-    vm, lib, cached = None, None, False
+    vm, lib, cached, path = None, None, False, None
     if regions:
         import tvm
         from tvm import relax
@@ -95,7 +95,9 @@ def compile(fn_or_graph, *specs, target: str = "cpu", selector=None, cache_dir: 
         dev = tvm.cpu() if target == "cpu" else tvm.cuda()
         vm = relax.VirtualMachine(lib, dev)
     info = {"compile_time_s": round(time.perf_counter() - t0, 3), "cache": "hit" if cached else "miss"}
-    return CompiledModel(pg, vm, target, lib, info)
+    model = CompiledModel(pg, vm, target, lib, info)
+    model.lib_path = path
+    return model
 
 
 def _signature(args) -> tuple:

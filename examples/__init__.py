@@ -21,7 +21,8 @@ class Example:
     specs: tuple                      # one dt.TensorSpec per argument of fn
     make_inputs: Callable             # (rng, **sizes) -> tuple of numpy arrays, one per argument
     sizes: dict = field(default_factory=dict)       # default symbolic-dim values for make_inputs
-    test_sizes: tuple = ()            # several size dicts for tests (incl. 1 and 0 where meaningful)
+    test_sizes: tuple = ()            # several size dicts for tests (incl. 1 and 0 where meaningful);
+                                      # may also hold other make_inputs keywords (e.g. keep_fraction)
 
 
 def get(name: str) -> Example:

@@ -35,7 +35,7 @@ def _prep(args):
     ref = next((a for a in args if isinstance(a, (Tensor, np.ndarray, np.generic))), None)
     out = []
     for a in args:
-        if isinstance(a, (bool, int, float)) and ref is not None:
+        if type(a) in (bool, int, float) and ref is not None:     # numpy scalars keep their dtype
             a = np.asarray(a, _scalar_dtype(a, np.dtype(ref.dtype)))
         out.append(a)
     return out

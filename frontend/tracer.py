@@ -275,6 +275,8 @@ def as_array(x) -> np.ndarray:
     """Python scalars follow dyntvm's defaults: float -> float32, int -> int64."""
     if isinstance(x, np.ndarray):
         return x
+    if isinstance(x, np.generic):
+        return np.asarray(x)
     if isinstance(x, bool):
         return np.asarray(x)
     if isinstance(x, int):

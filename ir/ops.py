@@ -549,6 +549,10 @@ def slice_length(d: Dim, start, stop, step) -> Dim:
         return d
     if step != 1:
         raise ShapeError(f"a slice with step {step} over symbolic dim {d} is not supported")
+    if start is not None and start < 0 and (stop is None or stop < 0):
+        # both ends count from the end: the length does not depend on d (when d is large enough;
+        # numpy clamps shorter tensors, like it does for x[:k] with k > d)
+        return max((0 if stop is None else stop) - start, 0)
     lo = 0 if start is None else (start if start >= 0 else dim_add(d, start))
     hi = d if stop is None else (stop if stop >= 0 else dim_add(d, stop))
     if isinstance(lo, int) and isinstance(hi, int):

@@ -75,6 +75,7 @@ class CompiledModel:
     def __init__(self, graph: Graph, vm=None, target: str = "cpu", lib=None, info: dict | None = None):
         self.graph, self.vm, self.target, self.lib = graph, vm, target, lib
         self.info = dict(info or {})
+        self.lib_path = None           # the kernel library on disk (compile cache), if any
         self.regions = [n.attrs.name for n in graph.walk() if n.op == "region"]
         self._executor = Executor(graph, vm)
 
