@@ -1,11 +1,202 @@
-"""The `dyntvm` command line."""
+"""The `dyntvm` command line: compile, run, inspect, demo.
+
+    dyntvm compile my_model.py:model --input xs:T,B,128:float32 -o m.dtvm
+    dyntvm run m.dtvm --input xs=xs.npy --repeat 20 --output out/
+    dyntvm inspect m.dtvm --svg m.svg
+    dyntvm demo --example decoder
+
+Errors print one line, ``dyntvm <command>: error: ...``, and exit with status 1 (2 for bad usage);
+``-v`` shows the traceback instead. Heavy imports happen inside the commands, so ``dyntvm run`` loads
+only the runtime.
+"""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
+EXAMPLES = "lstm | decoder | detection | branchy | transformer"
 
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line (`dyntvm run: error: ... (see dyntvm run --help)`), exit status 2."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _median_time(fn, repeat: int) -> float:
+    times = []
+    for _ in range(max(1, repeat)):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3f} ms" if seconds < 0.01 else f"{seconds * 1e3:.1f} ms"
+
+
+def _leaves(tree) -> list:
+    import numpy as np
+
+    from dyntvm.ir.tree import tree_flatten
+    return [np.asarray(x) for x in tree_flatten(tree)[0]]
+
+
+def _type_str(a) -> str:
+    return f"{a.dtype}[{','.join(str(s) for s in a.shape)}]"
+
+
+def _compare(got: list, want: list, rtol: float = 1e-4, atol: float = 1e-4) -> tuple[bool, str]:
+    """(match, detail): same count, dtypes and shapes, values within tolerance."""
+    import numpy as np
+    if len(got) != len(want):
+        return False, f"{len(got)} outputs, expected {len(want)}"
+    worst = 0.0
+    for i, (a, b) in enumerate(zip(got, want)):
+        if a.dtype != b.dtype or a.shape != b.shape:
+            return False, f"output {i} is {_type_str(a)}, expected {_type_str(b)}"
+        if a.size and not np.allclose(a, b, rtol=rtol, atol=atol, equal_nan=True):
+            err = float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
+            return False, f"output {i} differs by up to {err:.3g}"
+        if a.size and a.dtype.kind == "f":
+            worst = max(worst, float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64)))))
+    return True, f"max abs difference {worst:.3g}"
+
+
+# ------------------------------------------------------------------------------------------ compile
+def _compile(args) -> int:
+    import inspect
+
+    import dyntvm as dt
+    from dyntvm.errors import InputError
+    from dyntvm.loader import load_model
+    if os.path.exists(args.output) and not (os.path.isdir(args.output) or args.output.endswith(".tar")):
+        raise InputError(f"{args.output} exists and is not an artifact folder or .tar; choose another -o")
+    t0 = time.perf_counter()
+    loaded = load_model(args.model, args.example, args.input)
+    t_trace = time.perf_counter() - t0
+    kwargs = {"target": args.target, "cache_dir": args.cache_dir}
+    note = None
+    if args.tuning_log is not None:
+        if not os.path.isdir(args.tuning_log):
+            raise InputError(f"--tuning-log {args.tuning_log}: no such folder")
+        if "tuning_log" in inspect.signature(dt.compile).parameters:
+            kwargs["tuning_log"] = args.tuning_log
+        else:
+            note = f"{args.tuning_log} (not applied: this dyntvm cannot use tuning logs yet; default schedules)"
+            print(f"dyntvm compile: warning: --tuning-log is not supported yet; {args.tuning_log} is ignored "
+                  "and the kernels use the default schedules", file=sys.stderr)
+    print(f"compiling {loaded.source} for {args.target} ...", flush=True)
+    t0 = time.perf_counter()
+    model = dt.compile(loaded.graph, **kwargs)
+    t_compile = time.perf_counter() - t0
+    if note:
+        model.info["tuning_log"] = note
+    print(model.summary())
+    t0 = time.perf_counter()
+    model.save(args.output)
+    t_save = time.perf_counter() - t0
+    print(f"trace {t_trace:.2f} s, compile {t_compile:.2f} s, save {t_save:.2f} s; "
+          f"wrote {args.output} ({_size(args.output) / 1e6:.2f} MB)")
+    return 0
+
+
+def _size(path: str) -> int:
+    if os.path.isfile(path):
+        return os.path.getsize(path)
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
+
+
+# ---------------------------------------------------------------------------------------------- run
+def _run(args) -> int:
+    import numpy as np
+
+    import dyntvm as dt
+    from dyntvm.errors import InputError
+    from dyntvm.ir.tree import tree_unflatten
+    from dyntvm.loader import parse_sizes, random_inputs
+    sizes = parse_sizes(args.dim)
+    t0 = time.perf_counter()
+    model = dt.load(args.artifact, device=args.device)
+    t_load = time.perf_counter() - t0
+    graph = model.graph
+    names = [v.name for v in graph.inputs]
+    given = {}
+    for item in args.input or ():
+        name, eq, path = item.partition("=")
+        if not eq:
+            raise InputError(f"--input {item!r}: expected NAME=FILE.npy; inputs are {', '.join(names)}")
+        if name not in names:
+            raise InputError(f"--input {item!r}: the model has no input {name!r}; inputs are {', '.join(names)}")
+        try:
+            given[name] = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise InputError(f"--input {item!r}: cannot read {path} as a .npy array: {e}") from None
+    missing = [n for n in names if n not in given]
+    if missing and not args.random:
+        raise InputError(f"no --input for {', '.join(missing)} (give NAME=FILE.npy, or --random)")
+    leaves = random_inputs(graph, np.random.default_rng(args.seed), sizes, given)
+    call_args = tree_unflatten(graph.in_tree, leaves) if graph.in_tree is not None else leaves
+    print(f"loaded {args.artifact} (target {model.target}, {len(model.regions)} compiled region(s)) "
+          f"in {_ms(t_load)}")
+    for v, a in zip(graph.inputs, leaves):
+        print(f"input {v.name}: {_type_str(a)} ({'file' if v.name in given else 'random'})")
+    t0 = time.perf_counter()
+    outs = _leaves(model(*call_args))
+    t_first = time.perf_counter() - t0
+    for i, a in enumerate(outs):
+        print(f"output {i}: {_type_str(a)}")
+    t_med = _median_time(lambda: model(*call_args), args.repeat)
+    print(f"first call {_ms(t_first)}; median of {args.repeat} runs {_ms(t_med)}")
+    if args.output:
+        os.makedirs(args.output, exist_ok=True)
+        for i, a in enumerate(outs):
+            np.save(os.path.join(args.output, f"output_{i}.npy"), np.ascontiguousarray(a))
+        print(f"saved {len(outs)} output(s) to {args.output}/output_<i>.npy")
+    return 0
+
+
+# ------------------------------------------------------------------------------------------ inspect
+def _inspect(args) -> int:
+    from dyntvm.loader import is_artifact, load_model
+    from dyntvm.runtime.model import partition_summary
+    if args.model and is_artifact(args.model):
+        from dyntvm.runtime.artifact import read
+        manifest, pg = read(args.model)               # no native code runs while inspecting
+        sig = manifest.get("signature", {})
+        print(f"artifact {args.model}: target {manifest.get('target')}, format {manifest.get('format_version')}, "
+              f"dyntvm {manifest.get('dyntvm')}, tvm {manifest.get('tvm')}")
+        for i in sig.get("inputs", []):
+            print(f"  input {i.get('name')}: {i.get('dtype')}[{','.join(map(str, i.get('shape', [])))}]")
+        for k, o in enumerate(sig.get("outputs", [])):
+            print(f"  output {k}: {o.get('dtype')}[{','.join(map(str, o.get('shape', [])))}]")
+        for k, v in (manifest.get("info") or {}).items():
+            print(f"  {k}: {v}")
+        for fn, digest in manifest.get("files", {}).items():
+            print(f"  file {fn}: sha256 {str(digest)[:16]}...")
+    else:
+        from dyntvm.partition import partition
+        loaded = load_model(args.model, args.example, args.input)
+        pg = partition(loaded.graph)
+        print(f"model {loaded.source} (partitioned, not compiled)")
+    regions = [n for n in pg.walk() if n.op == "region"]
+    print(f"{len(regions)} compiled region(s):")
+    for line in partition_summary(pg):
+        print(f"  {line}")
+    print(pg)
+    if args.svg:
+        from dyntvm.partition.draw import draw_partition
+        draw_partition(pg, args.svg)
+        print(f"wrote {args.svg}")
+    return 0
+
+
+# --------------------------------------------------------------------------------------------- demo
 def _demo(args) -> int:
     import numpy as np
 
@@ -18,36 +209,109 @@ def _demo(args) -> int:
     print(f"# example {ex.name}: {ex.description}")
     print(graph)
     inputs = ex.make_inputs(np.random.default_rng(0), **ex.sizes)
-    t0 = time.perf_counter()
-    eager = ex.fn(*inputs)
-    t_eager = time.perf_counter() - t0
-    ref = dt.run_reference(graph, *inputs)
-    from dyntvm.ir.tree import tree_flatten
-    e_leaves, r_leaves = tree_flatten(eager)[0], tree_flatten(ref)[0]
-    ok = all(np.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(e_leaves, r_leaves))
+    eager = _leaves(ex.fn(*inputs))
+    ref = _leaves(dt.run_reference(graph, *inputs))
+    ref_ok, ref_detail = _compare(ref, eager, rtol=1e-5, atol=1e-6)
     print(f"traced in {t_trace * 1e3:.1f} ms; sizes {ex.sizes}")
-    for i, a in enumerate(e_leaves):
-        print(f"output {i}: {np.asarray(a).dtype}{list(np.shape(a))}")
-    print(f"eager numpy: {t_eager * 1e3:.2f} ms; reference interpreter matches eager: {ok}")
-    return 0 if ok else 1
+    print(f"reference interpreter matches eager: {ref_ok} ({ref_detail})")
+
+    t0 = time.perf_counter()
+    model = dt.compile(graph, target=args.target)
+    t_compile = time.perf_counter() - t0
+    print(model.summary())
+    print(f"compiled in {t_compile:.2f} s")
+    compiled = _leaves(model(*inputs))
+    ok, detail = _compare(compiled, eager)
+    for i, (a, b) in enumerate(zip(compiled, eager)):
+        print(f"output {i}: {_type_str(a)} (eager {_type_str(b)})")
+    t_eager = _median_time(lambda: ex.fn(*inputs), args.repeat)
+    t_comp = _median_time(lambda: model(*inputs), args.repeat)
+    print(f"compiled matches eager: {ok} ({detail})")
+    print(f"latency (median of {args.repeat}): eager numpy {_ms(t_eager)}, compiled {_ms(t_comp)}, "
+          f"speedup {t_eager / t_comp:.2f}x")
+    return 0 if ok and ref_ok else 1
+
+
+# --------------------------------------------------------------------------------------------- main
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                        help="show tracebacks on errors")
+    p = _Parser(prog="dyntvm", description="Compile dynamic neural networks with Apache TVM.",
+                epilog="MODEL is a saved graph (graph.json), path/to/file.py:function with --input specs, "
+                       "or --example NAME. Run `dyntvm COMMAND --help` for each command.")
+    p.add_argument("-v", "--verbose", action="store_true", help="show tracebacks on errors")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    def model_args(q):
+        q.add_argument("model", nargs="?", metavar="MODEL", help="graph.json or path/to/file.py:function")
+        q.add_argument("--example", metavar="NAME", help=f"a bundled example instead of MODEL: {EXAMPLES}")
+        q.add_argument("--input", action="append", metavar="NAME:DIMS:DTYPE",
+                       help="input spec of a model function, e.g. xs:T,B,128:float32 (dims: ints or "
+                            "symbols; dtype defaults to float32); once per argument")
+
+    c = sub.add_parser("compile", parents=[common], help="compile a model to a deployable artifact",
+                       description="Trace, partition and compile MODEL; write an artifact folder (or .tar).")
+    model_args(c)
+    c.add_argument("-o", "--output", required=True, metavar="OUT",
+                   help="artifact to write: a folder (e.g. m.dtvm) or a file ending in .tar")
+    c.add_argument("--target", choices=("cpu", "cuda"), default="cpu", help="where the kernels run (default cpu)")
+    c.add_argument("--tuning-log", metavar="DIR", help="tuning records to use (not supported yet: a warning "
+                   "says so and the artifact records it)")
+    c.add_argument("--cache-dir", metavar="DIR", help="compile cache (default $DYNTVM_CACHE_DIR or the user "
+                   "cache folder)")
+    c.set_defaults(func=_compile)
+
+    r = sub.add_parser("run", parents=[common], help="run an artifact on .npy or random inputs",
+                       description="Load an artifact, run it, print output shapes and latency.")
+    r.add_argument("artifact", metavar="ART", help="artifact folder or .tar written by `dyntvm compile`")
+    r.add_argument("--input", action="append", metavar="NAME=FILE.npy", help="an input array; once per input")
+    r.add_argument("--random", action="store_true", help="random data for inputs not given with --input")
+    r.add_argument("--dim", action="append", metavar="SYM=SIZE", help="size of a symbolic dim for --random, "
+                   "e.g. T=16")
+    r.add_argument("--seed", type=int, default=0, help="random seed for --random (default 0)")
+    r.add_argument("--repeat", type=int, default=10, metavar="N", help="timed runs after the first (default 10)")
+    r.add_argument("--output", metavar="DIR", help="save outputs as DIR/output_<i>.npy")
+    r.add_argument("--device", choices=("cpu", "cuda"), help="default: the artifact's target")
+    r.set_defaults(func=_run)
+
+    i = sub.add_parser("inspect", parents=[common], help="print (and draw) a model's or artifact's partition",
+                       description="Print the partitioned graph and its regions; --svg draws it.")
+    model_args(i)
+    i.add_argument("--svg", metavar="FILE", help="draw the partition to FILE (SVG)")
+    i.set_defaults(func=_inspect)
+
+    d = sub.add_parser("demo", parents=[common], help="trace, compile and run a bundled example",
+                       description="Trace an example, run it eagerly and compiled, compare results and latency.")
+    d.add_argument("--example", default="lstm", metavar="NAME", help=f"{EXAMPLES} (default lstm)")
+    d.add_argument("--target", choices=("cpu", "cuda"), default="cpu", help="default cpu")
+    d.add_argument("--repeat", type=int, default=5, metavar="N", help="timed runs per side (default 5)")
+    d.set_defaults(func=_demo)
+    return p
 
 
 def main(argv=None) -> int:
     from dyntvm.errors import DyntvmError
-    p = argparse.ArgumentParser(prog="dyntvm", description="Compile dynamic neural networks with Apache TVM.")
-    p.add_argument("-v", "--verbose", action="store_true", help="show tracebacks")
-    sub = p.add_subparsers(dest="cmd", required=True)
-    d = sub.add_parser("demo", help="trace and run a bundled example")
-    d.add_argument("--example", default="lstm", help="lstm | decoder | detection | branchy | transformer")
-    d.set_defaults(func=_demo)
-    args = p.parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (DyntvmError, KeyError, FileNotFoundError) as e:
+    except BrokenPipeError:                            # `dyntvm inspect ... | head`: not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except KeyboardInterrupt:
+        print(f"dyntvm {args.cmd}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - every failure becomes one line unless -v asks for the traceback
         if args.verbose:
             raise
-        print(f"dyntvm {args.cmd}: error: {e}", file=sys.stderr)
-        return 2
+        if isinstance(e, KeyError) and e.args:
+            msg = str(e.args[0])
+        elif isinstance(e, (DyntvmError, OSError)):
+            msg = str(e)
+        else:
+            msg = f"{type(e).__name__}: {e} (run with -v for the traceback)"
+        print(f"dyntvm {args.cmd}: error: {' '.join(msg.split())}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

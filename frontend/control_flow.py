@@ -11,7 +11,7 @@ import numpy as np
 from ..ir import ops as O
 from ..ir.graph import Graph, Node, Value
 from ..ir.tree import tree_flatten, tree_str, tree_unflatten
-from ..ir.types import TensorType, fresh_dim, join_types
+from ..ir.types import TensorType, dim_symbols, fresh_dim, join_types
 from .tracer import Builder, Tensor, as_array, current, finish_outputs, trace_error, tracing, user_source
 
 _is_leaf = lambda x: isinstance(x, (Tensor, np.ndarray, np.generic))
@@ -53,8 +53,14 @@ def union_captures(subs) -> list:
 def _leaf_type(x) -> TensorType:
     if isinstance(x, Tensor):
         return x.type
-    a = np.asarray(x)
+    a = as_array(x)          # the dtype the leaf gets as a constant (Python float -> float32)
     return TensorType(a.shape, a.dtype.name)
+
+
+def _eager_outputs(out):
+    """Eager results with Python scalars as the arrays a traced run gives (1.5 -> float32)."""
+    leaves, spec = tree_flatten(out, is_leaf=_is_leaf)
+    return tree_unflatten(spec, [as_array(x) if isinstance(x, (bool, int, float)) else x for x in leaves])
 
 
 def _pred_check(api: str, p, what="pred"):
@@ -98,7 +104,7 @@ def cond(pred, then_fn, else_fn):
     """
     if not tracing():
         _pred_check("cond", pred)
-        return then_fn() if bool(np.asarray(pred)) else else_fn()
+        return _eager_outputs(then_fn() if bool(np.asarray(pred)) else else_fn())
     _pred_check("cond", pred)
     subs = [trace_sub(f, [], None, "cond", call=lambda f, a: f()) for f in (then_fn, else_fn)]
     out_types = _join_branches("cond", subs, ("then branch", "else branch"))
@@ -139,8 +145,8 @@ def case(cases, default):
             p = p() if callable(p) else p
             _pred_check("case", p, f"predicate {i}")
             if bool(np.asarray(p)):
-                return fn()
-        return default()
+                return _eager_outputs(fn())
+        return _eager_outputs(default())
     subs, preds = [], []
     for i, (p, fn) in enumerate(cases):
         ps = trace_sub(p if callable(p) else (lambda p=p: p), [], None, "case", call=lambda f, a: f())
@@ -163,18 +169,29 @@ def case(cases, default):
 
 # ----------------------------------------------------------------------------------- loops
 def _state_types_fixpoint(api, body_trace, in_types, rule, slot):
-    """Trace the body until loop-carried types are stable: dims that change become unknown dims."""
-    types = list(in_types)
+    """Trace the body until loop-carried types are stable: dims that change become unknown dims.
+
+    Returns the final trace, the carried types and the set of unknown dims made here (they vary
+    between iterations)."""
+    types, made = list(in_types), set()
     for _ in range(4):
         sub, new_types = body_trace(types)
         for i, (a, b) in enumerate(zip(types, new_types)):
             if a.dtype != b.dtype or a.ndim != b.ndim:
                 raise trace_error(f"{api}: {rule}; {slot}[{i}] is {a} in and {b} out")
-        joined = [join_types(a, b) for a, b in zip(types, new_types)]
+        joined = [join_types(a, b, made) for a, b in zip(types, new_types)]
         if joined == types:
-            return sub, types
+            return sub, types, made
+        made |= {d for t in joined for d in t.shape} - {d for t in types for d in t.shape}
         types = joined
     raise trace_error(f"{api}: {slot} types did not settle after 4 traces")  # pragma: no cover
+
+
+def _stacked_type(lead, t: TensorType, varying: set) -> TensorType:
+    """Type of per-step outputs of type `t` stacked on a new axis of size `lead`; a dim that refers to
+    a loop-carried dim which varies between iterations is unknown outside the loop."""
+    dims = tuple(fresh_dim() if isinstance(d, str) and dim_symbols(d) & varying else d for d in t.shape)
+    return TensorType((lead,) + dims, t.dtype)
 
 
 def foreach(body, data, init_states):
@@ -202,9 +219,13 @@ def foreach(body, data, init_states):
         if t.ndim == 0:
             raise trace_error(f"foreach: data[{i}] is 0-d ({t}); foreach iterates axis 0 of each data tensor")
     lengths = [t.shape[0] for t in d_types]
-    if len({str(n) for n in lengths}) > 1:
+    length = lengths[0]
+    try:                     # unknown dims may agree at run time; the interpreter checks
+        for n in lengths[1:]:
+            length = O._equal_dim(length, n, "foreach")
+    except O.ShapeError:
         raise trace_error(f"foreach: data tensors must have the same length (axis 0); got lengths "
-                          f"{', '.join(map(str, lengths))}")
+                          f"{', '.join(map(str, lengths))}") from None
     slice_types = [TensorType(t.shape[1:], t.dtype) for t in d_types]
 
     def call(f, args):
@@ -223,14 +244,13 @@ def foreach(body, data, init_states):
         n_out = len(sub.outputs) - len(state_types)
         return sub, [v.type for v in sub.outputs[n_out:]]
 
-    sub, st_types = _state_types_fixpoint("foreach", body_trace, [_leaf_type(s) for s in st_leaves],
-                                          "body must return states of the same dtype and rank", "states")
+    sub, st_types, varying = _state_types_fixpoint("foreach", body_trace, [_leaf_type(s) for s in st_leaves],
+                                                   "body must return states of the same dtype and rank", "states")
     n_out = len(sub.outputs) - len(st_types)
     caps = union_captures([sub])
     b = current()
     ins = _flat_values(b, data_leaves) + _flat_values(b, st_leaves) + caps
-    length = lengths[0]
-    out_types = [TensorType((length,) + v.type.shape, v.type.dtype) for v in sub.outputs[:n_out]] + st_types
+    out_types = [_stacked_type(length, v.type, varying) for v in sub.outputs[:n_out]] + st_types
     outs = _emit("foreach", O.ForeachAttrs(len(data_leaves), len(st_leaves), n_out), ins, out_types,
                  [sub.graph(caps, "body")])
     return _split_result(sub.spec, outs, n_out)
@@ -295,18 +315,20 @@ def _stack_steps(api, steps):
 
 
 def _abstract_outputs(body, in_types, call, n_states):
-    """Output spec and empty stacked outputs of a loop that ran zero times (traced, not executed)."""
+    """Output spec and empty stacked outputs of a loop that ran zero times (traced, not executed).
+
+    Dims of size 0 are traced as a symbol, as in a traced graph (so `x[0]` of a 0-length state traces);
+    the output shapes are then evaluated like the interpreter does for a zero-iteration loop."""
+    from ..runtime.interpreter import zero_length_stack
     from .tracer import trace as _trace_fn
-    from ..ir.types import is_symbol
-    holder = {}
+    holder, zero = {}, "zero_len"
 
     def fn(*args):
         res = call(body, list(args))
         holder["spec"] = tree_flatten(res[0], is_leaf=_is_leaf)[1]
         return res[0]
-    g = _trace_fn(fn, *[TensorType(t.shape, t.dtype) for t in in_types])
-    shapes = [tuple(0 if not isinstance(d, int) else d for d in v.type.shape) for v in g.outputs]
-    return holder["spec"], [np.zeros((0,) + s, v.type.dtype) for s, v in zip(shapes, g.outputs)]
+    g = _trace_fn(fn, *[TensorType(tuple(zero if d == 0 else d for d in t.shape), t.dtype) for t in in_types])
+    return holder["spec"], [zero_length_stack(v.type, {zero: 0}) for v in g.outputs]
 
 
 def while_loop(cond_fn, body_fn, loop_vars, max_iterations=None):
@@ -350,8 +372,9 @@ def while_loop(cond_fn, body_fn, loop_vars, max_iterations=None):
         n_out = len(sub.outputs) - len(types)
         return sub, [v.type for v in sub.outputs[n_out:]]
 
-    sub, types = _state_types_fixpoint("while_loop", body_trace, [_leaf_type(v) for v in lv_leaves],
-                                       "body_fn must return loop vars of the same dtype and rank", "loop_vars")
+    sub, types, varying = _state_types_fixpoint("while_loop", body_trace, [_leaf_type(v) for v in lv_leaves],
+                                                "body_fn must return loop vars of the same dtype and rank",
+                                                "loop_vars")
     csub = trace_sub(cond_fn, types, None, "while_loop", call=call_cond)
     if csub.spec != "*" or csub.outputs[0].type.ndim != 0 or csub.outputs[0].type.dtype != "bool":
         got = csub.outputs[0].type if csub.spec == "*" else tree_str(csub.spec)
@@ -370,7 +393,7 @@ def while_loop(cond_fn, body_fn, loop_vars, max_iterations=None):
     elif max_iterations is not None:
         static_max = _static_int("while_loop", max_iterations)
     n_iter = fresh_dim()
-    out_types = [TensorType((n_iter,) + v.type.shape, v.type.dtype) for v in sub.outputs[:n_out]] + types
+    out_types = [_stacked_type(n_iter, v.type, varying) for v in sub.outputs[:n_out]] + types
     outs = _emit("while_loop", O.WhileAttrs(len(lv_leaves), n_out, static_max, has_t), ins + caps, out_types,
                  [csub.graph(caps, "cond"), sub.graph(caps, "body")])
     outputs = tree_unflatten(sub.spec[1][0], outs[:n_out])

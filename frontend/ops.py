@@ -11,7 +11,7 @@ import numpy as np
 
 from ..ir import ops as O
 from ..ir.types import is_symbol
-from ..runtime.kernels import KERNELS
+from ..runtime.kernels import KERNELS, NEEDS_ENV
 from .tracer import Tensor, as_array, current, trace_error, tracing
 
 _abs = builtins.abs
@@ -22,12 +22,13 @@ def _is_traced(args) -> bool:
 
 
 def _scalar_dtype(x, other: np.dtype) -> str:
-    """dtype of a Python scalar next to a tensor of dtype `other` (the tensor's dtype wins if it fits)."""
+    """dtype of a Python scalar next to a tensor of dtype `other`: numpy's rule for Python scalars (NEP 50),
+    so that `x + 1.5` has one dtype eagerly (numpy operators) and traced."""
     if isinstance(x, bool):
         return "bool"
     if isinstance(x, int):
         return other.name if other.kind in "iuf" else "int64"
-    return other.name if other.kind == "f" else "float32"
+    return other.name if other.kind == "f" else "float64"
 
 
 def _prep(args):
@@ -42,9 +43,15 @@ def _prep(args):
 
 
 def apply(api: str, op: str, args: list, attrs=None):
-    """Run (eager) or record (tracing) `op` on `args`; returns a list of outputs."""
+    """Run (eager) or record (tracing) `op` on `args`; returns a list of outputs.
+
+    Ops without tensor inputs (`full`, `arange`) are recorded whenever a trace is active."""
     attrs = O.NoAttrs() if attrs is None else attrs
-    if _is_traced(args):
+    for a in args:
+        if isinstance(a, str):
+            raise trace_error(f"{api}: got the symbolic dim {a!r} where a tensor is expected; use "
+                              "F.shape_of(x)[i] for the size of an axis as a tensor")
+    if _is_traced(args) or (not args and tracing()):
         if not tracing():
             raise trace_error(f"{api}: got a traced tensor outside of dt.trace (it escaped a finished trace)")
         b = current()
@@ -52,7 +59,7 @@ def apply(api: str, op: str, args: list, attrs=None):
         return [Tensor(v, b) for v in b.emit(op, vals, attrs, api=api)]
     arrays = [as_array(a) for a in args]
     fn = KERNELS[op]
-    if op in ("reshape", "broadcast_to", "full"):
+    if op in NEEDS_ENV:
         return list(fn(attrs, *arrays, env={}))
     return list(fn(attrs, *arrays))
 
@@ -136,7 +143,7 @@ def _dims(shape, api):
         if isinstance(d, (int, np.integer)):
             out.append(int(d))
         elif isinstance(d, str):
-            out.append(d)
+            out.append(str(d))           # a plain str, not the SymDim that x.shape gives
         else:
             raise trace_error(f"{api}: shape entries must be ints or dims from x.shape, got {d!r}")
     return tuple(out)
@@ -189,9 +196,13 @@ def slice(x, starts, stops, steps=None, axes=None):
     n = len(starts)
     axes = tuple(range(n)) if axes is None else tuple(int(a) for a in axes)
     steps = (1,) * n if steps is None else tuple(steps)
-    norm = lambda v: None if v is None else int(v)
+    def norm(v):
+        if v is None or isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)):
+            return None if v is None else int(v)
+        raise trace_error(f"slice: bounds and steps must be Python ints or None, got {v!r}; for a "
+                          "data-dependent range use F.take(x, F.arange(start, stop)) or F.boolean_mask")
     return _one("slice", "slice", [x], O.SliceAttrs(axes, tuple(map(norm, starts)), tuple(map(norm, stops)),
-                                                    tuple(int(s) for s in steps)))
+                                                    tuple(norm(s) for s in steps)))
 
 
 strided_slice = slice
@@ -201,6 +212,8 @@ def getitem(x, idx):
     """numpy basic indexing (ints, slices, None, ...) plus an int tensor (take) or bool tensor (mask)."""
     if not isinstance(idx, tuple):
         idx = (idx,)
+    if len(idx) == 1 and isinstance(idx[0], list):
+        idx = (np.asarray(idx[0]),)
     if len(idx) == 1 and isinstance(idx[0], (Tensor, np.ndarray)) and not isinstance(idx[0], (int, np.integer)):
         i = idx[0]
         if np.dtype(i.dtype) == np.bool_:
@@ -224,6 +237,8 @@ def getitem(x, idx):
             new_axes.append(out_pos)
             out_pos += 1
             continue
+        if isinstance(i, (bool, np.bool_)):
+            raise trace_error(f"unsupported index {i!r}; use ints, slices, None, or one int/bool tensor")
         if isinstance(i, (int, np.integer)):
             i = int(i)
             d = (x.shape if isinstance(x, Tensor) else np.shape(x))[ax]
@@ -268,7 +283,10 @@ def flatten(x, start_axis=0, end_axis=-1):
     if nd == 0:
         return reshape(x, (1,))
     s, e = start_axis % nd, end_axis % nd
-    return reshape(x, tuple(shape[:s]) + (-1,) + tuple(shape[e + 1:]))
+    merged = 1                   # not -1: numpy cannot infer -1 next to a 0 dim
+    for d in shape[s:e + 1]:
+        merged = d * merged
+    return reshape(x, tuple(shape[:s]) + (merged,) + tuple(shape[e + 1:]))
 
 
 def tile(x, reps):
@@ -311,11 +329,16 @@ def full(shape, fill_value, dtype=None):
     """`np.full`; dtype defaults to float32 for floats, int64 for ints, bool for bools."""
     if dtype is None:
         dtype = as_array(fill_value).dtype
-    return _one("full", "full", [], O.FullAttrs(_dims(shape, "full"), _pyscalar(fill_value), np.dtype(dtype).name))
+    return _one("full", "full", [], O.FullAttrs(_dims(shape, "full"), _pyscalar(fill_value, "full"),
+                                                np.dtype(dtype).name))
 
 
-def _pyscalar(v):
-    return v.item() if isinstance(v, (np.generic, np.ndarray)) else v
+def _pyscalar(v, api):
+    v = v.item() if isinstance(v, (np.generic, np.ndarray)) and np.size(v) == 1 else v
+    if not isinstance(v, (bool, int, float)):
+        raise trace_error(f"{api}: expected a Python or numpy scalar, got {v!r}; for a tensor value use "
+                          "F.full_like(x, 0) + value")
+    return v
 
 
 def zeros(shape, dtype="float32"):
@@ -330,8 +353,8 @@ def ones(shape, dtype="float32"):
 
 def full_like(x, fill_value, dtype=None):
     """`np.full_like`."""
-    return _one("full_like", "full_like", [x],
-                O.FullLikeAttrs(_pyscalar(fill_value), None if dtype is None else np.dtype(dtype).name))
+    return _one("full_like", "full_like", [x], O.FullLikeAttrs(_pyscalar(fill_value, "full_like"),
+                                                                None if dtype is None else np.dtype(dtype).name))
 
 
 def zeros_like(x, dtype=None):
@@ -351,13 +374,14 @@ def arange(start, stop=None, step=1, dtype=None):
     bounds = [start, stop, step]
     if dtype is None:
         kinds = [np.dtype(b.dtype).kind if isinstance(b, (Tensor, np.ndarray, np.generic)) else
-                 ("f" if isinstance(b, float) else "i") for b in bounds]
+                 ("f" if isinstance(b, float) else "i") for b in bounds]     # a symbolic dim (str) is "i"
         dtype = "float32" if "f" in kinds else "int64"
     dtype = np.dtype(dtype).name
     if _is_traced(bounds):
         return _one("arange", "arange_dyn", [cast(b, dtype) if isinstance(b, Tensor) else np.asarray(b, dtype)
                                              for b in bounds], O.DtypeAttrs(dtype))
-    return _one("arange", "arange", [], O.ArangeAttrs(*[_pyscalar(b) for b in bounds], dtype))
+    return _one("arange", "arange", [], O.ArangeAttrs(*[str(b) if isinstance(b, str) else _pyscalar(b, "arange")
+                                                         for b in bounds], dtype))
 
 
 # ------------------------------------------------------------------------------ dynamic-shape ops

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from dyntvm.errors import TraceError
-from ..ir.graph import Graph, Node, Value, assign_names
-from ..ir.ops import ConstantAttrs, ShapeError, get_op
+from ..ir.graph import Graph, Node, Value, assign_names, canonicalize_unknown_dims
+from ..ir.ops import ConstantAttrs, ShapeError, attr_symbols, get_op
 from ..ir.tree import tree_flatten, tree_unflatten
-from ..ir.types import TensorType, normalize_dtype
+from ..ir.types import TensorType, as_shape_dim, is_symbol, normalize_dtype
 
 _PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _PKG_DIRS = tuple(os.path.join(_PKG_ROOT, d) + os.sep for d in ("dyntvm", "ir", "frontend", "partition",
@@ -61,7 +61,15 @@ class Builder:
         self.captures: list[Value] = []         # values of the parent scope, in capture order
         self.capture_inputs: dict = {}          # parent-scope value -> this builder's input
         self.consts: dict = {}                  # id(array) -> (array, Value)
-        self.mask_dims: dict = {}               # (mask value, axis size) -> unknown dim
+        self.mask_dims: dict = {}               # mask value -> unknown dim of the masked axis
+        self.sym_values: dict = {}              # symbol -> a value of this builder with that dim
+
+    def own(self, v: Value) -> Value:
+        self.owned.add(v)
+        for d in v.type.shape:
+            if is_symbol(d):
+                self.sym_values.setdefault(d, v)
+        return v
 
     def __enter__(self):
         _STACK.append(self)
@@ -73,8 +81,7 @@ class Builder:
     def new_input(self, t: TensorType, name: str = "") -> Value:
         v = Value(t, name)
         self.inputs.append(v)
-        self.owned.add(v)
-        return v
+        return self.own(v)
 
     def lift(self, v: Value) -> Value:
         """`v` as seen from this builder, capturing it from outer scopes when needed."""
@@ -84,16 +91,25 @@ class Builder:
         if got is not None:
             return got
         if self.parent is None:
-            raise trace_error("a traced tensor from another trace (or a finished one) was used here; "
-                              "keep traced tensors inside the function being traced")
+            raise trace_error("a traced tensor from another scope was used here (a finished trace, or a value "
+                              "computed inside a control-flow body); return it from the body instead")
         outer = self.parent.lift(v)
         got = self.capture_inputs.get(outer)
         if got is None:
-            got = Value(outer.type, "")
-            self.owned.add(got)
+            got = self.own(Value(outer.type, ""))
             self.captures.append(outer)
             self.capture_inputs[outer] = got
         return got
+
+    def define_symbol(self, sym: str) -> None:
+        """Make symbol `sym` known in this graph (an attr uses it), capturing an outer value that has it."""
+        b = self
+        while b is not None and sym not in b.sym_values:
+            b = b.parent
+        if b is None:
+            raise trace_error(f"the symbolic dim {sym!r} is not a dim of any traced tensor; use dims from x.shape")
+        if b is not self:
+            self.lift(b.sym_values[sym])
 
     def constant(self, array: np.ndarray) -> Value:
         hit = self.consts.get(id(array))
@@ -108,14 +124,15 @@ class Builder:
     def emit(self, op: str, inputs: list, attrs, api: str | None = None, source: str | None = None) -> list:
         opdef = get_op(op)
         ins = [self.lift(v) for v in inputs]
+        for sym in sorted(attr_symbols(op, attrs)):
+            self.define_symbol(sym)
         try:
             types = opdef.infer_type([v.type for v in ins], attrs)
         except ShapeError as e:
             raise trace_error(f"{api or op}: {e}; inputs are "
                               f"{', '.join(str(v.type) for v in ins) or 'none'}", source) from None
         node = Node(op, tuple(ins), attrs, source=user_source() if source is None else source)
-        node.outputs = tuple(Value(t, "", node, i) for i, t in enumerate(types))
-        self.owned.update(node.outputs)
+        node.outputs = tuple(self.own(Value(t, "", node, i)) for i, t in enumerate(types))
         self.nodes.append(node)
         return list(node.outputs)
 
@@ -123,7 +140,7 @@ class Builder:
         """Append a node built elsewhere (control flow); its inputs must already be lifted."""
         for i, v in enumerate(node.outputs):
             v.producer, v.index = node, i
-        self.owned.update(node.outputs)
+            self.own(v)
         self.nodes.append(node)
         return list(node.outputs)
 
@@ -146,7 +163,8 @@ class Tensor:
 
     @property
     def shape(self) -> tuple:
-        return self.value.type.shape
+        """Ints and symbolic dims; `x.shape[0] * 2` builds the dim expression "(N * 2)"."""
+        return tuple(as_shape_dim(d) for d in self.value.type.shape)
 
     @property
     def dtype(self) -> np.dtype:
@@ -183,10 +201,14 @@ class Tensor:
         self._no("iteration", "use F.foreach to loop over axis 0")
 
     def __len__(self):
-        self._no("len()", "use x.shape[0] (may be symbolic) or F.shape_of(x)")
+        self._no("len()", "use x.shape[0] (may be symbolic) or F.shape_of(x), and F.foreach to loop over axis 0")
 
     def __array__(self, *a, **k):
         self._no("the numpy value", "use dyntvm.F functions instead of numpy functions on traced tensors")
+
+    def __array_function__(self, func, types, args, kwargs):
+        raise trace_error(f"np.{func.__name__} was called on a traced tensor; use F.{func.__name__} (dyntvm.F "
+                          "functions work on numpy arrays and traced tensors alike)")
 
     def __hash__(self):
         return id(self)
@@ -198,6 +220,11 @@ class Tensor:
     def reshape(self, *shape):
         from . import ops
         return ops.reshape(self, shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape)
+
+    def transpose(self, *axes):
+        from . import ops
+        return ops.transpose(self, (axes[0] if len(axes) == 1 and isinstance(axes[0], (tuple, list)) else axes)
+                             or None)
 
     def __getitem__(self, idx):
         from . import ops
@@ -221,6 +248,22 @@ def _install_operators():
     Tensor.__neg__ = lambda a: ops.neg(a)
     Tensor.__abs__ = lambda a: ops.abs(a)
     Tensor.__invert__ = lambda a: ops.logical_not(a)
+    for dunder in ("and", "rand", "or", "ror", "invert"):    # numpy's & | ~ are bitwise on ints: bool only
+        setattr(Tensor, f"__{dunder}__", _bool_only(dunder, getattr(Tensor, f"__{dunder}__")))
+    for name in ("sum", "mean", "max", "min", "prod", "argmax", "argmin"):    # x.sum(axis=...) as in numpy
+        setattr(Tensor, name, getattr(ops, name))
+
+
+def _bool_only(dunder, f):
+    sym = {"and": "&", "rand": "&", "or": "|", "ror": "|", "invert": "~"}[dunder]
+
+    def g(a, *b):
+        for x in (a, *b):
+            if np.dtype(x.dtype if isinstance(x, (Tensor, np.ndarray, np.generic)) else type(x)) != np.bool_:
+                raise trace_error(f"{sym} is only supported on bool tensors (numpy's {sym} on ints is bitwise, "
+                                  f"which dyntvm has no op for); got {getattr(x, 'dtype', type(x).__name__)}")
+        return f(a, *b)
+    return g
 
 
 @dataclass(frozen=True)
@@ -245,7 +288,7 @@ def as_spec(x) -> TensorSpec:
         return x
     if isinstance(x, TensorType):
         return TensorSpec(x.shape, x.dtype)
-    if isinstance(x, np.ndarray) or np.isscalar(x):
+    if isinstance(x, (np.ndarray, np.generic, bool, int, float)):
         a = np.asarray(x)
         return TensorSpec(a.shape, a.dtype.name)
     raise TypeError(f"expected a dt.TensorSpec (or an example numpy array), got {type(x).__name__}")
@@ -311,5 +354,6 @@ def trace(fn, *specs, name: str | None = None) -> Graph:
     for i, v in enumerate(g.inputs):
         if not v.name:
             v.name = f"in{i}"
+    canonicalize_unknown_dims(g)
     assign_names(g)
     return g.lint()

@@ -119,3 +119,38 @@ def assign_names(graph: Graph, counter=None) -> Graph:
         for sg in n.subgraphs:
             assign_names(sg, counter)
     return graph
+
+
+def canonicalize_unknown_dims(graph: Graph) -> Graph:
+    """Rename unknown dims (fresh names from a process-wide counter) to ``_d0, _d1, ...`` in order of first
+    use over the whole tree, so that tracing the same function twice gives equal graphs. (`fresh_dim` never
+    makes ``_d`` names, so later passes cannot collide with these.)"""
+    import dataclasses
+    import re
+    from .ops import DIM_ATTRS
+    from .types import TensorType
+    mapping: dict = {}
+    unknown = re.compile(r"(?<![A-Za-z0-9_])_[A-Za-z0-9_]*")
+
+    def dim(d):
+        return unknown.sub(lambda m: mapping.setdefault(m.group(0), f"_d{len(mapping)}"), d) \
+            if isinstance(d, str) else d
+
+    def retype(v):
+        v.type = TensorType(tuple(dim(d) for d in v.type.shape), v.type.dtype)
+
+    def walk(g):
+        for v in g.inputs:
+            retype(v)
+        for n in g.nodes:
+            names = DIM_ATTRS.get(n.op, ())
+            if names:
+                n.attrs = dataclasses.replace(n.attrs, **{
+                    k: tuple(map(dim, getattr(n.attrs, k))) if isinstance(getattr(n.attrs, k), tuple)
+                    else dim(getattr(n.attrs, k)) for k in names})
+            for v in n.outputs:
+                retype(v)
+            for sg in n.subgraphs:
+                walk(sg)
+    walk(graph)
+    return graph

@@ -3,24 +3,30 @@ from __future__ import annotations
 
 from dyntvm.errors import GraphError
 
-from .ops import CONTROL_FLOW, REGION, ShapeError, get_op
-from .types import TensorType, is_unknown
+from .ops import CONTROL_FLOW, REGION, ShapeError, attr_symbols, get_op
+from .types import TensorType, dim_symbols, is_symbol, is_unknown
 
 
 def _compatible(got: TensorType, want: TensorType) -> bool:
     if got.dtype != want.dtype or got.ndim != want.ndim:
         return False
-    # Unknown dims are fresh names each inference: only int dims and plain symbols must agree.
-    return all(a == b or is_unknown(a) or is_unknown(b) or not isinstance(a, int) or not isinstance(b, int)
-               for a, b in zip(got.shape, want.shape))
+    # Unknown dims are fresh names each inference: dims that involve one agree with anything; the rest
+    # (ints, symbols, expressions over symbols) must be equal.
+    return all(a == b or _involves_unknown(a) or _involves_unknown(b) for a, b in zip(got.shape, want.shape))
+
+
+def _involves_unknown(d) -> bool:
+    return isinstance(d, str) and any(is_unknown(s) for s in dim_symbols(d))
 
 
 def lint(graph, _path: str = "") -> None:
     where = _path or graph.name
     defined = set()
     names = set()
+    symbols = set()          # plain-symbol dims of values defined so far: their sizes are known at run time
 
     def define(v, what):
+        symbols.update(d for d in v.type.shape if is_symbol(d))
         if v in defined:
             raise GraphError(f"lint({where}): {what} {v!r} is defined twice")
         if v.name:
@@ -46,6 +52,10 @@ def lint(graph, _path: str = "") -> None:
             if v not in defined:
                 raise GraphError(f"lint({where}): {label} uses {v!r} before it is defined (or from outside "
                                  "this graph: subgraphs must capture outer values explicitly)")
+        missing = attr_symbols(n.op, n.attrs) - symbols
+        if missing:
+            raise GraphError(f"lint({where}): {label} attrs use symbol(s) {sorted(missing)} that no input or "
+                             "earlier value of this graph has as a dim (a subgraph must capture a value with them)")
         for j, v in enumerate(n.outputs):
             if v.producer is not n or v.index != j:
                 raise GraphError(f"lint({where}): {label} output {j} does not point back to its node")

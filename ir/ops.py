@@ -11,8 +11,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .types import (Dim, TensorType, dim_add, dim_floordiv, dim_mul, dim_prod, dim_sub, fresh_dim,
-                    is_unknown)
+from .types import (Dim, TensorType, dim_add, dim_floordiv, dim_max, dim_min, dim_mul, dim_prod, dim_sub,
+                    fresh_dim, is_unknown)
 
 STATIC, DYNAMIC_SHAPE, CONTROL_FLOW, REGION = "static", "dynamic_shape", "control_flow", "region"
 
@@ -50,6 +50,23 @@ def get_op(name: str) -> OpDef:
 
 def all_ops() -> dict[str, OpDef]:
     return dict(_OPS)
+
+
+# Attrs that may hold symbolic dims (e.g. F.reshape(x, (x.shape[0], -1))): kernels evaluate them with the
+# symbol values of the running graph, so the graph must define those symbols (see `lint`).
+DIM_ATTRS = {"reshape": ("shape",), "broadcast_to": ("shape",), "full": ("shape",), "arange": ("start", "stop")}
+
+
+def attr_symbols(op: str, attrs) -> set:
+    """Symbol names the attrs of an `op` node refer to."""
+    from .types import dim_symbols
+    out = set()
+    for name in DIM_ATTRS.get(op, ()):
+        v = getattr(attrs, name)
+        for d in v if isinstance(v, tuple) else (v,):
+            if isinstance(d, str):
+                out |= dim_symbols(d)
+    return out
 
 
 # ----------------------------------------------------------------------------------------- attrs
@@ -307,6 +324,8 @@ def _arith_dtype(name):
         dt = np.result_type(np.dtype(x), np.dtype(y))
         if name == "divide" and not np.issubdtype(dt, np.floating):
             dt = np.dtype("float64")
+        if name == "power" and dt == np.bool_:       # numpy has no bool power loop
+            dt = np.dtype("int8")
         return dt.name
     return f
 
@@ -450,11 +469,14 @@ register("expand_dims", AxisAttrs, _expand_dims, num_inputs=1)
 def _squeeze(ts, a):
     t = ts[0]
     if a.axis is None:
+        if not t.is_static:
+            raise ShapeError(f"squeeze without an axis is ambiguous for {t} (a symbolic dim may be 1 at "
+                             "run time); pass axis=")
         axes = {i for i, d in enumerate(t.shape) if d == 1}
     else:
         axes = {norm_axis(x, t.ndim) for x in a.axis}
-        for x in axes:
-            if t.shape[x] != 1:
+        for x in axes:           # a symbolic dim is checked when the kernel runs
+            if isinstance(t.shape[x], int) and t.shape[x] != 1:
                 raise ShapeError(f"cannot squeeze axis {x} of size {t.shape[x]} (must be 1)")
     return [TensorType(tuple(d for i, d in enumerate(t.shape) if i not in axes), t.dtype)]
 
@@ -524,18 +546,12 @@ def _split(ts, a):
     ax = norm_axis(a.axis, t.ndim)
     d = t.shape[ax]
     if isinstance(a.sections, int):
-        if isinstance(d, int) and d % a.sections:
+        if a.sections <= 0 or isinstance(d, int) and d % a.sections:
             raise ShapeError(f"cannot split axis of size {d} into {a.sections} equal parts")
         sizes = [dim_floordiv(d, a.sections)] * a.sections
-    else:
-        bounds = [0, *a.sections, d]
-        sizes = []
-        for lo, hi in zip(bounds[:-1], bounds[1:]):
-            if isinstance(d, int):
-                lo, hi = min(lo, d), min(hi, d)
-                sizes.append(max(hi - lo, 0))
-            else:
-                sizes.append(dim_sub(hi, lo))
+    else:                        # np.split slices between consecutive indices: x[lo:hi]
+        bounds = [None, *a.sections, None]
+        sizes = [slice_length(d, lo, hi, 1) for lo, hi in zip(bounds[:-1], bounds[1:])]
     return [TensorType(t.shape[:ax] + (s,) + t.shape[ax + 1:], t.dtype) for s in sizes]
 
 
@@ -543,21 +559,30 @@ register("split", SplitAttrs, _split, num_inputs=1)
 
 
 def slice_length(d: Dim, start, stop, step) -> Dim:
+    """len(range(d)[start:stop:step]).
+
+    Over a symbolic `d`, a length that depends on `d` is exact (`x[1:]` is ``max((N - 1), 0)``), but
+    bounds that give a static length are assumed to lie inside the axis: `x[:1]` and `x[-3:]` have lengths
+    1 and 3 (numpy would clamp them on a shorter axis; the reference interpreter reports that case as an
+    error, since the result no longer has its type)."""
     if isinstance(d, int):
         return len(range(*slice(start, stop, step).indices(d)))
-    if step == -1 and start is None and stop is None:
-        return d
-    if step != 1:
-        raise ShapeError(f"a slice with step {step} over symbolic dim {d} is not supported")
-    if start is not None and start < 0 and (stop is None or stop < 0):
-        # both ends count from the end: the length does not depend on d (when d is large enough;
-        # numpy clamps shorter tensors, like it does for x[:k] with k > d)
-        return max((0 if stop is None else stop) - start, 0)
-    lo = 0 if start is None else (start if start >= 0 else dim_add(d, start))
-    hi = d if stop is None else (stop if stop >= 0 else dim_add(d, stop))
-    if isinstance(lo, int) and isinstance(hi, int):
-        return max(hi - lo, 0)
-    return dim_sub(hi, lo)
+    if step < 0 and (start is not None or stop is not None):
+        raise ShapeError(f"a slice with negative step {step} and bounds over symbolic dim {d} is not supported")
+    start = None if start == 0 else start
+    if start is None and stop is None:
+        n = d
+    elif stop is None:                           # x[k:], x[-k:]
+        n = -start if start < 0 else dim_max(dim_sub(d, start), 0)
+    elif start is None:                          # x[:k], x[:-k]
+        n = stop if stop >= 0 else dim_max(dim_add(d, stop), 0)
+    elif (start < 0) == (stop < 0):              # both count from the same end: d drops out
+        n = max(stop - start, 0)
+    else:                                        # x[k:-j], x[-k:j]: may be an empty range
+        lo, hi = (start, dim_add(d, stop)) if start >= 0 else (dim_max(dim_add(d, start), 0), dim_min(stop, d))
+        n = dim_max(dim_sub(hi, lo), 0)
+    step = abs(step)
+    return n if step == 1 else dim_floordiv(dim_add(n, step - 1), step)
 
 
 def _slice(ts, a):
@@ -633,9 +658,13 @@ register("log_softmax", AxisAttrs, _softmax, num_inputs=1)
 def _layer_norm(ts, a):
     x, g, b = ts
     k = g.ndim
-    if g.shape != b.shape or x.shape[x.ndim - k:] != g.shape:
-        if not all(isinstance(d, str) or d == e for d, e in zip(x.shape[x.ndim - k:], g.shape)):
-            raise ShapeError(f"layer_norm: gamma {g} and beta {b} must match the trailing dims of {x}")
+    try:
+        if k == 0 or k > x.ndim or b.ndim != k:
+            raise ShapeError("ranks differ")
+        for d, e, f in zip(x.shape[x.ndim - k:], g.shape, b.shape):
+            _equal_dim(_equal_dim(d, e, "layer_norm"), f, "layer_norm")
+    except ShapeError:
+        raise ShapeError(f"gamma {g} and beta {b} must both match the trailing dims of {x}") from None
     return _float_out([x], a)
 
 
@@ -646,7 +675,16 @@ register("full_like", FullLikeAttrs,
 
 
 def _arange(ts, a):
-    return [TensorType((len(np.arange(a.start, a.stop, a.step)),), a.dtype)]
+    if not (isinstance(a.start, str) or isinstance(a.stop, str)):
+        return [TensorType((len(np.arange(a.start, a.stop, a.step, dtype=a.dtype)),), a.dtype)]
+    # Symbolic bounds (F.arange(x.shape[0])): integer start/step, length max(ceil((stop - start) / step), 0).
+    if not all(isinstance(v, (int, str)) for v in (a.start, a.stop)) or not isinstance(a.step, int) or not a.step:
+        raise ShapeError(f"arange with symbolic bounds needs integer start, stop and a nonzero integer step, got "
+                         f"({a.start}, {a.stop}, {a.step})")
+    span = dim_sub(a.stop, a.start) if a.step > 0 else dim_sub(a.start, a.stop)
+    step = abs(a.step)
+    n = span if step == 1 else dim_floordiv(dim_add(span, step - 1), step)
+    return [TensorType((dim_max(n, 0),), a.dtype)]
 
 
 register("arange", ArangeAttrs, _arange, num_inputs=0)
@@ -658,6 +696,8 @@ def _boolean_mask(ts, a):
     data, mask = ts
     if mask.dtype != "bool":
         raise ShapeError(f"mask must be bool, got {mask.dtype}")
+    if data.ndim == 0:
+        raise ShapeError("data must have at least one axis")
     ax = norm_axis(a.axis, data.ndim)
     if mask.ndim != 1:
         raise ShapeError(f"mask must be 1-d, got {mask}")

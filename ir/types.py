@@ -72,6 +72,8 @@ def dim_sub(a: Dim, b: Dim) -> Dim:
         return a
     if a == b:
         return 0
+    if isinstance(b, int) and b < 0:
+        return _binop(a, -b, "+")
     return _binop(a, b, "-")
 
 
@@ -95,6 +97,25 @@ def dim_floordiv(a: Dim, b: Dim) -> Dim:
     return _binop(a, b, "//")
 
 
+def dim_min(a: Dim, b: Dim) -> Dim:
+    if isinstance(a, int) and isinstance(b, int):
+        return min(a, b)
+    return a if a == b else f"min({a}, {b})"
+
+
+def _nonnegative(d: Dim) -> bool:
+    """Provably >= 0: symbols are sizes, and +, *, //, min, max of sizes and literals stay sizes."""
+    return d >= 0 if isinstance(d, int) else "-" not in d
+
+
+def dim_max(a: Dim, b: Dim) -> Dim:
+    if isinstance(a, int) and isinstance(b, int):
+        return max(a, b)
+    if b == 0 and _nonnegative(a) or a == 0 and _nonnegative(b):
+        return b if a == 0 else a
+    return a if a == b else f"max({a}, {b})"
+
+
 def dim_prod(dims) -> Dim:
     out: Dim = 1
     for d in dims:
@@ -106,7 +127,9 @@ def dim_symbols(d: Dim) -> set[str]:
     """Symbol names a dim refers to."""
     if isinstance(d, int):
         return set()
-    return {n.id for n in ast.walk(ast.parse(d, mode="eval")) if isinstance(n, ast.Name)}
+    tree = ast.parse(d, mode="eval")
+    funcs = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and id(n) not in funcs}
 
 
 def eval_dim(d: Dim, env: dict[str, int]) -> int:
@@ -116,6 +139,9 @@ def eval_dim(d: Dim, env: dict[str, int]) -> int:
     if d in env:
         return env[d]
     return int(_eval_node(ast.parse(d, mode="eval").body, env))
+
+
+_DIM_FUNCS = {"min": min, "max": max}
 
 
 def _eval_node(n, env):
@@ -128,6 +154,10 @@ def _eval_node(n, env):
         ops = {ast.Add: lambda: a + b, ast.Sub: lambda: a - b, ast.Mult: lambda: a * b,
                ast.FloorDiv: lambda: a // b, ast.Mod: lambda: a % b}
         return ops[type(n.op)]()
+    if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in _DIM_FUNCS and not n.keywords:
+        return _DIM_FUNCS[n.func.id](*(_eval_node(x, env) for x in n.args))
+    if isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.USub):
+        return -_eval_node(n.operand, env)
     raise ValueError(f"unsupported dim expression {ast.dump(n)}")
 
 
@@ -173,14 +203,15 @@ class TensorType:
         return TensorType(tuple(obj["shape"]), obj["dtype"])
 
 
-def join_dims(a: Dim, b: Dim) -> Dim:
-    """The dim of a value that is `a` on one path and `b` on another (an unknown `a` absorbs `b`)."""
-    return a if a == b or is_unknown(a) else fresh_dim()
+def join_dims(a: Dim, b: Dim, keep=frozenset()) -> Dim:
+    """The dim of a value that is `a` on one path and `b` on another: `a` if they agree, else a fresh
+    unknown dim. Dims in `keep` (unknowns made by an earlier join of the same value) stay as they are."""
+    return a if a == b or a in keep else fresh_dim()
 
 
-def join_types(a: TensorType, b: TensorType) -> TensorType:
+def join_types(a: TensorType, b: TensorType, keep=frozenset()) -> TensorType:
     assert a.dtype == b.dtype and a.ndim == b.ndim
-    return TensorType(tuple(join_dims(x, y) for x, y in zip(a.shape, b.shape)), a.dtype)
+    return TensorType(tuple(join_dims(x, y, keep) for x, y in zip(a.shape, b.shape)), a.dtype)
 
 
 def shape_matches(t: TensorType, shape: tuple, env: dict[str, int] | None = None) -> bool:
@@ -202,3 +233,34 @@ def shape_matches(t: TensorType, shape: tuple, env: dict[str, int] | None = None
             except KeyError:
                 pass
     return True
+
+
+class SymDim(str):
+    """A symbolic dim as seen from `Tensor.shape`: a `str` whose arithmetic builds dim expressions, so
+    `x.shape[0] * 2` is ``"(N * 2)"`` rather than ``"NN"``."""
+
+    __slots__ = ()
+
+    def _op(self, other, fn, reflected=False):
+        if type(other) is str and fn is dim_add:    # plain strings concatenate as usual ("id_" + d)
+            return other + str(self) if reflected else str(self) + other
+        if isinstance(other, (bool, np.bool_)) or not isinstance(other, (int, np.integer, SymDim)):
+            return NotImplemented
+        other = int(other) if isinstance(other, (int, np.integer)) else str(other)
+        a, b = (other, str(self)) if reflected else (str(self), other)
+        return as_shape_dim(fn(a, b))
+
+    def __add__(self, o): return self._op(o, dim_add)
+    def __radd__(self, o): return self._op(o, dim_add, True)
+    def __sub__(self, o): return self._op(o, dim_sub)
+    def __rsub__(self, o): return self._op(o, dim_sub, True)
+    def __mul__(self, o): return self._op(o, dim_mul)
+    def __rmul__(self, o): return self._op(o, dim_mul, True)
+    def __floordiv__(self, o): return self._op(o, dim_floordiv)
+    def __rfloordiv__(self, o): return self._op(o, dim_floordiv, True)
+    __hash__ = str.__hash__
+
+
+def as_shape_dim(d: Dim):
+    """`d` as `Tensor.shape` shows it (symbolic dims as `SymDim`)."""
+    return SymDim(d) if isinstance(d, str) else d

@@ -111,9 +111,6 @@ def contract(g: Graph, regions: list[list[int]], prefix: str) -> Graph:
             p = producer.get(v)
             if p is None or region_of.get(p) != region_of.get(i) or i not in region_of:
                 used_outside.add(v)
-    new_nodes: dict[int, Node] = {}
-    for r, members in enumerate(regions):
-        new_nodes[min(members)] = _region_node(g, members, producer, used_outside, f"{prefix}_r{r}")
     # order: contracted DAG, topologically sorted with original positions as tie-breaker
     dag = nx.DiGraph()
     key = {}
@@ -131,6 +128,10 @@ def contract(g: Graph, regions: list[list[int]], prefix: str) -> Graph:
                     dag.add_edge(w, u)
     if not nx.is_directed_acyclic_graph(dag):
         raise CompileError(f"partition of {prefix} is cyclic (a partitioner bug); regions {regions}")
+    # (built after the DAG: making a region node rewires its members' inputs)
+    new_nodes: dict[int, Node] = {}
+    for r, members in enumerate(regions):
+        new_nodes[min(members)] = _region_node(g, members, producer, used_outside, f"{prefix}_r{r}")
     nodes = []
     for u in nx.lexicographical_topological_sort(dag, key=lambda u: key[u]):
         if u[0] == "r":

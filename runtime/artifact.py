@@ -44,6 +44,18 @@ def signature(graph) -> dict:
             "outputs": [v.type.to_json() for v in graph.outputs]}
 
 
+def _json_info(info: dict) -> dict:
+    """The JSON-able part of a model's info (compile time, cache, tuning log...), kept in the manifest."""
+    out = {}
+    for k, v in info.items():
+        try:
+            json.dumps(v)
+        except (TypeError, ValueError):
+            continue
+        out[k] = v
+    return out
+
+
 def save(model, path: str) -> None:
     """Write `model` to `path` (a folder; a path ending in .tar gives one tar file)."""
     as_tar = path.endswith(".tar")
@@ -53,7 +65,8 @@ def save(model, path: str) -> None:
         text, params = graph_to_json(model.graph)
         with open(os.path.join(folder, "graph.json"), "w") as f:
             f.write(text)
-        np.savez(os.path.join(folder, "params.npz"), **{k: np.ascontiguousarray(v) for k, v in params.items()})
+        # np.asarray, not np.ascontiguousarray: the latter turns 0-d constants into shape (1,)
+        np.savez(os.path.join(folder, "params.npz"), **{k: np.asarray(v, order="C") for k, v in params.items()})
         files = ["graph.json", "params.npz"]
         if model.lib is not None:
             src = getattr(model, "lib_path", None)
@@ -65,6 +78,7 @@ def save(model, path: str) -> None:
             files.append(KERNELS)
         manifest = {"format_version": FORMAT_VERSION, **_versions(), "target": model.target,
                     "signature": signature(model.graph), "regions": model.regions,
+                    "info": _json_info(model.info),
                     "files": {fn: _sha256(os.path.join(folder, fn)) for fn in files}}
         with open(os.path.join(folder, "manifest.json"), "w") as f:
             json.dump(manifest, f, indent=1)
@@ -114,7 +128,22 @@ def load(path: str, device: str | None = None):
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def _load_folder(folder: str, label: str, device):
+def read(path: str) -> tuple[dict, object]:
+    """(manifest, partitioned graph) of an artifact, checked like `load`, without loading its kernels.
+
+    For `dyntvm inspect`: looking at an artifact runs none of its native code.
+    """
+    if not os.path.exists(path):
+        raise ArtifactError(f"{path}: no such artifact")
+    folder = _extract(path) if os.path.isfile(path) else path
+    try:
+        return _read_folder(folder, path)
+    finally:
+        if folder != path:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _read_folder(folder: str, label: str) -> tuple[dict, object]:
     mpath = os.path.join(folder, "manifest.json")
     if not os.path.exists(mpath):
         raise ArtifactError(f"{label}: manifest.json is missing (not a dyntvm artifact?)")
@@ -155,8 +184,14 @@ def _load_folder(folder: str, label: str, device):
         with open(os.path.join(folder, "graph.json")) as f:
             graph = graph_from_json(f.read(), params)
         graph.lint()
-    except (GraphError, KeyError) as e:
+    except (GraphError, KeyError, TypeError, ValueError, IndexError, AttributeError, RecursionError) as e:
         raise ArtifactError(f"{label}: graph.json is invalid: {e}") from e
+    return manifest, graph
+
+
+def _load_folder(folder: str, label: str, device):
+    manifest, graph = _read_folder(folder, label)
+    files, target = manifest["files"], manifest["target"]
     device = device or target
     vm, lib = None, None
     if KERNELS in files:
@@ -176,7 +211,8 @@ def _load_folder(folder: str, label: str, device):
     if vm is None and any(n.op == "region" for n in graph.walk()):
         raise ArtifactError(f"{label}: graph has compiled regions but {KERNELS} is not listed")
     try:
-        model = CompiledModel(graph, vm, target, lib, {"loaded_from": label})
+        info = manifest.get("info") if isinstance(manifest.get("info"), dict) else {}
+        model = CompiledModel(graph, vm, target, lib, {**info, "loaded_from": label})
     except Exception as e:  # noqa: BLE001 - a region function missing from the library, most likely
         raise ArtifactError(f"{label}: graph.json does not match {KERNELS}: {e}") from e
     model.lib_path = None

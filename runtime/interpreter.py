@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from dyntvm.errors import InputError
+from dyntvm.errors import GraphError, InputError
 from ..ir.graph import Graph, Node
-from ..ir.types import TensorType, eval_dim, is_symbol
+from ..ir.types import TensorType, eval_dim, is_symbol, shape_matches
 from .kernels import KERNELS, NEEDS_ENV
 
 
@@ -54,7 +54,16 @@ class Interpreter:
 
     # -- graph walking -------------------------------------------------------------------------
     def run(self, *args):
-        return self.run_graph(self.graph, list(args))
+        g = self.graph
+        if len(args) != len(g.inputs):
+            raise InputError(f"graph {g.name!r} takes {len(g.inputs)} inputs, got {len(args)}")
+        env: dict = {}
+        for i, (v, a) in enumerate(zip(g.inputs, args)):
+            dtype = np.asarray(a).dtype.name
+            if dtype != v.type.dtype or not shape_matches(v.type, np.shape(a), env):
+                raise InputError(f"graph {g.name!r}: input {i} (%{v.name}) must be {v.type}, got "
+                                 f"{dtype}{list(np.shape(a))}" + (f" (symbols so far: {env})" if env else ""))
+        return self.run_graph(g, list(args))
 
     def run_graph(self, graph: Graph, args: list) -> list:
         if len(args) != len(graph.inputs):
@@ -71,6 +80,7 @@ class Interpreter:
             ins = [values[v] for v in node.inputs]
             outs = self.run_node(node, ins, env)
             for v, o in zip(node.outputs, outs):
+                self.check_output(node, v, o, env)
                 values[v] = o
             for v in last.get(i, ()):
                 values.pop(v, None)
@@ -85,10 +95,15 @@ class Interpreter:
     def run_kernel(self, node: Node, ins: list, env: dict):
         fn = KERNELS[node.op]
         ins = [np.asarray(a) for a in ins]
-        outs = fn(node.attrs, *ins, env=env) if node.op in NEEDS_ENV else fn(node.attrs, *ins)
-        for v, o in zip(node.outputs, outs):
-            bind_symbols(v.type, o.shape, env)
-        return outs
+        return fn(node.attrs, *ins, env=env) if node.op in NEEDS_ENV else fn(node.attrs, *ins)
+
+    def check_output(self, node: Node, v, out, env: dict) -> None:
+        """Bind `v`'s symbols to the sizes seen, and check that `out` has `v`'s type (a wrong type rule
+        would otherwise go unnoticed here and break compiled code)."""
+        dtype = np.asarray(out).dtype.name
+        if dtype != v.type.dtype or not shape_matches(v.type, np.shape(out), env):
+            raise GraphError(f"{node.op} node {node.name!r} produced {dtype}{list(np.shape(out))} for %{v.name}: "
+                             f"{v.type} (symbols: {env})" + (f"\n    at {node.source}" if node.source else ""))
 
     def run_region(self, node: Node, ins: list, env: dict):
         return self.run_graph(node.subgraphs[0], ins)
@@ -111,6 +126,9 @@ class Interpreter:
         data, states, caps = ins[:a.num_data], ins[a.num_data:a.num_data + a.num_states], \
             ins[a.num_data + a.num_states:]
         length = np.shape(data[0])[0] if data else 0
+        if any(np.shape(d)[0] != length for d in data):
+            raise ValueError(f"foreach: data tensors must have the same length (axis 0); got lengths "
+                             f"{', '.join(str(np.shape(d)[0]) for d in data)}")
         steps = [[] for _ in range(a.num_outputs)]
         for t in range(length):
             res = self.run_graph(body, [d[t] for d in data] + list(states) + list(caps))

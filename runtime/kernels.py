@@ -9,6 +9,7 @@ import math
 
 import numpy as np
 
+from ..ir.ops import DIM_ATTRS
 from ..ir.types import eval_dim
 
 KERNELS: dict = {}
@@ -120,7 +121,6 @@ def _arg(fn):
 
 
 KERNELS["argmax"], KERNELS["argmin"] = _arg(np.argmax), _arg(np.argmin)
-
 
 
 
@@ -238,8 +238,9 @@ def _full_like(attrs, x):
 
 
 @kernel("arange")
-def _arange(attrs):
-    return (np.arange(attrs.start, attrs.stop, attrs.step, dtype=attrs.dtype),)
+def _arange(attrs, env=None):
+    start, stop = (eval_dim(d, env or {}) if isinstance(d, str) else d for d in (attrs.start, attrs.stop))
+    return (np.arange(start, stop, attrs.step, dtype=attrs.dtype),)
 
 
 @kernel("boolean_mask")
@@ -291,9 +292,9 @@ def _topk_impl(attrs, x, k):
     n = x.shape[ax]
     if not 0 <= k <= n:
         raise ValueError(f"topk: k={k} must be in [0, {n}] for axis {ax}")
-    key = -x if attrs.largest else x
-    if x.dtype == np.bool_:
-        key = ~x if attrs.largest else x
+    key = x
+    if attrs.largest:            # ~ reverses the order of ints and bools without overflow
+        key = -x if x.dtype.kind in "fc" else ~x
     idx = np.argsort(key, axis=ax, kind="stable")
     idx = np.take(idx, np.arange(k), axis=ax)
     return (np.take_along_axis(x, idx, axis=ax), idx.astype(np.int64))
@@ -310,4 +311,4 @@ def _topk_dyn(attrs, x, k):
 
 
 # Kernels that need the symbol environment (ops whose attrs may hold symbolic dims).
-NEEDS_ENV = {"reshape", "broadcast_to", "full"}
+NEEDS_ENV = set(DIM_ATTRS)

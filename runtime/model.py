@@ -63,6 +63,20 @@ def check_inputs(graph: Graph, args: tuple) -> list:
     return out
 
 
+def partition_summary(graph: Graph) -> list[str]:
+    """One line per compiled region, dynamic-shape node and control-flow node (depth first)."""
+    lines = []
+    for n in graph.walk():
+        if n.op == "region":
+            ops = [m.op for m in n.subgraphs[0].nodes if m.op != "constant"]
+            kinds = sorted(set(ops))
+            lines.append(f"region {n.attrs.name}: {len(ops)} ops ({', '.join(kinds[:8])}"
+                         f"{', ...' if len(kinds) > 8 else ''}), {len(n.inputs)} in / {len(n.outputs)} out")
+        elif n.opdef.kind in ("dynamic_shape", "control_flow"):
+            lines.append(f"{n.opdef.kind.replace('_', '-')} node {n.name} ({n.op})")
+    return lines
+
+
 class CompiledModel:
     """A compiled model: call it on numpy arrays; outputs come back nested like the traced function's.
 
@@ -95,15 +109,7 @@ class CompiledModel:
 
     def summary(self) -> str:
         lines = [f"CompiledModel {self.graph.name!r} target={self.target}: {len(self.regions)} region(s)"]
-        for n in self.graph.walk():
-            if n.op == "region":
-                sub = n.subgraphs[0]
-                ops = [m.op for m in sub.nodes if m.op != "constant"]
-                lines.append(f"  region {n.attrs.name}: {len(ops)} ops "
-                             f"({', '.join(sorted(set(ops))[:8])}{', ...' if len(set(ops)) > 8 else ''}), "
-                             f"{len(n.inputs)} in / {len(n.outputs)} out")
-            elif n.opdef.kind in ("dynamic_shape", "control_flow"):
-                lines.append(f"  {n.opdef.kind.replace('_', '-')} node {n.name} ({n.op})")
+        lines += ["  " + line for line in partition_summary(self.graph)]
         for k, v in self.info.items():
             lines.append(f"  {k}: {v}")
         return "\n".join(lines)

@@ -145,3 +145,17 @@ def test_constants_are_copied_into_regions():
     for n in pg.nodes:
         if n.op == "region":
             assert any(m.op == "constant" for m in n.subgraphs[0].nodes)
+
+
+def test_region_after_a_later_independent_dynamic_node():
+    """A region whose first node comes early but which reads a dynamic node defined later must be
+    placed after that node (regression: the order was computed from already-rewired inputs)."""
+    def f(x, s):
+        a = F.exp(x)
+        n = F.cast(F.shape_of(s), "float32")
+        return a * n
+    g = dt.trace(f, dt.TensorSpec(("N",)), dt.TensorSpec(("M",)))
+    pg = partition(g)
+    assert top_ops(pg) == ["shape_of", "region"]
+    x, s = np.ones(3, "float32"), np.ones(5, "float32")
+    np.testing.assert_allclose(dt.run_reference(pg, x, s), f(x, s))

@@ -1,0 +1,119 @@
+"""Lowering of static regions to Relax: one public Relax function per region Graph.
+
+API
+---
+``build_region_function(bb, graph, name) -> relax.GlobalVar``
+    Adds one public function ``name`` (``global_symbol`` = name) to the BlockBuilder's module.
+    Must be called outside any function scope of `bb`. The function takes ``graph.inputs`` in
+    order (one Relax tensor param each) and returns a ``relax.Tuple`` of ``graph.outputs``
+    (always a tuple, also for one output). Symbolic dims: every distinct symbol (``"N"``, and
+    unknown ``"_u3"``) of the input shapes becomes one fresh ``tirx.Var(name, "int64")`` for
+    this function only (TVM rejects a var shared by two functions); an expression input dim
+    (``"(T + 1)"``) becomes a fresh var too (symbols only reachable through such a dim are
+    solved for when possible, e.g. ``T = d - 1``). Dims of intermediate values come from Relax's
+    inference. Dims in attrs (reshape targets, full shapes...) are translated over the
+    function's vars; an unbound symbol raises `CompileError`.
+``unsupported_ops(graph) -> list[str]``
+    Sorted op names (whole tree) that have no converter.
+``build_module(regions: list[tuple[str, Graph]]) -> tvm.IRModule``
+    All region functions in one IRModule, checked with ``relax.analysis.well_formed``.
+
+Calling convention of the compiled function: ``vm[name](*tensors)`` returns a tvm Array with
+one tensor per graph output, in order.
+"""
+from __future__ import annotations
+
+import re
+
+import tvm
+from tvm import relax
+
+from dyntvm.errors import CompileError, UnsupportedOpError
+from ..ir.graph import Graph
+from .converters import CONVERTERS, ConvertContext, convert_node
+
+__all__ = ["build_region_function", "build_module", "unsupported_ops", "param_name"]
+
+_BAD = re.compile(r"[^A-Za-z0-9_]")
+
+
+def param_name(value, i: int) -> str:
+    """Relax parameter name of graph input `i` (the Value's name, sanitised)."""
+    n = _BAD.sub("_", value.name or "") or f"in{i}"
+    return n if not n[0].isdigit() else f"in_{n}"
+
+
+def unsupported_ops(graph: Graph) -> list[str]:
+    """Ops of `graph` (subgraphs included) that have no Relax converter, sorted."""
+    return sorted({n.op for n in graph.walk() if n.op not in CONVERTERS})
+
+
+def _check_region(graph: Graph, name: str):
+    missing = unsupported_ops(graph)
+    if missing:
+        raise UnsupportedOpError(f"region {name!r} contains ops without a Relax converter: "
+                                 f"{', '.join(missing)} (only static ops can be compiled)")
+    for n in graph.nodes:
+        if n.subgraphs:
+            raise CompileError(f"region {name!r}: node {n.name!r} ({n.op}) has subgraphs; a region "
+                               "must be flat")
+
+
+def build_region_function(bb: relax.BlockBuilder, graph: Graph, name: str) -> relax.GlobalVar:
+    """Lower the closed static region `graph` to one public Relax function `name` in `bb`'s
+    module and return its GlobalVar (see module doc for the conventions)."""
+    _check_region(graph, name)
+    if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
+        raise CompileError(f"region function name {name!r} is not an identifier")
+    if any(gv.name_hint == name for gv in bb.get().get_global_vars()):
+        raise CompileError(f"a function named {name!r} is already in the module")
+    ctx = ConvertContext(name)
+    params = []
+    env = {}
+    taken = set()
+    for i, v in enumerate(graph.inputs):
+        shape = [ctx.bind_input_dim(d, f"{param_name(v, i)}_d{j}") for j, d in enumerate(v.type.shape)]
+        pn = param_name(v, i)
+        while pn in taken:
+            pn += "_"
+        taken.add(pn)
+        p = relax.Var(pn, relax.TensorType(shape, v.type.dtype))
+        params.append(p)
+        env[v] = p
+    ctx.solve()
+    with bb.function(name, params):
+        with bb.dataflow():
+            for node in graph.nodes:
+                try:
+                    args = [env[v] for v in node.inputs]
+                except KeyError:
+                    raise CompileError(f"region {name!r} is not closed: node {node.name!r} ({node.op}) "
+                                       "uses a value that is neither a region input nor computed "
+                                       "earlier") from None
+                outs = convert_node(bb, node, args, ctx)
+                for v, e in zip(node.outputs, outs):
+                    env[v] = e
+            try:
+                results = [env[v] for v in graph.outputs]
+            except KeyError:
+                raise CompileError(f"region {name!r}: an output is not computed by the region") from None
+            out = bb.emit_output(relax.Tuple(results))
+        gv = bb.emit_func_output(out)
+    try:
+        relax.analysis.well_formed(bb.get()[gv])
+    except ValueError as e:
+        raise CompileError(f"region function {name!r} is not well formed: {e}") from None
+    return gv
+
+
+def build_module(regions: list) -> tvm.IRModule:
+    """One IRModule holding a public Relax function per ``(name, graph)`` region."""
+    bb = relax.BlockBuilder()
+    for name, graph in regions:
+        build_region_function(bb, graph, name)
+    mod = bb.get()
+    try:
+        relax.analysis.well_formed(mod)
+    except ValueError as e:
+        raise CompileError(f"the region module is not well formed: {e}") from None
+    return mod

@@ -1,0 +1,191 @@
+"""End to end on CPU: dt.compile(...)(inputs) equals eager numpy, one TVM build per model."""
+import time
+
+import numpy as np
+import pytest
+
+import dyntvm as dt
+from dyntvm import F, examples
+from dyntvm.codegen.api import stats
+from dyntvm.ir.tree import tree_flatten
+
+
+def assert_same(got, want, rtol=1e-4, atol=1e-4):
+    g, w = tree_flatten(got)[0], tree_flatten(want)[0]
+    assert len(g) == len(w)
+    for a, b in zip(g, w):
+        a, b = np.asarray(a), np.asarray(b)
+        assert a.shape == b.shape and a.dtype == b.dtype, (a.shape, a.dtype, b.shape, b.dtype)
+        if a.dtype.kind in "biu":
+            np.testing.assert_array_equal(a, b)
+        else:
+            np.testing.assert_allclose(a, b, rtol=rtol, atol=atol)
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("dyntvm-cache"))
+
+
+def compile_once(fn, *specs, cache_dir, **kw):
+    before = stats.builds
+    model = dt.compile(fn, *specs, cache_dir=cache_dir, **kw)
+    assert stats.builds - before <= 1
+    return model
+
+
+# ------------------------------------------------------------------------------------- examples
+@pytest.mark.parametrize("name", examples.NAMES)
+def test_example_matches_eager_with_one_build(name, cache_dir):
+    ex = examples.get(name)
+    before = stats.builds
+    model = dt.compile(ex.fn, *ex.specs, cache_dir=cache_dir, use_cache=False)
+    assert stats.builds == before + 1
+    rng = np.random.default_rng(0)
+    for sizes in ex.test_sizes:
+        inputs = ex.make_inputs(rng, **sizes)
+        assert_same(model(*inputs), ex.fn(*inputs))
+    assert stats.builds == before + 1, "running at new sizes must not rebuild"
+
+
+# --------------------------------------------------------------------------------- op groups
+def elementwise(x, y):
+    u = [F.neg(x), F.abs(x), F.exp(x), F.log(F.abs(x) + 1.0), F.sqrt(F.abs(x)), F.rsqrt(F.abs(x) + 1.0),
+         F.tanh(x), F.sigmoid(x), F.relu(x), F.gelu(x), F.erf(x), F.sin(x), F.cos(x), F.floor(x), F.ceil(x),
+         F.round(x * 3.0), F.sign(x)]
+    b = [x + y, x - y, x * y, x / (F.abs(y) + 1.0), F.power(F.abs(x), y), F.maximum(x, y), F.minimum(x, y),
+         F.where(x > y, x, y), x @ F.transpose(y)]
+    c = [x == y, x != y, x < y, x <= y, x > y, x >= y, F.logical_and(x > 0, y > 0), F.logical_or(x > 0, y > 0),
+         F.logical_not(x > 0), F.isnan(x)]
+    return u, b, c
+
+
+def reductions(x):
+    return [F.sum(x), F.sum(x, axis=1), F.mean(x, axis=0, keepdims=True), F.max(x, axis=-1), F.min(x, axis=1),
+            F.prod(x, axis=1), F.argmax(x, axis=1), F.argmin(x, axis=0), F.argmax(x),
+            F.softmax(x, axis=-1), F.log_softmax(x, axis=0)]
+
+
+def shapes(x, idx):
+    n = x.shape[0]
+    parts = F.split(x, 2, axis=1)
+    return [F.reshape(x, (-1,)), F.reshape(x, (n, 2, 2)), F.transpose(x), F.expand_dims(x, 1),
+            F.squeeze(F.expand_dims(x, 0), 0), F.concat([x, x * 2.0], axis=0), F.stack([x, x], axis=1),
+            parts[0], parts[1], x[1:, ::2], x[:, -1], F.take(x, idx, axis=0), F.broadcast_to(x[:, :1], (n, 4)),
+            F.flatten(x), F.tile(x, (2, 1)), F.pad(x, ((1, 0), (0, 2)), 1.5), F.cast(x, "int32"),
+            F.zeros_like(x), F.ones_like(x, dtype="int64"), F.full((2, 3), 7.0), F.arange(0, 5),
+            F.topk(x, 2, axis=1)[0], F.topk(x, 2, axis=1)[1], F.embedding(idx, x),
+            F.layer_norm(x, np.ones(4, "float32") * 1.5, np.arange(4, dtype="float32"))]
+
+
+def dynamic(x, k):
+    m = F.boolean_mask(x, F.sum(x, axis=1) > 0)
+    return [m * 2.0, F.nonzero(x > 0), F.unique(F.cast(x * 2.0, "int64"), return_inverse=True, return_counts=True),
+            F.arange(0, F.cast(F.sum(F.abs(x)), "int64")), F.shape_of(m), F.reshape(x, F.shape_of(x)[::-1]),
+            F.topk(F.reshape(x, (-1,)), k)]
+
+
+GROUPS = [
+    ("elementwise", elementwise, [dt.TensorSpec(("N", 4)), dt.TensorSpec(("N", 4))],
+     lambda r, n: (r.standard_normal((n, 4)).astype("float32"), r.standard_normal((n, 4)).astype("float32"))),
+    ("reductions", reductions, [dt.TensorSpec(("N", 4))],
+     lambda r, n: (r.standard_normal((n, 4)).astype("float32"),)),
+    ("shapes", shapes, [dt.TensorSpec(("N", 4)), dt.TensorSpec(("K",), "int64")],
+     lambda r, n: (r.standard_normal((n, 4)).astype("float32"), r.integers(0, n, 3) if n else np.zeros(0, "int64"))),
+    ("dynamic", dynamic, [dt.TensorSpec(("N", 4)), dt.TensorSpec((), "int64")],
+     lambda r, n: (r.standard_normal((n, 4)).astype("float32"), np.array(min(2, 4 * n)))),
+]
+MIN_N = {"reductions": 1, "shapes": 1}     # max/argmax of an empty axis is an error in numpy too
+
+
+@pytest.mark.parametrize("name, fn, specs, make", GROUPS, ids=[g[0] for g in GROUPS])
+def test_op_groups_match_eager(name, fn, specs, make, cache_dir):
+    model = compile_once(fn, *specs, cache_dir=cache_dir)
+    rng = np.random.default_rng(1)
+    for n in (0, 1, 2, 5, 9):
+        if n < MIN_N.get(name, 0):
+            continue
+        inputs = make(rng, n)
+        assert_same(model(*inputs), fn(*inputs), rtol=2e-4, atol=2e-4)
+
+
+# ---------------------------------------------------------------------------------- executor
+W = np.random.default_rng(3).standard_normal((8, 8)).astype("float32") * 0.3
+
+
+def rnn(xs, h):
+    def step(x, states):
+        (h,) = states
+        h = F.tanh(F.matmul(x, W) + F.matmul(h, W))
+        return h, [h]
+    return F.foreach(step, xs, [h])
+
+
+def test_foreach_body_is_one_kernel_call_per_step(cache_dir):
+    model = compile_once(rnn, dt.TensorSpec(("T", "B", 8)), dt.TensorSpec(("B", 8)), cache_dir=cache_dir)
+    (fe,) = [n for n in model.graph.nodes if n.op == "foreach"]
+    assert [n.op for n in fe.subgraphs[0].nodes] == ["region"]
+    for T, B in [(0, 1), (1, 1), (6, 3)]:
+        xs = np.random.default_rng(T).standard_normal((T, B, 8)).astype("float32")
+        h0 = np.zeros((B, 8), "float32")
+        before = model.kernel_calls
+        assert_same(model(xs, h0), rnn(xs, h0))
+        assert model.kernel_calls - before == T
+
+
+def test_while_loop_growing_state(cache_dir):
+    def grow(x):
+        return F.while_loop(lambda s: F.sum(s) < 50.0, lambda s: (F.sum(s), [F.concat([s, s * 2.0])]), [x],
+                            max_iterations=10)
+    model = compile_once(grow, dt.TensorSpec(("N",)), cache_dir=cache_dir)
+    for x in [np.array([1.0], "float32"), np.array([60.0], "float32"), np.array([1.0, 2.0, 3.0], "float32")]:
+        assert_same(model(x), grow(x))
+
+
+def test_validate_and_profile_modes(cache_dir):
+    model = compile_once(rnn, dt.TensorSpec(("T", "B", 8)), dt.TensorSpec(("B", 8)), cache_dir=cache_dir)
+    xs = np.ones((3, 2, 8), "float32")
+    h0 = np.zeros((2, 8), "float32")
+    assert_same(model(xs, h0, validate=True), rnn(xs, h0))
+    model(xs, h0, profile=True)
+    assert any("region" in k and calls == 3 for k, (calls, secs) in model.last_profile.items())
+
+
+def test_compile_cache_makes_recompiles_fast(tmp_path):
+    ex = examples.get("lstm")
+    dt.compile(ex.fn, *ex.specs, cache_dir=str(tmp_path))
+    before = stats.builds
+    t0 = time.perf_counter()
+    m = dt.compile(ex.fn, *ex.specs, cache_dir=str(tmp_path))
+    took = time.perf_counter() - t0
+    assert stats.builds == before and m.info["cache"] == "hit"
+    assert took < 5.0   # generous bound for a loaded CI machine; typically ~0.1 s
+
+
+def test_input_errors(cache_dir):
+    model = compile_once(rnn, dt.TensorSpec(("T", "B", 8)), dt.TensorSpec(("B", 8)), cache_dir=cache_dir)
+    xs, h0 = np.ones((3, 2, 8), "float32"), np.zeros((2, 8), "float32")
+    with pytest.raises(dt.InputError, match="takes 2 arguments"):
+        model(xs)
+    with pytest.raises(dt.InputError, match="dtype is float64, expected float32"):
+        model(xs.astype("float64"), h0)
+    with pytest.raises(dt.InputError, match="rank is 2"):
+        model(xs[0], h0)
+    with pytest.raises(dt.InputError, match="axis 2 has size 7, expected 8"):
+        model(np.ones((3, 2, 7), "float32"), h0)
+    with pytest.raises(dt.InputError, match="B=3, but B=2"):
+        model(xs, np.zeros((3, 8), "float32"))
+    with pytest.raises(dt.InputError, match="expected a numpy array"):
+        model(xs, "nope")
+
+
+def test_hybridize_compiles_once_per_signature(cache_dir):
+    fast = dt.hybridize(rnn, dynamic=(("T", "B", None), ("B", None)), cache_dir=cache_dir)
+    for T, B in [(2, 1), (5, 1), (3, 4)]:
+        xs = np.ones((T, B, 8), "float32")
+        h0 = np.zeros((B, 8), "float32")
+        assert_same(fast(xs, h0), rnn(xs, h0))
+    assert len(fast.compiled) == 1
+    xs, h0 = np.ones((2, 1, 8), "float64"), np.zeros((1, 8), "float64")   # new dtype: a second compile
+    assert_same(fast(xs, h0), rnn(xs, h0))
+    assert len(fast.compiled) == 2

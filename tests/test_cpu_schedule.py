@@ -1,0 +1,323 @@
+"""Tests for codegen.cpu_schedule: scheduled builds match numpy and kernels are really scheduled."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import tvm  # noqa: E402
+from tvm import relax, tirx  # noqa: E402
+from tvm.relax import op as R  # noqa: E402
+
+from codegen import cpu_schedule  # noqa: E402
+from codegen.cpu_schedule import build_cpu, cpu_target, schedule_module  # noqa: E402
+
+RTOL, ATOL = 1e-4, 1e-5
+RNG = np.random.default_rng(42)
+
+
+def rand(*shape, dtype="float32"):
+    return RNG.standard_normal(shape).astype(dtype)
+
+
+def sym(name="n"):
+    return tirx.Var(name, "int64")
+
+
+def const(arr):
+    return relax.const(arr, str(arr.dtype))
+
+
+def make_module(funcs):
+    """funcs: list of (name, [(param_name, shape, dtype)], body_fn(*vars) -> expr)."""
+    bb = relax.BlockBuilder()
+    for name, params, body in funcs:
+        pv = [relax.Var(p, relax.TensorType(shape, dtype)) for p, shape, dtype in params]
+        with bb.function(name, pv):
+            with bb.dataflow():
+                out = bb.emit_output(body(*pv))
+            bb.emit_func_output(out)
+    mod = bb.get()
+    relax.analysis.well_formed(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def target():
+    return cpu_target()
+
+
+@pytest.fixture(autouse=True)
+def no_rule_failures(request, caplog):
+    """A rule that raises falls back silently (by design); in these tests none should."""
+    with caplog.at_level("DEBUG", logger=cpu_schedule.__name__):
+        yield
+    if request.node.name != "test_failing_rule_leaves_primfunc_unchanged":
+        assert "rule failed" not in caplog.text
+
+
+def run(vm, fname, *args):
+    out = vm[fname](*[tvm.runtime.tensor(a) for a in args])
+    if isinstance(out, tvm.runtime.Tensor):
+        return out.numpy()
+    return [o.numpy() for o in out]
+
+
+def check(out, ref, rtol=RTOL, atol=ATOL):
+    if isinstance(ref, (list, tuple)):
+        assert len(out) == len(ref)
+        for o, r in zip(out, ref):
+            check(o, r, rtol, atol)
+        return
+    assert out.shape == np.shape(ref)
+    np.testing.assert_allclose(out, ref, rtol=rtol, atol=atol)
+
+
+def scaled(*shape, k):
+    """Random matrix scaled by 1/sqrt(k), so dot products stay O(1) for the tolerances."""
+    return rand(*shape) / np.float32(np.sqrt(k))
+
+
+# ------------------------------------------------------------------------------------- matmul
+
+
+def test_matmul_static_and_symbolic(target):
+    w = scaled(256, 256, k=256)
+    w_odd = scaled(30, 100, k=30)
+    mod = make_module([
+        ("static", [("a", (64, 256), "float32"), ("b", (256, 256), "float32")], R.matmul),
+        ("sym_const", [("x", (sym("M"), 256), "float32")], lambda x: R.matmul(x, const(w))),
+        ("sym_input", [("x", (sym("M"), 256), "float32"), ("w", (256, 256), "float32")],
+         R.matmul),
+        # K not a multiple of 4, N not a multiple of the vector width.
+        ("odd", [("x", (sym("M"), 30), "float32")], lambda x: R.matmul(x, const(w_odd))),
+        ("tiny_n", [("x", (sym("M"), 64), "float32"), ("w", (64, 10), "float32")], R.matmul),
+    ])
+    vm = relax.VirtualMachine(build_cpu(mod, target), tvm.cpu())
+    a, b = scaled(64, 256, k=1), scaled(256, 256, k=256)
+    check(run(vm, "static", a, b), a @ b)
+    for m in (0, 1, 2, 3, 4, 5, 16, 67):
+        x = rand(m, 256)
+        check(run(vm, "sym_const", x), x @ w)
+        check(run(vm, "sym_input", x, w), x @ w)
+        xo = rand(m, 30)
+        check(run(vm, "odd", xo), xo @ w_odd)
+        xt, wt = rand(m, 64), scaled(64, 10, k=64)
+        check(run(vm, "tiny_n", xt, wt), xt @ wt)
+
+
+def test_batched_matmul(target):
+    w = scaled(64, 48, k=64)
+    nb = sym("n")
+    mod = make_module([
+        # (n, 8, 64) @ (64, 48): weight broadcast over the batch.
+        ("bcast", [("x", (sym("n"), 8, 64), "float32")], lambda x: R.matmul(x, const(w))),
+        # (n, M, K) @ (n, K, N) with symbolic M too.
+        ("bmm", [("x", (nb, sym("m"), 32), "float32"), ("y", (nb, 32, 48), "float32")],
+         lambda x, y: R.matmul(x, y)),
+        # attention scores q @ k^T with a symbolic N (the matmul's column count).
+        ("attn", [("q", (2, 4, sym("s"), 64), "float32"), ("k", (2, 4, sym("t"), 64), "float32")],
+         lambda q, k: R.nn.softmax(R.matmul(q, R.permute_dims(k, [0, 1, 3, 2])), axis=-1)),
+    ])
+    vm = relax.VirtualMachine(build_cpu(mod, target), tvm.cpu())
+    for n in (1, 3):
+        x = rand(n, 8, 64)
+        check(run(vm, "bcast", x), x @ w)
+        for m in (1, 5):
+            xa, ya = rand(n, m, 32), scaled(n, 32, 48, k=32)
+            check(run(vm, "bmm", xa, ya), xa @ ya)
+    for s in (1, 7, 33):
+        q, k = scaled(2, 4, s, 64, k=64), rand(2, 4, s, 64)
+        sc = q @ k.transpose(0, 1, 3, 2)
+        e = np.exp(sc - sc.max(-1, keepdims=True))
+        check(run(vm, "attn", q, k), e / e.sum(-1, keepdims=True))
+
+
+def test_lstm_cell_fused(target):
+    wx, wh, b = scaled(256, 1024, k=256), scaled(128, 1024, k=128), rand(1024)
+    bv = sym("B")
+    mod = make_module([
+        ("cell", [("x", (bv, 256), "float32"), ("h", (bv, 128), "float32")],
+         lambda x, h: R.tanh(R.add(R.add(R.matmul(x, const(wx)), R.matmul(h, const(wh))),
+                                   const(b)))),
+        ("gates", [("x", (sym("B"), 256), "float32")],
+         lambda x: R.multiply(R.sigmoid(R.matmul(x, const(wx))), R.nn.relu(const(b)))),
+    ])
+    vm = relax.VirtualMachine(build_cpu(mod, target), tvm.cpu())
+    for bsz in (0, 1, 2, 16):
+        x, h = rand(bsz, 256), rand(bsz, 128)
+        check(run(vm, "cell", x, h), np.tanh(x @ wx + h @ wh + b))
+        check(run(vm, "gates", x), 1 / (1 + np.exp(-(x @ wx))) * np.maximum(b, 0))
+
+
+def test_matmul_module_every_primfunc_scheduled(target, caplog):
+    w, b = rand(256, 512), rand(512)
+    mod = make_module([
+        ("main", [("x", (sym("B"), 256), "float32")],
+         lambda x: R.tanh(R.add(R.matmul(x, const(w)), const(b)))),
+        ("mm", [("x", (64, 128), "float32"), ("y", (128, 256), "float32")], R.matmul),
+        ("bmm", [("x", (4, sym("m"), 128), "float32"), ("y", (4, 128, 64), "float32")],
+         R.matmul),
+    ])
+    before = relax.get_pipeline("zero")(mod)
+    with caplog.at_level("DEBUG", logger=cpu_schedule.__name__):
+        after = schedule_module(before, target)
+    prims = [(gv.name_hint, f) for gv, f in after.functions_items()
+             if isinstance(f, tirx.PrimFunc)]
+    assert prims
+    # Every kernel went through the matmul rule itself, not a fallback.
+    assert "rule failed" not in caplog.text
+    assert caplog.text.count("matmul rule applied") == len(prims)
+    for name, func in prims:
+        script = func.script()
+        assert func.attrs.get("tirx.is_scheduled", False), name
+        assert "T.parallel" in script, name
+        assert "T.vectorized" in script, name
+    # The input module is left untouched.
+    for gv, func in before.functions_items():
+        if isinstance(func, tirx.PrimFunc):
+            assert not func.attrs.get("tirx.is_scheduled", False)
+
+
+def test_single_core_target_has_no_parallel_loops():
+    target = cpu_target(num_cores=1)
+    mod = make_module([("mm", [("x", (sym("B"), 256), "float32"), ("y", (256, 256), "float32")],
+                        R.matmul)])
+    after = schedule_module(relax.get_pipeline("zero")(mod), target)
+    scripts = [f.script() for _, f in after.functions_items() if isinstance(f, tirx.PrimFunc)]
+    assert scripts and all("T.parallel" not in s and "T.vectorized" in s for s in scripts)
+
+
+def test_failing_rule_leaves_primfunc_unchanged(target, monkeypatch):
+    def boom(*_args, **_kwargs):
+        raise RuntimeError("rule failure")
+
+    mod = make_module([("mm", [("x", (sym("B"), 64), "float32"), ("y", (64, 32), "float32")],
+                        R.matmul)])
+    lowered = relax.get_pipeline("zero")(mod)
+    monkeypatch.setattr(cpu_schedule, "_sched_matmul", boom)
+    monkeypatch.setattr(cpu_schedule, "_sched_reduction", boom)
+    monkeypatch.setattr(cpu_schedule, "_sched_column_reduction", boom)
+    after = schedule_module(lowered, target)
+    for gv, func in lowered.functions_items():
+        if isinstance(func, tirx.PrimFunc):
+            assert after[gv].same_as(func)
+    vm = relax.VirtualMachine(build_cpu(mod, target), tvm.cpu())
+    x, y = rand(3, 64), rand(64, 32)
+    check(run(vm, "mm", x, y), x @ y, rtol=1e-4, atol=1e-4)
+
+
+# ----------------------------------------------------------------------------- other kernels
+
+
+def test_elementwise_and_broadcast(target):
+    b = rand(512)
+    mod = make_module([
+        ("chain", [("x", (sym("n"), 512), "float32")],
+         lambda x: R.multiply(R.sigmoid(x), R.add(R.exp(R.multiply(x, const(np.float32(0.5)))),
+                                                 const(b)))),
+        ("vec", [("x", (sym("n"),), "float32"), ("y", (1,), "float32")],
+         lambda x, y: R.subtract(R.tanh(x), y)),
+        ("static", [("x", (64, 1000), "float32")], lambda x: R.nn.relu(R.add(x, x))),
+    ])
+    vm = relax.VirtualMachine(build_cpu(mod, target), tvm.cpu())
+    for n in (0, 1, 7, 300):
+        x = rand(n, 512)
+        check(run(vm, "chain", x), 1 / (1 + np.exp(-x)) * (np.exp(x * 0.5) + b))
+        v, y = rand(n * 1000), rand(1)
+        check(run(vm, "vec", v, y), np.tanh(v) - y)
+    x = rand(64, 1000)
+    check(run(vm, "static", x), np.maximum(x + x, 0))
+
+
+def test_reductions(target):
+    g, beta = rand(512), rand(512)
+    mod = make_module([
+        ("rows", [("x", (sym("n"), 512), "float32")], lambda x: relax.Tuple([
+            R.sum(x, axis=1), R.mean(x, axis=1, keepdims=True), R.max(x, axis=1),
+            R.min(x, axis=1), R.argmax(x, axis=1)])),
+        ("prod", [("x", (sym("n"), 16), "float32")], lambda x: R.prod(x, axis=1)),
+        ("cols", [("x", (sym("n"), 512), "float32")], lambda x: R.sum(x, axis=0)),
+        ("mid", [("x", (sym("n"), 6, 40), "float32")], lambda x: R.max(x, axis=1)),
+        ("softmax", [("x", (sym("n"), 512), "float32")], lambda x: R.nn.softmax(x, axis=-1)),
+        ("log_softmax", [("x", (sym("n"), 512), "float32")],
+         lambda x: R.nn.log_softmax(x, axis=-1)),
+        ("layer_norm", [("x", (sym("n"), 512), "float32")],
+         lambda x: R.nn.layer_norm(x, const(g), const(beta), axes=[-1])),
+    ])
+    vm = relax.VirtualMachine(build_cpu(mod, target), tvm.cpu())
+    for n in (1, 3, 64):
+        x = rand(n, 512)
+        check(run(vm, "rows", x), [x.sum(1), x.mean(1, keepdims=True), x.max(1), x.min(1),
+                                   x.argmax(1)], atol=1e-4)
+        xp = rand(n, 16) * 0.5 + 1
+        check(run(vm, "prod", xp), xp.prod(1))
+        check(run(vm, "cols", x), x.sum(0), atol=1e-4)
+        x3 = rand(n, 6, 40)
+        check(run(vm, "mid", x3), x3.max(1))
+        e = np.exp(x - x.max(-1, keepdims=True))
+        check(run(vm, "softmax", x), e / e.sum(-1, keepdims=True))
+        check(run(vm, "log_softmax", x), np.log(e / e.sum(-1, keepdims=True)), atol=1e-4)
+        mu, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+        check(run(vm, "layer_norm", x), (x - mu) / np.sqrt(var + 1e-5) * g + beta, atol=1e-4)
+    # n = 0: empty rows, and a column sum over no rows.
+    x0 = rand(0, 512)
+    check(run(vm, "softmax", x0), x0)
+    check(run(vm, "cols", x0), np.zeros(512, "float32"))
+
+
+def test_data_movement(target):
+    idx = np.array([3, 0, 7, 7], dtype="int64")
+
+    def body(x, y, c):
+        t = R.permute_dims(x, [1, 0])                                       # (8, n)
+        r = R.reshape(x, (-1,))                                             # (n*8,)
+        cat = R.concat([x, y], axis=0)                                      # (n+m, 8)
+        parts = R.split(cat, [2], axis=1)                                   # (.,2), (.,6)
+        sl = R.strided_slice(x, axes=[1], begin=[1], end=[7], strides=[2])  # (n, 3)
+        tk = R.take(x, const(idx), axis=1)                                  # (n, 4)
+        bc = R.broadcast_to(R.sum(x, axis=1, keepdims=True), (x.ty.shape[0], 8))
+        tl = R.tile(y, [2, 1])                                              # (2m, 8)
+        pd = R.nn.pad(x, [0, 0, 1, 2])                                      # (n, 11)
+        ca = R.astype(R.multiply(x, const(np.float32(10.0))), "int32")
+        wh = R.where(R.greater(x, c), x, R.negative(x))
+        return relax.Tuple([t, r, relax.TupleGetItem(parts, 1), sl, tk, bc, tl, pd, ca, wh])
+
+    mod = make_module([("main", [("x", (sym("n"), 8), "float32"), ("y", (sym("m"), 8), "float32"),
+                                 ("c", (8,), "float32")], body)])
+    vm = relax.VirtualMachine(build_cpu(mod, target), tvm.cpu())
+    for n, m in ((1, 1), (5, 3), (0, 2)):
+        x, y, c = rand(n, 8), rand(m, 8), rand(8)
+        cat = np.concatenate([x, y], 0)
+        ref = [x.T, x.reshape(-1), cat[:, 2:], x[:, 1:7:2], x[:, idx],
+               np.broadcast_to(x.sum(1, keepdims=True), (n, 8)), np.tile(y, (2, 1)),
+               np.pad(x, [(0, 0), (1, 2)]), (x * 10).astype("int32"), np.where(x > c, x, -x)]
+        check(run(vm, "main", x, y, c), ref, atol=1e-5)
+
+
+def test_multiple_functions_share_one_executable(target):
+    w = scaled(32, 32, k=32)
+    mod = make_module([
+        ("f0", [("x", (sym("n"), 32), "float32")], lambda x: R.nn.relu(R.matmul(x, const(w)))),
+        ("f1", [("x", (sym("n"), 32), "float32")], lambda x: R.nn.softmax(x, axis=1)),
+        ("f2", [("x", (sym("n"), 32), "float32")], lambda x: R.add(x, const(w[0]))),
+    ])
+    vm = relax.VirtualMachine(build_cpu(mod, target), tvm.cpu())
+    for n in (1, 9):
+        x = rand(n, 32)
+        check(run(vm, "f0", x), np.maximum(x @ w, 0))
+        e = np.exp(x - x.max(1, keepdims=True))
+        check(run(vm, "f1", x), e / e.sum(1, keepdims=True))
+        check(run(vm, "f2", x), x + w[0])
+
+
+def test_target():
+    t = cpu_target(num_cores=3)
+    assert t.kind.name == "llvm"
+    assert int(t.attrs["num-cores"]) == 3
+    assert "mcpu" in t.attrs
+    assert int(cpu_target().attrs["num-cores"]) >= 1
