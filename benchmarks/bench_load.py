@@ -1,7 +1,8 @@
 """Cold-start cost of a deployed artifact: `import tvm` alone vs `dt.load(art)` + the first call.
 
 Each measurement is a fresh Python process (so nothing is imported or cached in memory yet); the
-numbers are medians over --runs processes. numpy is imported before the clock starts in both. Target: load + first call within 0.5 s of `import tvm`.
+numbers are medians over --runs processes. numpy is imported before the clock starts in both.
+Target: load + first call within 0.5 s of `import tvm`.
 
     .venv/bin/python benchmarks/bench_load.py                     # compiles the detection example first
     .venv/bin/python benchmarks/bench_load.py --artifact m.dtvm --example detection

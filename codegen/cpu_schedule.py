@@ -1,25 +1,20 @@
-"""Default CPU schedules for Relax modules, so compiled code is fast without tuning.
+"""Default CPU schedules, so Relax code compiled for the CPU is fast without tuning.
 
-Relax's CPU pipeline leaves every PrimFunc as a naive loop nest (fp32 matmul at 1-2 GFLOP/s).
-This module legalizes and fuses a module, then gives every PrimFunc a hand-written schedule:
+Relax's CPU pipeline leaves every PrimFunc a naive loop nest (fp32 matmul at 1-2 GFLOP/s). After
+legalization and fusion, ``schedule_module`` schedules every PrimFunc by hand: contractions
+(matmul, batched, fused epilogues) get register tiles with the epilogue per tile; row reductions
+(sum/max/softmax/layer_norm) are computed per row with the reduction vectorized through rfactor;
+injective kernels are fused, parallel outside and vectorized inside.
 
-* matmul-like contractions (incl. batched and fused epilogues): register tiles (rows x vector
-  columns), reduction split by 4, epilogue computed per tile, parallel over the outer tiles;
-* reductions (sum/max/softmax/layer_norm rows): every block computed per row, rows parallel;
-* injective kernels: outer loops fused and parallel, inner loop vectorized.
+Symbolic dims get runtime dispatch: a rule builds several variants of a kernel and the PrimFunc
+picks one with an ``if`` on the actual sizes, so small kernels stay serial (a parallel launch
+costs ~2 us) and a matmul goes from a 1-row (GEMV) tile to a 4-row tile as the batch grows. A rule
+that raises leaves its PrimFunc as it was. ``build_cpu`` also legalizes fp32 exp/tanh/sigmoid/
+softmax/log_softmax to math LLVM vectorizes (TVM's lowering calls scalar ``expf``, ~2 ns each).
 
-Symbolic dims (one kernel for every batch size) are handled with runtime dispatch: a rule emits
-several versions of a kernel and the PrimFunc picks one with an ``if`` on the actual sizes. This
-keeps tiny kernels serial (a parallel launch costs ~2 us on the TVM thread pool) and switches the
-matmul from a 1-row GEMV-like tile to a 4-row tile when the batch grows.
-
-Every rule runs on a fresh ``tvm.s_tir.Schedule``; if any primitive raises, the PrimFunc is left as
-it was, so a schedule problem can cost speed but never break a build.
-
-Thread pool: TVM's runtime takes half of ``hardware_concurrency`` on x86 (it assumes SMT), i.e. ONE
-thread on a 2-core machine without SMT. Importing this module sets ``TVM_NUM_THREADS`` to the
-number of physical cores unless it is already set; the variable is read when a thread first
-launches a TVM parallel loop, so import this module before running any kernel.
+Thread pool: on x86 TVM uses half of ``hardware_concurrency`` (it assumes SMT): ONE thread on a
+2-core machine without SMT. Importing this module sets ``TVM_NUM_THREADS`` to the physical core
+count unless already set; TVM reads it when a thread first runs a parallel kernel.
 """
 
 from __future__ import annotations
@@ -30,114 +25,110 @@ import re
 from collections.abc import Callable
 
 import tvm
-from tvm import relax, s_tir, tirx
+from tvm import relax, s_tir, te, tirx, topi
 from tvm.relax.backend.cpu_generic import pipeline as _cpu_pipeline
 from tvm.s_tir import SBlock, SBlockRealize
 
 _LOG = logging.getLogger(__name__)
 
-# Work (MACs, or output elements weighted by op cost) below which a kernel stays serial. Measured on
-# the 2-core Zen box: an elementwise multiply only gains from 2 threads past ~150k elements, tanh
-# past ~8k, a GEMV 1x256x256 (65k MACs) runs 2.6 us serial vs 2.9 us parallel.
+# Work (MACs, or iterations weighted by cost) below which a kernel stays serial. Measured on the
+# 2-core Zen box: a parallel launch costs ~2 us; an elementwise multiply gains from 2 threads past
+# ~150k elements, a libm tanh past ~8k, a GEMV 1x256x256 (65k MACs) is 2.6 us serial, 2.9 parallel.
 PARALLEL_MIN_WORK = 1 << 17
-# libm calls (not vectorized by LLVM) cost ~16x a multiply per element.
-_EXPENSIVE_CALL = re.compile(
-    r"T\.(exp|exp2|exp10|log|log2|log10|log1p|tanh|sigmoid|erf|pow|sin|cos|tan|asin|acos|atan|"
-    r"atan2|sinh|cosh|asinh|acosh|atanh)\("
-)
-_EXPENSIVE_WEIGHT = 16
-# Register tile of the matmul accumulator (rows x fp32 columns): 4x64 = 16 zmm registers measured
-# best for M >= 4 (~400 GFLOP/s on 2 cores); 1x128 for the GEMV case (M < 4).
+_EXPENSIVE_CALL = re.compile(r"T\.(exp\w*|log\w*|tanh|sigmoid|erf|pow|a?sinh?|a?cosh?|a?tanh?)\(")
+_EXPENSIVE_WEIGHT = 16  # a scalar libm call costs ~16 vectorized multiply-adds
+# Matmul register tile, rows x fp32 columns: 4x64 (16 zmm accumulators) measured best for M >= 4
+# (~400 GFLOP/s on 2 cores, numpy ~200); 1x128 for M < 4, the batch-1 GEMV.
 _MATMUL_MR = 4
 _TILE_COLS = {1: 128, 2: 128, 3: 64, 4: 64}
-_REDUCE_SPLIT = 4
-# Pad a ragged/symbolic M up to the row tile (pad_einsum) instead of predicating the k loop.
-_PAD_ROWS = True
+_K_SPLIT = 4
+_PAD_ROWS = True  # pad ragged M to the row tile instead of predicating inside the k loop
 
 
 def _physical_cores() -> int:
-    """Number of physical cores available to this process (SMT siblings counted once)."""
+    """Cores available to this process, SMT siblings counted once."""
+    allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(
+        os.cpu_count() or 1)
+    cores = set()
     try:
-        allowed = os.sched_getaffinity(0)
-    except (AttributeError, OSError):
-        allowed = set(range(os.cpu_count() or 1))
-    cores, cpu = set(), None
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            info: dict[str, str] = {}
-            for line in f.read().splitlines() + [""]:
-                if line.strip():
-                    key, _, val = line.partition(":")
-                    info[key.strip()] = val.strip()
-                    continue
-                if "processor" in info:
-                    cpu = int(info["processor"])
-                    if cpu in allowed:
-                        cores.add((info.get("physical id", "0"), info.get("core id", str(cpu))))
-                info = {}
-    except (OSError, ValueError):
-        pass
-    return max(1, len(cores) or len(allowed))
+        for cpu in allowed:
+            topo = f"/sys/devices/system/cpu/cpu{cpu}/topology/"
+            with open(topo + "physical_package_id") as pkg, open(topo + "core_id") as core:
+                cores.add((pkg.read().strip(), core.read().strip()))
+    except OSError:
+        return max(1, len(allowed))
+    return max(1, len(cores))
 
 
 os.environ.setdefault("TVM_NUM_THREADS", str(_physical_cores()))
 
 
 def cpu_target(num_cores: int | None = None) -> tvm.target.Target:
-    """Returns an LLVM target for the host CPU.
+    """Returns the LLVM target of the host CPU.
 
     Args:
-        num_cores: Number of cores the schedules may use (``num-cores``); defaults to the
-            physical cores of this process. 1 disables every parallel loop.
+        num_cores: Cores the schedules may use; defaults to the physical cores of this
+            process. 1 disables every parallel loop.
 
     Returns:
-        The host target (``mcpu`` detected by ``Target.from_device``) plus ``num-cores`` and
-        ``fast-math-reassoc``, which lets LLVM vectorize fp sum reductions (rounding-level
-        differences only; no nnan/ninf, so NaN and inf semantics are kept).
+        ``Target.from_device(tvm.cpu())`` (detected ``mcpu``) plus ``num-cores``. No fast-math
+        flags: reductions are vectorized by the schedules, and ``fast-math-reassoc`` could undo
+        the exact range reduction of ``_exp_f32``.
     """
     cfg = dict(tvm.target.Target.from_device(tvm.cpu()).export())
     cfg["num-cores"] = int(num_cores) if num_cores else _physical_cores()
-    cfg["fast-math-reassoc"] = True
     return tvm.target.Target(cfg)
 
 
 def schedule_module(mod: tvm.IRModule, target) -> tvm.IRModule:
-    """Applies the CPU schedule rules to every PrimFunc of a legalized and fused module.
+    """Applies the CPU schedule rules to every PrimFunc of a legalized, fused module.
 
     Args:
-        mod: Module after legalization and fusion (e.g. ``relax.get_pipeline("zero")``).
-            Not modified.
-        target: The LLVM target (``cpu_target()``); its ``num-cores`` and vector width drive
-            the schedules.
+        mod: Module after legalization and fusion (``legalize_and_fuse`` or the "zero"
+            pipeline). Not modified.
+        target: LLVM target (``cpu_target()``): its ``num-cores`` and vector width are used.
 
     Returns:
-        A new module. PrimFuncs that a rule scheduled carry ``tirx.is_scheduled``; the others
-        (already scheduled, or no rule applied) are unchanged.
+        A new module; scheduled PrimFuncs carry ``tirx.is_scheduled``. PrimFuncs already marked
+        scheduled, or that no rule handles, are kept as they were.
     """
     target = target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
-    out = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs)
+    out = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs,
+                       global_infos=mod.global_infos)
     for gvar, func in mod.functions_items():
-        if not isinstance(func, tirx.PrimFunc) or func.attrs.get("tirx.is_scheduled", False):
-            continue
-        new = _schedule_func(func, target)
-        if new is not func:
-            out[gvar] = new.with_attr("tirx.is_scheduled", True)
+        if isinstance(func, tirx.PrimFunc) and not func.attrs.get("tirx.is_scheduled", False):
+            new = _schedule_func(func, target)
+            if new is not func:
+                out[gvar] = new.with_attr("tirx.is_scheduled", True)
     return out
 
 
 def cpu_schedule_pass(target) -> tvm.transform.Pass:
-    """Returns ``schedule_module`` as a module pass, to insert into a custom pipeline."""
+    """Returns ``schedule_module`` as a module pass, for custom pipelines."""
     return tvm.transform.module_pass(
-        lambda mod, _ctx: schedule_module(mod, target), opt_level=0, name="DyntvmCPUSchedule"
-    )
+        lambda mod, _ctx: schedule_module(mod, target), opt_level=0, name="DyntvmCPUSchedule")
+
+
+def legalize_and_fuse(target=None) -> tvm.transform.Pass:
+    """Returns the "zero" pipeline (LegalizeOps, AnnotateTIROpPattern, FoldConstant, FuseOps,
+    FuseTIR) with fp32 exp/tanh/sigmoid/softmax/log_softmax legalized to vectorizable math.
+
+    Args:
+        target: Unused; the passes are the same for every CPU.
+    """
+    del target
+    return tvm.transform.Sequential([
+        relax.transform.LegalizeOps(customize_legalize_map=_FAST_MATH),
+        relax.transform.AnnotateTIROpPattern(), relax.transform.FoldConstant(),
+        relax.transform.FuseOps(), relax.transform.FuseTIR()])
 
 
 def build_cpu(mod: tvm.IRModule, target=None) -> relax.VMExecutable:
     """Compiles a Relax module for the CPU with fusion and the default schedules.
 
-    Pipeline: DispatchSampling/DispatchSortScan -> LegalizeOps, AnnotateTIROpPattern,
-    FoldConstant, FuseOps, FuseTIR (= the "zero" pipeline) -> ``schedule_module`` -> the CPU
-    backend's dataflow-lowering and finalization passes -> ``tvm.compile``.
+    Pipeline: DispatchSampling, DispatchSortScan -> ``legalize_and_fuse`` ->
+    ``schedule_module`` -> the dataflow-lowering and finalization passes of
+    ``relax.backend.cpu_generic`` (as in its default pipeline) -> ``tvm.compile``.
 
     Args:
         mod: Relax module; may hold several public functions and symbolic dims.
@@ -146,27 +137,107 @@ def build_cpu(mod: tvm.IRModule, target=None) -> relax.VMExecutable:
     Returns:
         The executable, for ``relax.VirtualMachine(ex, tvm.cpu())``.
     """
-    if target is None:
-        target = cpu_target()
-    elif not isinstance(target, tvm.target.Target):
-        target = tvm.target.Target(target)
-    passes = (
-        _cpu_pipeline.library_dispatch_passes(target)
-        + _cpu_pipeline.legalize_passes(target)
-        + [cpu_schedule_pass(target)]
-        + _cpu_pipeline.dataflow_lower_passes(target)
-        + _cpu_pipeline.finalize_passes(target)
-    )
+    target = cpu_target() if target is None else target
+    target = target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
+    passes = (_cpu_pipeline.library_dispatch_passes(target)
+              + [legalize_and_fuse(target), cpu_schedule_pass(target)]
+              + _cpu_pipeline.dataflow_lower_passes(target)
+              + _cpu_pipeline.finalize_passes(target))
     with target:
         mod = tvm.transform.Sequential(passes)(mod)
     return tvm.compile(mod, target=target, relax_pipeline=None)
 
 
-# ----------------------------------------------------------------------------------------------
-# Analysis helpers
+# ---------------------------------------------------------------- vectorizable fp32 math
 
 
-def _root_blocks(sch: s_tir.Schedule) -> list:
+def _f32(value: float) -> tirx.PrimExpr:
+    return tirx.const(value, "float32")
+
+
+def _exp_f32(v: tirx.PrimExpr) -> tirx.PrimExpr:
+    """exp(v) as Cephes expf: n = round(v / ln2), r = v - n ln2 (ln2 in two parts, exact),
+    degree-6 polynomial, times 2^n from exponent bits in two halves (n = 128 stays finite).
+    Max rel. error 8e-8 against float64; inf / 0 outside the fp32 range; NaN propagates."""
+    x = tirx.max(tirx.min(v, _f32(88.72283905206835)), _f32(-87.33654475))
+    n = tirx.floor(x * _f32(1.44269504088896341) + _f32(0.5))
+    r = x - n * _f32(0.693359375) + n * _f32(2.12194440e-4)
+    p = _f32(1.9875691500e-4)
+    for c in (1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1):
+        p = p * r + _f32(c)
+
+    def pow2(k):  # 2^k for an integer-valued k in [-126, 127]
+        return tirx.reinterpret("float32", (tirx.Cast("int32", k) + 127) * 8388608)
+
+    half = tirx.floor(n * _f32(0.5))
+    out = (p * r * r + r + _f32(1.0)) * pow2(half) * pow2(n - half)
+    out = tirx.Select(v > _f32(88.72283905206835), _f32(float("inf")), out)
+    out = tirx.Select(v < _f32(-87.33654475), _f32(0.0), out)
+    return tirx.Select(tirx.isnan(v), v, out)
+
+
+def _tanh_f32(v: tirx.PrimExpr) -> tirx.PrimExpr:
+    """tanh(v) = sign(v) (1 - 2 / (exp(2|v|) + 1)); the odd Taylor series to v^11 below
+    |v| = 0.25, where that form cancels. Max rel. error 2.6e-7, abs. 1e-7."""
+    big = _f32(1.0) - _f32(2.0) / (_exp_f32(tirx.abs(v) * _f32(2.0)) + _f32(1.0))
+    v2, poly = v * v, _f32(-1382.0 / 155925)
+    for c in (62.0 / 2835, -17.0 / 315, 2.0 / 15, -1.0 / 3):
+        poly = poly * v2 + _f32(c)
+    return tirx.Select(tirx.abs(v) < _f32(0.25), v + v * v2 * poly,
+                       tirx.Select(v < _f32(0.0), -big, big))
+
+
+def _legalize_with(make_compute, op_name: str):
+    """A LegalizeOps function: the TE compute of ``make_compute(call)`` for fp32 inputs, TVM's
+    own legalization for other dtypes."""
+    fallback = tvm.ir.Op.get(op_name).get_attr("FLegalize")
+
+    def legalize(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+        if call.args[0].ty.dtype != "float32":
+            return fallback(bb, call)
+        return bb.call_te(make_compute(call), call.args[0],
+                          primfunc_name_hint=op_name.rsplit(".", 1)[-1])
+
+    return legalize
+
+
+def _elementwise(fn):
+    return lambda _call: lambda x: te.compute(x.shape, lambda *i: fn(x(*i)), name="compute")
+
+
+def _softmax(log: bool):
+    def make(call):
+        def compute(x):
+            axis = int(call.attrs.axis) % len(x.shape)
+            mx = topi.max(x, axis=axis)  # no keepdims: row loops then match the output's
+
+            def row(i):
+                return [idx for d, idx in enumerate(i) if d != axis]
+
+            e = te.compute(x.shape, lambda *i: _exp_f32(x(*i) - mx(*row(i))), name="T_exp")
+            s = topi.sum(e, axis=axis)
+            if log:
+                return te.compute(x.shape, lambda *i: x(*i) - mx(*row(i)) - tirx.log(s(*row(i))),
+                                  name="T_log_softmax")
+            return te.compute(x.shape, lambda *i: e(*i) / s(*row(i)), name="T_softmax")
+        return compute
+    return make
+
+
+_FAST_MATH = {
+    "relax.exp": _legalize_with(_elementwise(_exp_f32), "relax.exp"),
+    "relax.tanh": _legalize_with(_elementwise(_tanh_f32), "relax.tanh"),
+    "relax.sigmoid": _legalize_with(
+        _elementwise(lambda v: _f32(1.0) / (_f32(1.0) + _exp_f32(-v))), "relax.sigmoid"),
+    "relax.nn.softmax": _legalize_with(_softmax(log=False), "relax.nn.softmax"),
+    "relax.nn.log_softmax": _legalize_with(_softmax(log=True), "relax.nn.log_softmax"),
+}
+
+
+# ---------------------------------------------------------------- analysis helpers
+
+
+def _blocks(sch: s_tir.Schedule) -> list:
     return list(sch.get_child_blocks(sch.get_sblock("root")))
 
 
@@ -181,17 +252,15 @@ def _iter_kinds(sch: s_tir.Schedule, block) -> str:
 
 
 def _loop_kinds(sch: s_tir.Schedule, block) -> str:
-    """Per loop of a perfectly nested block: "R" if it drives a reduction iter, else "S".
-    (Iter order can differ from loop order, e.g. after rfactor.)"""
+    """"R" for each loop that drives a reduction iter, else "S" (iter order can differ from
+    loop order, e.g. after rfactor). Requires a perfect loop nest."""
     loops = sch.get_loops(block)
     realize = sch.get(loops[-1]).body if loops else None
     if not isinstance(realize, SBlockRealize):
         raise ValueError("block is not perfectly nested")
-    red_vars = set()
-    for iv, value in zip(realize.block.iter_vars, realize.iter_values):
-        if iv.iter_type == tirx.IterVar.CommReduce:
-            red_vars.update(tirx.analysis.undefined_vars(value, []))
-    return "".join("R" if any(sch.get(lp).loop_var.same_as(v) for v in red_vars) else "S"
+    red = [v for iv, val in zip(realize.block.iter_vars, realize.iter_values)
+           if iv.iter_type == tirx.IterVar.CommReduce for v in tirx.analysis.undefined_vars(val)]
+    return "".join("R" if any(sch.get(lp).loop_var.same_as(v) for v in red) else "S"
                    for lp in loops)
 
 
@@ -204,16 +273,14 @@ def _is_cheap(sch: s_tir.Schedule, block) -> bool:
 
 
 def _inline_spatial(func: tirx.PrimFunc, sch: s_tir.Schedule) -> None:
-    """Inlines intermediate spatial blocks into their consumers (elementwise chains, bias adds,
-    reshapes). A block with an expensive call and several consumers (softmax's exp) is kept, to
-    not compute it twice."""
+    """Inlines intermediate spatial blocks (elementwise chains, bias adds, reshapes) into their
+    consumers; one with a libm call and several consumers is kept, not to compute it twice."""
     changed = True
     while changed:
         changed = False
-        for block in _root_blocks(sch):
-            if "R" in _iter_kinds(sch, block) or _writes_param(func, sch, block):
-                continue
-            if len(sch.get_consumers(block)) > 1 and not _is_cheap(sch, block):
+        for block in _blocks(sch):
+            if ("R" in _iter_kinds(sch, block) or _writes_param(func, sch, block)
+                    or (len(sch.get_consumers(block)) > 1 and not _is_cheap(sch, block))):
                 continue
             try:
                 sch.compute_inline(block)
@@ -223,34 +290,33 @@ def _inline_spatial(func: tirx.PrimFunc, sch: s_tir.Schedule) -> None:
                 continue
 
 
-def _block_work(sch: s_tir.Schedule, block) -> tirx.PrimExpr:
-    """Iterations of a block's loop nest, weighted by the cost of its body."""
-    work = tirx.IntImm("int64", _EXPENSIVE_WEIGHT if not _is_cheap(sch, block) else 1)
-    for loop in sch.get_loops(block):
-        work = work * tirx.Cast("int64", sch.get(loop).extent)
-    return work
+def _work(sch: s_tir.Schedule, blocks) -> tirx.PrimExpr:
+    """Loop iterations of all blocks, a block with a libm call weighted _EXPENSIVE_WEIGHT."""
+    total = tirx.IntImm("int64", 0)
+    for block in blocks:
+        work = tirx.IntImm("int64", 1 if _is_cheap(sch, block) else _EXPENSIVE_WEIGHT)
+        for loop in sch.get_loops(block):
+            work = work * tirx.Cast("int64", sch.get(loop).extent)
+        total = total + work
+    return total
 
 
 def _is_contraction(sch: s_tir.Schedule, block) -> bool:
-    """True for ``C[s..., i, j] += A[.., k] * B[.., k, ..]`` with loops in iter order S..SR."""
-    stmt = sch.get(block)
-    kinds = _iter_kinds(sch, block)
-    if not (kinds.endswith("SSR") and kinds.count("R") == 1 and "O" not in kinds):
-        return False
-    if len(sch.get_loops(block)) != len(kinds) or len(stmt.reads) < 2:
+    """``C[s.., i, j] += A[.., k] * B[.., k, ..]`` with loops in iter order S..SSR."""
+    stmt, kinds = sch.get(block), _iter_kinds(sch, block)
+    if not kinds.endswith("SSR") or kinds.count("R") != 1 or "O" in kinds:
         return False
     store = stmt.body
-    if not isinstance(store, tirx.BufferStore) or not isinstance(store.value, tirx.Add):
-        return False
-    out_idx = [str(i) for i in store.indices]
-    return out_idx == [str(iv.var) for iv in stmt.iter_vars[:-1]] and "*" in str(store.value)
+    return (len(sch.get_loops(block)) == len(kinds) and len(stmt.reads) >= 2
+            and isinstance(store, tirx.BufferStore) and isinstance(store.value, tirx.Add)
+            and "*" in str(store.value)
+            and [str(i) for i in store.indices] == [str(iv.var) for iv in stmt.iter_vars[:-1]])
 
 
 def _is_column_reduction(sch: s_tir.Schedule, block) -> bool:
-    """True when the innermost index of a read is the last spatial iter (``sum(x, axis=0)``):
-    iterating the reduction inside each output element would stride through memory."""
-    stmt = sch.get(block)
-    kinds = _iter_kinds(sch, block)
+    """A reduction whose input's innermost index is the last spatial iter (sum over axis 0):
+    reducing inside each output element would stride through memory."""
+    stmt, kinds = sch.get(block), _iter_kinds(sch, block)
     n_s = len(kinds) - len(kinds.lstrip("S"))
     if n_s == 0 or kinds[n_s:] != "R" * (len(kinds) - n_s):
         return False
@@ -258,73 +324,14 @@ def _is_column_reduction(sch: s_tir.Schedule, block) -> bool:
     return any(r.region and r.region[-1].min.same_as(last_s) for r in stmt.reads)
 
 
-# ----------------------------------------------------------------------------------------------
-# Runtime dispatch between schedule variants
-
-
-def _combine(then_func: tirx.PrimFunc, else_func: tirx.PrimFunc, cond) -> tirx.PrimFunc:
-    """One PrimFunc running ``then_func``'s body if ``cond`` holds at run time, else
-    ``else_func``'s. Both are schedules of the same PrimFunc, so they share params and
-    buffers; their root allocations are merged."""
-    blk_a, blk_b = then_func.body.block, else_func.body.block
-    allocs = list(blk_a.alloc_buffers)
-    allocs += [b for b in blk_b.alloc_buffers if not any(b.same_as(a) for a in allocs)]
-    root = SBlock([], [], [], "root", tirx.IfThenElse(cond, blk_a.body, blk_b.body),
-                  alloc_buffers=allocs, match_buffers=list(blk_a.match_buffers),
-                  annotations=dict(blk_a.annotations))
-    func = then_func.with_body(SBlockRealize([], True, root))
-    # Loop/iter vars untouched by the schedules occur in both branches; the lowering's analyzer
-    # rejects a var bound twice with different ranges, so give each definition its own var.
-    return s_tir.transform.ConvertSSA()(tvm.IRModule({"main": func}))["main"]
-
-
-def _select(func: tirx.PrimFunc, cands: list[tuple[tirx.PrimExpr, Callable]]) -> tirx.PrimFunc:
-    """Builds the first candidate whose condition holds, as a runtime if-chain. Conditions that
-    are provably false (assuming every symbolic dim >= 1) are dropped; the last one left is the
-    default branch."""
-    ana = tvm.sym.Analyzer()
-    for param in func.params:
-        for dim in getattr(param, "shape", []):
-            if isinstance(dim, tirx.Var):
-                ana.update(dim, tvm.sym.ConstIntBound(1, 1 << 40), override=True)
-    live = []
-    for cond, make in cands:
-        cond = ana.simplify(cond)
-        if isinstance(cond, tirx.IntImm) and not cond.value:
-            continue
-        live.append((cond, make))
-        if isinstance(cond, tirx.IntImm):
-            break
-    result = live[-1][1]()
-    for cond, make in reversed(live[:-1]):
-        result = _combine(make(), result, cond)
-    return result
-
-
-def _parallel_cands(work: tirx.PrimExpr, target, make: Callable[[bool], tirx.PrimFunc]):
-    """(condition, builder) pairs: serial below PARALLEL_MIN_WORK, parallel above."""
-    serial = (work < tirx.IntImm("int64", PARALLEL_MIN_WORK), lambda: make(False))
-    if int(target.attrs.get("num-cores", 1)) <= 1:
-        return [(tirx.const(True, "bool"), lambda: make(False))]
-    return [serial, (tirx.const(True, "bool"), lambda: make(True))]
-
-
-def _and(a: tirx.PrimExpr, b: tirx.PrimExpr) -> tirx.PrimExpr:
-    return tirx.And(a, b)
-
-
-# ----------------------------------------------------------------------------------------------
-# Rules. Each `_sched_*` builds one variant on a fresh schedule and returns the PrimFunc.
-
-
-def _vector_lanes(target, dtype: str) -> int:
+def _lanes(target, dtype) -> int:
     bits = tvm.target.codegen.llvm_get_vector_width(target)
-    return max(1, (bits if bits > 0 else 256) // tvm.DataType(dtype).bits)
+    return max(1, (bits if bits > 0 else 256) // tvm.DataType(str(dtype)).bits)
 
 
 def _pick_tile(extent, target: int, lanes: int) -> int | None:
     """Largest power-of-two multiple of `lanes` <= target dividing a static extent; the whole
-    extent when it is small; None (leave the loop to LLVM) when symbolic or awkward."""
+    extent when small; None (leave the loop to LLVM) when symbolic or without a divisor."""
     if not isinstance(extent, int):
         return None
     if extent <= target:
@@ -334,40 +341,99 @@ def _pick_tile(extent, target: int, lanes: int) -> int | None:
         if extent % tile == 0:
             return tile
         tile //= 2
-    divs = [d for d in range(lanes // 2, target + 1) if extent % d == 0 and d % 4 == 0]
+    divs = [d for d in range(8, target + 1) if extent % d == 0 and d % 4 == 0]
     return max(divs) if divs else None
+
+
+def _vectorize_inner(sch: s_tir.Schedule, block, target) -> None:
+    """Vectorizes a static innermost loop that the vector width divides. Symbolic or ragged
+    loops are left to LLVM's loop vectorizer: a predicated TVM split would scalarize."""
+    inner = sch.get_loops(block)[-1]
+    ext = _extent(sch, inner)
+    lanes = _lanes(target, sch.get(block).writes[0].source.dtype)
+    if lanes > 1 and isinstance(ext, int) and ext >= lanes and ext % lanes == 0:
+        sch.vectorize(sch.split(inner, [None, lanes])[1])
+
+
+# ---------------------------------------------------------------- runtime dispatch
+
+
+def _combine(then_func: tirx.PrimFunc, else_func: tirx.PrimFunc, cond) -> tirx.PrimFunc:
+    """One PrimFunc running then_func's body if ``cond`` holds at run time, else else_func's.
+    Both schedule the same PrimFunc: same params; root allocations are merged."""
+    blk_a, blk_b = then_func.body.block, else_func.body.block
+    allocs = list(blk_a.alloc_buffers)
+    allocs += [b for b in blk_b.alloc_buffers if not any(b.same_as(a) for a in allocs)]
+    root = SBlock([], [], [], "root", tirx.IfThenElse(cond, blk_a.body, blk_b.body),
+                  alloc_buffers=allocs, match_buffers=list(blk_a.match_buffers),
+                  annotations=dict(blk_a.annotations))
+    func = then_func.with_body(SBlockRealize([], True, root))
+    # Loop vars no schedule touched appear in both branches, and lowering rejects a var bound
+    # twice with different ranges: give every definition its own var.
+    return s_tir.transform.ConvertSSA()(tvm.IRModule({"main": func}))["main"]
+
+
+def _select(func: tirx.PrimFunc, cands) -> tirx.PrimFunc:
+    """Builds [(condition, make_variant)] as a runtime if-chain: the first true condition wins.
+    Conditions provably false (every symbolic dim >= 1) are dropped, and a provably true one
+    ends the chain; the last remaining variant is the default."""
+    ana = tvm.sym.Analyzer()
+    for param in func.params:
+        for dim in getattr(param, "shape", []):
+            if isinstance(dim, tirx.Var):
+                ana.update(dim, tvm.sym.ConstIntBound(1, 1 << 40), override=True)
+    live = []
+    for cond, make in cands:
+        cond = ana.simplify(cond)
+        if not (isinstance(cond, tirx.IntImm) and not cond.value):
+            live.append((cond, make))
+            if isinstance(cond, tirx.IntImm):
+                break
+    result = live[-1][1]()
+    for cond, make in reversed(live[:-1]):
+        result = _combine(make(), result, cond)
+    return result
+
+
+def _parallel_cands(work: tirx.PrimExpr, target, make: Callable[[bool], tirx.PrimFunc]):
+    """Serial variant below PARALLEL_MIN_WORK, parallel one above (none on one core)."""
+    true = tirx.const(True, "bool")
+    if int(target.attrs.get("num-cores", 1)) <= 1:
+        return [(true, lambda: make(False))]
+    return [(work < tirx.IntImm("int64", PARALLEL_MIN_WORK), lambda: make(False)),
+            (true, lambda: make(True))]
+
+
+# ---------------------------------------------------------------- rules (one variant each)
 
 
 def _sched_matmul(func, target, name: str, mr: int, parallel: bool) -> tirx.PrimFunc:
     sch = s_tir.Schedule(func)
     _inline_spatial(func, sch)
     mm = sch.get_sblock(name)
-    dtype = sch.get(mm).body.buffer.dtype
-    lanes = _vector_lanes(target, dtype)
-    n_batch = len(sch.get_loops(mm)) - 3
-    m_ext = _extent(sch, sch.get_loops(mm)[-3])
-    pads = []
+    lanes = _lanes(target, sch.get(mm).body.buffer.dtype)
+    loops = sch.get_loops(mm)
+    m_ext, pads = _extent(sch, loops[-3]), []
     if _PAD_ROWS and mr > 1 and not (isinstance(m_ext, int) and m_ext % mr == 0):
-        # A ragged row tile would put an `i < M` predicate inside the k loop (measured 2-3x
-        # slower): pad M up to the tile instead. The input rows are copied per tile (K floats
-        # per mr*nr*K MACs) and the padded result is written back under the same predicate.
-        sch.pad_einsum(mm, [1] * n_batch + [mr, 1, 1])
-        pads = list(sch.get_producers(mm))
-        pads = [b for b in pads if sch.get(b).name_hint.endswith("_pad")]
+        # A ragged row tile puts an `i < M` test inside the k loop (2-3x slower): pad M to the
+        # tile instead. Input rows are copied per tile (K floats per mr*nr*K MACs) and the
+        # padded result is written back under the `i < M` predicate, outside the k loop.
+        sch.pad_einsum(mm, [1] * (len(loops) - 3) + [mr, 1, 1])
+        pads = [b for b in sch.get_producers(mm) if sch.get(b).name_hint.endswith("_pad")]
         for copy in sch.get_consumers(mm):
             if not _writes_param(func, sch, copy):
                 sch.compute_inline(copy)  # the epilogue reads the padded tile directly
     *batch, i, j, k = sch.get_loops(mm)
-    n_ext, k_ext = _extent(sch, j), _extent(sch, k)
-    nr = _pick_tile(n_ext, max(lanes, _TILE_COLS[mr]), lanes)
+    nr = _pick_tile(_extent(sch, j), max(lanes, _TILE_COLS[mr]), lanes)
     io, ii = (i, None) if mr == 1 else sch.split(i, [None, mr])
     jo, ji = (None, j) if nr is None else sch.split(j, [None, nr])
-    split_k = isinstance(k_ext, int) and k_ext % _REDUCE_SPLIT == 0 and k_ext > _REDUCE_SPLIT
-    ko, ki = sch.split(k, [None, _REDUCE_SPLIT]) if split_k else (k, None)
+    k_ext = _extent(sch, k)
+    ko, ki = (sch.split(k, [None, _K_SPLIT]) if isinstance(k_ext, int)
+              and k_ext % _K_SPLIT == 0 and k_ext > _K_SPLIT else (k, None))
     outer = [*batch, io] + ([jo] if jo is not None else [])
     sch.reorder(*outer, ko, *[lp for lp in (ki, ii) if lp is not None], ji)
-    # Epilogue per tile: the accumulator tile stays in L1/registers and the buffer shrinks to
-    # the tile (CompactBufferAllocation). A matmul writing the output gets a cache tile.
+    # Epilogue per tile: the accumulator stays in registers/L1 and the intermediate buffer
+    # shrinks to the tile (CompactBufferAllocation); a plain matmul gets a cache tile.
     epilogues = list(sch.get_consumers(mm))
     if _writes_param(func, sch, mm) and not epilogues:
         epilogues = [sch.cache_write(mm, 0, "global")]
@@ -380,7 +446,7 @@ def _sched_matmul(func, target, name: str, mr: int, parallel: bool) -> tirx.Prim
             sch.reverse_compute_at(epi, outer[-1], preserve_unit_loops=True)
             attached.append(epi)
         except Exception:  # pylint: disable=broad-except
-            pass
+            pass  # stays a separate loop nest after the matmul
     if parallel:
         sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
     if ii is not None:
@@ -391,57 +457,51 @@ def _sched_matmul(func, target, name: str, mr: int, parallel: bool) -> tirx.Prim
             inner = sch.get_loops(epi)[-1]
             if _extent(sch, inner) == nr:
                 sch.vectorize(inner)
-    sch.decompose_reduction(mm, ko)
+    sch.decompose_reduction(mm, ko)  # only now: parallel/vectorize refuse a decomposed block
     return sch.mod["main"]
 
 
 def _sched_reduction(func, target, parallel: bool) -> tirx.PrimFunc:
-    """Row reductions (softmax, layer_norm, sum/max over trailing axes): every block computed
-    per row, rows parallel, row-local elementwise work vectorized. A trailing reduction loop
-    that the vector width divides is rfactor-ed into `lanes` partial results, so the sum/max
-    itself is vectorized (LLVM cannot vectorize an fp max chain by itself)."""
+    """Rows (softmax, layer_norm, sum/max over trailing axes): all blocks computed per row, rows
+    parallel, row-local elementwise work vectorized. A trailing reduction loop the vector width
+    divides is rfactor-ed into `lanes` partial results, vectorizing the sum/max itself."""
     sch = s_tir.Schedule(func)
     _inline_spatial(func, sch)
     rf_names = set()
-    for b in _root_blocks(sch):
-        kinds, loops, stmt = _iter_kinds(sch, b), sch.get_loops(b), sch.get(b)
-        if not kinds.endswith("R") or len(stmt.writes) != 1:
+    for b in _blocks(sch):
+        loops, stmt = sch.get_loops(b), sch.get(b)
+        if not _iter_kinds(sch, b).endswith("R") or len(stmt.writes) != 1:
             continue
-        lanes = _vector_lanes(target, stmt.writes[0].source.dtype)
-        ext = _extent(sch, loops[-1])
+        lanes, ext = _lanes(target, stmt.writes[0].source.dtype), _extent(sch, loops[-1])
         if lanes > 1 and isinstance(ext, int) and ext % lanes == 0 and ext >= 2 * lanes:
             try:
-                _, r_in = sch.split(loops[-1], [None, lanes])
+                r_in = sch.split(loops[-1], [None, lanes])[1]
                 rf = sch.rfactor(r_in, factor_axis=len(stmt.writes[0].region))
                 rf_names.add(sch.get(rf).name_hint)
             except Exception:  # pylint: disable=broad-except
-                pass  # e.g. argmax's two-buffer reduction: stays a scalar loop
-    blocks = _root_blocks(sch)
-    ana = tvm.sym.Analyzer()
+                pass  # e.g. argmax's two-buffer reduction stays a scalar loop
+    blocks = _blocks(sch)
     last_loops = sch.get_loops(blocks[-1])
     n_lead = min(len(k) - len(k.lstrip("S")) for k in (_loop_kinds(sch, b) for b in blocks))
-    if n_lead == 0:
-        raise ValueError("no leading spatial loop")
-    for b in blocks:
-        for lp, ref in zip(sch.get_loops(b)[:n_lead], last_loops[:n_lead]):
-            if not ana.can_prove_equal(sch.get(lp).extent, sch.get(ref).extent):
-                raise ValueError("blocks do not share their leading spatial loops")
-    lead = last_loops[:n_lead]
-    row = sch.fuse(*lead) if len(lead) > 1 else lead[0]
+    ana = tvm.sym.Analyzer()
+    if n_lead == 0 or not all(ana.can_prove_equal(sch.get(lp).extent, sch.get(ref).extent)
+                              for b in blocks
+                              for lp, ref in zip(sch.get_loops(b)[:n_lead], last_loops)):
+        raise ValueError("blocks do not share their leading spatial loops")
+    row = sch.fuse(*last_loops[:n_lead]) if n_lead > 1 else last_loops[0]
     for b in reversed(blocks[:-1]):
         sch.compute_at(b, row, preserve_unit_loops=True)
     if parallel:
         sch.parallel(row)
     for b in blocks:
         inner = sch.get_loops(b)[1:]
-        if sch.get(b).name_hint in rf_names:
-            kinds = _loop_kinds(sch, b)[1:]  # compute_at re-creates loops in iter order
-            lane = [lp for lp, k in zip(inner, kinds) if k == "S"][-1]
+        if sch.get(b).name_hint in rf_names:  # compute_at re-created its loops in iter order
+            lane = [lp for lp, k in zip(inner, _loop_kinds(sch, b)[1:]) if k == "S"][-1]
             sch.reorder(*[lp for lp in inner if not lp.same_as(lane)], lane)
             sch.vectorize(lane)
             inner = sch.get_loops(b)[1:]
         if "R" in _iter_kinds(sch, b):
-            if inner:  # after parallel/vectorize: both refuse a decomposed block
+            if inner:
                 sch.decompose_reduction(b, inner[0])
         elif inner:
             _vectorize_inner(sch, b, target)
@@ -449,16 +509,14 @@ def _sched_reduction(func, target, parallel: bool) -> tirx.PrimFunc:
 
 
 def _sched_column_reduction(func, target, parallel: bool) -> tirx.PrimFunc:
-    """A single reduction over a non-trailing axis (sum over axis 0): reduction loops moved
-    outside the innermost spatial loop, which is vectorized; outer spatial loops parallel."""
+    """One reduction over a non-trailing axis: reduction loops moved outside the innermost
+    spatial loop (contiguous, vectorized by LLVM), outer spatial loops parallel."""
+    del target
     sch = s_tir.Schedule(func)
     _inline_spatial(func, sch)
-    (block,) = [b for b in _root_blocks(sch) if "R" in _iter_kinds(sch, b)]
-    kinds = _iter_kinds(sch, block)
+    (block,) = [b for b in _blocks(sch) if "R" in _iter_kinds(sch, b)]
     loops = sch.get_loops(block)
-    n_s = kinds.index("R")
-    if kinds[n_s:] != "R" * (len(kinds) - n_s) or n_s == 0:
-        raise ValueError("not S..SR..R")
+    n_s = _iter_kinds(sch, block).index("R")
     spatial, red = loops[:n_s], loops[n_s:]
     sch.reorder(*red, spatial[-1])
     if parallel and len(spatial) > 1:
@@ -467,70 +525,51 @@ def _sched_column_reduction(func, target, parallel: bool) -> tirx.PrimFunc:
     return sch.mod["main"]
 
 
-def _vectorize_inner(sch: s_tir.Schedule, block, target) -> None:
-    """Explicitly vectorizes a static innermost loop that the vector width divides; symbolic or
-    ragged loops are left to LLVM's loop vectorizer (a predicated TVM split would scalarize)."""
-    inner = sch.get_loops(block)[-1]
-    ext = _extent(sch, inner)
-    lanes = _vector_lanes(target, sch.get(block).writes[0].source.dtype)
-    if isinstance(ext, int) and ext >= lanes and ext % lanes == 0 and lanes > 1:
-        sch.vectorize(sch.split(inner, [None, lanes])[1])
-
-
 def _sched_injective(func, target, parallel: bool) -> tirx.PrimFunc:
     sch = s_tir.Schedule(func)
     _inline_spatial(func, sch)
-    for block in _root_blocks(sch):
-        loops = sch.get_loops(block)
-        if not loops:
+    for block in _blocks(sch):
+        if not sch.get_loops(block):
             continue
         _vectorize_inner(sch, block, target)
         loops = sch.get_loops(block)
-        vectorized = len(loops) > 1 and sch.get(loops[-1]).kind == tirx.ForKind.VECTORIZED
-        outer = loops[:-1] if vectorized or len(loops) > 1 else loops
-        if parallel and outer:
+        outer = loops[:-1] if len(loops) > 1 else loops
+        if parallel:
             sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
     return sch.mod["main"]
 
 
-# ----------------------------------------------------------------------------------------------
-# Dispatch
+# ---------------------------------------------------------------- per-PrimFunc dispatch
 
 
 def _schedule_func(func: tirx.PrimFunc, target) -> tirx.PrimFunc:
-    """Schedules one PrimFunc, or returns it unchanged if no rule applies or a rule fails."""
+    """Schedules one PrimFunc; returns it unchanged if no rule applies or every rule fails."""
     try:
         sch = s_tir.Schedule(func)
         _inline_spatial(func, sch)
-        blocks = _root_blocks(sch)
-        if not blocks:
-            return func
-        for b in blocks:  # rules assume perfect loop nests, one loop per block iter
-            if len(sch.get_loops(b)) != len(sch.get(b).iter_vars) or "O" in _iter_kinds(sch, b):
-                return func
+        blocks = _blocks(sch)
+        if not blocks or any(len(sch.get_loops(b)) != len(sch.get(b).iter_vars)
+                             or "O" in _iter_kinds(sch, b) for b in blocks):
+            return func  # rules assume perfect loop nests, one loop per block iter
         reductions = [b for b in blocks if "R" in _iter_kinds(sch, b)]
-        work = _block_work(sch, blocks[0])
-        for b in blocks[1:]:
-            work = work + _block_work(sch, b)
+        work = _work(sch, blocks)
     except Exception as err:  # pylint: disable=broad-except
-        _LOG.debug("cpu_schedule: cannot analyze %s: %s", func, err)
+        _LOG.debug("cpu_schedule: cannot analyze: %s\n%s", err, func)
         return func
 
-    def par_rule(sched):
-        return lambda: _select(func, _parallel_cands(
-            work, target, lambda par: sched(func, target, par)))
+    def by_size(sched):
+        return lambda: _select(func, _parallel_cands(work, target,
+                                                     lambda par: sched(func, target, par)))
 
-    rules: list[tuple[str, Callable[[], tirx.PrimFunc]]] = []
+    rules = []
     if len(reductions) == 1 and _is_contraction(sch, reductions[0]):
         name = sch.get(reductions[0]).name_hint
-        i_ext = sch.get(sch.get_loops(reductions[0])[-3]).extent
-        rules.append(("matmul", lambda: _matmul_select(func, target, name, i_ext, work)))
+        m_ext = sch.get(sch.get_loops(reductions[0])[-3]).extent
+        rules.append(("matmul", lambda: _matmul_select(func, target, name, m_ext, work)))
     if len(reductions) == 1 and len(blocks) == 1 and _is_column_reduction(sch, reductions[0]):
-        rules.append(("column_reduction", par_rule(_sched_column_reduction)))
-    if reductions:
-        rules.append(("row_reduction", par_rule(_sched_reduction)))
-    else:
-        rules.append(("injective", par_rule(_sched_injective)))
+        rules.append(("column_reduction", by_size(_sched_column_reduction)))
+    rules.append(("row_reduction", by_size(_sched_reduction)) if reductions
+                 else ("injective", by_size(_sched_injective)))
     for label, rule in rules:
         try:
             new = rule()
@@ -542,16 +581,16 @@ def _schedule_func(func: tirx.PrimFunc, target) -> tirx.PrimFunc:
 
 
 def _matmul_select(func, target, name: str, m_ext, work) -> tirx.PrimFunc:
-    """Matmul variants: a 1-row tile (GEMV-like, wide vector columns) while M < 4, a 4-row tile
-    otherwise; each serial below PARALLEL_MIN_WORK MACs. Static M picks one at compile time."""
+    """A 1-row tile (GEMV-like, wide vector columns) while M < 4, else a 4-row tile; each serial
+    below PARALLEL_MIN_WORK MACs. A static M picks its variant at compile time."""
+    true = tirx.const(True, "bool")
     if isinstance(m_ext, tirx.IntImm):
-        m = int(m_ext.value)
-        mrs = [(tirx.const(True, "bool"), max(1, min(m, _MATMUL_MR)))]
+        mrs = [(true, max(1, min(int(m_ext.value), _MATMUL_MR)))]
     else:
-        mrs = [(m_ext < tirx.IntImm(str(m_ext.ty), _MATMUL_MR), 1), (tirx.const(True, "bool"), _MATMUL_MR)]
+        mrs = [(m_ext < tirx.IntImm(str(m_ext.ty), _MATMUL_MR), 1), (true, _MATMUL_MR)]
     cands = []
     for m_cond, mr in mrs:
         for p_cond, make in _parallel_cands(
                 work, target, lambda par, mr=mr: _sched_matmul(func, target, name, mr, par)):
-            cands.append((_and(m_cond, p_cond), make))
+            cands.append((tirx.And(m_cond, p_cond), make))
     return _select(func, cands)

@@ -25,7 +25,6 @@ _LAZY = {
     "graph_to_json": ("dyntvm.ir.serialize", "graph_to_json"),
     "compile": ("dyntvm.codegen.api", "compile"),
     "hybridize": ("dyntvm.codegen.api", "hybridize"),
-    "partition": ("dyntvm.partition", "partition"),
     "load": ("dyntvm.runtime.artifact", "load"),
 }
 

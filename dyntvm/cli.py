@@ -26,9 +26,19 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
 def _median_time(fn, repeat: int) -> float:
     times = []
-    for _ in range(max(1, repeat)):
+    for _ in range(repeat):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
@@ -270,7 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--dim", action="append", metavar="SYM=SIZE", help="size of a symbolic dim for --random, "
                    "e.g. T=16")
     r.add_argument("--seed", type=int, default=0, help="random seed for --random (default 0)")
-    r.add_argument("--repeat", type=int, default=10, metavar="N", help="timed runs after the first (default 10)")
+    r.add_argument("--repeat", type=_positive_int, default=10, metavar="N", help="timed runs after the first (default 10)")
     r.add_argument("--output", metavar="DIR", help="save outputs as DIR/output_<i>.npy")
     r.add_argument("--device", choices=("cpu", "cuda"), help="default: the artifact's target")
     r.set_defaults(func=_run)
@@ -285,7 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Trace an example, run it eagerly and compiled, compare results and latency.")
     d.add_argument("--example", default="lstm", metavar="NAME", help=f"{EXAMPLES} (default lstm)")
     d.add_argument("--target", choices=("cpu", "cuda"), default="cpu", help="default cpu")
-    d.add_argument("--repeat", type=int, default=5, metavar="N", help="timed runs per side (default 5)")
+    d.add_argument("--repeat", type=_positive_int, default=5, metavar="N", help="timed runs per side (default 5)")
     d.set_defaults(func=_demo)
     return p
 

@@ -70,9 +70,13 @@ def save(model, path: str) -> None:
         files = ["graph.json", "params.npz"]
         if model.lib is not None:
             src = getattr(model, "lib_path", None)
+            blob = getattr(model, "lib_bytes", None)
             dst = os.path.join(folder, KERNELS)
             if src:
                 shutil.copyfile(src, dst)
+            elif blob is not None:         # a loaded library cannot be exported again
+                with open(dst, "wb") as f:
+                    f.write(blob)
             else:
                 model.lib.export_library(dst)
             files.append(KERNELS)
@@ -216,4 +220,7 @@ def _load_folder(folder: str, label: str, device):
     except Exception as e:  # noqa: BLE001 - a region function missing from the library, most likely
         raise ArtifactError(f"{label}: graph.json does not match {KERNELS}: {e}") from e
     model.lib_path = None
+    if lib is not None:
+        with open(os.path.join(folder, KERNELS), "rb") as f:
+            model.lib_bytes = f.read()
     return model

@@ -90,6 +90,7 @@ class CompiledModel:
         self.graph, self.vm, self.target, self.lib = graph, vm, target, lib
         self.info = dict(info or {})
         self.lib_path = None           # the kernel library on disk (compile cache), if any
+        self.lib_bytes = None          # or its bytes (a model loaded from an artifact), for save()
         self.regions = [n.attrs.name for n in graph.walk() if n.op == "region"]
         self._executor = Executor(graph, vm)
 

@@ -103,16 +103,19 @@ def edit_manifest(folder, **changes):
 # ---------------------------------------------------------------------------------------- round trip
 @pytest.mark.parametrize("name", list(MODELS))
 @pytest.mark.parametrize("form", ["folder", "tar"])
-def test_save_load_same_results(compiled, name, form):
+def test_save_load_same_results(compiled, name, form, tmp_path):
     model, folder, tar = compiled[name]
     fn, _, make = MODELS[name]
     loaded = dt.load(folder if form == "folder" else tar)
+    loaded.save(str(tmp_path / "again.tar"))                    # a loaded model saves again
+    again = dt.load(str(tmp_path / "again.tar"))
     assert loaded.regions == model.regions and loaded.target == "cpu"
     assert ("kernels.so" in json.load(open(os.path.join(folder, "manifest.json")))["files"]) == bool(model.regions)
     for n in SIZES:
         inputs = make(n, seed=n)
         before = model(*inputs)
         assert_same(loaded(*inputs), before, exact=True)         # the same kernels: the same bits
+        assert_same(again(*inputs), before, exact=True)
         assert_same(before, fn(*inputs))                         # and both match eager numpy
 
 
@@ -196,7 +199,8 @@ def test_edited_graph_json(art):
     assert '"tanh"' in text
     with open(path, "w") as f:
         f.write(text.replace('"tanh"', '"sigmoid"'))
-    with pytest.raises(dt.ArtifactError, match=r"copy\.dtvm: graph\.json does not match its sha256 .*edited or corrupt"):
+    with pytest.raises(dt.ArtifactError,
+                       match=r"copy\.dtvm: graph\.json does not match its sha256 .*edited or corrupt"):
         dt.load(art)
 
 
@@ -235,7 +239,8 @@ def test_pickled_params_refused(art):
     params["evil"] = np.array([{"a": 1}, None], dtype=object)   # stored with pickle
     np.savez(path, **params)
     rehash(art, "params.npz")                                   # only the pickle check is left
-    with pytest.raises(dt.ArtifactError, match=r"params\.npz is not a plain array archive .*pickled objects are refused"):
+    with pytest.raises(dt.ArtifactError,
+                       match=r"params\.npz is not a plain array archive .*pickled objects are refused"):
         dt.load(art)
 
 
