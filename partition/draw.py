@@ -105,7 +105,7 @@ def draw_partition(graph: Graph, path: str, title: str | None = None) -> str:
     """Write an SVG of the partitioned `graph` to `path` (PNG or PDF if it ends so) and return `path`.
 
     Example:
-        >>> draw_partition(dt.partition(dt.trace(fn, *specs)), "model.svg")
+        >>> draw_partition(partition(dt.trace(fn, *specs)), "model.svg")
     """
     import matplotlib
     from matplotlib.figure import Figure

@@ -77,6 +77,37 @@ def partition_summary(graph: Graph) -> list[str]:
     return lines
 
 
+class InputChecker:
+    """The common case (flat arguments that already fit) checked with precomputed tuples; anything
+    else goes through `check_inputs`, which also writes the error messages."""
+
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        tree = graph.in_tree
+        self.flat = tree is None or (tree[0] in ("list", "tuple") and all(c == "*" for c in tree[1]))
+        self.n = len(graph.inputs)
+        self.sig = []
+        for v in graph.inputs:
+            t = v.type
+            static = tuple((ax, d) for ax, d in enumerate(t.shape) if isinstance(d, int))
+            syms = tuple((ax, d) for ax, d in enumerate(t.shape) if is_symbol(d) and not d.startswith("_"))
+            self.sig.append((np.dtype(t.dtype), t.ndim, static, syms))
+
+    def __call__(self, args: tuple) -> list:
+        if self.flat and len(args) == self.n:
+            env: dict = {}
+            for x, (dtype, nd, static, syms) in zip(args, self.sig):
+                if type(x) is not np.ndarray or x.dtype != dtype or x.ndim != nd:
+                    break
+                shape = x.shape
+                if any(shape[ax] != d for ax, d in static) or \
+                        any(env.setdefault(s, shape[ax]) != shape[ax] for ax, s in syms):
+                    break
+            else:
+                return list(args)
+        return check_inputs(self.graph, args)
+
+
 class CompiledModel:
     """A compiled model: call it on numpy arrays; outputs come back nested like the traced function's.
 
@@ -93,15 +124,24 @@ class CompiledModel:
         self.lib_bytes = None          # or its bytes (a model loaded from an artifact), for save()
         self.regions = [n.attrs.name for n in graph.walk() if n.op == "region"]
         self._executor = Executor(graph, vm)
+        self._check = InputChecker(graph)
+        tree = graph.out_tree
+        self._out_kind = ("leaf" if tree == "*" else "tuple" if tree and tree[0] == "tuple" and
+                          all(c == "*" for c in tree[1]) else "tree")
 
     def __call__(self, *args, validate: bool = False, profile: bool = False):
-        arrays = check_inputs(self.graph, args)
+        arrays = self._check(args)
         ex = self._executor
         if validate or profile:
             ex = Executor(self.graph, self.vm, validate=validate, profile=profile)
         outs = [to_numpy(o) for o in ex.run(arrays)]
         if profile:
             self.last_profile = {k: tuple(v) for k, v in ex.profile.items()}
+        kind = self._out_kind
+        if kind == "leaf":
+            return outs[0]
+        if kind == "tuple":
+            return tuple(outs)
         return tree_unflatten(self.graph.out_tree, outs) if self.graph.out_tree is not None else outs
 
     @property

@@ -159,3 +159,12 @@ def test_region_after_a_later_independent_dynamic_node():
     assert top_ops(pg) == ["shape_of", "region"]
     x, s = np.ones(3, "float32"), np.ones(5, "float32")
     np.testing.assert_allclose(dt.run_reference(pg, x, s), f(x, s))
+
+
+def test_view_only_regions_stay_in_numpy():
+    """A region of nothing but views (slice/squeeze/reshape...) would only add a VM call and copies."""
+    g = dt.trace(lambda x: F.nonzero(F.boolean_mask(x, x > 0)[1:].reshape((-1, 1))), dt.TensorSpec(("N",)))
+    pg = partition(g)
+    assert top_ops(pg) == ["region", "boolean_mask", "slice", "reshape", "nonzero"]
+    x = np.array([1.0, -2.0, 3.0, 4.0], "float32")
+    np.testing.assert_array_equal(dt.run_reference(pg, x), F.nonzero(F.boolean_mask(x, x > 0)[1:].reshape((-1, 1))))
