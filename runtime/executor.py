@@ -72,7 +72,8 @@ class Executor:
         p.needs_env = False
         for i, n in enumerate(g.nodes):
             if n.op == "constant":
-                p.template[slot[n.outputs[0]]] = n.attrs.value
+                # converted once: constants then cross into regions without per-call copies
+                p.template[slot[n.outputs[0]]] = to_tvm(n.attrs.value)
                 continue
             ins = [slot[v] for v in n.inputs]
             outs = [slot[v] for v in n.outputs]

@@ -29,7 +29,7 @@ def to_tvm(x):
         return x
     if not isinstance(x, np.ndarray):
         x = np.asarray(x)
-    if x.size == 0 or x.ctypes.data % ALIGN or not x.flags.c_contiguous:
+    if x.size == 0 or x.ctypes.data % ALIGN or not x.flags.c_contiguous or not x.flags.writeable:
         if x.size == 0:
             return tvm.runtime.empty(x.shape, x.dtype.name)
         buf = aligned_empty(x.shape, x.dtype)
