@@ -19,7 +19,7 @@ from ..ir.graph import Graph, Node
 from ..ir.types import eval_dim, is_symbol
 from .interpreter import Interpreter, bind_symbols, last_uses, zero_length_stack
 from .kernels import KERNELS, NEEDS_ENV
-from .tensors import aligned_empty, to_numpy, to_tvm
+from .tensors import aligned_empty, aligned_rows, to_numpy, to_tvm
 
 
 class Plan:
@@ -181,13 +181,17 @@ class Executor:
         out_types = [v.type for v in n.subgraphs[0].outputs[:no]]
 
         def run(slots):
-            data = [_aligned_np(slots[i]) for i in ins[:nd]]
-            states = [slots[i] for i in ins[nd:nd + ns]]
-            caps = [slots[i] for i in ins[nd + ns:]]
+            data = [to_numpy(slots[i]) for i in ins[:nd]]
             length = data[0].shape[0]
+            for k, d in enumerate(data[1:]):
+                if d.shape[0] != length:
+                    raise ValueError(f"foreach: data[{k + 1}] has length {d.shape[0]}, data[0] has {length}")
+            rows = [aligned_rows(d) for d in data]       # zero-copy per-step slices into regions
+            states = [slots[i] for i in ins[nd:nd + ns]]
+            caps = [to_tvm(slots[i]) if isinstance(slots[i], np.ndarray) else slots[i] for i in ins[nd + ns:]]
             bufs = None
             for t in range(length):
-                res = body.run([d[t] for d in data] + states + caps)
+                res = body.run([r[t] for r in rows] + states + caps)
                 if bufs is None:
                     bufs = [aligned_empty((length,) + tuple(r.shape), _dtype(r)) for r in res[:no]]
                 for buf, r in zip(bufs, res[:no]):
@@ -241,16 +245,6 @@ class Executor:
 
 def _dtype(x):
     return x.dtype if isinstance(x, np.ndarray) else np.dtype(str(x.dtype))
-
-
-def _aligned_np(x) -> np.ndarray:
-    """Loop data as numpy with rows on aligned addresses when the row size allows (zero-copy slices)."""
-    a = to_numpy(x)
-    if a.size and (a.ctypes.data % 64 or not a.flags.c_contiguous):
-        buf = aligned_empty(a.shape, a.dtype)
-        np.copyto(buf, a)
-        return buf
-    return a
 
 
 def _check_region(n: Node, sub: Graph, ins, outs):

@@ -6,6 +6,8 @@ copied once into an aligned buffer. TVM -> numpy is always zero-copy (`np.from_d
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import tvm
 
@@ -17,7 +19,7 @@ _from_dlpack = tvm.runtime.from_dlpack
 def aligned_empty(shape, dtype) -> np.ndarray:
     """A C-contiguous numpy array whose data starts on a 64-byte boundary."""
     dtype = np.dtype(dtype)
-    n = int(np.prod(shape, dtype=np.int64))
+    n = math.prod(shape)
     buf = np.empty(n * dtype.itemsize + ALIGN, np.uint8)
     off = (-buf.ctypes.data) % ALIGN
     return buf[off:off + n * dtype.itemsize].view(dtype).reshape(shape)
@@ -47,3 +49,20 @@ def to_numpy(x) -> np.ndarray:
 
 def is_tvm(x) -> bool:
     return type(x) is _TvmTensor
+
+
+def aligned_rows(a: np.ndarray) -> list:
+    """The rows `a[0], a[1], ...` as arrays that each start on a 64-byte boundary: one bulk copy into
+    a buffer with padded rows when the row size is not a multiple of 64 bytes, else plain views."""
+    a = np.asarray(a)
+    row_shape = a.shape[1:]
+    row_bytes = math.prod(row_shape) * a.itemsize
+    if row_bytes % ALIGN == 0 and a.flags.c_contiguous and a.ctypes.data % ALIGN == 0:
+        return list(a)
+    if row_bytes == 0:
+        return [a[t] for t in range(a.shape[0])]
+    stride = -(-row_bytes // ALIGN) * ALIGN // a.itemsize
+    buf = aligned_empty((a.shape[0], stride), a.dtype)
+    n = math.prod(row_shape)
+    buf[:, :n] = a.reshape(a.shape[0], n)
+    return [buf[t, :n].reshape(row_shape) for t in range(a.shape[0])]
