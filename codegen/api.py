@@ -100,55 +100,41 @@ def compile(fn_or_graph, *specs, target: str = "cpu", selector=None, cache_dir: 
     return model
 
 
-def _signature(args) -> tuple:
-    from ..ir.tree import tree_flatten
-    leaves, spec = tree_flatten(list(args), is_leaf=lambda x: isinstance(x, np.ndarray))
-    return tuple((np.asarray(x).dtype.name, np.shape(x)) for x in leaves), str(spec)
-
-
 def hybridize(fn, target: str = "cpu", dynamic=(), selector=None, cache_dir=None):
     """Compile `fn` on first call and cache per input signature (MXNet's hybridize).
 
-    Each call's arrays give a signature: rank and dtype of every input, plus the sizes of the axes not
-    named dynamic. `dynamic` names axes that stay symbolic: ``{"xs": {0: "T"}}`` style is not needed —
-    pass symbol names by position as a tuple per argument, e.g. ``dynamic=(("T", None), ("B",))``, or
-    ``dynamic="all"`` for every axis. Axes left as None are specialized to the call's size.
+    The signature of a call is the dtype and rank of every input, plus the size of every axis not
+    named dynamic. `dynamic` gives, per argument, a tuple with a symbol name for each axis that stays
+    symbolic (None: specialize to the call's size); ``dynamic="all"`` keeps every axis symbolic.
 
     Example:
         >>> fast = dt.hybridize(lstm, dynamic=(("T", "B", None), ("B", None), ("B", None)))
-        >>> hs, h = fast(xs, h0, c0)          # compiles once per (rank, dtype, static sizes)
+        >>> hs, h = fast(xs, h0, c0)     # one compile serves every T and B
     """
     from ..frontend.tracer import TensorSpec
     from ..ir.tree import tree_flatten, tree_unflatten
     compiled: dict = {}
+    is_leaf = lambda x: isinstance(x, np.ndarray)
 
     def specs_for(args):
-        leaves, spec = tree_flatten(list(args), is_leaf=lambda x: isinstance(x, np.ndarray))
-        dyn = dynamic
-        out = []
+        leaves, spec = tree_flatten(list(args), is_leaf=is_leaf)
+        specs = []
         for i, x in enumerate(leaves):
             x = np.asarray(x)
-            names = None if dyn in ((), None) else ("all" if dyn == "all" else (dyn[i] if i < len(dyn) else ()))
-            shape = []
-            for ax, s in enumerate(x.shape):
-                if names == "all":
-                    shape.append(f"d{i}_{ax}")
-                elif names and ax < len(names) and names[ax] is not None:
-                    shape.append(names[ax])
-                else:
-                    shape.append(int(s))
-            out.append(TensorSpec(tuple(shape), x.dtype.name))
-        return tree_unflatten(spec, out)
+            names = dynamic if dynamic == "all" else (dynamic[i] if i < len(dynamic) else ())
+            shape = tuple(f"d{i}_{ax}" if names == "all" else
+                          (names[ax] if ax < len(names) and names[ax] is not None else int(s))
+                          for ax, s in enumerate(x.shape))
+            specs.append(TensorSpec(shape, x.dtype.name))
+        return spec, specs
 
     def call(*args):
-        leaves, spec = tree_flatten(list(args), is_leaf=lambda x: isinstance(x, np.ndarray))
-        sig = (str(spec),) + tuple(
-            (np.asarray(x).dtype.name, tuple(d if isinstance(d, str) else d for d in s.shape))
-            for x, s in zip(leaves, tree_flatten(specs_for(args), is_leaf=lambda s: isinstance(s, TensorSpec))[0]))
+        spec, specs = specs_for(args)
+        sig = (str(spec),) + tuple((s.dtype, s.shape) for s in specs)
         model = compiled.get(sig)
         if model is None:
-            model = compile(fn, *specs_for(args), target=target, selector=selector, cache_dir=cache_dir)
-            compiled[sig] = model
+            model = compiled[sig] = compile(fn, *tree_unflatten(spec, specs), target=target, selector=selector,
+                                            cache_dir=cache_dir)
         return model(*args)
 
     call.compiled = compiled
