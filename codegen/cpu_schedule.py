@@ -31,18 +31,23 @@ from tvm.s_tir import SBlock, SBlockRealize
 
 _LOG = logging.getLogger(__name__)
 
-# Work (MACs, or iterations weighted by cost) below which a kernel stays serial. Measured on the
-# 2-core Zen box: a parallel launch costs ~2 us; an elementwise multiply gains from 2 threads past
-# ~150k elements, a libm tanh past ~8k, a GEMV 1x256x256 (65k MACs) is 2.6 us serial, 2.9 parallel.
-PARALLEL_MIN_WORK = 1 << 17
-_EXPENSIVE_CALL = re.compile(r"T\.(exp\w*|log\w*|tanh|sigmoid|erf|pow|a?sinh?|a?cosh?|a?tanh?)\(")
-_EXPENSIVE_WEIGHT = 16  # a scalar libm call costs ~16 vectorized multiply-adds
+# Work below which a kernel stays serial: loop iterations x arithmetic ops per iteration (capped
+# at _MAX_OPS: the printout the ops are counted on repeats shared subexpressions). Measured on the
+# 2-core Zen box, 2 threads vs 1: a parallel launch costs ~1 us; x*(x+b) (2 ops) gains from
+# 2 threads past ~64k elements, the vectorized tanh (capped, 64) past ~4k, a matmul (2 ops per
+# MAC) past ~100k MACs.
+PARALLEL_MIN_WORK = 3 << 16
+_MAX_OPS = 64
+_LIBM_CALL = re.compile(r"T\.(exp\w*|log\w*|tanh|sigmoid|erf|pow|a?sinh?|a?cosh?|a?tanh?)\(")
+_LIBM_OPS = 16  # a scalar libm call costs ~16 vectorized multiply-adds
+_ARITH_OP = re.compile(r" [-+*/%] | // |T\.(?:max|min|Select|if_then_else|sqrt|rsqrt|floor)\(")
+_INLINE_MAX_OPS = 8  # a producer with several consumers is inlined (recomputed) up to this cost
 # Matmul register tile, rows x fp32 columns: 4x64 (16 zmm accumulators) measured best for M >= 4
 # (~400 GFLOP/s on 2 cores, numpy ~200); 1x128 for M < 4, the batch-1 GEMV.
 _MATMUL_MR = 4
-_TILE_COLS = {1: 128, 2: 128, 3: 64, 4: 64}
+_TILE_COLS = {1: 128, 2: 128, 3: 64, 4: 64, 6: 32}
 _K_SPLIT = 4
-_PAD_ROWS = True  # pad ragged M to the row tile instead of predicating inside the k loop
+_COLS_OUTER = True  # column tiles outside row tiles (see _sched_matmul)
 
 
 def _physical_cores() -> int:
@@ -268,19 +273,24 @@ def _writes_param(func: tirx.PrimFunc, sch: s_tir.Schedule, block) -> bool:
     return any(w.source.same_as(p) for w in sch.get(block).writes for p in func.params)
 
 
-def _is_cheap(sch: s_tir.Schedule, block) -> bool:
-    return _EXPENSIVE_CALL.search(str(sch.get(block).body)) is None
+def _ops(sch: s_tir.Schedule, block) -> int:
+    """Arithmetic ops per iteration of a block (declaration lines of the printout skipped)."""
+    text = "\n".join(ln for ln in str(sch.get(block).body).splitlines()
+                     if "T.Buffer(" not in ln and "= T.int" not in ln)
+    ops = len(_ARITH_OP.findall(text)) + _LIBM_OPS * len(_LIBM_CALL.findall(text))
+    return min(_MAX_OPS, max(1, ops))
 
 
 def _inline_spatial(func: tirx.PrimFunc, sch: s_tir.Schedule) -> None:
     """Inlines intermediate spatial blocks (elementwise chains, bias adds, reshapes) into their
-    consumers; one with a libm call and several consumers is kept, not to compute it twice."""
+    consumers; an expensive one with several consumers (softmax's exp) is kept, not to compute
+    it twice."""
     changed = True
     while changed:
         changed = False
         for block in _blocks(sch):
             if ("R" in _iter_kinds(sch, block) or _writes_param(func, sch, block)
-                    or (len(sch.get_consumers(block)) > 1 and not _is_cheap(sch, block))):
+                    or (len(sch.get_consumers(block)) > 1 and _ops(sch, block) > _INLINE_MAX_OPS)):
                 continue
             try:
                 sch.compute_inline(block)
@@ -291,10 +301,10 @@ def _inline_spatial(func: tirx.PrimFunc, sch: s_tir.Schedule) -> None:
 
 
 def _work(sch: s_tir.Schedule, blocks) -> tirx.PrimExpr:
-    """Loop iterations of all blocks, a block with a libm call weighted _EXPENSIVE_WEIGHT."""
+    """Sum over blocks of loop iterations x ops per iteration (a runtime expression)."""
     total = tirx.IntImm("int64", 0)
     for block in blocks:
-        work = tirx.IntImm("int64", 1 if _is_cheap(sch, block) else _EXPENSIVE_WEIGHT)
+        work = tirx.IntImm("int64", _ops(sch, block))
         for loop in sch.get_loops(block):
             work = work * tirx.Cast("int64", sch.get(loop).extent)
         total = total + work
@@ -330,19 +340,19 @@ def _lanes(target, dtype) -> int:
 
 
 def _pick_tile(extent, target: int, lanes: int) -> int | None:
-    """Largest power-of-two multiple of `lanes` <= target dividing a static extent; the whole
-    extent when small; None (leave the loop to LLVM) when symbolic or without a divisor."""
+    """Column tile for a static extent: the whole extent when small, else the divisor closest
+    to `target` among multiples of `lanes` (of 4 if none) up to 2*target; None (the loop is
+    left to LLVM) when symbolic or without such a divisor. A ragged tile would need a
+    predicate inside the vectorized loop, which scalarizes it (17 vs 400 GFLOP/s)."""
     if not isinstance(extent, int):
         return None
     if extent <= target:
         return extent
-    tile = target
-    while tile >= lanes:
-        if extent % tile == 0:
-            return tile
-        tile //= 2
-    divs = [d for d in range(8, target + 1) if extent % d == 0 and d % 4 == 0]
-    return max(divs) if divs else None
+    for step in (lanes, 4):
+        cands = [d for d in range(step, 2 * target + 1, step) if extent % d == 0]
+        if cands:
+            return min(cands, key=lambda d: (abs(d - target), -d))
+    return None
 
 
 def _vectorize_inner(sch: s_tir.Schedule, block, target) -> None:
@@ -412,17 +422,6 @@ def _sched_matmul(func, target, name: str, mr: int, parallel: bool) -> tirx.Prim
     _inline_spatial(func, sch)
     mm = sch.get_sblock(name)
     lanes = _lanes(target, sch.get(mm).body.buffer.dtype)
-    loops = sch.get_loops(mm)
-    m_ext, pads = _extent(sch, loops[-3]), []
-    if _PAD_ROWS and mr > 1 and not (isinstance(m_ext, int) and m_ext % mr == 0):
-        # A ragged row tile puts an `i < M` test inside the k loop (2-3x slower): pad M to the
-        # tile instead. Input rows are copied per tile (K floats per mr*nr*K MACs) and the
-        # padded result is written back under the `i < M` predicate, outside the k loop.
-        sch.pad_einsum(mm, [1] * (len(loops) - 3) + [mr, 1, 1])
-        pads = [b for b in sch.get_producers(mm) if sch.get(b).name_hint.endswith("_pad")]
-        for copy in sch.get_consumers(mm):
-            if not _writes_param(func, sch, copy):
-                sch.compute_inline(copy)  # the epilogue reads the padded tile directly
     *batch, i, j, k = sch.get_loops(mm)
     nr = _pick_tile(_extent(sch, j), max(lanes, _TILE_COLS[mr]), lanes)
     io, ii = (i, None) if mr == 1 else sch.split(i, [None, mr])
@@ -430,16 +429,18 @@ def _sched_matmul(func, target, name: str, mr: int, parallel: bool) -> tirx.Prim
     k_ext = _extent(sch, k)
     ko, ki = (sch.split(k, [None, _K_SPLIT]) if isinstance(k_ext, int)
               and k_ext % _K_SPLIT == 0 and k_ext > _K_SPLIT else (k, None))
-    outer = [*batch, io] + ([jo] if jo is not None else [])
+    # Column tiles outside row tiles: a weight column panel (nr x K) is reused by every row tile
+    # while it sits in L2; io-outer re-streams the whole weight per row tile (3x slower at
+    # 64x256x1024, where the 1 MB weight exceeds L2).
+    outer = [*batch] + ([jo] if jo is not None and _COLS_OUTER else []) + [io] + (
+        [jo] if jo is not None and not _COLS_OUTER else [])
     sch.reorder(*outer, ko, *[lp for lp in (ki, ii) if lp is not None], ji)
     # Epilogue per tile: the accumulator stays in registers/L1 and the intermediate buffer
-    # shrinks to the tile (CompactBufferAllocation); a plain matmul gets a cache tile.
+    # shrinks to the tile (CompactBufferAllocation); a plain matmul gets a cache tile. A ragged
+    # M leaves an `i < M` predicate on the row tile: measured as fast as padding M (pad_einsum).
     epilogues = list(sch.get_consumers(mm))
     if _writes_param(func, sch, mm) and not epilogues:
         epilogues = [sch.cache_write(mm, 0, "global")]
-    for pad in pads:
-        sch.compute_at(pad, outer[-1], preserve_unit_loops=True)
-        _vectorize_inner(sch, pad, target)
     attached = []
     for epi in epilogues:
         try:
@@ -452,6 +453,11 @@ def _sched_matmul(func, target, name: str, mr: int, parallel: bool) -> tirx.Prim
     if ii is not None:
         sch.unroll(ii)
     if nr is not None:
+        # Native-width vectors with the rest unrolled: LLVM handles e.g. <40 x float> badly.
+        vec = next(v for v in (lanes, 8, 4, 2, 1) if v <= lanes and nr % v == 0)
+        if 1 < vec < nr:
+            jv_o, ji = sch.split(ji, [None, vec])
+            sch.unroll(jv_o)
         sch.vectorize(ji)
         for epi in attached:
             inner = sch.get_loops(epi)[-1]
@@ -490,13 +496,14 @@ def _sched_reduction(func, target, parallel: bool) -> tirx.PrimFunc:
         raise ValueError("blocks do not share their leading spatial loops")
     row = sch.fuse(*last_loops[:n_lead]) if n_lead > 1 else last_loops[0]
     for b in reversed(blocks[:-1]):
-        sch.compute_at(b, row, preserve_unit_loops=True)
+        sch.compute_at(b, row)
     if parallel:
         sch.parallel(row)
     for b in blocks:
         inner = sch.get_loops(b)[1:]
         if sch.get(b).name_hint in rf_names:  # compute_at re-created its loops in iter order
-            lane = [lp for lp, k in zip(inner, _loop_kinds(sch, b)[1:]) if k == "S"][-1]
+            kinds = _loop_kinds(sch, b)[1:]
+            lane = [lp for lp, k in zip(inner, kinds) if k == "S" and _extent(sch, lp) > 1][-1]
             sch.reorder(*[lp for lp in inner if not lp.same_as(lane)], lane)
             sch.vectorize(lane)
             inner = sch.get_loops(b)[1:]
@@ -584,8 +591,10 @@ def _matmul_select(func, target, name: str, m_ext, work) -> tirx.PrimFunc:
     """A 1-row tile (GEMV-like, wide vector columns) while M < 4, else a 4-row tile; each serial
     below PARALLEL_MIN_WORK MACs. A static M picks its variant at compile time."""
     true = tirx.const(True, "bool")
-    if isinstance(m_ext, tirx.IntImm):
-        mrs = [(true, max(1, min(int(m_ext.value), _MATMUL_MR)))]
+    if isinstance(m_ext, tirx.IntImm):  # a row tile dividing M avoids the `i < M` predicate
+        m = int(m_ext.value)
+        mrs = [(true, next((t for t in (_MATMUL_MR, 6, 3, 2) if m % t == 0), _MATMUL_MR)
+                if m >= _MATMUL_MR else max(1, m))]
     else:
         mrs = [(m_ext < tirx.IntImm(str(m_ext.ty), _MATMUL_MR), 1), (true, _MATMUL_MR)]
     cands = []

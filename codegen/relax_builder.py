@@ -99,9 +99,12 @@ def build_region_function(bb: relax.BlockBuilder, graph: Graph, name: str) -> re
                 raise CompileError(f"region {name!r}: an output is not computed by the region") from None
             out = bb.emit_output(relax.Tuple(results))
         gv = bb.emit_func_output(out)
+    if gv.name_hint != name:     # a PrimFunc emitted meanwhile took the name (converters use "dt_*")
+        raise CompileError(f"region function {name!r} clashes with a kernel name in the module "
+                           f"(got {gv.name_hint!r}); names starting with 'dt_' are reserved")
     try:
         relax.analysis.well_formed(bb.get()[gv])
-    except ValueError as e:
+    except Exception as e:  # noqa: BLE001 - TVM raises its own error types
         raise CompileError(f"region function {name!r} is not well formed: {e}") from None
     return gv
 
@@ -114,6 +117,6 @@ def build_module(regions: list) -> tvm.IRModule:
     mod = bb.get()
     try:
         relax.analysis.well_formed(mod)
-    except ValueError as e:
+    except Exception as e:  # noqa: BLE001 - TVM raises its own error types
         raise CompileError(f"the region module is not well formed: {e}") from None
     return mod

@@ -112,6 +112,17 @@ def test_matmul_static_and_symbolic(target):
         check(run(vm, "tiny_n", xt, wt), xt @ wt)
 
 
+def test_matmul_static_row_tiles(target):
+    """Static M picks a dividing row tile (4, 6, 3, 2) or pads (7, 10 -> tile 4)."""
+    ms = (1, 2, 3, 6, 7, 9, 10, 12)
+    mod = make_module([(f"m{m}", [("x", (m, 64), "float32"), ("y", (64, 96), "float32")],
+                        R.matmul) for m in ms])
+    vm = relax.VirtualMachine(build_cpu(mod, target), tvm.cpu())
+    for m in ms:
+        x, y = rand(m, 64), scaled(64, 96, k=64)
+        check(run(vm, f"m{m}", x, y), x @ y)
+
+
 def test_batched_matmul(target):
     w = scaled(64, 48, k=64)
     nb = sym("n")
