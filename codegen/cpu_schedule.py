@@ -33,10 +33,10 @@ _LOG = logging.getLogger(__name__)
 
 # Work below which a kernel stays serial: loop iterations x arithmetic ops per iteration (capped
 # at _MAX_OPS: the printout the ops are counted on repeats shared subexpressions). Measured on the
-# 2-core Zen box, 2 threads vs 1: a parallel launch costs ~1 us; x*(x+b) (2 ops) gains from
-# 2 threads past ~64k elements, the vectorized tanh (capped, 64) past ~4k, a matmul (2 ops per
-# MAC) past ~100k MACs.
-PARALLEL_MIN_WORK = 3 << 16
+# 2-core Zen box, 2 threads vs 1 (launch ~1 us): x*(x+b) (2 ops) gains from 2 threads from ~128k
+# elements, the vectorized tanh (64, capped) from ~8k, softmax rows from ~8k, matmul (2 ops per
+# MAC) from ~128k MACs; below that the serial kernel is up to 1.4x faster.
+PARALLEL_MIN_WORK = 1 << 18
 _MAX_OPS = 64
 _LIBM_CALL = re.compile(r"T\.(exp\w*|log\w*|tanh|sigmoid|erf|pow|a?sinh?|a?cosh?|a?tanh?)\(")
 _LIBM_OPS = 16  # a scalar libm call costs ~16 vectorized multiply-adds
@@ -150,6 +150,13 @@ def build_cpu(mod: tvm.IRModule, target=None) -> relax.VMExecutable:
               + _cpu_pipeline.finalize_passes(target))
     with target:
         mod = tvm.transform.Sequential(passes)(mod)
+    # VMShapeLower's `shape_func` (present whenever a dim is symbolic) lacks "tirx.noalias", and
+    # one such function in the LLVM module made LLVM keep every matmul accumulator in memory (a
+    # store per FMA, 2.5x slower). It has a single buffer param, so noalias holds trivially.
+    for gvar, func in list(mod.functions_items()):
+        if (isinstance(func, tirx.PrimFunc) and len(func.params) <= 1
+                and not func.attrs.get("tirx.noalias", False)):
+            mod[gvar] = func.with_attr("tirx.noalias", True)
     return tvm.compile(mod, target=target, relax_pipeline=None)
 
 
@@ -422,6 +429,18 @@ def _sched_matmul(func, target, name: str, mr: int, parallel: bool) -> tirx.Prim
     _inline_spatial(func, sch)
     mm = sch.get_sblock(name)
     lanes = _lanes(target, sch.get(mm).body.buffer.dtype)
+    loops = sch.get_loops(mm)
+    m_ext, pads = _extent(sch, loops[-3]), []
+    if mr > 1 and not (isinstance(m_ext, int) and m_ext % mr == 0):
+        # A ragged row tile puts an `i < M` test inside the k loop (1.8x slower at M = 16 than
+        # padding): pad M to the tile instead.
+        # Input rows are copied per tile (K floats per mr*nr*K MACs) and the padded result is
+        # written back under the `i < M` predicate, outside the k loop.
+        sch.pad_einsum(mm, [1] * (len(loops) - 3) + [mr, 1, 1])
+        pads = [b for b in sch.get_producers(mm) if sch.get(b).name_hint.endswith("_pad")]
+        for copy in sch.get_consumers(mm):
+            if not _writes_param(func, sch, copy):
+                sch.compute_inline(copy)  # the epilogue reads the padded tile directly
     *batch, i, j, k = sch.get_loops(mm)
     nr = _pick_tile(_extent(sch, j), max(lanes, _TILE_COLS[mr]), lanes)
     io, ii = (i, None) if mr == 1 else sch.split(i, [None, mr])
@@ -436,11 +455,16 @@ def _sched_matmul(func, target, name: str, mr: int, parallel: bool) -> tirx.Prim
         [jo] if jo is not None and not _COLS_OUTER else [])
     sch.reorder(*outer, ko, *[lp for lp in (ki, ii) if lp is not None], ji)
     # Epilogue per tile: the accumulator stays in registers/L1 and the intermediate buffer
-    # shrinks to the tile (CompactBufferAllocation); a plain matmul gets a cache tile. A ragged
-    # M leaves an `i < M` predicate on the row tile: measured as fast as padding M (pad_einsum).
+    # shrinks to the tile (CompactBufferAllocation); a plain matmul gets a cache tile.
+    # The accumulator tile is thread-local scratch ("local" scope).
     epilogues = list(sch.get_consumers(mm))
     if _writes_param(func, sch, mm) and not epilogues:
-        epilogues = [sch.cache_write(mm, 0, "global")]
+        epilogues = [sch.cache_write(mm, 0, "local")]
+    else:
+        sch.set_scope(mm, 0, "local")
+    for pad in pads:
+        sch.compute_at(pad, outer[-1], preserve_unit_loops=True)
+        _vectorize_inner(sch, pad, target)
     attached = []
     for epi in epilogues:
         try:
@@ -450,8 +474,9 @@ def _sched_matmul(func, target, name: str, mr: int, parallel: bool) -> tirx.Prim
             pass  # stays a separate loop nest after the matmul
     if parallel:
         sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
-    if ii is not None:
-        sch.unroll(ii)
+    for lp in (ki, ii):  # explicit, rather than left to LLVM's unrolling heuristics
+        if lp is not None:
+            sch.unroll(lp)
     if nr is not None:
         # Native-width vectors with the rest unrolled: LLVM handles e.g. <40 x float> badly.
         vec = next(v for v in (lanes, 8, 4, 2, 1) if v <= lanes and nr % v == 0)
