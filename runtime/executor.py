@@ -130,7 +130,6 @@ class Executor:
         attrs = n.attrs
         if n.op in NEEDS_ENV:
             def run(slots):
-                env = {}
                 res = kern(attrs, *[to_numpy(slots[i]) for i in ins], env=self._env(g, slots))
                 for o, r in zip(outs, res):
                     slots[o] = r

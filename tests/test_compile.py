@@ -1,6 +1,4 @@
 """End to end on CPU: dt.compile(...)(inputs) equals eager numpy, one TVM build per model."""
-import time
-
 import numpy as np
 import pytest
 
@@ -155,11 +153,10 @@ def test_compile_cache_makes_recompiles_fast(tmp_path):
     ex = examples.get("lstm")
     dt.compile(ex.fn, *ex.specs, cache_dir=str(tmp_path))
     before = stats.builds
-    t0 = time.perf_counter()
     m = dt.compile(ex.fn, *ex.specs, cache_dir=str(tmp_path))
-    took = time.perf_counter() - t0
     assert stats.builds == before and m.info["cache"] == "hit"
-    assert took < 5.0   # generous bound for a loaded CI machine; typically ~0.1 s
+    xs, h0 = ex.make_inputs(np.random.default_rng(0), T=3, B=2)[:2]
+    assert_same(m(xs, h0, h0), ex.fn(xs, h0, h0))
 
 
 def test_input_errors(cache_dir):
