@@ -29,6 +29,16 @@ def _collect_regions(graph: Graph) -> list:
     return [(n.attrs.name, n.subgraphs[0]) for n in graph.walk() if n.op == "region"]
 
 
+def _target_desc(target: str) -> str:
+    """The concrete target (host CPU model and core count for "cpu"): kernels built for one CPU may
+    use instructions another lacks, so the cache must not share them across machines."""
+    if target == "cpu":
+        from .cpu_schedule import cpu_target
+        return str(cpu_target())
+    from .gpu import cuda_target
+    return str(cuda_target())
+
+
 def build_executable(regions: list, target: str):
     """Build one TVM executable holding every region function (no caching)."""
     from .relax_builder import build_module, unsupported_ops
@@ -79,7 +89,7 @@ def compile(fn_or_graph, *specs, target: str = "cpu", selector=None, cache_dir: 
     if regions:
         import tvm
         from tvm import relax
-        key = _cache.cache_key(regions, target)
+        key = _cache.cache_key(regions, _target_desc(target))
         cdir = cache_dir or _cache.default_cache_dir()
         path = _cache.lookup(cdir, key) if use_cache else None
         if path is not None:
@@ -95,6 +105,8 @@ def compile(fn_or_graph, *specs, target: str = "cpu", selector=None, cache_dir: 
         dev = tvm.cpu() if target == "cpu" else tvm.cuda()
         vm = relax.VirtualMachine(lib, dev)
     info = {"compile_time_s": round(time.perf_counter() - t0, 3), "cache": "hit" if cached else "miss"}
+    if regions:
+        info["built_for"] = _target_desc(target)      # recorded in artifacts: the CPU the kernels target
     model = CompiledModel(pg, vm, target, lib, info)
     model.lib_path = path
     return model
