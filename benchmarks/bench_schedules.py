@@ -4,10 +4,11 @@ Run from the repository root:
 
     .venv/bin/python benchmarks/bench_schedules.py [--quick]
 
-Prints median latency (and GFLOP/s where the FLOP count is meaningful) per case. TVM cases are
-all timed first, numpy afterwards: OpenBLAS worker threads keep spinning after a numpy matmul
-and slow the next TVM parallel kernels ~50x for a few hundred ms, so interleaving them would
-measure the contention rather than the kernels.
+Prints latency (and GFLOP/s where the FLOP count is meaningful) per case: the median of 5
+time_evaluator repeats, best of --rounds rounds. The machine is shared, so every round first waits
+for an idle CPU (--no-wait skips that) and warms up (an idle core runs ~2x slower for ~0.2 s).
+TVM cases are all timed before numpy: OpenBLAS worker threads keep spinning after a numpy
+matmul and slow the next TVM parallel kernels ~50x for a few hundred ms.
 """
 
 from __future__ import annotations
@@ -141,17 +142,14 @@ def wait_idle(max_wait=600.0, need=0.9):
 
 
 def time_vm(vm, fname, args, budget=0.25):
-    """Median seconds per call via the VM's C++ time_evaluator, after a warm-up (the second
-    core runs ~2x slower for the first ~0.2 s after the machine was idle)."""
-    dev = tvm.cpu()
+    """Median seconds per call via the VM's C++ time_evaluator, after a 0.3 s warm-up."""
     f = vm[fname]
     t0, calls = time.perf_counter(), 0
     while time.perf_counter() - t0 < 0.3 or calls < 2:
         f(*args)
         calls += 1
-    per = (time.perf_counter() - t0) / calls
-    number = max(1, int(budget / 5 / per))
-    res = vm.time_evaluator(fname, dev, number=number, repeat=5)(*args)
+    number = max(1, int(budget / 5 / ((time.perf_counter() - t0) / calls)))
+    res = vm.time_evaluator(fname, tvm.cpu(), number=number, repeat=5)(*args)
     return float(np.median(res.results))
 
 
@@ -175,6 +173,7 @@ def main():
     parser.add_argument("--quick", action="store_true", help="fewer sizes, shorter timing")
     parser.add_argument("--no-wait", action="store_true",
                         help="do not wait for an idle machine before each measurement")
+    parser.add_argument("--rounds", type=int, default=3, help="best of this many rounds")
     opts = parser.parse_args()
     budget = 0.1 if opts.quick else 0.25
     target = cpu_target()
@@ -187,7 +186,6 @@ def main():
     refs = [np_fn(*args) for _, _, _, args, np_fn, _ in cases]  # numpy first: see module doc
     time.sleep(1.0)
     built: dict[int, tuple] = {}
-    warm = True
     results = []
     for (label, mod, fname, args, _, flops), ref in zip(cases, refs):
         if id(mod) not in built:
@@ -201,21 +199,22 @@ def main():
                               t1 - t0, t2 - t1)
         base_vm, ours_vm, _, _ = built[id(mod)]
         targs = [tvm.runtime.tensor(a, dev) for a in args]
-        if not opts.no_wait:
-            wait_idle()
-        if warm:  # the first parallel kernels run slow while workers spin up and clocks rise
-            time_vm(ours_vm, fname, targs, 1.0)
-            warm = False
         out = ours_vm[fname](*targs).numpy()
         ok = np.allclose(out, ref, rtol=1e-4, atol=1e-4)
-        t_base = time_vm(base_vm, fname, targs, budget)
-        t_ours = time_vm(ours_vm, fname, targs, budget)
+        t_base = t_ours = float("inf")
+        for _ in range(opts.rounds):
+            if not opts.no_wait:
+                wait_idle()
+            t_base = min(t_base, time_vm(base_vm, fname, targs, budget))
+            t_ours = min(t_ours, time_vm(ours_vm, fname, targs, budget))
         results.append([label, flops, t_base, t_ours, None, ok])
     time.sleep(1.0)  # let TVM's spinning workers go idle before OpenBLAS runs
     for row, (_, _, _, args, np_fn, _) in zip(results, cases):
-        if not opts.no_wait:
-            wait_idle()
-        row[4] = time_np(np_fn, args, budget)
+        row[4] = float("inf")
+        for _ in range(opts.rounds):
+            if not opts.no_wait:
+                wait_idle()
+            row[4] = min(row[4], time_np(np_fn, args, budget))
 
     def fmt(t, flops):
         s = f"{t * 1e6:10.1f}"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 
 import networkx as nx
+import numpy as np
 
 from dyntvm.errors import CompileError
 
@@ -49,7 +50,27 @@ def _partition(g: Graph, selector: Selector, prefix: str) -> Graph:
         if n.opdef.kind == CONTROL_FLOW:
             n.subgraphs = tuple(_partition(s, selector, f"{prefix}_{i}{_ident(s.name)}") for s in n.subgraphs)
     regions = find_regions(g, selector)
-    return contract(g, regions, prefix)
+    return fold_constant_regions(contract(g, regions, prefix))
+
+
+def fold_constant_regions(g: Graph) -> Graph:
+    """A region without inputs computes constants: evaluate it now (numpy reference) instead of
+    compiling it, so the executor hands out copies rather than a buffer the VM returns every call."""
+    from ..ir.ops import ConstantAttrs
+    from ..runtime.interpreter import Interpreter
+    nodes = []
+    for n in g.nodes:
+        if n.op != "region" or n.inputs:
+            nodes.append(n)
+            continue
+        for v, value in zip(n.outputs, Interpreter(n.subgraphs[0]).run()):
+            data = np.array(value)
+            data.flags.writeable = False
+            c = Node("constant", (), ConstantAttrs(data), (v,), name=f"{n.attrs.name}_const{v.index}")
+            v.producer, v.index = c, 0
+            nodes.append(c)
+    g.nodes = nodes
+    return g
 
 
 def find_regions(g: Graph, selector: Selector) -> list[list[int]]:

@@ -48,6 +48,7 @@ class Executor:
         self.profile: dict = defaultdict(lambda: [0, 0.0])
         self.kernel_calls = 0
         self._plans: dict = {}
+        self.constant_ids: set = set()      # constants handed out as outputs must be copied
         self.plan = self._plan(graph)
 
     def run(self, args: list) -> list:
@@ -73,7 +74,8 @@ class Executor:
         for i, n in enumerate(g.nodes):
             if n.op == "constant":
                 # converted once: constants then cross into regions without per-call copies
-                p.template[slot[n.outputs[0]]] = to_tvm(n.attrs.value)
+                t = p.template[slot[n.outputs[0]]] = to_tvm(n.attrs.value)
+                self.constant_ids.add(id(t))
                 continue
             ins = [slot[v] for v in n.inputs]
             outs = [slot[v] for v in n.outputs]
@@ -193,8 +195,13 @@ class Executor:
                 res = body.run([r[t] for r in rows] + states + caps)
                 if bufs is None:
                     bufs = [aligned_empty((length,) + tuple(r.shape), _dtype(r)) for r in res[:no]]
-                for buf, r in zip(bufs, res[:no]):
-                    buf[t] = to_numpy(r)
+                for k, (buf, r) in enumerate(zip(bufs, res[:no])):
+                    r = to_numpy(r)
+                    if r.shape != buf.shape[1:]:
+                        raise ValueError(f"foreach: step output {k} changed shape between iterations "
+                                         f"({list(buf.shape[1:])} then {list(r.shape)}); per-step outputs "
+                                         "are stacked and must keep one shape")
+                    buf[t] = r
                 states = res[no:]
             if bufs is None:
                 env: dict = {}

@@ -37,9 +37,13 @@ def check_inputs(graph: Graph, args: tuple) -> list:
         if not isinstance(x, np.ndarray):
             if isinstance(x, (int, float, bool, list, tuple, np.generic)):
                 try:
-                    x = np.asarray(x, dtype=t.dtype)
+                    a = np.asarray(x)
                 except (TypeError, ValueError) as e:
                     raise InputError(f"{label}: cannot convert {type(x).__name__} to {t}: {e}") from None
+                if not np.can_cast(a.dtype, t.dtype, "same_kind"):
+                    raise InputError(f"{label}: a Python {type(x).__name__} ({a.dtype.name}) does not convert "
+                                     f"to {t} without losing data; pass a numpy array of {t.dtype}")
+                x = a.astype(t.dtype)
             elif hasattr(x, "__dlpack__"):
                 x = to_numpy(x)
             else:
@@ -134,7 +138,8 @@ class CompiledModel:
         ex = self._executor
         if validate or profile:
             ex = Executor(self.graph, self.vm, validate=validate, profile=profile)
-        outs = [to_numpy(o) for o in ex.run(arrays)]
+        consts = ex.constant_ids
+        outs = [np.array(to_numpy(o)) if id(o) in consts else to_numpy(o) for o in ex.run(arrays)]
         if profile:
             self.last_profile = {k: tuple(v) for k, v in ex.profile.items()}
         kind = self._out_kind

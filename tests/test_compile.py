@@ -186,3 +186,36 @@ def test_hybridize_compiles_once_per_signature(cache_dir):
     xs, h0 = np.ones((2, 1, 8), "float64"), np.zeros((1, 8), "float64")   # new dtype: a second compile
     assert_same(fast(xs, h0), rnn(xs, h0))
     assert len(fast.compiled) == 2
+
+
+def test_constant_outputs_are_copies(cache_dir):
+    """Mutating a returned constant (direct, from a branch, or a folded input-less region) must not
+    change later results."""
+    c = np.ones(4, "float32")
+
+    def fn(x):
+        return x + 1.0, F.cond(F.sum(x) > 0, lambda: c, lambda: c * 3.0), F.tanh(c * 2.0)
+    model = compile_once(fn, dt.TensorSpec((4,)), cache_dir=cache_dir)
+    assert not any(n.op == "region" and not n.inputs for n in model.graph.walk())
+    x = np.ones(4, "float32")
+    for out in model(x):
+        out[:] = 99.0
+    assert_same(model(x), fn(x))
+
+
+def test_python_scalar_inputs_must_not_lose_data(cache_dir):
+    model = compile_once(lambda i: i * 2, dt.TensorSpec((), "int64"), cache_dir=cache_dir)
+    assert int(model(3)) == 6
+    with pytest.raises(dt.InputError, match="does not convert to int64"):
+        model(3.7)
+
+
+def test_foreach_step_output_changing_shape_is_an_error(cache_dir):
+    def fn(x):
+        return F.foreach(lambda r, s: (F.boolean_mask(r, r > 0), s), x, [])[0]
+    model = compile_once(fn, dt.TensorSpec(("T", 4)), cache_dir=cache_dir)
+    x = np.array([[1, 2, -1, -1], [-1, -1, -1, 3]], "float32")
+    with pytest.raises(ValueError, match="step output 0 changed shape"):
+        model(x)
+    x = np.array([[1, 2, -1, -1], [-1, -1, 3, 3]], "float32")
+    assert_same(model(x), fn(x))
