@@ -15,14 +15,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from dyntvm.codegen.cpu_schedule import build_cpu, cpu_target  # first: sets TVM_NUM_THREADS
 
-from codegen.cpu_schedule import build_cpu, cpu_target  # noqa: E402  (sets TVM_NUM_THREADS)
-
-import numpy as np  # noqa: E402
+import numpy as np  # noqa: E402  (after the import above, on purpose)
 import tvm  # noqa: E402
 from tvm import relax, tirx  # noqa: E402
 from tvm.relax import op as R  # noqa: E402

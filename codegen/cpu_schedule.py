@@ -31,11 +31,11 @@ from tvm.s_tir import SBlock, SBlockRealize
 
 _LOG = logging.getLogger(__name__)
 
-# Work below which a kernel stays serial: loop iterations x arithmetic ops per iteration (capped
-# at _MAX_OPS: the printout the ops are counted on repeats shared subexpressions). Measured on the
-# 2-core Zen box, 2 threads vs 1 (launch ~1 us): x*(x+b) (2 ops) gains from 2 threads from ~128k
-# elements, the vectorized tanh (64, capped) from ~8k, softmax rows from ~8k, matmul (2 ops per
-# MAC) from ~128k MACs; below that the serial kernel is up to 1.4x faster.
+# Work below which a kernel stays serial: loop iterations x arithmetic ops per iteration (counted
+# on the printed block body, capped at _MAX_OPS). Measured on the 2-core Zen box, 2 threads vs 1
+# (a launch costs ~1 us): x*(x+b) (2 ops) gains from 2 threads from ~128k elements, the
+# vectorized tanh (~60 ops) and softmax rows from ~8k, matmul (2 ops per MAC) from ~128k MACs;
+# below that the serial kernel is up to 1.4x faster.
 PARALLEL_MIN_WORK = 1 << 18
 _MAX_OPS = 64
 _LIBM_CALL = re.compile(r"T\.(exp\w*|log\w*|tanh|sigmoid|erf|pow|a?sinh?|a?cosh?|a?tanh?)\(")
@@ -47,7 +47,6 @@ _INLINE_MAX_OPS = 8  # a producer with several consumers is inlined (recomputed)
 _MATMUL_MR = 4
 _TILE_COLS = {1: 128, 2: 128, 3: 64, 4: 64, 6: 32}
 _K_SPLIT = 4
-_COLS_OUTER = True  # column tiles outside row tiles (see _sched_matmul)
 
 
 def _physical_cores() -> int:
@@ -167,36 +166,52 @@ def _f32(value: float) -> tirx.PrimExpr:
     return tirx.const(value, "float32")
 
 
+def _let(value: tirx.PrimExpr, body: Callable, name: str = "t") -> tirx.PrimExpr:
+    """``body(v)`` with v bound to value once (a shared subexpression, not a copied tree)."""
+    var = tirx.Var(name, "float32")
+    return tirx.Let(var, value, body(var))
+
+
 def _exp_f32(v: tirx.PrimExpr) -> tirx.PrimExpr:
     """exp(v) as Cephes expf: n = round(v / ln2), r = v - n ln2 (ln2 in two parts, exact),
     degree-6 polynomial, times 2^n from exponent bits in two halves (n = 128 stays finite).
     Max rel. error 8e-8 against float64; inf / 0 outside the fp32 range; NaN propagates."""
-    x = tirx.max(tirx.min(v, _f32(88.72283905206835)), _f32(-87.33654475))
-    n = tirx.floor(x * _f32(1.44269504088896341) + _f32(0.5))
-    r = x - n * _f32(0.693359375) + n * _f32(2.12194440e-4)
-    p = _f32(1.9875691500e-4)
-    for c in (1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1):
-        p = p * r + _f32(c)
-
     def pow2(k):  # 2^k for an integer-valued k in [-126, 127]
         return tirx.reinterpret("float32", (tirx.Cast("int32", k) + 127) * 8388608)
 
-    half = tirx.floor(n * _f32(0.5))
-    out = (p * r * r + r + _f32(1.0)) * pow2(half) * pow2(n - half)
-    out = tirx.Select(v > _f32(88.72283905206835), _f32(float("inf")), out)
-    out = tirx.Select(v < _f32(-87.33654475), _f32(0.0), out)
-    return tirx.Select(tirx.isnan(v), v, out)
+    def with_n(x, n):
+        def with_r(r):
+            p = _f32(1.9875691500e-4)
+            for c in (1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1,
+                      5.0000001201e-1):
+                p = p * r + _f32(c)
+            half = tirx.floor(n * _f32(0.5))
+            return (p * r * r + r + _f32(1.0)) * pow2(half) * pow2(n - half)
+        return _let(x - n * _f32(0.693359375) + n * _f32(2.12194440e-4), with_r, "r")
+
+    def body(v):
+        out = _let(tirx.max(tirx.min(v, _f32(88.72283905206835)), _f32(-87.33654475)),
+                   lambda x: _let(tirx.floor(x * _f32(1.44269504088896341) + _f32(0.5)),
+                                  lambda n: with_n(x, n), "n"), "x")
+        out = tirx.Select(v > _f32(88.72283905206835), _f32(float("inf")), out)
+        out = tirx.Select(v < _f32(-87.33654475), _f32(0.0), out)
+        return tirx.Select(tirx.isnan(v), v, out)
+    return _let(v, body, "v")
 
 
 def _tanh_f32(v: tirx.PrimExpr) -> tirx.PrimExpr:
     """tanh(v) = sign(v) (1 - 2 / (exp(2|v|) + 1)); the odd Taylor series to v^11 below
     |v| = 0.25, where that form cancels. Max rel. error 2.6e-7, abs. 1e-7."""
-    big = _f32(1.0) - _f32(2.0) / (_exp_f32(tirx.abs(v) * _f32(2.0)) + _f32(1.0))
-    v2, poly = v * v, _f32(-1382.0 / 155925)
-    for c in (62.0 / 2835, -17.0 / 315, 2.0 / 15, -1.0 / 3):
-        poly = poly * v2 + _f32(c)
-    return tirx.Select(tirx.abs(v) < _f32(0.25), v + v * v2 * poly,
-                       tirx.Select(v < _f32(0.0), -big, big))
+    def body(v):
+        def with_big(big):
+            v2, poly = v * v, _f32(-1382.0 / 155925)
+            for c in (62.0 / 2835, -17.0 / 315, 2.0 / 15, -1.0 / 3):
+                poly = poly * v2 + _f32(c)
+            return tirx.Select(tirx.abs(v) < _f32(0.25), v + v * v2 * poly,
+                               tirx.Select(v < _f32(0.0), -big, big))
+        return _let(_f32(1.0) - _f32(2.0) / (_exp_f32(tirx.abs(v) * _f32(2.0)) + _f32(1.0)),
+                    with_big, "big")
+    return _let(v, body, "v")
 
 
 def _legalize_with(make_compute, op_name: str):
@@ -362,6 +377,17 @@ def _pick_tile(extent, target: int, lanes: int) -> int | None:
     return None
 
 
+def _vectorize_tile(sch: s_tir.Schedule, loop, extent: int, lanes: int, unroll: bool) -> None:
+    """Vectorizes a static loop as native-width vectors (the rest unrolled or a loop): LLVM
+    handles e.g. a <80 x float> badly (5 x 16 lanes: 8x faster at 16x256x1040)."""
+    vec = next(v for v in (lanes, 8, 4, 2, 1) if v <= lanes and extent % v == 0)
+    if 1 < vec < extent:
+        outer, loop = sch.split(loop, [None, vec])
+        if unroll:
+            sch.unroll(outer)
+    sch.vectorize(loop)
+
+
 def _vectorize_inner(sch: s_tir.Schedule, block, target) -> None:
     """Vectorizes a static innermost loop that the vector width divides. Symbolic or ragged
     loops are left to LLVM's loop vectorizer: a predicated TVM split would scalarize."""
@@ -448,20 +474,18 @@ def _sched_matmul(func, target, name: str, mr: int, parallel: bool) -> tirx.Prim
     k_ext = _extent(sch, k)
     ko, ki = (sch.split(k, [None, _K_SPLIT]) if isinstance(k_ext, int)
               and k_ext % _K_SPLIT == 0 and k_ext > _K_SPLIT else (k, None))
-    # Column tiles outside row tiles: a weight column panel (nr x K) is reused by every row tile
-    # while it sits in L2; io-outer re-streams the whole weight per row tile (3x slower at
-    # 64x256x1024, where the 1 MB weight exceeds L2).
-    outer = [*batch] + ([jo] if jo is not None and _COLS_OUTER else []) + [io] + (
-        [jo] if jo is not None and not _COLS_OUTER else [])
+    # Column tiles outside row tiles: a weight panel (K x nr) is reused by every row tile while
+    # it sits in L1/L2 (1.15-1.2x faster at 64x256x1024 and 256x512x512 than rows outside).
+    outer = [*batch] + ([jo] if jo is not None else []) + [io]
     sch.reorder(*outer, ko, *[lp for lp in (ki, ii) if lp is not None], ji)
-    # Epilogue per tile: the accumulator stays in registers/L1 and the intermediate buffer
-    # shrinks to the tile (CompactBufferAllocation); a plain matmul gets a cache tile.
-    # The accumulator tile is thread-local scratch ("local" scope).
+    # Epilogue per tile: the accumulator tile (thread-local scratch) stays in registers and the
+    # intermediate buffer shrinks to the tile (CompactBufferAllocation); a matmul writing the
+    # output directly gets a cache tile.
     epilogues = list(sch.get_consumers(mm))
-    if _writes_param(func, sch, mm) and not epilogues:
-        epilogues = [sch.cache_write(mm, 0, "local")]
-    else:
+    if not _writes_param(func, sch, mm):
         sch.set_scope(mm, 0, "local")
+    elif not epilogues:
+        epilogues = [sch.cache_write(mm, 0, "local")]
     for pad in pads:
         sch.compute_at(pad, outer[-1], preserve_unit_loops=True)
         _vectorize_inner(sch, pad, target)
@@ -478,16 +502,11 @@ def _sched_matmul(func, target, name: str, mr: int, parallel: bool) -> tirx.Prim
         if lp is not None:
             sch.unroll(lp)
     if nr is not None:
-        # Native-width vectors with the rest unrolled: LLVM handles e.g. <40 x float> badly.
-        vec = next(v for v in (lanes, 8, 4, 2, 1) if v <= lanes and nr % v == 0)
-        if 1 < vec < nr:
-            jv_o, ji = sch.split(ji, [None, vec])
-            sch.unroll(jv_o)
-        sch.vectorize(ji)
-        for epi in attached:
+        _vectorize_tile(sch, ji, nr, lanes, unroll=True)
+        for epi in attached:  # the epilogue stays a loop: unrolling it only costs compile time
             inner = sch.get_loops(epi)[-1]
             if _extent(sch, inner) == nr:
-                sch.vectorize(inner)
+                _vectorize_tile(sch, inner, nr, lanes, unroll=False)
     sch.decompose_reduction(mm, ko)  # only now: parallel/vectorize refuse a decomposed block
     return sch.mod["main"]
 
@@ -515,23 +534,27 @@ def _sched_reduction(func, target, parallel: bool) -> tirx.PrimFunc:
     last_loops = sch.get_loops(blocks[-1])
     n_lead = min(len(k) - len(k.lstrip("S")) for k in (_loop_kinds(sch, b) for b in blocks))
     ana = tvm.sym.Analyzer()
-    if n_lead == 0 or not all(ana.can_prove_equal(sch.get(lp).extent, sch.get(ref).extent)
-                              for b in blocks
-                              for lp, ref in zip(sch.get_loops(b)[:n_lead], last_loops)):
+    if n_lead == 0 and not rf_names:
+        raise ValueError("no leading spatial loop and nothing to vectorize")
+    if not all(ana.can_prove_equal(sch.get(lp).extent, sch.get(ref).extent) for b in blocks
+               for lp, ref in zip(sch.get_loops(b)[:n_lead], last_loops)):
         raise ValueError("blocks do not share their leading spatial loops")
-    row = sch.fuse(*last_loops[:n_lead]) if n_lead > 1 else last_loops[0]
-    for b in reversed(blocks[:-1]):
-        sch.compute_at(b, row)
-    if parallel:
-        sch.parallel(row)
+    if n_lead:
+        row = sch.fuse(*last_loops[:n_lead]) if n_lead > 1 else last_loops[0]
+        for b in reversed(blocks[:-1]):
+            sch.compute_at(b, row)
+        if parallel:
+            sch.parallel(row)
+    # else: a full reduction to a scalar, only vectorized (serial)
+    first = 1 if n_lead else 0
     for b in blocks:
-        inner = sch.get_loops(b)[1:]
-        if sch.get(b).name_hint in rf_names:  # compute_at re-created its loops in iter order
-            kinds = _loop_kinds(sch, b)[1:]
+        inner = sch.get_loops(b)[first:]
+        if sch.get(b).name_hint in rf_names:  # the lane loop is not innermost (yet)
+            kinds = _loop_kinds(sch, b)[first:]
             lane = [lp for lp, k in zip(inner, kinds) if k == "S" and _extent(sch, lp) > 1][-1]
             sch.reorder(*[lp for lp in inner if not lp.same_as(lane)], lane)
             sch.vectorize(lane)
-            inner = sch.get_loops(b)[1:]
+            inner = sch.get_loops(b)[first:]
         if "R" in _iter_kinds(sch, b):
             if inner:
                 sch.decompose_reduction(b, inner[0])
@@ -554,6 +577,17 @@ def _sched_column_reduction(func, target, parallel: bool) -> tirx.PrimFunc:
     if parallel and len(spatial) > 1:
         sch.parallel(sch.fuse(*spatial[:-1]) if len(spatial) > 2 else spatial[0])
     sch.decompose_reduction(block, red[0])
+    return sch.mod["main"]
+
+
+def _sched_decompose(func) -> tirx.PrimFunc:
+    """Last resort for reductions: only hoist each init out of its loop nest. Unscheduled, the
+    init runs at the first reduction step, so a reduction over an empty domain (sum of a
+    (0, 4) tensor over axis 0) returned uninitialized memory."""
+    sch = s_tir.Schedule(func)
+    for block in _blocks(sch):
+        if "R" in _iter_kinds(sch, block) and sch.get_loops(block):
+            sch.decompose_reduction(block, sch.get_loops(block)[0])
     return sch.mod["main"]
 
 
@@ -602,6 +636,8 @@ def _schedule_func(func: tirx.PrimFunc, target) -> tirx.PrimFunc:
         rules.append(("column_reduction", by_size(_sched_column_reduction)))
     rules.append(("row_reduction", by_size(_sched_reduction)) if reductions
                  else ("injective", by_size(_sched_injective)))
+    if reductions:
+        rules.append(("decompose_only", lambda: _sched_decompose(func)))
     for label, rule in rules:
         try:
             new = rule()

@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import os
-import sys
+import numpy as np
+import pytest
+import tvm
+from tvm import relax, tirx
+from tvm.relax import op as R
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import tvm  # noqa: E402
-from tvm import relax, tirx  # noqa: E402
-from tvm.relax import op as R  # noqa: E402
-
-from codegen import cpu_schedule  # noqa: E402
-from codegen.cpu_schedule import build_cpu, cpu_target, schedule_module  # noqa: E402
+from dyntvm.codegen import cpu_schedule
+from dyntvm.codegen.cpu_schedule import build_cpu, cpu_target, schedule_module
 
 RTOL, ATOL = 1e-4, 1e-5
 RNG = np.random.default_rng(42)
@@ -57,7 +52,8 @@ def no_rule_failures(request, caplog):
     with caplog.at_level("DEBUG", logger=cpu_schedule.__name__):
         yield
     if request.node.name not in ("test_failing_rule_leaves_primfunc_unchanged",
-                                 "test_reductions_over_leading_axes"):
+                                 "test_reductions_over_leading_axes",
+                                 "test_empty_reductions_are_initialized"):
         failed = [r.getMessage() for r in caplog.get_records("call") if "rule failed" in r.getMessage()]
         assert not failed, failed[0][:2000]
 
@@ -215,6 +211,7 @@ def test_failing_rule_leaves_primfunc_unchanged(target, monkeypatch):
     monkeypatch.setattr(cpu_schedule, "_sched_matmul", boom)
     monkeypatch.setattr(cpu_schedule, "_sched_reduction", boom)
     monkeypatch.setattr(cpu_schedule, "_sched_column_reduction", boom)
+    monkeypatch.setattr(cpu_schedule, "_sched_decompose", boom)
     after = schedule_module(lowered, target)
     for gv, func in lowered.functions_items():
         if isinstance(func, tirx.PrimFunc):
@@ -309,6 +306,28 @@ def test_reductions(target):
     x0 = rand(0, 512)
     check(run(vm, "softmax", x0), x0)
     check(run(vm, "cols", x0), np.zeros(512, "float32"))
+
+
+def test_empty_reductions_are_initialized(target):
+    """Reductions over an empty domain return the identity (TVM's unscheduled lowering runs the
+    init inside the loop and returned uninitialized memory)."""
+    mod = make_module([
+        ("all", [("x", (sym("n"),), "float32")], lambda x: R.sum(x)),
+        ("all2", [("x", (sym("n"), 64), "float32")], lambda x: R.sum(x)),
+        ("cols", [("x", (sym("n"), 4), "float32")], lambda x: R.sum(x, axis=0)),
+        ("rows", [("x", (3, sym("n")), "float32")], lambda x: R.sum(x, axis=1)),
+        ("mm", [("x", (2, sym("k")), "float32"), ("y", (sym("k"), 5), "float32")], R.matmul),
+    ])
+    vm = relax.VirtualMachine(build_cpu(mod, target), tvm.cpu())
+    for _ in range(3):  # dirty the allocator's memory in between
+        run(vm, "all", rand(4096))
+        check(run(vm, "all", rand(0)), np.float32(0))
+        check(run(vm, "all2", rand(0, 64)), np.float32(0))
+        check(run(vm, "cols", rand(0, 4)), np.zeros(4, "float32"))
+        check(run(vm, "rows", rand(3, 0)), np.zeros(3, "float32"))
+        check(run(vm, "mm", rand(2, 0), rand(0, 5)), np.zeros((2, 5), "float32"))
+    x = rand(1000)
+    check(run(vm, "all", x), x.sum(), atol=1e-3)
 
 
 def test_reductions_over_leading_axes(target):
