@@ -76,7 +76,8 @@ def make_cases(quick: bool):
         relax.const(bias, "float32"))))
     cell = bb.get()
     for b in (1, 16):
-        cases.append((f"lstm-cell tanh(xW+hU+b) B={b}", cell, "cell", [_rand(b, 256), _rand(b, 256)],
+        cases.append((f"lstm-cell tanh(xW+hU+b) B={b}", cell, "cell",
+                      [_rand(b, 256), _rand(b, 256)],
                       lambda x, h: np.tanh(x @ wx + h @ wh + bias), 2 * b * 256 * 1024 * 2))
 
     # Row reductions over (n, 512), n symbolic.
@@ -192,8 +193,8 @@ def main():
             t1 = time.perf_counter()
             ours_ex = build_cpu(mod, target)
             t2 = time.perf_counter()
-            built[id(mod)] = (relax.VirtualMachine(base_ex, dev), relax.VirtualMachine(ours_ex, dev),
-                              t1 - t0, t2 - t1)
+            built[id(mod)] = (relax.VirtualMachine(base_ex, dev),
+                              relax.VirtualMachine(ours_ex, dev), t1 - t0, t2 - t1)
         base_vm, ours_vm, _, _ = built[id(mod)]
         targs = [tvm.runtime.tensor(a, dev) for a in args]
         out = ours_vm[fname](*targs).numpy()

@@ -8,9 +8,11 @@ injective kernels are fused, parallel outside and vectorized inside.
 
 Symbolic dims get runtime dispatch: a rule builds several variants of a kernel and the PrimFunc
 picks one with an ``if`` on the actual sizes, so small kernels stay serial (a parallel launch
-costs ~2 us) and a matmul goes from a 1-row (GEMV) tile to a 4-row tile as the batch grows. A rule
-that raises leaves its PrimFunc as it was. ``build_cpu`` also legalizes fp32 exp/tanh/sigmoid/
-softmax/log_softmax to math LLVM vectorizes (TVM's lowering calls scalar ``expf``, ~2 ns each).
+costs ~1-2 us) and a matmul goes from a 1-row (GEMV) tile to a 4-row tile as the batch grows. A
+rule that raises leaves its PrimFunc as it was (reductions still get their init hoisted: TVM's
+unscheduled lowering returned garbage for a reduction over an empty domain). ``build_cpu`` also
+legalizes fp32 exp/tanh/sigmoid/softmax/log_softmax to math LLVM vectorizes (TVM's lowering
+calls scalar ``expf``, ~2 ns each), and marks VMShapeLower's ``shape_func`` noalias (see there).
 
 Thread pool: on x86 TVM uses half of ``hardware_concurrency`` (it assumes SMT): ONE thread on a
 2-core machine without SMT. Importing this module sets ``TVM_NUM_THREADS`` to the physical core
