@@ -87,6 +87,17 @@ def converter(*names):
     return deco
 
 
+def _provably_equal(analyzer, a, b) -> bool:
+    if isinstance(a, tirx.IntImm) and isinstance(b, tirx.IntImm):
+        return int(a.value) == int(b.value)
+    if tvm_ffi.structural_equal(a, b):
+        return True
+    try:
+        return bool(analyzer.can_prove_equal(a, b))
+    except Exception:   # noqa: BLE001 - dtype mismatches and the like: not provable
+        return False
+
+
 # ------------------------------------------------------------------------------------- context
 def _names(tree) -> set:
     """Symbol names in a parsed dim (function names of min(...)/max(...) excluded)."""
@@ -223,27 +234,13 @@ class ConvertContext:
             a = tirx.IntImm(I64, a)
         if isinstance(b, int):
             b = tirx.IntImm(I64, b)
-        if isinstance(a, tirx.IntImm) and isinstance(b, tirx.IntImm):
-            return int(a.value) == int(b.value)
-        if tvm_ffi.structural_equal(a, b):
-            return True
-        try:
-            return bool(self.analyzer.can_prove_equal(a, b))
-        except Exception:   # noqa: BLE001 - dtype mismatches and the like: not provable
-            return False
+        return _provably_equal(self.analyzer, a, b)
 
     def relax_equal(self, a, b) -> bool:
         """Provably a == b the way Relax's shape inference sees it (structurally, or by an analyzer
         that knows nothing about the vars): where this is False, converters make the equality
         explicit (match_cast) so that Relax can infer the result shape."""
-        if isinstance(a, tirx.IntImm) and isinstance(b, tirx.IntImm):
-            return int(a.value) == int(b.value)
-        if tvm_ffi.structural_equal(a, b):
-            return True
-        try:
-            return bool(self._plain.can_prove_equal(a, b))
-        except Exception:   # noqa: BLE001
-            return False
+        return _provably_equal(self._plain, a, b)
 
     def positive(self, a) -> bool:
         if isinstance(a, int):

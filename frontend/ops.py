@@ -10,7 +10,6 @@ import builtins
 import numpy as np
 
 from ..ir import ops as O
-from ..ir.types import is_symbol
 from ..runtime.kernels import KERNELS, NEEDS_ENV
 from .tracer import Tensor, as_array, current, trace_error, tracing
 

@@ -17,7 +17,7 @@ from dyntvm.errors import TraceError
 from ..ir.graph import Graph, Node, Value, assign_names, canonicalize_unknown_dims
 from ..ir.ops import ConstantAttrs, ShapeError, attr_symbols, get_op
 from ..ir.tree import tree_flatten, tree_unflatten
-from ..ir.types import TensorType, as_shape_dim, is_symbol, normalize_dtype
+from ..ir.types import TensorType, as_shape_dim, is_symbol
 
 _PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _PKG_DIRS = tuple(os.path.join(_PKG_ROOT, d) + os.sep for d in ("dyntvm", "ir", "frontend", "partition",

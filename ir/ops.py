@@ -6,7 +6,7 @@ the API and the user's source line.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any, Callable
 
 import numpy as np

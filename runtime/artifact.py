@@ -156,7 +156,8 @@ def _read_folder(folder: str, label: str) -> tuple[dict, object]:
             manifest = json.load(f)
         fmt = manifest["format_version"]
         files = dict(manifest["files"])
-        target = manifest["target"]
+        if not isinstance(manifest["target"], str):
+            raise ValueError(f"target must be a string, got {manifest['target']!r}")
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
         raise ArtifactError(f"{label}: manifest.json is corrupt: {e}") from e
     if not isinstance(fmt, int) or fmt > FORMAT_VERSION:

@@ -16,8 +16,7 @@ import numpy as np
 from dyntvm.errors import CompileError
 
 from ..ir.graph import Graph, Node
-from ..ir.types import eval_dim, is_symbol
-from .interpreter import Interpreter, bind_symbols, last_uses, zero_length_stack
+from .interpreter import Interpreter, bind_symbols, last_uses, stack_steps, zero_length_stack
 from .kernels import KERNELS, NEEDS_ENV
 from .tensors import aligned_empty, aligned_rows, to_numpy, to_tvm
 
@@ -217,7 +216,7 @@ class Executor:
         a = n.attrs
         cond_p, body_p = (self._plan(s) for s in n.subgraphs)
         nv, no = a.num_vars, a.num_outputs
-        out_types = [v.type for v in n.subgraphs[1].outputs[:no]]
+        body_graph = n.subgraphs[1]
         has_t, static_max = a.has_max_tensor, a.max_iterations
 
         def run(slots):
@@ -232,18 +231,10 @@ class Executor:
                     acc.append(to_numpy(r))
                 vars_ = res[no:]
                 it += 1
-            if it:
-                stacked = []
-                for k, acc in enumerate(steps):
-                    if len({x.shape for x in acc}) > 1:
-                        raise ValueError(f"while_loop: step output {k} changed shape between iterations; "
-                                         "per-step outputs are stacked and must keep one shape")
-                    stacked.append(np.stack(acc))
-            else:
-                env: dict = {}
-                for v, s in zip(n.subgraphs[1].inputs, vars_ + caps):
-                    bind_symbols(v.type, tuple(s.shape), env)
-                stacked = [zero_length_stack(t, env) for t in out_types]
+            try:
+                stacked = stack_steps(body_graph, steps, it, [tuple(x.shape) for x in vars_ + caps])
+            except ValueError as e:
+                raise ValueError(f"while_loop: {e}") from None
             for o, r in zip(outs, stacked + list(vars_)):
                 slots[o] = r
         return run

@@ -158,19 +158,25 @@ class Interpreter:
         return self._stack(body, steps, it, [np.shape(x) for x in loop_vars + caps]) + loop_vars
 
     def _stack(self, body: Graph, steps: list, length: int, body_shapes: list) -> list:
-        if length:
-            out = []
-            for k, acc in enumerate(steps):
-                shapes = {np.shape(r) for r in acc}
-                if len(shapes) > 1:
-                    raise ValueError(f"step output {k} changed shape between iterations ({sorted(shapes)}); "
-                                     "per-step outputs are stacked and must keep one shape")
-                out.append(np.stack(acc))
-            return out
-        env: dict = {}
-        for v, shape in zip(body.inputs, body_shapes):
-            bind_symbols(v.type, shape, env)
-        return [zero_length_stack(v.type, env) for v in body.outputs[:len(steps)]]
+        return stack_steps(body, steps, length, body_shapes)
+
+
+def stack_steps(body: Graph, steps: list, length: int, body_shapes: list) -> list:
+    """Stack each per-step output list; zero steps give empty stacks shaped from `body`'s types
+    (symbols bound from the shapes the body would have been called with)."""
+    if length:
+        out = []
+        for k, acc in enumerate(steps):
+            shapes = {np.shape(r) for r in acc}
+            if len(shapes) > 1:
+                raise ValueError(f"step output {k} changed shape between iterations ({sorted(shapes)}); "
+                                 "per-step outputs are stacked and must keep one shape")
+            out.append(np.stack(acc))
+        return out
+    env: dict = {}
+    for v, shape in zip(body.inputs, body_shapes):
+        bind_symbols(v.type, shape, env)
+    return [zero_length_stack(v.type, env) for v in body.outputs[:len(steps)]]
 
 
 def run_reference(graph: Graph, *args):

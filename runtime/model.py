@@ -10,7 +10,7 @@ from dyntvm.errors import InputError
 
 from ..ir.graph import Graph
 from ..ir.tree import tree_flatten, tree_str, tree_unflatten
-from ..ir.types import TensorType, eval_dim, is_symbol
+from ..ir.types import is_symbol
 from .executor import Executor
 from .tensors import to_numpy
 

@@ -112,7 +112,6 @@ def test_detection_empty_and_full(traced):
 
 
 def test_branchy_every_branch(traced):
-    from dyntvm.examples import branchy
     ex, _ = traced("branchy")
     widths, row_signs = set(), set()
     inputs = [ex.make_inputs(np.random.default_rng(i), **s) for i, s in enumerate(ex.test_sizes)]
