@@ -616,21 +616,48 @@ def _constant(bb, node, args, ctx):
 
 
 # ------------------------------------------------------------------------------------- unary
-def _float_unary(fn):
+_FLOAT_UNARY: dict = {}      # Relax builders of float-unary ops that are not simply R.<name>
+
+
+def float_unary(name):
+    def deco(fn):
+        _FLOAT_UNARY[name] = fn
+        return fn
+    return deco
+
+
+# numpy reference is 1 / sqrt(x): both correctly rounded, so this is bit-exact.
+float_unary("rsqrt")(lambda x: R.divide(_const(1, _dtype(x)), R.sqrt(x)))
+float_unary("gelu")(lambda x: R.nn.gelu(x))          # erf form, like the reference
+
+
+def _float_unary(name):
+    fn = _FLOAT_UNARY.get(name) or getattr(R, name)
+
     def conv(bb, node, args, ctx):
-        return [fn(bb, _float_in(args[0]))]
+        return [fn(_float_in(args[0]))]
     return conv
 
 
-for _name, _fn in {
-    "exp": lambda bb, x: R.exp(x), "log": lambda bb, x: R.log(x), "sqrt": lambda bb, x: R.sqrt(x),
-    # numpy reference is 1 / sqrt(x): both correctly rounded, so this is bit-exact.
-    "rsqrt": lambda bb, x: R.divide(_const(1, _dtype(x)), R.sqrt(x)),
-    "tanh": lambda bb, x: R.tanh(x), "sigmoid": lambda bb, x: R.sigmoid(x),
-    "gelu": lambda bb, x: R.nn.gelu(x),          # erf form, like the reference
-    "erf": lambda bb, x: R.erf(x), "sin": lambda bb, x: R.sin(x), "cos": lambda bb, x: R.cos(x),
-}.items():
-    CONVERTERS[_name] = _float_unary(_fn)
+for _name in O.ops_in(O.Group.FLOAT_UNARY):
+    converter(_name)(_float_unary(_name))
+
+
+@converter("clip")
+def _clip(bb, node, args, ctx):
+    # np.clip is minimum(maximum(x, a_min), a_max): written with selects so that NaN stays NaN (TVM's
+    # max/min may drop a NaN operand) and a_min > a_max gives a_max everywhere, like numpy.
+    x = args[0]
+    dt = _dtype(x)
+    y = _cast(x, "int8") if dt == "bool" else x
+    cdt = _dtype(y)
+    if node.attrs.a_min is not None:
+        lo = _const(np.asarray(node.attrs.a_min).astype(dt), cdt)
+        y = R.where(R.less(y, lo), lo, y)
+    if node.attrs.a_max is not None:
+        hi = _const(np.asarray(node.attrs.a_max).astype(dt), cdt)
+        y = R.where(R.greater(y, hi), hi, y)
+    return [_cast(y, dt)]
 
 
 @converter("neg")
@@ -734,7 +761,7 @@ def _bool_arith(bb, node, args, ctx, name):
     return R.not_equal(R.astype(a, "int8"), R.astype(b, "int8"))
 
 
-for _name in O.BINARY_ARITH:
+for _name in O.ops_in(O.Group.ARITH):
     CONVERTERS[_name] = _arith(_name)
 
 
@@ -755,7 +782,7 @@ def _compare(name):
     return conv
 
 
-for _name in O.BINARY_COMPARE:
+for _name in O.ops_in(O.Group.COMPARE):
     CONVERTERS[_name] = _compare(_name)
 
 
@@ -829,7 +856,7 @@ def _reduce(name):
     return conv
 
 
-for _name in O.REDUCE:
+for _name in O.ops_in(O.Group.REDUCE):
     CONVERTERS[_name] = _reduce(_name)
 
 

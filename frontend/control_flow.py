@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir import ops as O
+from ..ir import attrs as A
 from ..ir.graph import Graph, Node, Value
+from ..ir.shapes import ShapeError, unify_dims
 from ..ir.tree import tree_flatten, tree_str, tree_unflatten
 from ..ir.types import TensorType, dim_symbols, fresh_dim, join_types
 from .tracer import Builder, Tensor, as_array, current, finish_outputs, trace_error, tracing, user_source
@@ -111,7 +112,7 @@ def cond(pred, then_fn, else_fn):
     caps = union_captures(subs)
     b = current()
     pv = b.lift(pred.value) if isinstance(pred, Tensor) else b.constant(as_array(pred))
-    outs = _emit("cond", O.CondAttrs(len(out_types)), [pv] + caps, out_types,
+    outs = _emit("cond", A.CondAttrs(len(out_types)), [pv] + caps, out_types,
                  [subs[0].graph(caps, "then"), subs[1].graph(caps, "else")])
     return tree_unflatten(subs[0].spec, outs)
 
@@ -163,7 +164,7 @@ def case(cases, default):
     for i, (ps, fs) in enumerate(zip(preds, subs)):
         graphs += [ps.graph(caps, f"pred{i}"), fs.graph(caps, f"branch{i}")]
     graphs.append(subs[-1].graph(caps, "default"))
-    outs = _emit("case", O.CaseAttrs(len(cases), len(out_types)), caps, out_types, graphs)
+    outs = _emit("case", A.CaseAttrs(len(cases), len(out_types)), caps, out_types, graphs)
     return tree_unflatten(subs[0].spec, outs)
 
 
@@ -222,8 +223,8 @@ def foreach(body, data, init_states):
     length = lengths[0]
     try:                     # unknown dims may agree at run time; the interpreter checks
         for n in lengths[1:]:
-            length = O._equal_dim(length, n, "foreach")
-    except O.ShapeError:
+            length = unify_dims(length, n, "foreach")
+    except ShapeError:
         raise trace_error(f"foreach: data tensors must have the same length (axis 0); got lengths "
                           f"{', '.join(map(str, lengths))}") from None
     slice_types = [TensorType(t.shape[1:], t.dtype) for t in d_types]
@@ -251,7 +252,7 @@ def foreach(body, data, init_states):
     b = current()
     ins = _flat_values(b, data_leaves) + _flat_values(b, st_leaves) + caps
     out_types = [_stacked_type(length, v.type, varying) for v in sub.outputs[:n_out]] + st_types
-    outs = _emit("foreach", O.ForeachAttrs(len(data_leaves), len(st_leaves), n_out), ins, out_types,
+    outs = _emit("foreach", A.ForeachAttrs(len(data_leaves), len(st_leaves), n_out), ins, out_types,
                  [sub.graph(caps, "body")])
     return _split_result(sub.spec, outs, n_out)
 
@@ -394,7 +395,7 @@ def while_loop(cond_fn, body_fn, loop_vars, max_iterations=None):
         static_max = _static_int("while_loop", max_iterations)
     n_iter = fresh_dim()
     out_types = [_stacked_type(n_iter, v.type, varying) for v in sub.outputs[:n_out]] + types
-    outs = _emit("while_loop", O.WhileAttrs(len(lv_leaves), n_out, static_max, has_t), ins + caps, out_types,
+    outs = _emit("while_loop", A.WhileAttrs(len(lv_leaves), n_out, static_max, has_t), ins + caps, out_types,
                  [csub.graph(caps, "cond"), sub.graph(caps, "body")])
     outputs = tree_unflatten(sub.spec[1][0], outs[:n_out])
     return outputs, tree_unflatten(lv_spec, outs[n_out:])

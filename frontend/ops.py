@@ -9,8 +9,9 @@ import builtins
 
 import numpy as np
 
+from ..ir import attrs as A
 from ..ir import ops as O
-from ..runtime.kernels import KERNELS, NEEDS_ENV
+from ..runtime.kernels import run_kernel
 from .tracer import Tensor, as_array, current, trace_error, tracing
 
 _abs = builtins.abs
@@ -45,7 +46,7 @@ def apply(api: str, op: str, args: list, attrs=None):
     """Run (eager) or record (tracing) `op` on `args`; returns a list of outputs.
 
     Ops without tensor inputs (`full`, `arange`) are recorded whenever a trace is active."""
-    attrs = O.NoAttrs() if attrs is None else attrs
+    attrs = A.NoAttrs() if attrs is None else attrs
     for a in args:
         if isinstance(a, str):
             raise trace_error(f"{api}: got the symbolic dim {a!r} where a tensor is expected; use "
@@ -56,79 +57,57 @@ def apply(api: str, op: str, args: list, attrs=None):
         b = current()
         vals = [a.value if isinstance(a, Tensor) else b.constant(as_array(a)) for a in args]
         return [Tensor(v, b) for v in b.emit(op, vals, attrs, api=api)]
-    arrays = [as_array(a) for a in args]
-    fn = KERNELS[op]
-    if op in NEEDS_ENV:
-        return list(fn(attrs, *arrays, env={}))
-    return list(fn(attrs, *arrays))
+    return list(run_kernel(op, attrs, [as_array(a) for a in args]))
 
 
 def _one(api, op, args, attrs=None):
     return apply(api, op, args, attrs)[0]
 
 
-def _unary(name):
-    def f(x):
-        return _one(name, name, [x])
-    f.__name__ = name
-    f.__doc__ = f"Elementwise {name} (numpy semantics)."
+def _generated(opdef):
+    """The `F` function of a registered op: ``F.<api>(*tensors, *attrs fields)`` (the attrs class
+    normalises its fields, e.g. an int axis to a tuple)."""
+    import dataclasses
+    import inspect
+    n_in, attrs_cls = opdef.num_inputs, opdef.attrs
+    tensor_names = ["x"] if n_in == 1 else ["a", "b"] if n_in == 2 else [f"x{i}" for i in range(n_in)]
+    if opdef.name == "where":
+        tensor_names = ["cond", "x", "y"]
+    elif opdef.name == "take":
+        tensor_names = ["x", "indices"]
+    elif opdef.name == "layer_norm":
+        tensor_names = ["x", "gamma", "beta"]
+    fields = dataclasses.fields(attrs_cls)
+    P = inspect.Parameter
+    params = [P(t, P.POSITIONAL_OR_KEYWORD) for t in tensor_names] + [
+        P(f.name, P.POSITIONAL_OR_KEYWORD, **({} if f.default is dataclasses.MISSING else {"default": f.default}))
+        for f in fields]
+    sig = inspect.Signature(params)
+    op, api, promote = opdef.name, opdef.api, opdef.promote_scalars
+
+    def f(*args, **kwargs):
+        try:
+            bound = sig.bind(*args, **kwargs)
+        except TypeError as e:
+            raise trace_error(f"{api}: {e}; signature is {api}{sig}") from None
+        bound.apply_defaults()
+        vals = list(bound.arguments.values())
+        tensors = vals[:n_in]
+        try:
+            attrs = attrs_cls(*vals[n_in:])
+        except (TypeError, ValueError) as e:
+            raise trace_error(f"{api}: {e}") from None
+        return _one(api, op, _prep(tensors) if promote else tensors, attrs)
+    f.__name__ = f.__qualname__ = api
+    f.__signature__ = sig
+    f.__doc__ = opdef.doc
+    f.__module__ = __name__
     return f
 
 
-def _binary(name):
-    def f(a, b):
-        return _one(name, name, _prep([a, b]))
-    f.__name__ = name
-    f.__doc__ = f"Elementwise {name} with numpy broadcasting."
-    return f
-
-
-neg, abs, exp, log, sqrt, rsqrt, tanh, sigmoid, relu, gelu, erf, sin, cos, floor, ceil, round, sign, \
-    logical_not, isnan = [_unary(n) for n in ["neg", "abs", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid",
-                                              "relu", "gelu", "erf", "sin", "cos", "floor", "ceil", "round",
-                                              "sign", "logical_not", "isnan"]]
-add, subtract, multiply, divide, power, maximum, minimum, equal, not_equal, less, less_equal, greater, \
-    greater_equal, logical_and, logical_or = [_binary(n) for n in [
-        "add", "subtract", "multiply", "divide", "power", "maximum", "minimum", "equal", "not_equal", "less",
-        "less_equal", "greater", "greater_equal", "logical_and", "logical_or"]]
-negative = neg
-
-
-def where(cond, x, y):
-    """`np.where(cond, x, y)`; `cond` must be bool."""
-    return _one("where", "where", [cond] + _prep([x, y]))
-
-
-def matmul(a, b):
-    """`np.matmul`: batched and broadcasting."""
-    return _one("matmul", "matmul", _prep([a, b]))
-
-
-def _axes(axis):
-    if axis is None:
-        return None
-    return (int(axis),) if isinstance(axis, (int, np.integer)) else tuple(int(x) for x in axis)
-
-
-def _reduction(name):
-    def f(x, axis=None, keepdims=False):
-        return _one(name, name, [x], O.ReduceAttrs(_axes(axis), bool(keepdims)))
-    f.__name__ = name
-    f.__doc__ = f"`np.{name}(x, axis, keepdims)`."
-    return f
-
-
-sum, mean, max, min, prod = [_reduction(n) for n in ["sum", "mean", "max", "min", "prod"]]
-
-
-def argmax(x, axis=None, keepdims=False):
-    """`np.argmax` as int64."""
-    return _one("argmax", "argmax", [x], O.ArgReduceAttrs(None if axis is None else int(axis), bool(keepdims)))
-
-
-def argmin(x, axis=None, keepdims=False):
-    """`np.argmin` as int64."""
-    return _one("argmin", "argmin", [x], O.ArgReduceAttrs(None if axis is None else int(axis), bool(keepdims)))
+_F = {d.api: _generated(d) for d in O.all_ops().values() if d.api}     # generated F functions
+globals().update(_F)
+negative, astype = _F["neg"], _F["cast"]
 
 
 def _dims(shape, api):
@@ -153,27 +132,12 @@ def reshape(x, shape):
     gives a data-dependent reshape."""
     if isinstance(shape, (Tensor, np.ndarray)) and (isinstance(shape, Tensor) or isinstance(x, Tensor)):
         return _one("reshape", "reshape_dyn", [x, shape])
-    return _one("reshape", "reshape", [x], O.ReshapeAttrs(_dims(shape, "reshape")))
-
-
-def transpose(x, axes=None):
-    """`np.transpose`."""
-    return _one("transpose", "transpose", [x], O.TransposeAttrs(None if axes is None else tuple(int(a) for a in axes)))
-
-
-def expand_dims(x, axis):
-    """`np.expand_dims` with one axis."""
-    return _one("expand_dims", "expand_dims", [x], O.AxisAttrs(int(axis)))
-
-
-def squeeze(x, axis=None):
-    """`np.squeeze`."""
-    return _one("squeeze", "squeeze", [x], O.AxesAttrs(_axes(axis)))
+    return _one("reshape", "reshape", [x], A.ShapeAttrs(_dims(shape, "reshape")))
 
 
 def concat(xs, axis=0):
     """`np.concatenate`."""
-    return _one("concat", "concat", _prep(list(xs)), O.AxisAttrs(int(axis)))
+    return _one("concat", "concat", _prep(list(xs)), A.AxisAttrs(int(axis)))
 
 
 concatenate = concat
@@ -181,13 +145,13 @@ concatenate = concat
 
 def stack(xs, axis=0):
     """`np.stack`."""
-    return _one("stack", "stack", _prep(list(xs)), O.AxisAttrs(int(axis)))
+    return _one("stack", "stack", _prep(list(xs)), A.AxisAttrs(int(axis)))
 
 
 def split(x, sections, axis=0):
     """`np.split`: `sections` is a count of equal parts or a list of split indices. Returns a list."""
     sec = int(sections) if isinstance(sections, (int, np.integer)) else tuple(int(s) for s in sections)
-    return apply("split", "split", [x], O.SplitAttrs(sec, int(axis)))
+    return apply("split", "split", [x], A.SplitAttrs(sec, int(axis)))
 
 
 def slice(x, starts, stops, steps=None, axes=None):
@@ -200,7 +164,7 @@ def slice(x, starts, stops, steps=None, axes=None):
             return None if v is None else int(v)
         raise trace_error(f"slice: bounds and steps must be Python ints or None, got {v!r}; for a "
                           "data-dependent range use F.take(x, F.arange(start, stop)) or F.boolean_mask")
-    return _one("slice", "slice", [x], O.SliceAttrs(axes, tuple(map(norm, starts)), tuple(map(norm, stops)),
+    return _one("slice", "slice", [x], A.SliceAttrs(axes, tuple(map(norm, starts)), tuple(map(norm, stops)),
                                                     tuple(norm(s) for s in steps)))
 
 
@@ -217,7 +181,7 @@ def getitem(x, idx):
         i = idx[0]
         if np.dtype(i.dtype) == np.bool_:
             return boolean_mask(x, i)
-        return take(x, i, axis=0)
+        return _F["take"](x, i, axis=0)
     ndim = x.ndim if isinstance(x, Tensor) else np.ndim(x)
     n_real = builtins.sum(1 for i in idx if i is not None and i is not Ellipsis)
     if n_real > ndim:
@@ -254,25 +218,20 @@ def getitem(x, idx):
         ax += 1
     y = slice(x, starts, stops, steps, axes) if axes else x
     if squeeze_axes:
-        y = squeeze(y, tuple(squeeze_axes))
+        y = _F["squeeze"](y, tuple(squeeze_axes))
     for p in new_axes:
-        y = expand_dims(y, p)
+        y = _F["expand_dims"](y, p)
     return y
-
-
-def take(x, indices, axis=0):
-    """`np.take(x, indices, axis)`; indices must be in range."""
-    return _one("take", "take", [x, indices], O.AxisAttrs(int(axis)))
 
 
 def embedding(ids, weight):
     """Embedding lookup: `weight[ids]`."""
-    return take(weight, ids, axis=0)
+    return _F["take"](weight, ids, axis=0)
 
 
 def broadcast_to(x, shape):
     """`np.broadcast_to` (materialized)."""
-    return _one("broadcast_to", "broadcast_to", [x], O.ShapeAttrs(_dims(shape, "broadcast_to")))
+    return _one("broadcast_to", "broadcast_to", [x], A.ShapeAttrs(_dims(shape, "broadcast_to")))
 
 
 def flatten(x, start_axis=0, end_axis=-1):
@@ -288,47 +247,30 @@ def flatten(x, start_axis=0, end_axis=-1):
     return reshape(x, tuple(shape[:s]) + (merged,) + tuple(shape[e + 1:]))
 
 
-def tile(x, reps):
-    """`np.tile`."""
-    reps = (int(reps),) if isinstance(reps, (int, np.integer)) else tuple(int(r) for r in reps)
-    return _one("tile", "tile", [x], O.TileAttrs(reps))
-
-
 def pad(x, pad_width, value=0.0):
     """`np.pad(x, pad_width, constant_values=value)` (constant mode)."""
     ndim = x.ndim if isinstance(x, Tensor) else np.ndim(x)
     pw = np.broadcast_to(np.asarray(pad_width, dtype=np.int64), (ndim, 2))
-    return _one("pad", "pad", [x], O.PadAttrs(tuple((int(a), int(b)) for a, b in pw), float(value)))
+    return _one("pad", "pad", [x], A.PadAttrs(tuple((int(a), int(b)) for a, b in pw), float(value)))
 
 
-def cast(x, dtype):
-    """`x.astype(dtype)`."""
-    return _one("cast", "cast", [x], O.CastAttrs(np.dtype(dtype).name))
-
-
-astype = cast
 
 
 def softmax(x, axis=-1):
     """Softmax along `axis`."""
-    return _one("softmax", "softmax", [x], O.AxisAttrs(int(axis)))
+    return _one("softmax", "softmax", [x], A.AxisAttrs(int(axis)))
 
 
 def log_softmax(x, axis=-1):
     """Log-softmax along `axis`."""
-    return _one("log_softmax", "log_softmax", [x], O.AxisAttrs(int(axis)))
-
-
-def layer_norm(x, gamma, beta, eps=1e-5):
-    """Layer norm over the trailing `gamma.ndim` axes: `(x - mean) / sqrt(var + eps) * gamma + beta`."""
-    return _one("layer_norm", "layer_norm", [x, gamma, beta], O.LayerNormAttrs(float(eps)))
+    return _one("log_softmax", "log_softmax", [x], A.AxisAttrs(int(axis)))
 
 
 def full(shape, fill_value, dtype=None):
     """`np.full`; dtype defaults to float32 for floats, int64 for ints, bool for bools."""
     if dtype is None:
         dtype = as_array(fill_value).dtype
-    return _one("full", "full", [], O.FullAttrs(_dims(shape, "full"), _pyscalar(fill_value, "full"),
+    return _one("full", "full", [], A.FullAttrs(_dims(shape, "full"), _pyscalar(fill_value, "full"),
                                                 np.dtype(dtype).name))
 
 
@@ -352,7 +294,7 @@ def ones(shape, dtype="float32"):
 
 def full_like(x, fill_value, dtype=None):
     """`np.full_like`."""
-    return _one("full_like", "full_like", [x], O.FullLikeAttrs(_pyscalar(fill_value, "full_like"),
+    return _one("full_like", "full_like", [x], A.FullLikeAttrs(_pyscalar(fill_value, "full_like"),
                                                                 None if dtype is None else np.dtype(dtype).name))
 
 
@@ -377,9 +319,9 @@ def arange(start, stop=None, step=1, dtype=None):
         dtype = "float32" if "f" in kinds else "int64"
     dtype = np.dtype(dtype).name
     if _is_traced(bounds):
-        return _one("arange", "arange_dyn", [cast(b, dtype) if isinstance(b, Tensor) else np.asarray(b, dtype)
-                                             for b in bounds], O.DtypeAttrs(dtype))
-    return _one("arange", "arange", [], O.ArangeAttrs(*[str(b) if isinstance(b, str) else _pyscalar(b, "arange")
+        return _one("arange", "arange_dyn", [_F["cast"](b, dtype) if isinstance(b, Tensor) else np.asarray(b, dtype)
+                                             for b in bounds], A.DtypeAttrs(dtype))
+    return _one("arange", "arange", [], A.ArangeAttrs(*[str(b) if isinstance(b, str) else _pyscalar(b, "arange")
                                                          for b in bounds], dtype))
 
 
@@ -388,7 +330,7 @@ def boolean_mask(data, mask, axis=0):
     """`data[mask]` along `axis` (`np.compress(mask, data, axis)`); `mask` is 1-d bool.
 
     Masking several tensors with the same traced mask gives results that share one length."""
-    outs = apply("boolean_mask", "boolean_mask", [data, mask], O.AxisAttrs(int(axis)))
+    outs = apply("boolean_mask", "boolean_mask", [data, mask], A.AxisAttrs(int(axis)))
     if isinstance(outs[0], Tensor) and isinstance(mask, Tensor):
         b = current()
         key = b.lift(mask.value)
@@ -401,20 +343,10 @@ def boolean_mask(data, mask, axis=0):
     return outs[0]
 
 
-def nonzero(x):
-    """int64 indices of the non-zero entries, shape (x.ndim, n): `np.stack(np.nonzero(x))`."""
-    return _one("nonzero", "nonzero", [x])
-
-
 def unique(x, return_inverse=False, return_counts=False):
     """`np.unique` of the flattened input; optionally the inverse (shaped like x) and counts."""
-    outs = apply("unique", "unique", [x], O.UniqueAttrs(bool(return_inverse), bool(return_counts)))
+    outs = apply("unique", "unique", [x], A.UniqueAttrs(bool(return_inverse), bool(return_counts)))
     return outs[0] if len(outs) == 1 else tuple(outs)
-
-
-def shape_of(x):
-    """The shape of `x` as an int64 vector."""
-    return _one("shape_of", "shape_of", [x])
 
 
 def topk(x, k, axis=-1, largest=True):
@@ -422,9 +354,9 @@ def topk(x, k, axis=-1, largest=True):
     `k` may be a 0-d integer tensor (data-dependent output size)."""
     if isinstance(k, (Tensor, np.ndarray)) and not isinstance(k, np.generic):
         if _is_traced([x, k]):
-            return tuple(apply("topk", "topk_dyn", [x, k], O.TopkAttrs(None, int(axis), bool(largest))))
+            return tuple(apply("topk", "topk_dyn", [x, k], A.TopkAttrs(None, int(axis), bool(largest))))
         k = int(k)
-    return tuple(apply("topk", "topk", [x], O.TopkAttrs(int(k), int(axis), bool(largest))))
+    return tuple(apply("topk", "topk", [x], A.TopkAttrs(int(k), int(axis), bool(largest))))
 
 
 def all_ops_names() -> list:

@@ -15,7 +15,9 @@ import numpy as np
 
 from dyntvm.errors import TraceError
 from ..ir.graph import Graph, Node, Value, assign_names, canonicalize_unknown_dims
-from ..ir.ops import ConstantAttrs, ShapeError, attr_symbols, get_op
+from ..ir.attrs import ConstantAttrs
+from ..ir.ops import attr_symbols, get_op
+from ..ir.shapes import ShapeError
 from ..ir.tree import tree_flatten, tree_unflatten
 from ..ir.types import TensorType, as_shape_dim, is_symbol
 
@@ -232,30 +234,28 @@ class Tensor:
 
 
 def _install_operators():
+    """Tensor operators and methods from the registry (`OpDef.operator`, `OpDef.method`)."""
+    from ..ir.ops import all_ops
     from . import ops
-    pairs = {"add": "add", "sub": "subtract", "mul": "multiply", "truediv": "divide", "pow": "power",
-             "matmul": "matmul"}
-    for dunder, fn in pairs.items():
-        f = getattr(ops, fn)
-        setattr(Tensor, f"__{dunder}__", lambda a, b, f=f: f(a, b))
-        setattr(Tensor, f"__r{dunder}__", lambda a, b, f=f: f(b, a))
-    for dunder, fn in {"eq": "equal", "ne": "not_equal", "lt": "less", "le": "less_equal",
-                       "gt": "greater", "ge": "greater_equal", "and": "logical_and", "or": "logical_or"}.items():
-        f = getattr(ops, fn)
-        setattr(Tensor, f"__{dunder}__", lambda a, b, f=f: f(a, b))
-    Tensor.__rand__ = lambda a, b: ops.logical_and(b, a)
-    Tensor.__ror__ = lambda a, b: ops.logical_or(b, a)
-    Tensor.__neg__ = lambda a: ops.neg(a)
-    Tensor.__abs__ = lambda a: ops.abs(a)
-    Tensor.__invert__ = lambda a: ops.logical_not(a)
-    for dunder in ("and", "rand", "or", "ror", "invert"):    # numpy's & | ~ are bitwise on ints: bool only
-        setattr(Tensor, f"__{dunder}__", _bool_only(dunder, getattr(Tensor, f"__{dunder}__")))
-    for name in ("sum", "mean", "max", "min", "prod", "argmax", "argmin"):    # x.sum(axis=...) as in numpy
-        setattr(Tensor, name, getattr(ops, name))
+    for d in all_ops().values():
+        f = getattr(ops, d.api) if d.api else None
+        if d.operator:
+            wrap = _bool_only if d.operator in _BOOL_ONLY else (lambda dunder, g: g)
+            if d.num_inputs == 1:
+                setattr(Tensor, f"__{d.operator}__", wrap(d.operator, lambda a, f=f: f(a)))
+            else:
+                setattr(Tensor, f"__{d.operator}__", wrap(d.operator, lambda a, b, f=f: f(a, b)))
+                if d.reflected:
+                    setattr(Tensor, f"__r{d.operator}__", wrap(d.operator, lambda a, b, f=f: f(b, a)))
+        if d.method:
+            setattr(Tensor, d.api, f)
+
+
+_BOOL_ONLY = {"and": "&", "or": "|", "invert": "~"}   # numpy's & | ~ are bitwise on ints: bool only here
 
 
 def _bool_only(dunder, f):
-    sym = {"and": "&", "rand": "&", "or": "|", "ror": "|", "invert": "~"}[dunder]
+    sym = _BOOL_ONLY[dunder]
 
     def g(a, *b):
         for x in (a, *b):

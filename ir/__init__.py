@@ -1,1 +1,1 @@
-from . import ops, region  # noqa: F401  (registers every op)
+from . import ops  # noqa: F401  (registers every op)

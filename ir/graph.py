@@ -5,7 +5,8 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
-from .types import TensorType
+from .dims import parse_dim
+from .types import TensorType, map_type_dims
 
 
 class Value:
@@ -125,31 +126,26 @@ def canonicalize_unknown_dims(graph: Graph) -> Graph:
     """Rename unknown dims (fresh names from a process-wide counter) to ``_d0, _d1, ...`` in order of first
     use over the whole tree, so that tracing the same function twice gives equal graphs. (`fresh_dim` never
     makes ``_d`` names, so later passes cannot collide with these.)"""
-    import dataclasses
-    import re
-    from .ops import DIM_ATTRS
-    from .types import TensorType
     mapping: dict = {}
-    unknown = re.compile(r"(?<![A-Za-z0-9_])_[A-Za-z0-9_]*")
 
-    def dim(d):
-        return unknown.sub(lambda m: mapping.setdefault(m.group(0), f"_d{len(mapping)}"), d) \
-            if isinstance(d, str) else d
+    def rename(s):
+        return mapping.setdefault(s, f"_d{len(mapping)}") if s.startswith("_") else s
 
-    def retype(v):
-        v.type = TensorType(tuple(dim(d) for d in v.type.shape), v.type.dtype)
+    def canon(d):
+        e = parse_dim(d)
+        return e.rename(rename).to_dim() if any(s.startswith("_") for s in e.symbols) else d
+
+    def retype(t):
+        return map_type_dims(t, canon)
 
     def walk(g):
         for v in g.inputs:
-            retype(v)
+            v.type = retype(v.type)
         for n in g.nodes:
-            names = DIM_ATTRS.get(n.op, ())
-            if names:
-                n.attrs = dataclasses.replace(n.attrs, **{
-                    k: tuple(map(dim, getattr(n.attrs, k))) if isinstance(getattr(n.attrs, k), tuple)
-                    else dim(getattr(n.attrs, k)) for k in names})
+            if n.opdef.dim_attrs:
+                n.attrs = n.opdef.map_dim_attrs(n.attrs, canon)
             for v in n.outputs:
-                retype(v)
+                v.type = retype(v.type)
             for sg in n.subgraphs:
                 walk(sg)
     walk(graph)

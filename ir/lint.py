@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from dyntvm.errors import GraphError
 
-from .ops import CONTROL_FLOW, REGION, ShapeError, attr_symbols, get_op
+from .ops import CONTROL_FLOW, REGION, attr_symbols, get_op
+from .shapes import ShapeError
 from .types import TensorType, dim_symbols, is_symbol, is_unknown
 
 

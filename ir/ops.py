@@ -1,43 +1,127 @@
-"""The op registry: one `OpDef` per op (attrs class, type rule, kind, purity).
+"""The op registry: one `OpDef` per op holding every per-op fact, and the op groups.
 
-Type rules receive input `TensorType`s and the node's attrs and return the output types. They raise
-`ShapeError` (a ValueError) with a plain message; the frontend turns it into a `TraceError` that names
-the API and the user's source line.
+An `OpDef` says what an op *is*: its attrs class, type rule, kind, arity, group, result-dtype rule,
+which attrs hold symbolic dims, and how the frontend exposes it (the `F` function name, a Tensor
+method or operator). Every stage reads these facts from here; each stage then defines the one thing
+it adds per op with its own decorator: `runtime.kernels.kernel` (numpy, the reference semantics) and
+`codegen.converters.converter` (Relax). Families of ops (`Group`) are listed once, in `GROUPS`, and
+every stage loops over `ops_in(group)`.
+
+Type rules take the input `TensorType`s and the node's attrs and return the output types; they raise
+`ShapeError` with a plain message, which the frontend turns into a `TraceError` naming the API and the
+user's source line. How to add an op: see the README section "Adding an op".
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+import dataclasses
+from dataclasses import dataclass
+from enum import Enum
 from typing import Any, Callable
 
 import numpy as np
 
-from .types import (Dim, TensorType, dim_add, dim_floordiv, dim_max, dim_min, dim_mul, dim_prod, dim_sub,
-                    fresh_dim, is_unknown)
+from .attrs import (ArangeAttrs, ArgReduceAttrs, AxesAttrs, AxisAttrs, CaseAttrs, ClipAttrs, CondAttrs,
+                    ConstantAttrs, DtypeAttrs, ForeachAttrs, FullAttrs, FullLikeAttrs, LayerNormAttrs, NoAttrs,
+                    PadAttrs, ReduceAttrs, RegionAttrs, ShapeAttrs, SliceAttrs, SplitAttrs, TileAttrs, TopkAttrs,
+                    TransposeAttrs, UniqueAttrs, WhileAttrs)
+from .dtypes import arith_dtype, float_dtype, reduce_dtype
+from .shapes import (ShapeError, broadcast_shapes, infer_reshape, norm_axis, reduce_shape, slice_length,
+                     unify_dims)
+from .types import Dim, TensorType, dim_add, dim_floordiv, dim_max, dim_mul, dim_sub, dim_symbols, fresh_dim
 
-STATIC, DYNAMIC_SHAPE, CONTROL_FLOW, REGION = "static", "dynamic_shape", "control_flow", "region"
+
+class OpKind(Enum):
+    STATIC = "static"                  # output shapes follow from input shapes: compiled in regions
+    DYNAMIC_SHAPE = "dynamic_shape"    # output shapes depend on input values: run by the executor
+    CONTROL_FLOW = "control_flow"      # owns subgraphs; the executor drives them
+    REGION = "region"                  # a compiled static region (made by the partitioner)
 
 
-class ShapeError(ValueError):
-    """An op's inputs or attrs do not fit its type rule."""
+STATIC, DYNAMIC_SHAPE, CONTROL_FLOW, REGION = OpKind.STATIC, OpKind.DYNAMIC_SHAPE, OpKind.CONTROL_FLOW, OpKind.REGION
+
+
+class Group(Enum):
+    """Op families whose members share a type rule, a kernel shape and a converter shape."""
+    FLOAT_UNARY = "float_unary"    # float result; integer and bool inputs compute in float32
+    UNARY = "unary"                # elementwise, same dtype
+    PREDICATE = "predicate"        # elementwise, bool result
+    ARITH = "arith"                # binary, numpy broadcasting and dtype promotion
+    COMPARE = "compare"            # binary, bool result
+    LOGICAL = "logical"            # binary on bools
+    REDUCE = "reduce"              # over `axis`, numpy's accumulation dtypes
+    ARG_REDUCE = "arg_reduce"      # index of the extreme along one axis, int64
+
+
+#: The one list of every group's members.
+GROUPS: dict[Group, tuple] = {
+    Group.FLOAT_UNARY: ("exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "gelu", "erf", "sin", "cos", "tan"),
+    Group.UNARY: ("neg", "abs", "relu", "floor", "ceil", "round", "sign"),
+    Group.PREDICATE: ("logical_not", "isnan"),
+    Group.ARITH: ("add", "subtract", "multiply", "divide", "power", "maximum", "minimum"),
+    Group.COMPARE: ("equal", "not_equal", "less", "less_equal", "greater", "greater_equal"),
+    Group.LOGICAL: ("logical_and", "logical_or"),
+    Group.REDUCE: ("sum", "mean", "max", "min", "prod"),
+    Group.ARG_REDUCE: ("argmax", "argmin"),
+}
+
+
+def ops_in(group: Group) -> tuple:
+    return GROUPS[group]
 
 
 @dataclass(frozen=True)
 class OpDef:
+    """Every fact about one op that more than one stage needs.
+
+    Attributes:
+        name: the op's name in graphs.
+        attrs: its frozen attrs dataclass.
+        infer_type: type rule ``(input types, attrs) -> output types``.
+        kind: an `OpKind`.
+        num_inputs: the arity, or None for variadic.
+        group: the `Group` it belongs to, if any.
+        result_dtype: ``(input dtypes, attrs) -> dtype`` of output 0 where it is not simply the input's
+            (float ops on ints, numpy's reduction accumulators); kernels and converters compute in it.
+        dim_attrs: names of attrs fields that may hold symbolic dims (evaluated against the symbol values
+            of the running graph, see `attr_symbols`).
+        api: name of the `F` function generated for it (``F.<api>(*tensors, *attr fields)``), or None
+            when the frontend writes its function by hand or the op is internal.
+        promote_scalars: Python scalars among its tensor arguments take the dtype of the tensor next to them.
+        method: also a `Tensor` method (``x.sum(axis=0)``).
+        operator: Python operator it implements (``"add"`` -> ``__add__``), reflected too if `reflected`.
+        doc: docstring of the generated `F` function.
+    """
     name: str
     attrs: type
     infer_type: Callable[[list, Any], list]
-    kind: str = STATIC
-    pure: bool = True
-    num_inputs: Any = None        # int, or None for variadic
+    kind: OpKind = OpKind.STATIC
+    num_inputs: int | None = None
+    group: Group | None = None
+    result_dtype: Callable | None = None
+    dim_attrs: tuple = ()
+    api: str | None = None
+    promote_scalars: bool = False
+    method: bool = False
+    operator: str | None = None
+    reflected: bool = False
+    doc: str = ""
+
+    def map_dim_attrs(self, attrs, fn):
+        """`attrs` with `fn` applied to every symbolic (string) dim of its `dim_attrs` fields."""
+        def f(v):
+            return fn(v) if isinstance(v, str) else v
+        return dataclasses.replace(attrs, **{
+            k: tuple(map(f, getattr(attrs, k))) if isinstance(getattr(attrs, k), tuple) else f(getattr(attrs, k))
+            for k in self.dim_attrs})
 
 
 _OPS: dict[str, OpDef] = {}
 
 
-def register(name, attrs, infer_type, kind=STATIC, pure=True, num_inputs=None) -> OpDef:
+def register(name, attrs, infer_type, kind=OpKind.STATIC, **facts) -> OpDef:
     if name in _OPS:
         raise ValueError(f"op {name!r} registered twice")
-    _OPS[name] = OpDef(name, attrs, infer_type, kind, pure, num_inputs)
+    _OPS[name] = OpDef(name, attrs, infer_type, kind, **facts)
     return _OPS[name]
 
 
@@ -52,16 +136,10 @@ def all_ops() -> dict[str, OpDef]:
     return dict(_OPS)
 
 
-# Attrs that may hold symbolic dims (e.g. F.reshape(x, (x.shape[0], -1))): kernels evaluate them with the
-# symbol values of the running graph, so the graph must define those symbols (see `lint`).
-DIM_ATTRS = {"reshape": ("shape",), "broadcast_to": ("shape",), "full": ("shape",), "arange": ("start", "stop")}
-
-
 def attr_symbols(op: str, attrs) -> set:
     """Symbol names the attrs of an `op` node refer to."""
-    from .types import dim_symbols
-    out = set()
-    for name in DIM_ATTRS.get(op, ()):
+    out: set = set()
+    for name in get_op(op).dim_attrs:
         v = getattr(attrs, name)
         for d in v if isinstance(v, tuple) else (v,):
             if isinstance(d, str):
@@ -69,271 +147,85 @@ def attr_symbols(op: str, attrs) -> set:
     return out
 
 
-# ----------------------------------------------------------------------------------------- attrs
-@dataclass(frozen=True)
-class NoAttrs:
-    pass
-
-
-@dataclass(frozen=True, eq=False)
-class ConstantAttrs:
-    value: np.ndarray
-
-
-@dataclass(frozen=True)
-class ReduceAttrs:
-    axis: tuple | None = None
-    keepdims: bool = False
-
-
-@dataclass(frozen=True)
-class ArgReduceAttrs:
-    axis: int | None = None
-    keepdims: bool = False
-
-
-@dataclass(frozen=True)
-class ReshapeAttrs:
-    shape: tuple
-
-
-@dataclass(frozen=True)
-class TransposeAttrs:
-    axes: tuple | None = None
-
-
-@dataclass(frozen=True)
-class AxisAttrs:
-    axis: int = 0
-
-
-@dataclass(frozen=True)
-class AxesAttrs:
-    axis: tuple | None = None
-
-
-@dataclass(frozen=True)
-class SplitAttrs:
-    sections: Any            # int (equal parts) or tuple of split indices
-    axis: int = 0
-
-
-@dataclass(frozen=True)
-class SliceAttrs:
-    axes: tuple
-    starts: tuple            # int or None per axis
-    stops: tuple
-    steps: tuple
-
-
-@dataclass(frozen=True)
-class ShapeAttrs:
-    shape: tuple
-
-
-@dataclass(frozen=True)
-class TileAttrs:
-    reps: tuple
-
-
-@dataclass(frozen=True)
-class PadAttrs:
-    pad_width: tuple         # ((before, after), ...) per axis
-    value: float = 0.0
-
-
-@dataclass(frozen=True)
-class CastAttrs:
-    dtype: str
-
-
-@dataclass(frozen=True)
-class LayerNormAttrs:
-    eps: float = 1e-5
-
-
-@dataclass(frozen=True)
-class FullAttrs:
-    shape: tuple
-    fill_value: Any
-    dtype: str
-
-
-@dataclass(frozen=True)
-class FullLikeAttrs:
-    fill_value: Any
-    dtype: str | None = None
-
-
-@dataclass(frozen=True)
-class ArangeAttrs:
-    start: Any
-    stop: Any
-    step: Any
-    dtype: str
-
-
-@dataclass(frozen=True)
-class DtypeAttrs:
-    dtype: str
-
-
-@dataclass(frozen=True)
-class UniqueAttrs:
-    return_inverse: bool = False
-    return_counts: bool = False
-
-
-@dataclass(frozen=True)
-class TopkAttrs:
-    k: int | None = None      # None: k comes from the second input (dynamic)
-    axis: int = -1
-    largest: bool = True
-
-
-@dataclass(frozen=True)
-class CondAttrs:
-    num_outputs: int
-
-
-@dataclass(frozen=True)
-class CaseAttrs:
-    num_cases: int            # subgraphs: pred_0, fn_0, ..., pred_{n-1}, fn_{n-1}, default
-    num_outputs: int
-
-
-@dataclass(frozen=True)
-class ForeachAttrs:
-    num_data: int
-    num_states: int
-    num_outputs: int          # stacked per-step outputs
-
-
-@dataclass(frozen=True)
-class WhileAttrs:
-    num_vars: int
-    num_outputs: int
-    max_iterations: int | None = None   # static bound; a tensor bound is input[num_vars]
-    has_max_tensor: bool = False
-
-
-def attrs_to_json(attrs) -> dict:
-    return {f.name: _jsonable(getattr(attrs, f.name)) for f in fields(attrs)}
-
-
-def _jsonable(v):
-    if isinstance(v, tuple):
-        return {"tuple": [_jsonable(x) for x in v]}
-    if isinstance(v, (np.integer,)):
-        return int(v)
-    if isinstance(v, (np.floating,)):
-        return float(v)
-    if isinstance(v, float) and not np.isfinite(v):
-        return {"float": repr(v)}
-    return v
-
-
-def attrs_from_json(cls, obj: dict):
-    return cls(**{k: _from_jsonable(v) for k, v in obj.items()})
-
-
-def _from_jsonable(v):
-    if isinstance(v, dict) and "tuple" in v:
-        return tuple(_from_jsonable(x) for x in v["tuple"])
-    if isinstance(v, dict) and "float" in v:
-        return float(v["float"])
-    if isinstance(v, list):
-        return [_from_jsonable(x) for x in v]
-    return v
-
-
-# ------------------------------------------------------------------------------------ helpers
-def norm_axis(axis: int, ndim: int, what="axis") -> int:
-    if not -ndim <= axis < max(ndim, 1):
-        raise ShapeError(f"{what} {axis} is out of range for a tensor of rank {ndim}")
-    return axis % ndim if ndim else 0
-
-
-def broadcast_dims(a: Dim, b: Dim) -> Dim:
-    if a == b:
-        return a
-    if a == 1:
-        return b
-    if b == 1:
-        return a
-    if isinstance(a, int) and isinstance(b, int):
-        raise ShapeError(f"cannot broadcast dims {a} and {b}")
-    # A symbol against an int: the int wins (the symbol must equal it at run time).
-    if isinstance(a, int):
-        return a
-    if isinstance(b, int):
-        return b
-    raise ShapeError(f"cannot broadcast symbolic dims {a} and {b}: they are not known to be equal")
-
-
-def broadcast_shapes(*shapes) -> tuple:
-    nd = max((len(s) for s in shapes), default=0)
-    out = []
-    for i in range(nd):
-        d: Dim = 1
-        for s in shapes:
-            j = i - (nd - len(s))
-            if j >= 0:
-                d = broadcast_dims(d, s[j])
-        out.append(d)
-    return tuple(out)
+# ------------------------------------------------------------------------------ group rules
+def _elementwise(ts, a, dtype_rule):
+    return [TensorType(ts[0].shape, dtype_rule([t.dtype for t in ts], a))]
 
 
 def _same(ts, a):
     return [ts[0]]
 
 
-def _bool_out(ts, a):
-    return [TensorType(ts[0].shape, "bool")]
+_GROUP_DOCS = {
+    Group.FLOAT_UNARY: "Elementwise `np.{name}` (numpy semantics); integer inputs compute in float32.",
+    Group.UNARY: "Elementwise `np.{name}` (numpy semantics).",
+    Group.PREDICATE: "Elementwise `np.{name}`, a bool result.",
+    Group.ARITH: "Elementwise `np.{name}` with numpy broadcasting and dtype promotion.",
+    Group.COMPARE: "Elementwise `np.{name}` with numpy broadcasting; a bool result.",
+    Group.LOGICAL: "Elementwise `np.{name}` of bool tensors with numpy broadcasting.",
+    Group.REDUCE: "`np.{name}(x, axis, keepdims)` (numpy's accumulation dtypes).",
+    Group.ARG_REDUCE: "`np.{name}(x, axis, keepdims)` as int64 (first occurrence; NaN counts as the extreme).",
+}
+_OPERATORS = {"add": ("add", True), "subtract": ("sub", True), "multiply": ("mul", True),
+              "divide": ("truediv", True), "power": ("pow", True), "equal": ("eq", False),
+              "not_equal": ("ne", False), "less": ("lt", False), "less_equal": ("le", False),
+              "greater": ("gt", False), "greater_equal": ("ge", False), "neg": ("neg", False),
+              "abs": ("abs", False), "logical_and": ("and", True), "logical_or": ("or", True),
+              "logical_not": ("invert", False)}
 
 
-def _float_out(ts, a):
-    dt = ts[0].dtype if np.issubdtype(np.dtype(ts[0].dtype), np.floating) else "float32"
-    return [TensorType(ts[0].shape, dt)]
-
-
-UNARY_FLOAT = ["exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "gelu", "erf", "sin", "cos"]
-UNARY_SAME = ["neg", "abs", "relu", "floor", "ceil", "round", "sign"]
-UNARY_BOOL = ["logical_not", "isnan"]
-BINARY_ARITH = ["add", "subtract", "multiply", "divide", "power", "maximum", "minimum"]
-BINARY_COMPARE = ["equal", "not_equal", "less", "less_equal", "greater", "greater_equal"]
-BINARY_LOGICAL = ["logical_and", "logical_or"]
-REDUCE = ["sum", "mean", "max", "min", "prod"]
-
-for _n in UNARY_FLOAT:
-    register(_n, NoAttrs, _float_out, num_inputs=1)
-for _n in UNARY_SAME:
-    register(_n, NoAttrs, _same, num_inputs=1)
-for _n in UNARY_BOOL:
-    register(_n, NoAttrs, _bool_out, num_inputs=1)
-
-
-def _binary(result_dtype):
+def _binary_rule(dtype_rule):
     def rule(ts, a):
-        return [TensorType(broadcast_shapes(ts[0].shape, ts[1].shape), result_dtype(ts[0].dtype, ts[1].dtype))]
+        return [TensorType(broadcast_shapes(ts[0].shape, ts[1].shape), dtype_rule([t.dtype for t in ts], a))]
     return rule
 
 
-def _arith_dtype(name):
-    def f(x, y):
-        dt = np.result_type(np.dtype(x), np.dtype(y))
-        if name == "divide" and not np.issubdtype(dt, np.floating):
-            dt = np.dtype("float64")
-        if name == "power" and dt == np.bool_:       # numpy has no bool power loop
-            dt = np.dtype("int8")
-        return dt.name
-    return f
+def _reduce_rule(dtype_rule):
+    def rule(ts, a):
+        shape = tuple(d for d in reduce_shape(ts[0], a.axis, a.keepdims) if d is not None)
+        return [TensorType(shape, dtype_rule([ts[0].dtype], a))]
+    return rule
 
 
-for _n in BINARY_ARITH:
-    register(_n, NoAttrs, _binary(_arith_dtype(_n)), num_inputs=2)
-for _n in BINARY_COMPARE + BINARY_LOGICAL:
-    register(_n, NoAttrs, _binary(lambda x, y: "bool"), num_inputs=2)
+def _argreduce(ts, a):
+    t = ts[0]
+    if a.axis is None:
+        shape = (1,) * t.ndim if a.keepdims else ()
+    else:
+        shape = tuple(d for d in reduce_shape(t, (a.axis,), a.keepdims) if d is not None)
+    return [TensorType(shape, "int64")]
+
+
+def _register_group(group, attrs, arity, make_rule, dtype_of):
+    for name in ops_in(group):
+        op, refl = _OPERATORS.get(name, (None, False))
+        dtype_rule = dtype_of(name)
+        register(name, attrs, make_rule(dtype_rule), num_inputs=arity, group=group, result_dtype=dtype_rule,
+                 api=name, promote_scalars=arity == 2, operator=op, reflected=refl,
+                 method=group in (Group.REDUCE, Group.ARG_REDUCE), doc=_GROUP_DOCS[group].format(name=name))
+
+
+_unary_rule = lambda dtype_rule: lambda ts, a: _elementwise(ts, a, dtype_rule)   # noqa: E731
+_register_group(Group.FLOAT_UNARY, NoAttrs, 1, _unary_rule, lambda n: float_dtype)
+_register_group(Group.UNARY, NoAttrs, 1, _unary_rule, lambda n: lambda dts, a=None: dts[0])
+_register_group(Group.PREDICATE, NoAttrs, 1, _unary_rule, lambda n: lambda dts, a=None: "bool")
+_register_group(Group.ARITH, NoAttrs, 2, _binary_rule, arith_dtype)
+_register_group(Group.COMPARE, NoAttrs, 2, _binary_rule, lambda n: lambda dts, a=None: "bool")
+_register_group(Group.LOGICAL, NoAttrs, 2, _binary_rule, lambda n: lambda dts, a=None: "bool")
+_register_group(Group.REDUCE, ReduceAttrs, 1, _reduce_rule, reduce_dtype)
+_register_group(Group.ARG_REDUCE, ArgReduceAttrs, 1, lambda r: _argreduce, lambda n: lambda dts, a=None: "int64")
+
+
+# ------------------------------------------------------------------------------ single ops
+def _clip(ts, a):
+    if a.a_min is None and a.a_max is None:
+        raise ShapeError("clip needs a_min or a_max (or both)")
+    return [ts[0]]
+
+
+register("clip", ClipAttrs, _clip, num_inputs=1, api="clip", method=True,
+         doc="`np.clip(x, a_min, a_max)` with scalar bounds (None: open on that side); the bounds take x's "
+             "dtype and the result keeps it; NaN stays NaN.")
 
 
 def _where(ts, a):
@@ -343,7 +235,8 @@ def _where(ts, a):
     return [TensorType(shape, np.result_type(ts[1].dtype, ts[2].dtype).name)]
 
 
-register("where", NoAttrs, _where, num_inputs=3)
+register("where", NoAttrs, _where, num_inputs=3, api="where", promote_scalars=True,
+         doc="`np.where(cond, x, y)`; `cond` must be bool.")
 
 
 def _constant(ts, a):
@@ -367,72 +260,8 @@ def _matmul(ts, a):
     return [TensorType(tuple(d for d in out if d is not None), np.result_type(x.dtype, y.dtype).name)]
 
 
-register("matmul", NoAttrs, _matmul, num_inputs=2)
-
-
-def _reduce_shape(t: TensorType, axis, keepdims):
-    axes = range(t.ndim) if axis is None else [norm_axis(ax, t.ndim) for ax in axis]
-    axes = set(axes)
-    return tuple((1 if keepdims else None) if i in axes else d for i, d in enumerate(t.shape))
-
-
-def _reduce(name):
-    def rule(ts, a):
-        t = ts[0]
-        shape = tuple(d for d in _reduce_shape(t, a.axis, a.keepdims) if d is not None)
-        dt = t.dtype
-        if name == "mean" and not np.issubdtype(np.dtype(dt), np.floating):
-            dt = "float64"
-        if name in ("sum", "prod") and (dt == "bool" or (np.issubdtype(np.dtype(dt), np.integer)
-                                                          and np.dtype(dt).itemsize < 8)):
-            dt = "int64" if np.dtype(dt).kind in "bi" else "uint64"
-        return [TensorType(shape, dt)]
-    return rule
-
-
-for _n in REDUCE:
-    register(_n, ReduceAttrs, _reduce(_n), num_inputs=1)
-
-
-def _argreduce(ts, a):
-    t = ts[0]
-    if a.axis is None:
-        shape = (1,) * t.ndim if a.keepdims else ()
-    else:
-        shape = tuple(d for d in _reduce_shape(t, (a.axis,), a.keepdims) if d is not None)
-    return [TensorType(shape, "int64")]
-
-
-register("argmax", ArgReduceAttrs, _argreduce, num_inputs=1)
-register("argmin", ArgReduceAttrs, _argreduce, num_inputs=1)
-
-
-def infer_reshape(in_shape: tuple, target: tuple) -> tuple:
-    """Resolve one -1 in `target` against `in_shape`, symbolically when it must."""
-    if sum(1 for d in target if d == -1) > 1:
-        raise ShapeError(f"reshape target {target} has more than one -1")
-    if -1 not in target:
-        return tuple(target)
-    known = [d for d in target if d != -1]
-    rest = list(d for d in in_shape if not isinstance(d, int))
-    int_in = int(np.prod([d for d in in_shape if isinstance(d, int)], dtype=np.int64))
-    int_out = int(np.prod([d for d in known if isinstance(d, int)], dtype=np.int64))
-    sym_ok = True
-    for d in (d for d in known if not isinstance(d, int)):
-        if d in rest:
-            rest.remove(d)
-        else:
-            sym_ok = False
-    if sym_ok and int_out and int_in % int_out == 0:
-        missing = dim_mul(dim_prod(rest), int_in // int_out)
-    elif int_out == 0:
-        raise ShapeError(f"cannot reshape {in_shape} to {target}: -1 is ambiguous with a 0 dim")
-    else:
-        missing = dim_floordiv(dim_prod(in_shape), dim_prod(known))
-    if isinstance(missing, int) and all(isinstance(d, int) for d in in_shape) and \
-            missing * int_out != int_in:
-        raise ShapeError(f"cannot reshape {in_shape} to {target}")
-    return tuple(missing if d == -1 else d for d in target)
+register("matmul", NoAttrs, _matmul, num_inputs=2, api="matmul", promote_scalars=True, operator="matmul",
+         reflected=True, doc="`np.matmul`: batched and broadcasting.")
 
 
 def _reshape(ts, a):
@@ -443,7 +272,7 @@ def _reshape(ts, a):
     return [TensorType(shape, ts[0].dtype)]
 
 
-register("reshape", ReshapeAttrs, _reshape, num_inputs=1)
+register("reshape", ShapeAttrs, _reshape, num_inputs=1, dim_attrs=("shape",))
 
 
 def _transpose(ts, a):
@@ -454,7 +283,7 @@ def _transpose(ts, a):
     return [TensorType(tuple(t.shape[i] for i in axes), t.dtype)]
 
 
-register("transpose", TransposeAttrs, _transpose, num_inputs=1)
+register("transpose", TransposeAttrs, _transpose, num_inputs=1, api="transpose", doc="`np.transpose`.")
 
 
 def _expand_dims(ts, a):
@@ -463,7 +292,8 @@ def _expand_dims(ts, a):
     return [TensorType(t.shape[:ax] + (1,) + t.shape[ax:], t.dtype)]
 
 
-register("expand_dims", AxisAttrs, _expand_dims, num_inputs=1)
+register("expand_dims", AxisAttrs, _expand_dims, num_inputs=1, api="expand_dims",
+         doc="`np.expand_dims` with one axis.")
 
 
 def _squeeze(ts, a):
@@ -481,7 +311,7 @@ def _squeeze(ts, a):
     return [TensorType(tuple(d for i, d in enumerate(t.shape) if i not in axes), t.dtype)]
 
 
-register("squeeze", AxesAttrs, _squeeze, num_inputs=1)
+register("squeeze", AxesAttrs, _squeeze, num_inputs=1, api="squeeze", doc="`np.squeeze`.")
 
 
 def _concat(ts, a):
@@ -499,26 +329,10 @@ def _concat(ts, a):
             raise ShapeError(f"concat inputs must have the same rank, got {[str(t) for t in ts]}")
         for i in range(nd):
             if i != ax:
-                out[i] = _equal_dim(out[i], t.shape[i], "concat")
+                out[i] = unify_dims(out[i], t.shape[i], "concat")
         total = dim_add(total, t.shape[ax])
     out[ax] = total
     return [TensorType(tuple(out), dt)]
-
-
-def _equal_dim(a, b, what):
-    if a == b:
-        return a
-    if isinstance(a, int) and isinstance(b, int):
-        raise ShapeError(f"{what}: dims {a} and {b} differ")
-    if isinstance(a, int):
-        return a
-    if isinstance(b, int):
-        return b
-    if is_unknown(a):
-        return b
-    if is_unknown(b):
-        return a
-    raise ShapeError(f"{what}: symbolic dims {a} and {b} are not known to be equal")
 
 
 register("concat", AxisAttrs, _concat)
@@ -532,7 +346,7 @@ def _stack(ts, a):
     for t in ts[1:]:
         if t.ndim != nd:
             raise ShapeError(f"stack inputs must have the same rank, got {[str(t) for t in ts]}")
-        shape = [_equal_dim(x, y, "stack") for x, y in zip(shape, t.shape)]
+        shape = [unify_dims(x, y, "stack") for x, y in zip(shape, t.shape)]
     ax = norm_axis(a.axis, nd + 1)
     shape.insert(ax, len(ts))
     return [TensorType(tuple(shape), np.result_type(*[t.dtype for t in ts]).name)]
@@ -558,33 +372,6 @@ def _split(ts, a):
 register("split", SplitAttrs, _split, num_inputs=1)
 
 
-def slice_length(d: Dim, start, stop, step) -> Dim:
-    """len(range(d)[start:stop:step]).
-
-    Over a symbolic `d`, a length that depends on `d` is exact (`x[1:]` is ``max((N - 1), 0)``), but
-    bounds that give a static length are assumed to lie inside the axis: `x[:1]` and `x[-3:]` have lengths
-    1 and 3 (numpy would clamp them on a shorter axis; the reference interpreter reports that case as an
-    error, since the result no longer has its type)."""
-    if isinstance(d, int):
-        return len(range(*slice(start, stop, step).indices(d)))
-    if step < 0 and (start is not None or stop is not None):
-        raise ShapeError(f"a slice with negative step {step} and bounds over symbolic dim {d} is not supported")
-    start = None if start == 0 else start
-    if start is None and stop is None:
-        n = d
-    elif stop is None:                           # x[k:], x[-k:]
-        n = -start if start < 0 else dim_max(dim_sub(d, start), 0)
-    elif start is None:                          # x[:k], x[:-k]
-        n = stop if stop >= 0 else dim_max(dim_add(d, stop), 0)
-    elif (start < 0) == (stop < 0):              # both count from the same end: d drops out
-        n = max(stop - start, 0)
-    else:                                        # x[k:-j], x[-k:j]: may be an empty range
-        lo, hi = (start, dim_add(d, stop)) if start >= 0 else (dim_max(dim_add(d, start), 0), dim_min(stop, d))
-        n = dim_max(dim_sub(hi, lo), 0)
-    step = abs(step)
-    return n if step == 1 else dim_floordiv(dim_add(n, step - 1), step)
-
-
 def _slice(ts, a):
     t = ts[0]
     shape = list(t.shape)
@@ -607,7 +394,8 @@ def _take(ts, a):
     return [TensorType(data.shape[:ax] + idx.shape + data.shape[ax + 1:], data.dtype)]
 
 
-register("take", AxisAttrs, _take, num_inputs=2)
+register("take", AxisAttrs, _take, num_inputs=2, api="take",
+         doc="`np.take(x, indices, axis)`; indices must be in range.")
 
 
 def _broadcast_to(ts, a):
@@ -620,7 +408,7 @@ def _broadcast_to(ts, a):
     return [TensorType(tuple(a.shape), t.dtype)]
 
 
-register("broadcast_to", ShapeAttrs, _broadcast_to, num_inputs=1)
+register("broadcast_to", ShapeAttrs, _broadcast_to, num_inputs=1, dim_attrs=("shape",))
 
 
 def _tile(ts, a):
@@ -632,7 +420,7 @@ def _tile(ts, a):
     return [TensorType(tuple(dim_mul(d, r) for d, r in zip(shape, reps)), t.dtype)]
 
 
-register("tile", TileAttrs, _tile, num_inputs=1)
+register("tile", TileAttrs, _tile, num_inputs=1, api="tile", doc="`np.tile`.")
 
 
 def _pad(ts, a):
@@ -643,16 +431,17 @@ def _pad(ts, a):
 
 
 register("pad", PadAttrs, _pad, num_inputs=1)
-register("cast", CastAttrs, lambda ts, a: [TensorType(ts[0].shape, a.dtype)], num_inputs=1)
+register("cast", DtypeAttrs, lambda ts, a: [TensorType(ts[0].shape, a.dtype)], num_inputs=1, api="cast",
+         doc="`x.astype(dtype)`.")
 
 
 def _softmax(ts, a):
     norm_axis(a.axis, ts[0].ndim)
-    return _float_out(ts, a)
+    return _elementwise(ts, a, float_dtype)
 
 
-register("softmax", AxisAttrs, _softmax, num_inputs=1)
-register("log_softmax", AxisAttrs, _softmax, num_inputs=1)
+register("softmax", AxisAttrs, _softmax, num_inputs=1, result_dtype=float_dtype)
+register("log_softmax", AxisAttrs, _softmax, num_inputs=1, result_dtype=float_dtype)
 
 
 def _layer_norm(ts, a):
@@ -662,14 +451,16 @@ def _layer_norm(ts, a):
         if k == 0 or k > x.ndim or b.ndim != k:
             raise ShapeError("ranks differ")
         for d, e, f in zip(x.shape[x.ndim - k:], g.shape, b.shape):
-            _equal_dim(_equal_dim(d, e, "layer_norm"), f, "layer_norm")
+            unify_dims(unify_dims(d, e, "layer_norm"), f, "layer_norm")
     except ShapeError:
         raise ShapeError(f"gamma {g} and beta {b} must both match the trailing dims of {x}") from None
-    return _float_out([x], a)
+    return _elementwise([x], a, float_dtype)
 
 
-register("layer_norm", LayerNormAttrs, _layer_norm, num_inputs=3)
-register("full", FullAttrs, lambda ts, a: [TensorType(tuple(a.shape), a.dtype)], num_inputs=0)
+register("layer_norm", LayerNormAttrs, _layer_norm, num_inputs=3, api="layer_norm", result_dtype=float_dtype,
+         doc="Layer norm over the trailing `gamma.ndim` axes: `(x - mean) / sqrt(var + eps) * gamma + beta`.")
+register("full", FullAttrs, lambda ts, a: [TensorType(tuple(a.shape), a.dtype)], num_inputs=0,
+         dim_attrs=("shape",))
 register("full_like", FullLikeAttrs,
          lambda ts, a: [TensorType(ts[0].shape, a.dtype or ts[0].dtype)], num_inputs=1)
 
@@ -687,7 +478,7 @@ def _arange(ts, a):
     return [TensorType((dim_max(n, 0),), a.dtype)]
 
 
-register("arange", ArangeAttrs, _arange, num_inputs=0)
+register("arange", ArangeAttrs, _arange, num_inputs=0, dim_attrs=("start", "stop"))
 
 # -------------------------------------------------------------------------- dynamic-shape ops
 
@@ -701,13 +492,14 @@ def _boolean_mask(ts, a):
     ax = norm_axis(a.axis, data.ndim)
     if mask.ndim != 1:
         raise ShapeError(f"mask must be 1-d, got {mask}")
-    _equal_dim(data.shape[ax], mask.shape[0], "boolean_mask")
+    unify_dims(data.shape[ax], mask.shape[0], "boolean_mask")
     return [TensorType(data.shape[:ax] + (fresh_dim(),) + data.shape[ax + 1:], data.dtype)]
 
 
 register("boolean_mask", AxisAttrs, _boolean_mask, kind=DYNAMIC_SHAPE, num_inputs=2)
 register("nonzero", NoAttrs, lambda ts, a: [TensorType((ts[0].ndim, fresh_dim()), "int64")],
-         kind=DYNAMIC_SHAPE, num_inputs=1)
+         kind=DYNAMIC_SHAPE, num_inputs=1, api="nonzero",
+         doc="int64 indices of the non-zero entries, shape (x.ndim, n): `np.stack(np.nonzero(x))`.")
 
 
 def _unique(ts, a):
@@ -736,7 +528,7 @@ def _arange_dyn(ts, a):
 
 register("arange_dyn", DtypeAttrs, _arange_dyn, kind=DYNAMIC_SHAPE, num_inputs=3)
 register("shape_of", NoAttrs, lambda ts, a: [TensorType((ts[0].ndim,), "int64")], kind=DYNAMIC_SHAPE,
-         num_inputs=1)
+         num_inputs=1, api="shape_of", doc="The shape of `x` as an int64 vector.")
 
 
 def _reshape_dyn(ts, a):
@@ -772,9 +564,10 @@ register("topk_dyn", TopkAttrs, _topk, kind=DYNAMIC_SHAPE, num_inputs=2)
 # from the traced subgraphs; these rules re-derive them for lint)
 
 
-def _cf_rule(ts, a):
-    raise ShapeError("control-flow types are inferred from subgraphs")
+def _subgraph_rule(ts, a):
+    raise ShapeError("types of control-flow and region nodes come from their subgraphs")
 
 
 for _n, _a in [("cond", CondAttrs), ("case", CaseAttrs), ("foreach", ForeachAttrs), ("while_loop", WhileAttrs)]:
-    register(_n, _a, _cf_rule, kind=CONTROL_FLOW)
+    register(_n, _a, _subgraph_rule, kind=CONTROL_FLOW)
+register("region", RegionAttrs, _subgraph_rule, kind=REGION)

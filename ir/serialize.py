@@ -8,7 +8,8 @@ import numpy as np
 from dyntvm.errors import GraphError
 
 from .graph import Graph, Node, Value
-from .ops import ConstantAttrs, attrs_from_json, attrs_to_json, get_op
+from .attrs import ConstantAttrs, attrs_from_json, attrs_to_json
+from .ops import get_op
 from .types import TensorType
 
 FORMAT = 1

@@ -2,21 +2,21 @@
 
 A dim is an ``int``, a symbol name (``"T"``), or an expression string over symbols (``"(T + S)"``).
 Symbols created by dynamic-shape ops are *unknown* dims, named with a leading underscore (``"_u3"``).
-Strings keep types hashable, printable and JSON-friendly; `dim_add` and friends fold constants.
+Strings keep types hashable, printable and JSON-friendly; `dim_add` and friends build them and fold
+constants; their structure is read only through `ir.dims.parse_dim`.
 """
 from __future__ import annotations
 
-import ast
 import itertools
-import re
 from dataclasses import dataclass
 from typing import Union
 
 import numpy as np
 
+from .dims import parse_dim
+
 Dim = Union[int, str]
 
-_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _unknown_counter = itertools.count()
 
 
@@ -26,7 +26,7 @@ def fresh_dim(prefix: str = "_u") -> str:
 
 
 def is_symbol(d: Dim) -> bool:
-    return isinstance(d, str) and bool(_IDENT.match(d))
+    return isinstance(d, str) and d.isidentifier()
 
 
 def is_unknown(d: Dim) -> bool:
@@ -41,10 +41,7 @@ def check_dim(d) -> Dim:
             raise ValueError(f"a dim must be >= 0, got {d}")
         return int(d)
     if isinstance(d, str):
-        try:
-            ast.parse(d, mode="eval")
-        except SyntaxError:
-            raise ValueError(f"bad dim expression {d!r}") from None
+        parse_dim(d)             # ValueError for anything that is not a dim expression
         return d
     raise TypeError(f"a dim must be an int or a symbol name, got {type(d).__name__} {d!r}")
 
@@ -105,7 +102,9 @@ def dim_min(a: Dim, b: Dim) -> Dim:
 
 def _nonnegative(d: Dim) -> bool:
     """Provably >= 0: symbols are sizes, and +, *, //, min, max of sizes and literals stay sizes."""
-    return d >= 0 if isinstance(d, int) else "-" not in d
+    return d >= 0 if isinstance(d, int) else parse_dim(d).fold(
+        lambda c: c >= 0, lambda s: True, lambda op, a, b: a and b and op != "-", lambda fn, args: all(args),
+        lambda a: False)
 
 
 def dim_max(a: Dim, b: Dim) -> Dim:
@@ -123,42 +122,18 @@ def dim_prod(dims) -> Dim:
     return out
 
 
-def dim_symbols(d: Dim) -> set[str]:
+def dim_symbols(d: Dim) -> frozenset:
     """Symbol names a dim refers to."""
-    if isinstance(d, int):
-        return set()
-    tree = ast.parse(d, mode="eval")
-    funcs = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
-    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and id(n) not in funcs}
+    return frozenset() if isinstance(d, int) else parse_dim(d).symbols
 
 
 def eval_dim(d: Dim, env: dict[str, int]) -> int:
-    """Value of a dim given symbol values."""
+    """Value of a dim given symbol values (KeyError for a missing symbol)."""
     if isinstance(d, int):
         return d
     if d in env:
         return env[d]
-    return int(_eval_node(ast.parse(d, mode="eval").body, env))
-
-
-_DIM_FUNCS = {"min": min, "max": max}
-
-
-def _eval_node(n, env):
-    if isinstance(n, ast.Constant):
-        return n.value
-    if isinstance(n, ast.Name):
-        return env[n.id]
-    if isinstance(n, ast.BinOp):
-        a, b = _eval_node(n.left, env), _eval_node(n.right, env)
-        ops = {ast.Add: lambda: a + b, ast.Sub: lambda: a - b, ast.Mult: lambda: a * b,
-               ast.FloorDiv: lambda: a // b, ast.Mod: lambda: a % b}
-        return ops[type(n.op)]()
-    if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in _DIM_FUNCS and not n.keywords:
-        return _DIM_FUNCS[n.func.id](*(_eval_node(x, env) for x in n.args))
-    if isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.USub):
-        return -_eval_node(n.operand, env)
-    raise ValueError(f"unsupported dim expression {ast.dump(n)}")
+    return int(parse_dim(d).evaluate(env))
 
 
 def normalize_dtype(dtype) -> str:
@@ -201,6 +176,11 @@ class TensorType:
     @staticmethod
     def from_json(obj) -> "TensorType":
         return TensorType(tuple(obj["shape"]), obj["dtype"])
+
+
+def map_type_dims(t: "TensorType", fn) -> "TensorType":
+    """`t` with `fn` applied to every symbolic (string) dim."""
+    return TensorType(tuple(fn(d) if isinstance(d, str) else d for d in t.shape), t.dtype)
 
 
 def join_dims(a: Dim, b: Dim, keep=frozenset()) -> Dim:

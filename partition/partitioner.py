@@ -17,7 +17,7 @@ from dyntvm.errors import CompileError
 
 from ..ir.graph import Graph, Node, Value
 from ..ir.ops import CONTROL_FLOW
-from ..ir.region import RegionAttrs
+from ..ir.attrs import ConstantAttrs, RegionAttrs
 from ..ir.serialize import graph_from_dict, graph_to_dict
 from .selector import Selector, StaticRegionSelector
 
@@ -56,7 +56,6 @@ def _partition(g: Graph, selector: Selector, prefix: str) -> Graph:
 def fold_constant_regions(g: Graph) -> Graph:
     """A region without inputs computes constants: evaluate it now (numpy reference) instead of
     compiling it, so the executor hands out copies rather than a buffer the VM returns every call."""
-    from ..ir.ops import ConstantAttrs
     from ..runtime.interpreter import Interpreter
     nodes = []
     for n in g.nodes:

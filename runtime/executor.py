@@ -17,7 +17,7 @@ from dyntvm.errors import CompileError
 
 from ..ir.graph import Graph, Node
 from .interpreter import Interpreter, bind_symbols, last_uses, stack_steps, zero_length_stack
-from .kernels import KERNELS, NEEDS_ENV
+from .kernels import KERNELS
 from .tensors import aligned_empty, aligned_rows, to_numpy, to_tvm
 
 
@@ -129,7 +129,7 @@ class Executor:
     def _make_kernel(self, n: Node, ins, outs, g):
         kern = KERNELS[n.op]
         attrs = n.attrs
-        if n.op in NEEDS_ENV:
+        if n.opdef.dim_attrs:
             def run(slots):
                 res = kern(attrs, *[to_numpy(slots[i]) for i in ins], env=self._env(g, slots))
                 for o, r in zip(outs, res):

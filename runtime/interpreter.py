@@ -10,7 +10,7 @@ import numpy as np
 from dyntvm.errors import GraphError, InputError
 from ..ir.graph import Graph, Node
 from ..ir.types import TensorType, eval_dim, is_symbol, shape_matches
-from .kernels import KERNELS, NEEDS_ENV
+from .kernels import run_kernel
 
 
 def bind_symbols(t: TensorType, shape: tuple, env: dict) -> None:
@@ -93,9 +93,7 @@ class Interpreter:
         return self.run_kernel(node, ins, env)
 
     def run_kernel(self, node: Node, ins: list, env: dict):
-        fn = KERNELS[node.op]
-        ins = [np.asarray(a) for a in ins]
-        return fn(node.attrs, *ins, env=env) if node.op in NEEDS_ENV else fn(node.attrs, *ins)
+        return run_kernel(node.op, node.attrs, [np.asarray(a) for a in ins], env)
 
     def check_output(self, node: Node, v, out, env: dict) -> None:
         """Bind `v`'s symbols to the sizes seen, and check that `out` has `v`'s type (a wrong type rule

@@ -1,7 +1,10 @@
 """Numpy kernels: the reference semantics of every non-control-flow op.
 
-``KERNELS[op](attrs, *arrays)`` returns a tuple of numpy arrays. Eager mode and the reference
-interpreter both call these, so eager results and interpreted graphs agree by construction.
+``KERNELS[op](attrs, *arrays)`` returns a tuple of numpy arrays; ops with symbolic dims in their attrs
+(`OpDef.dim_attrs`) also take ``env=`` (symbol values), see `run_kernel`. Eager mode, the reference
+interpreter and the executor all call these, so they agree by construction. A kernel is registered with
+`@kernel(name)`; a group's members with a loop over `ops_in(group)` (their numpy function is
+``np.<name>`` unless a kernel of that name is registered first).
 """
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ import math
 
 import numpy as np
 
-from ..ir.ops import DIM_ATTRS
+from ..ir.ops import Group, get_op, ops_in
 from ..ir.types import eval_dim
 
 KERNELS: dict = {}
@@ -18,68 +21,94 @@ KERNELS: dict = {}
 def kernel(*names):
     def deco(fn):
         for n in names:
+            if n in KERNELS:
+                raise ValueError(f"kernel for {n!r} registered twice")
             KERNELS[n] = fn
         return fn
     return deco
 
 
-def _as(x, dt):
-    return np.asarray(x).astype(dt, copy=False)
+def run_kernel(node_op: str, attrs, arrays, env=None):
+    """Run op `node_op`'s kernel; `env` (symbol values) is passed to ops with symbolic attrs."""
+    fn = KERNELS[node_op]
+    if get_op(node_op).dim_attrs:
+        return fn(attrs, *arrays, env=env or {})
+    return fn(attrs, *arrays)
 
 
-def _float(x):
-    return x if np.issubdtype(x.dtype, np.floating) else x.astype(np.float32)
+def _in_result_dtype(op: str, x):
+    """`x` in the dtype op `op` computes in (float ops on integer inputs compute in float32)."""
+    return np.asarray(x).astype(get_op(op).result_dtype([np.asarray(x).dtype.name]), copy=False)
 
 
+def _attr_shape(shape, env):
+    return tuple(d if isinstance(d, int) else eval_dim(d, env) for d in shape)
+
+
+# ------------------------------------------------------------------------ elementwise families
 _erf = np.vectorize(math.erf, otypes=[np.float64])
-
-_UNARY = {
-    "neg": np.negative, "abs": np.abs, "exp": np.exp, "log": np.log, "sqrt": np.sqrt,
-    "rsqrt": lambda x: 1.0 / np.sqrt(x), "tanh": np.tanh,
-    "sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)),
-    "relu": lambda x: np.maximum(x, np.zeros((), x.dtype)),
-    "erf": lambda x: _erf(x).astype(x.dtype),
-    "gelu": lambda x: (0.5 * x * (1.0 + _erf(x / np.sqrt(2.0)))).astype(x.dtype),
-    "sin": np.sin, "cos": np.cos, "floor": np.floor, "ceil": np.ceil, "round": np.round,
-    "sign": np.sign, "logical_not": np.logical_not, "isnan": np.isnan,
-}
-_FLOAT_IN = {"exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "gelu", "erf", "sin", "cos"}
+_ELEMENTWISE: dict = {}      # numpy functions of group members that are not simply np.<name>
 
 
-def _unary(name):
-    f = _UNARY[name]
+def elementwise(name):
+    def deco(fn):
+        _ELEMENTWISE[name] = fn
+        return fn
+    return deco
+
+
+elementwise("rsqrt")(lambda x: 1.0 / np.sqrt(x))
+elementwise("sigmoid")(lambda x: 1.0 / (1.0 + np.exp(-x)))
+elementwise("erf")(lambda x: _erf(x).astype(x.dtype))
+elementwise("gelu")(lambda x: (0.5 * x * (1.0 + _erf(x / np.sqrt(2.0)))).astype(x.dtype))
+elementwise("relu")(lambda x: np.maximum(x, np.zeros((), x.dtype)))
+elementwise("neg")(np.negative)
+elementwise("divide")(np.true_divide)
+
+
+def _family_kernel(name):
+    f = _ELEMENTWISE.get(name) or getattr(np, name)
+    opdef = get_op(name)
+    to_float = opdef.group is Group.FLOAT_UNARY
+
+    def run(attrs, *xs):
+        if to_float:
+            xs = [_in_result_dtype(name, x) for x in xs]
+        with np.errstate(all="ignore"):
+            return (np.asarray(f(*xs)),)
+    run.__name__ = name
+    return run
+
+
+for _g in (Group.FLOAT_UNARY, Group.UNARY, Group.PREDICATE, Group.ARITH, Group.COMPARE, Group.LOGICAL):
+    for _n in ops_in(_g):
+        kernel(_n)(_family_kernel(_n))
+
+
+def _reduce_kernel(name):
+    f = getattr(np, name)
+    dtype_rule = get_op(name).result_dtype
 
     def run(attrs, x):
-        x = np.asarray(x)
-        if name in _FLOAT_IN:
-            x = _float(x)
-        with np.errstate(all="ignore"):
-            return (np.asarray(f(x)),)
+        dt = dtype_rule([x.dtype.name], attrs)
+        kw = {"dtype": dt} if dt != x.dtype.name else {}
+        return (np.asarray(f(x, axis=attrs.axis, keepdims=attrs.keepdims, **kw)),)
     return run
 
 
-for _n in _UNARY:
-    KERNELS[_n] = _unary(_n)
-
-_BINARY = {
-    "add": np.add, "subtract": np.subtract, "multiply": np.multiply, "divide": np.true_divide,
-    "power": np.power, "maximum": np.maximum, "minimum": np.minimum, "equal": np.equal,
-    "not_equal": np.not_equal, "less": np.less, "less_equal": np.less_equal, "greater": np.greater,
-    "greater_equal": np.greater_equal, "logical_and": np.logical_and, "logical_or": np.logical_or,
-}
+for _n in ops_in(Group.REDUCE):
+    kernel(_n)(_reduce_kernel(_n))
+for _n in ops_in(Group.ARG_REDUCE):
+    kernel(_n)(lambda attrs, x, f=getattr(np, _n): (
+        np.asarray(f(x, axis=attrs.axis, keepdims=attrs.keepdims)).astype(np.int64),))
 
 
-def _binary(name):
-    f = _BINARY[name]
-
-    def run(attrs, a, b):
-        with np.errstate(all="ignore"):
-            return (np.asarray(f(a, b)),)
-    return run
-
-
-for _n in _BINARY:
-    KERNELS[_n] = _binary(_n)
+@kernel("clip")
+def _clip(attrs, x):
+    lo = None if attrs.a_min is None else np.asarray(attrs.a_min).astype(x.dtype)
+    hi = None if attrs.a_max is None else np.asarray(attrs.a_max).astype(x.dtype)
+    with np.errstate(all="ignore"):      # min(max(x, a_min), a_max), like np.clip (a_min > a_max gives a_max)
+        return (np.asarray(np.clip(x, lo, hi)),)
 
 
 @kernel("where")
@@ -97,37 +126,9 @@ def _matmul(attrs, a, b):
     return (np.asarray(np.matmul(a, b)),)
 
 
-def _reduce(fn, name):
-    def run(attrs, x):
-        kw = {}
-        if name in ("sum", "prod") and (x.dtype == np.bool_ or (x.dtype.kind in "iu" and x.dtype.itemsize < 8)):
-            kw["dtype"] = np.int64 if x.dtype.kind in "bi" else np.uint64
-        if name == "mean" and x.dtype.kind not in "fc":
-            kw["dtype"] = np.float64
-        return (np.asarray(fn(x, axis=attrs.axis, keepdims=attrs.keepdims, **kw)),)
-    return run
-
-
-for _n, _f in [("sum", np.sum), ("mean", np.mean), ("max", np.max), ("min", np.min), ("prod", np.prod)]:
-    KERNELS[_n] = _reduce(_f, _n)
-
-
-
-
-def _arg(fn):
-    def run(attrs, x):
-        return (np.asarray(fn(x, axis=attrs.axis, keepdims=attrs.keepdims)).astype(np.int64),)
-    return run
-
-
-KERNELS["argmax"], KERNELS["argmin"] = _arg(np.argmax), _arg(np.argmin)
-
-
-
 @kernel("reshape")
-def _reshape(attrs, x, env=None):
-    shape = tuple(d if isinstance(d, int) else eval_dim(d, env or {}) for d in attrs.shape)
-    return (np.reshape(x, shape),)
+def _reshape(attrs, x, env):
+    return (np.reshape(x, _attr_shape(attrs.shape, env)),)
 
 
 @kernel("transpose")
@@ -181,9 +182,8 @@ def _take(attrs, x, idx):
 
 
 @kernel("broadcast_to")
-def _broadcast_to(attrs, x, env=None):
-    shape = tuple(d if isinstance(d, int) else eval_dim(d, env or {}) for d in attrs.shape)
-    return (np.ascontiguousarray(np.broadcast_to(x, shape)),)
+def _broadcast_to(attrs, x, env):
+    return (np.ascontiguousarray(np.broadcast_to(x, _attr_shape(attrs.shape, env))),)
 
 
 @kernel("tile")
@@ -203,14 +203,14 @@ def _cast(attrs, x):
 
 @kernel("softmax")
 def _softmax(attrs, x):
-    x = _float(x)
+    x = _in_result_dtype("softmax", x)
     e = np.exp(x - np.max(x, axis=attrs.axis, keepdims=True)) if x.size else x
     return (e / np.sum(e, axis=attrs.axis, keepdims=True),)
 
 
 @kernel("log_softmax")
 def _log_softmax(attrs, x):
-    x = _float(x)
+    x = _in_result_dtype("log_softmax", x)
     if not x.size:
         return (x,)
     s = x - np.max(x, axis=attrs.axis, keepdims=True)
@@ -219,7 +219,7 @@ def _log_softmax(attrs, x):
 
 @kernel("layer_norm")
 def _layer_norm(attrs, x, g, b):
-    x = _float(x)
+    x = _in_result_dtype("layer_norm", x)
     axes = tuple(range(x.ndim - g.ndim, x.ndim))
     mean = x.mean(axis=axes, keepdims=True)
     var = ((x - mean) ** 2).mean(axis=axes, keepdims=True)
@@ -227,9 +227,8 @@ def _layer_norm(attrs, x, g, b):
 
 
 @kernel("full")
-def _full(attrs, env=None):
-    shape = tuple(d if isinstance(d, int) else eval_dim(d, env or {}) for d in attrs.shape)
-    return (np.full(shape, attrs.fill_value, dtype=attrs.dtype),)
+def _full(attrs, env):
+    return (np.full(_attr_shape(attrs.shape, env), attrs.fill_value, dtype=attrs.dtype),)
 
 
 @kernel("full_like")
@@ -238,8 +237,8 @@ def _full_like(attrs, x):
 
 
 @kernel("arange")
-def _arange(attrs, env=None):
-    start, stop = (eval_dim(d, env or {}) if isinstance(d, str) else d for d in (attrs.start, attrs.stop))
+def _arange(attrs, env):
+    start, stop = (eval_dim(d, env) if isinstance(d, str) else d for d in (attrs.start, attrs.stop))
     return (np.arange(start, stop, attrs.step, dtype=attrs.dtype),)
 
 
@@ -309,6 +308,3 @@ def _topk(attrs, x):
 def _topk_dyn(attrs, x, k):
     return _topk_impl(attrs, x, int(k))
 
-
-# Kernels that need the symbol environment (ops whose attrs may hold symbolic dims).
-NEEDS_ENV = set(DIM_ATTRS)

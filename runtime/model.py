@@ -9,6 +9,7 @@ import numpy as np
 from dyntvm.errors import InputError
 
 from ..ir.graph import Graph
+from ..ir.ops import OpKind
 from ..ir.tree import tree_flatten, tree_str, tree_unflatten
 from ..ir.types import is_symbol
 from .executor import Executor
@@ -76,8 +77,8 @@ def partition_summary(graph: Graph) -> list[str]:
             kinds = sorted(set(ops))
             lines.append(f"region {n.attrs.name}: {len(ops)} ops ({', '.join(kinds[:8])}"
                          f"{', ...' if len(kinds) > 8 else ''}), {len(n.inputs)} in / {len(n.outputs)} out")
-        elif n.opdef.kind in ("dynamic_shape", "control_flow"):
-            lines.append(f"{n.opdef.kind.replace('_', '-')} node {n.name} ({n.op})")
+        elif n.opdef.kind in (OpKind.DYNAMIC_SHAPE, OpKind.CONTROL_FLOW):
+            lines.append(f"{n.opdef.kind.value.replace('_', '-')} node {n.name} ({n.op})")
     return lines
 
 

@@ -17,6 +17,7 @@ import pytest
 import dyntvm as dt
 from dyntvm import F
 from dyntvm.errors import CompileError
+from dyntvm.ir import attrs as A
 from dyntvm.ir import ops as O
 from dyntvm.ir.graph import Graph, Node, Value
 from dyntvm.ir.tree import tree_flatten
@@ -79,26 +80,31 @@ def positive(rng, shapes, dtypes):
 
 
 # -- unary
-for _op in O.UNARY_FLOAT:
+for _op in O.ops_in(O.Group.FLOAT_UNARY):
     fn = getattr(F, _op)
     gen = positive if _op in ("log", "sqrt", "rsqrt") else None
     case(f"u_{_op}_f32", S(("N", 3)), gen=gen)(lambda x, fn=fn: fn(x))
     case(f"u_{_op}_i32", S(("N",), "int32"), gen=positive if gen else None)(lambda x, fn=fn: fn(x))
     case(f"u_{_op}_specials", S(("N", 4)), sizes=(3, 5), gen=with_specials)(lambda x, fn=fn: fn(x))
 case("u_exp_f64", S(("N", 2), "float64"))(lambda x: F.exp(x) + F.tanh(x) * F.gelu(x))
-for _op in O.UNARY_SAME + O.UNARY_BOOL:
+for _op in O.ops_in(O.Group.UNARY) + O.ops_in(O.Group.PREDICATE):
     fn = getattr(F, _op)
     case(f"u_{_op}_f32", S(("N", 4)), gen=with_specials)(lambda x, fn=fn: fn(x))
     case(f"u_{_op}_i64", S(("N",), "int64"))(lambda x, fn=fn: fn(x))
 for _op in ("abs", "relu", "floor", "ceil", "logical_not", "isnan"):
     case(f"u_{_op}_bool", S(("N",), "bool"))(lambda x, fn=getattr(F, _op): fn(x))
+case("u_clip_f32", S(("N", 4)), gen=with_specials)(lambda x: F.clip(x, -1.0, 1.0))
+case("u_clip_open", S(("N", 4)), gen=with_specials)(lambda x: F.clip(x, a_max=0.5) + x.clip(-0.5))
+case("u_clip_inverted", S(("N",)), gen=with_specials)(lambda x: F.clip(x, 1.0, -1.0))
+case("u_clip_i32", S(("N",), "int32"))(lambda x: F.clip(x, -1.5, 2))
+case("u_clip_bool", S(("N",), "bool"))(lambda x: F.clip(x, a_max=0))
 
 # -- binary
 def _nonneg_second(rng, shapes, dtypes):       # numpy raises on negative integer exponents
     return [_rand(rng, shapes[0], dtypes[0]), np.abs(_rand(rng, shapes[1], dtypes[1]))]
 
 
-for _op in O.BINARY_ARITH + O.BINARY_COMPARE + O.BINARY_LOGICAL:
+for _op in O.ops_in(O.Group.ARITH) + O.ops_in(O.Group.COMPARE) + O.ops_in(O.Group.LOGICAL):
     fn = getattr(F, _op)
     case(f"b_{_op}_f32_bcast", S(("N", 3)), S((3,)), gen=with_specials)(lambda a, b, fn=fn: fn(a, b))
     case(f"b_{_op}_i32_i64", S(("N", 1), "int32"), S(("M",), "int64"), gen=_nonneg_second if _op == "power" else None,
@@ -140,7 +146,7 @@ case("mm_int", S(("N", 3), "int32"), S((3, 2), "int64"))(lambda a, b: a @ b)
 case("mm_bool", S(("N", 3), "bool"), S((3, 2), "bool"))(lambda a, b: a @ b)
 
 # -- reductions
-for _op in O.REDUCE:
+for _op in O.ops_in(O.Group.REDUCE):
     fn = getattr(F, _op)
     empty_ok = (0, 1, 4) if _op in ("sum", "mean", "prod") else (1, 4)
     case(f"r_{_op}_all", S(("N", 3)), sizes=empty_ok)(lambda x, fn=fn: fn(x))
@@ -378,7 +384,7 @@ def _manual_graph(in_types, op, attrs, out_types):
 
 
 def test_unbound_symbol_is_a_compile_error():
-    g = _manual_graph([(("N",), "float32")], "full", O.FullAttrs(("M", 2), 1.0, "float32"), [(("M", 2), "float32")])
+    g = _manual_graph([(("N",), "float32")], "full", A.FullAttrs(("M", 2), 1.0, "float32"), [(("M", 2), "float32")])
     with pytest.raises(CompileError, match="'M'.*not bound"):
         build_module([("f", g)])
 
@@ -386,7 +392,7 @@ def test_unbound_symbol_is_a_compile_error():
 def test_expression_and_unknown_input_dims():
     # input dims "(T + 1)" and "_u7": fresh vars; T is solved from the expression (T = d - 1)
     g = _manual_graph([(("(T + 1)", 2), "float32"), (("_u7",), "int64")], "full",
-                      O.FullAttrs(("T", "((T + 1) * 2)", "_u7"), 3, "int32"),
+                      A.FullAttrs(("T", "((T + 1) * 2)", "_u7"), 3, "int32"),
                       [(("T", "((T + 1) * 2)", "_u7"), "int32")])
     mod = build_module([("f", g)])
     vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())

@@ -11,6 +11,7 @@ import pytest
 import dyntvm as dt
 from dyntvm import F
 from dyntvm.errors import GraphError
+from dyntvm.ir import attrs as A
 from dyntvm.ir import ops as O
 from dyntvm.ir.graph import Graph, Node, Value, assign_names
 from dyntvm.ir.serialize import graph_from_json, graph_to_json, graphs_equal, load_graph, save_graph
@@ -18,7 +19,7 @@ from dyntvm.ir.tree import tree_flatten, tree_str, tree_unflatten
 from dyntvm.ir.types import (SymDim, TensorType, dim_add, dim_max, dim_min, dim_mul, dim_sub, dim_symbols,
                              eval_dim, join_types, shape_matches)
 from dyntvm.runtime.interpreter import Interpreter
-from dyntvm.runtime.kernels import KERNELS, NEEDS_ENV
+from dyntvm.runtime.kernels import KERNELS
 from helpers import round_trip
 
 S = dt.TensorSpec
@@ -41,33 +42,34 @@ def test_every_op_has_a_kernel_and_a_type_rule():
         else:
             assert name in KERNELS, f"{name} has no numpy kernel"
     assert set(KERNELS) <= set(ops), "kernels for unregistered ops"
-    assert NEEDS_ENV == set(O.DIM_ATTRS) and NEEDS_ENV <= set(ops)
+    for name, d in ops.items():     # dim attrs name real fields
+        assert set(d.dim_attrs) <= {f.name for f in dataclasses.fields(d.attrs)}, name
 
 
 def test_register_refuses_duplicates_and_get_op_unknown():
     with pytest.raises(ValueError, match="registered twice"):
-        O.register("add", O.NoAttrs, lambda ts, a: ts)
+        O.register("add", A.NoAttrs, lambda ts, a: ts)
     with pytest.raises(KeyError, match="unknown op 'nope'"):
         O.get_op("nope")
 
 
 def test_attrs_json_round_trip_for_every_attrs_class():
-    samples = [O.ReduceAttrs((0, -1), True), O.SliceAttrs((0,), (None,), (-1,), (2,)), O.SplitAttrs((1, 3), 1),
-               O.SplitAttrs(2), O.PadAttrs(((1, 2), (0, 0)), float("-inf")), O.FullAttrs(("N", 3), True, "bool"),
-               O.ArangeAttrs(0, "(N * 2)", 3, "int64"), O.TopkAttrs(None, -1, False),
-               O.WhileAttrs(2, 1, None, True),
-               O.FullLikeAttrs(float("nan"), None), O.ReshapeAttrs(("N", -1))]
+    samples = [A.ReduceAttrs((0, -1), True), A.SliceAttrs((0,), (None,), (-1,), (2,)), A.SplitAttrs((1, 3), 1),
+               A.SplitAttrs(2), A.PadAttrs(((1, 2), (0, 0)), float("-inf")), A.FullAttrs(("N", 3), True, "bool"),
+               A.ArangeAttrs(0, "(N * 2)", 3, "int64"), A.TopkAttrs(None, -1, False),
+               A.WhileAttrs(2, 1, None, True),
+               A.FullLikeAttrs(float("nan"), None), A.ShapeAttrs(("N", -1))]
     for a in samples:
-        back = O.attrs_from_json(type(a), json.loads(json.dumps(O.attrs_to_json(a))))
+        back = A.attrs_from_json(type(a), json.loads(json.dumps(A.attrs_to_json(a))))
         assert repr(back) == repr(a)
 
 
 # ----------------------------------------------------------------------------------------- lint
 def _simple_graph():
     x = Value(TensorType(("N", 4)), "x")
-    n1 = Node("exp", (x,), O.NoAttrs(), name="exp0")
+    n1 = Node("exp", (x,), A.NoAttrs(), name="exp0")
     n1.outputs = (Value(TensorType(("N", 4)), "y", n1, 0),)
-    n2 = Node("sum", (n1.outputs[0],), O.ReduceAttrs((1,)), name="sum0")
+    n2 = Node("sum", (n1.outputs[0],), A.ReduceAttrs((1,)), name="sum0")
     n2.outputs = (Value(TensorType(("N",)), "z", n2, 0),)
     return Graph([x], [n1, n2], [n2.outputs[0]])
 
@@ -96,7 +98,7 @@ def test_lint_subgraph_using_an_outer_value_without_capture():
 
 def test_lint_wrong_attrs_type():
     g = _simple_graph()
-    g.nodes[1].attrs = O.AxisAttrs(1)
+    g.nodes[1].attrs = A.AxisAttrs(1)
     with pytest.raises(GraphError, match=r"node 1 \(sum sum0\) attrs are AxisAttrs, expected ReduceAttrs"):
         g.lint()
 

@@ -10,7 +10,8 @@ import pytest
 import dyntvm as dt
 from dyntvm import F
 from dyntvm.frontend import F as F_module
-from dyntvm.ir.ops import CONTROL_FLOW, REGION, all_ops
+from dyntvm.ir.ops import CONTROL_FLOW, REGION, Group, all_ops
+from dyntvm.ir.ops import ops_in as ops_in_group
 from helpers import assert_same, assert_trace_matches_eager, ops_in
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")   # log(-x), mean of empty axes, ...
@@ -62,18 +63,25 @@ def add(id, fn, specs, **kw):
 
 
 # ------------------------------------------------------------------------------------ elementwise
-for name in ["exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "gelu", "erf", "sin", "cos"]:
+for name in ops_in_group(Group.FLOAT_UNARY):
     add(f"{name}-f32", lambda x, n=name: getattr(F, n)(x), [X], positive=name in ("log", "sqrt", "rsqrt"))
     add(f"{name}-f64", lambda x, n=name: getattr(F, n)(x), [S(("N", 4), "float64")],
         positive=name in ("log", "sqrt", "rsqrt"))
     add(f"{name}-i32", lambda x, n=name: getattr(F, n)(x), [XI], positive=True)
-for name in ["neg", "negative", "abs", "relu", "floor", "ceil", "round", "sign"]:
+for name in ops_in_group(Group.UNARY) + ("negative",):
     add(f"{name}-f32", lambda x, n=name: getattr(F, n)(x), [X])
     add(f"{name}-i32", lambda x, n=name: getattr(F, n)(x), [XI])
 add("logical_not-bool", lambda x: F.logical_not(x), [XB])
 add("logical_not-f32", lambda x: F.logical_not(x > 0), [X])
 add("isnan", lambda x: F.isnan(F.log(x)), [X])
 add("unary-0d", lambda x: F.exp(F.sum(x)), [X])
+add("tan-range", lambda x: F.tan(x * 1.5), [X])
+add("clip-f32", lambda x: F.clip(x, -0.5, 0.75), [X])
+add("clip-method-lo", lambda x: x.clip(0.25), [X])
+add("clip-hi-i32", lambda x: F.clip(x, a_max=2), [XI])
+add("clip-float-bounds-i32", lambda x: F.clip(x, -1.5, 2.5), [XI])
+add("clip-inverted", lambda x: F.clip(x, 1.0, -1.0), [X])
+add("clip-nan", lambda x: F.clip(F.log(x), -1.0, 1.0), [X])
 
 BINARY = ["add", "subtract", "multiply", "divide", "power", "maximum", "minimum", "equal", "not_equal", "less",
           "less_equal", "greater", "greater_equal"]

@@ -1,0 +1,244 @@
+"""Attrs: one frozen dataclass per kind of op parameters, and their JSON codec.
+
+Attrs normalise what they are given in ``__post_init__`` (an int axis becomes a 1-tuple, a dtype its numpy
+name), so a frontend can build them straight from user arguments and a graph read back from JSON compares
+equal to the one written. Normalising is idempotent.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+
+
+def _set(obj, **kv):
+    for k, v in kv.items():
+        object.__setattr__(obj, k, v)
+
+
+def _int_tuple(v):
+    if v is None:
+        return None
+    if isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)):
+        return (int(v),)
+    return tuple(int(x) for x in v)
+
+
+@dataclass(frozen=True)
+class NoAttrs:
+    pass
+
+
+@dataclass(frozen=True, eq=False)
+class ConstantAttrs:
+    value: np.ndarray
+
+
+@dataclass(frozen=True)
+class ReduceAttrs:
+    axis: tuple | None = None
+    keepdims: bool = False
+
+    def __post_init__(self):
+        _set(self, axis=_int_tuple(self.axis), keepdims=bool(self.keepdims))
+
+
+@dataclass(frozen=True)
+class ArgReduceAttrs:
+    axis: int | None = None
+    keepdims: bool = False
+
+    def __post_init__(self):
+        _set(self, axis=None if self.axis is None else int(self.axis), keepdims=bool(self.keepdims))
+
+
+@dataclass(frozen=True)
+class ShapeAttrs:
+    """A target shape (reshape, broadcast_to): ints, -1 (reshape only) or symbolic dims."""
+    shape: tuple
+
+
+@dataclass(frozen=True)
+class TransposeAttrs:
+    axes: tuple | None = None
+
+    def __post_init__(self):
+        _set(self, axes=_int_tuple(self.axes))
+
+
+@dataclass(frozen=True)
+class AxisAttrs:
+    axis: int = 0
+
+    def __post_init__(self):
+        _set(self, axis=int(self.axis))
+
+
+@dataclass(frozen=True)
+class AxesAttrs:
+    axis: tuple | None = None
+
+    def __post_init__(self):
+        _set(self, axis=_int_tuple(self.axis))
+
+
+@dataclass(frozen=True)
+class SplitAttrs:
+    sections: Any            # int (equal parts) or tuple of split indices
+    axis: int = 0
+
+    def __post_init__(self):
+        sec = self.sections
+        _set(self, sections=int(sec) if isinstance(sec, (int, np.integer)) else _int_tuple(sec), axis=int(self.axis))
+
+
+@dataclass(frozen=True)
+class SliceAttrs:
+    axes: tuple
+    starts: tuple            # int or None per axis
+    stops: tuple
+    steps: tuple
+
+
+@dataclass(frozen=True)
+class TileAttrs:
+    reps: tuple
+
+    def __post_init__(self):
+        _set(self, reps=_int_tuple(self.reps))
+
+
+@dataclass(frozen=True)
+class PadAttrs:
+    pad_width: tuple         # ((before, after), ...) per axis
+    value: float = 0.0
+
+
+@dataclass(frozen=True)
+class DtypeAttrs:
+    """A result dtype (cast, arange_dyn), as its numpy name."""
+    dtype: str
+
+    def __post_init__(self):
+        _set(self, dtype=np.dtype(self.dtype).name)
+
+
+@dataclass(frozen=True)
+class LayerNormAttrs:
+    eps: float = 1e-5
+
+    def __post_init__(self):
+        _set(self, eps=float(self.eps))
+
+
+@dataclass(frozen=True)
+class ClipAttrs:
+    """Scalar bounds of `clip`; None leaves that side open."""
+    a_min: float | int | None = None
+    a_max: float | int | None = None
+
+    def __post_init__(self):
+        for name in ("a_min", "a_max"):
+            v = getattr(self, name)
+            if isinstance(v, (np.generic, np.ndarray)) and np.size(v) == 1:
+                v = v.item()
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+                raise TypeError(f"{name} must be a Python or numpy scalar or None, got {v!r}")
+            _set(self, **{name: v})
+
+
+@dataclass(frozen=True)
+class FullAttrs:
+    shape: tuple
+    fill_value: Any
+    dtype: str
+
+
+@dataclass(frozen=True)
+class FullLikeAttrs:
+    fill_value: Any
+    dtype: str | None = None
+
+
+@dataclass(frozen=True)
+class ArangeAttrs:
+    start: Any
+    stop: Any
+    step: Any
+    dtype: str
+
+
+@dataclass(frozen=True)
+class UniqueAttrs:
+    return_inverse: bool = False
+    return_counts: bool = False
+
+
+@dataclass(frozen=True)
+class TopkAttrs:
+    k: int | None = None      # None: k comes from the second input (dynamic)
+    axis: int = -1
+    largest: bool = True
+
+
+@dataclass(frozen=True)
+class CondAttrs:
+    num_outputs: int
+
+
+@dataclass(frozen=True)
+class CaseAttrs:
+    num_cases: int            # subgraphs: pred_0, fn_0, ..., pred_{n-1}, fn_{n-1}, default
+    num_outputs: int
+
+
+@dataclass(frozen=True)
+class ForeachAttrs:
+    num_data: int
+    num_states: int
+    num_outputs: int          # stacked per-step outputs
+
+
+@dataclass(frozen=True)
+class WhileAttrs:
+    num_vars: int
+    num_outputs: int
+    max_iterations: int | None = None   # static bound; a tensor bound is input[num_vars]
+    has_max_tensor: bool = False
+
+
+@dataclass(frozen=True)
+class RegionAttrs:
+    name: str          # the compiled function's name (unique in a model, deterministic)
+
+
+# ------------------------------------------------------------------------------------- JSON
+def attrs_to_json(attrs) -> dict:
+    return {f.name: _jsonable(getattr(attrs, f.name)) for f in fields(attrs)}
+
+
+def _jsonable(v):
+    if isinstance(v, tuple):
+        return {"tuple": [_jsonable(x) for x in v]}
+    if isinstance(v, (np.integer,)):
+        return int(v)
+    if isinstance(v, (np.floating,)):
+        return float(v)
+    if isinstance(v, float) and not np.isfinite(v):
+        return {"float": repr(v)}
+    return v
+
+
+def attrs_from_json(cls, obj: dict):
+    return cls(**{k: _from_jsonable(v) for k, v in obj.items()})
+
+
+def _from_jsonable(v):
+    if isinstance(v, dict) and "tuple" in v:
+        return tuple(_from_jsonable(x) for x in v["tuple"])
+    if isinstance(v, dict) and "float" in v:
+        return float(v["float"])
+    if isinstance(v, list):
+        return [_from_jsonable(x) for x in v]
+    return v

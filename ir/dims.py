@@ -1,0 +1,155 @@
+"""Dim expressions: the one parser and visitor of symbolic dims.
+
+Types store a dim as an ``int`` or a string (``"T"``, ``"(T + 1)"``, ``"max((N - 1), 0)"``): strings keep
+`TensorType` hashable, printable and JSON-friendly. Every stage that needs the *structure* of a dim
+(its symbols, its value, its translation to TIR, renaming unknown dims) goes through `parse_dim`, which
+returns a `DimExpr` tree (cached per string), and walks it with `DimExpr.fold` or a `DimVisitor`.
+
+    >>> e = parse_dim("((T + 1) * 2)")
+    >>> sorted(e.symbols), e.evaluate({"T": 3}), str(e.rename({"T": "S"}))
+    (['T'], 8, '((S + 1) * 2)')
+"""
+from __future__ import annotations
+
+import ast
+import functools
+from dataclasses import dataclass
+
+__all__ = ["DimExpr", "Sym", "Const", "BinOp", "Call", "Neg", "DimVisitor", "parse_dim", "BINOPS", "FUNCS"]
+
+#: Binary operators a dim may use, with their Python semantics on ints (floor division, floor mod).
+BINOPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
+          "//": lambda a, b: a // b, "%": lambda a, b: a % b}
+#: Functions a dim may call.
+FUNCS = {"min": min, "max": max}
+_AST_OPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.FloorDiv: "//", ast.Mod: "%"}
+
+
+class DimExpr:
+    """A parsed dim: `Const`, `Sym`, `BinOp`, `Call` (min/max) or `Neg`. Immutable and hashable."""
+
+    __slots__ = ()
+
+    @functools.cached_property
+    def symbols(self) -> frozenset:
+        """Symbol names the expression refers to."""
+        return self.fold(lambda c: frozenset(), lambda s: frozenset((s,)),
+                         lambda op, a, b: a | b, lambda fn, args: frozenset().union(*args), lambda a: a)
+
+    def evaluate(self, env: dict) -> int:
+        """The value given symbol values (KeyError for a symbol not in `env`)."""
+        return self.fold(lambda c: c, lambda s: env[s], lambda op, a, b: BINOPS[op](a, b),
+                         lambda fn, args: FUNCS[fn](*args), lambda a: -a)
+
+    def rename(self, mapping) -> "DimExpr":
+        """The expression with symbols renamed by `mapping` (a dict or a function of the name)."""
+        get = mapping if callable(mapping) else (lambda s: mapping.get(s, s))
+        return self.fold(Const, lambda s: Sym(get(s)), BinOp, lambda fn, args: Call(fn, tuple(args)), Neg)
+
+    def fold(self, const, sym, binop, call, neg):
+        """Bottom-up evaluation: each node kind is handled by one function of its children's results."""
+        raise NotImplementedError
+
+    def __str__(self) -> str:
+        return self.fold(str, str, lambda op, a, b: f"({a} {op} {b})", lambda fn, args: f"{fn}({', '.join(args)})",
+                         lambda a: f"-{a}")
+
+    def to_dim(self):
+        """Back to the stored form: an int for a constant, else the canonical string."""
+        return self.value if isinstance(self, Const) else str(self)
+
+
+@dataclass(frozen=True, eq=True)
+class Const(DimExpr):
+    value: int
+
+    def fold(self, const, sym, binop, call, neg):
+        return const(self.value)
+
+
+@dataclass(frozen=True, eq=True)
+class Sym(DimExpr):
+    name: str
+
+    @property
+    def is_unknown(self) -> bool:
+        return self.name.startswith("_")
+
+    def fold(self, const, sym, binop, call, neg):
+        return sym(self.name)
+
+
+@dataclass(frozen=True, eq=True)
+class BinOp(DimExpr):
+    op: str
+    left: DimExpr
+    right: DimExpr
+
+    def fold(self, const, sym, binop, call, neg):
+        f = (const, sym, binop, call, neg)
+        return binop(self.op, self.left.fold(*f), self.right.fold(*f))
+
+
+@dataclass(frozen=True, eq=True)
+class Call(DimExpr):
+    fn: str
+    args: tuple
+
+    def fold(self, const, sym, binop, call, neg):
+        return call(self.fn, [a.fold(const, sym, binop, call, neg) for a in self.args])
+
+
+@dataclass(frozen=True, eq=True)
+class Neg(DimExpr):
+    operand: DimExpr
+
+    def fold(self, const, sym, binop, call, neg):
+        return neg(self.operand.fold(const, sym, binop, call, neg))
+
+
+# cached_property needs a __dict__; frozen dataclasses with slots=False have one.
+
+
+class DimVisitor:
+    """Top-down visitor over a `DimExpr` (for walks that need the tree, e.g. solving for a symbol).
+    Subclasses define ``visit_Const``, ``visit_Sym``, ``visit_BinOp``, ``visit_Call``, ``visit_Neg``."""
+
+    def visit(self, e: DimExpr):
+        return getattr(self, "visit_" + type(e).__name__)(e)
+
+
+@functools.lru_cache(maxsize=8192)
+def _parse_str(s: str) -> DimExpr:
+    try:
+        tree = ast.parse(s, mode="eval").body
+    except SyntaxError:
+        raise ValueError(f"bad dim expression {s!r}") from None
+    return _from_ast(tree, s)
+
+
+def _from_ast(n, src) -> DimExpr:
+    if isinstance(n, ast.Constant) and type(n.value) is int:
+        return Const(n.value)
+    if isinstance(n, ast.Name):
+        return Sym(n.id)
+    if isinstance(n, ast.BinOp) and type(n.op) in _AST_OPS:
+        return BinOp(_AST_OPS[type(n.op)], _from_ast(n.left, src), _from_ast(n.right, src))
+    if isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.USub):
+        inner = _from_ast(n.operand, src)
+        return Const(-inner.value) if isinstance(inner, Const) else Neg(inner)
+    if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in FUNCS and n.args \
+            and not n.keywords:
+        return Call(n.func.id, tuple(_from_ast(a, src) for a in n.args))
+    raise ValueError(f"bad dim expression {src!r}: only ints, symbols, + - * // %, min(...) and max(...) "
+                     "are allowed")
+
+
+def parse_dim(d) -> DimExpr:
+    """The `DimExpr` of a stored dim (an int or a string); ValueError for anything else."""
+    if isinstance(d, DimExpr):
+        return d
+    if isinstance(d, int) and not isinstance(d, bool):
+        return Const(int(d))
+    if isinstance(d, str):
+        return _parse_str(str(d))
+    raise ValueError(f"bad dim {d!r}")
