@@ -35,13 +35,15 @@ def row(name, eager_s, comp_s, extra=""):
     print(f"{name:<34} {eager_s * 1e3:>10.3f} {comp_s * 1e3:>10.3f} {eager_s / comp_s:>8.2f}x  {extra}")
 
 
+CASES = [("lstm", dict(T=64, B=1)), ("lstm", dict(T=64, B=16)), ("decoder", dict(P=3)),
+         ("detection", dict(N=200)), ("detection", dict(N=1000)), ("branchy", dict(B=8)),
+         ("transformer", dict(B=1, S=128)), ("transformer", dict(B=4, S=33))]
+
+
 def bench_examples(quick):
     print(f"{'model (sizes)':<34} {'eager ms':>10} {'dyntvm ms':>10} {'speedup':>9}")
-    cases = [("lstm", dict(T=64, B=1)), ("lstm", dict(T=64, B=16)), ("decoder", dict(P=3)),
-             ("detection", dict(N=200)), ("detection", dict(N=1000)), ("branchy", dict(B=8)),
-             ("transformer", dict(B=1, S=128)), ("transformer", dict(B=4, S=33))]
     compile_times = {}
-    for name, sizes in cases:
+    for name, sizes in CASES:
         ex = examples.get(name)
         t0 = time.perf_counter()
         model = dt.compile(ex.fn, *ex.specs, use_cache=False)
