@@ -39,7 +39,7 @@ model(*inputs)
 t3 = time.perf_counter()
 model(*inputs)
 t4 = time.perf_counter()
-mods = [m for m in sys.modules if m.startswith(("dyntvm.frontend", "dyntvm.partition", "dyntvm.codegen"))]
+mods = [m for m in sys.modules if m.startswith(("dyntvm.frontend", "dyntvm.partition", "dyntvm.codegen", "dyntvm.pipeline"))]
 print(json.dumps({"numpy_and_inputs": t1 - t0, "load": t2 - t1, "first_call": t3 - t2, "second_call": t4 - t3,
                   "total": t3 - t_np, "compiler_modules": mods}))
 """

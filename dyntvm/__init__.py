@@ -5,8 +5,12 @@ Example:
     >>> from dyntvm import F
     >>> g = dt.trace(lambda x: F.boolean_mask(x, x > 0) * 2, dt.TensorSpec(("N",)))
 
-Attributes load lazily, so `import dyntvm.runtime` (what `dt.load` needs) pulls in neither the
-frontend nor codegen.
+The pipeline, one folder per stage: `frontend/` (trace) -> `partition/` (regions) -> `codegen/` (TVM
+build) -> `runtime/` (CompiledModel, executor). `dt.compile` and `dt.hybridize` (`dyntvm/pipeline.py`)
+call them in that order; `dt.load` (`runtime/load.py`) needs the runtime alone.
+
+Attributes load lazily through a table of module names, so `import dyntvm` imports no stage and
+`dt.load` pulls in neither the frontend, the partitioner nor codegen.
 """
 from .errors import (ArtifactError, CompileError, DyntvmError, GraphError, InputError, TraceError,  # noqa: F401
                      UnsupportedOpError)
@@ -23,9 +27,9 @@ _LAZY = {
     "run_reference": ("dyntvm.runtime.interpreter", "run_reference"),
     "graph_from_json": ("dyntvm.ir.serialize", "graph_from_json"),
     "graph_to_json": ("dyntvm.ir.serialize", "graph_to_json"),
-    "compile": ("dyntvm.codegen.api", "compile"),
-    "hybridize": ("dyntvm.codegen.api", "hybridize"),
-    "load": ("dyntvm.runtime.artifact", "load"),
+    "compile": ("dyntvm.pipeline", "compile"),
+    "hybridize": ("dyntvm.pipeline", "hybridize"),
+    "load": ("dyntvm.runtime.load", "load"),
 }
 
 

@@ -190,9 +190,9 @@ def _inspect(args) -> int:
         for fn, digest in manifest.get("files", {}).items():
             print(f"  file {fn}: sha256 {str(digest)[:16]}...")
     else:
-        from dyntvm.partition import partition
+        from dyntvm.pipeline import partition_graph
         loaded = load_model(args.model, args.example, args.input)
-        pg = partition(loaded.graph)
+        pg = partition_graph(loaded.graph)            # partitioned and folded, as `compile` builds it
         print(f"model {loaded.source} (partitioned, not compiled)")
     regions = [n for n in pg.walk() if n.op == "region"]
     print(f"{len(regions)} compiled region(s):")

@@ -366,8 +366,3 @@ def all_ops_names() -> list:
 
 
 __all__ = all_ops_names() + ["all_ops_names"]
-
-
-from .tracer import _install_operators  # noqa: E402
-
-_install_operators()

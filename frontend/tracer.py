@@ -151,7 +151,10 @@ class Builder:
 
 
 class Tensor:
-    """A traced value. Supports numpy-style operators; see `dyntvm.F` for every op."""
+    """A traced value. Supports numpy-style operators; see `dyntvm.F` for every op.
+
+    Its operators and op methods (`+`, `x[i]`, `x.T`, `x.reshape`, ...) are installed by
+    `tensor_methods.py` from the op registry: this module never imports the `F` functions."""
 
     __array_ufunc__ = None            # make `ndarray + Tensor` call Tensor.__radd__
     __slots__ = ("value", "builder")
@@ -175,11 +178,6 @@ class Tensor:
     @property
     def ndim(self) -> int:
         return self.value.type.ndim
-
-    @property
-    def T(self):
-        from . import ops
-        return ops.transpose(self)
 
     def __repr__(self):
         return f"Tensor({self.value.type})"
@@ -214,56 +212,6 @@ class Tensor:
 
     def __hash__(self):
         return id(self)
-
-    def astype(self, dtype):
-        from . import ops
-        return ops.cast(self, dtype)
-
-    def reshape(self, *shape):
-        from . import ops
-        return ops.reshape(self, shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape)
-
-    def transpose(self, *axes):
-        from . import ops
-        return ops.transpose(self, (axes[0] if len(axes) == 1 and isinstance(axes[0], (tuple, list)) else axes)
-                             or None)
-
-    def __getitem__(self, idx):
-        from . import ops
-        return ops.getitem(self, idx)
-
-
-def _install_operators():
-    """Tensor operators and methods from the registry (`OpDef.operator`, `OpDef.method`)."""
-    from ..ir.ops import all_ops
-    from . import ops
-    for d in all_ops().values():
-        f = getattr(ops, d.api) if d.api else None
-        if d.operator:
-            wrap = _bool_only if d.operator in _BOOL_ONLY else (lambda dunder, g: g)
-            if d.num_inputs == 1:
-                setattr(Tensor, f"__{d.operator}__", wrap(d.operator, lambda a, f=f: f(a)))
-            else:
-                setattr(Tensor, f"__{d.operator}__", wrap(d.operator, lambda a, b, f=f: f(a, b)))
-                if d.reflected:
-                    setattr(Tensor, f"__r{d.operator}__", wrap(d.operator, lambda a, b, f=f: f(b, a)))
-        if d.method:
-            setattr(Tensor, d.api, f)
-
-
-_BOOL_ONLY = {"and": "&", "or": "|", "invert": "~"}   # numpy's & | ~ are bitwise on ints: bool only here
-
-
-def _bool_only(dunder, f):
-    sym = _BOOL_ONLY[dunder]
-
-    def g(a, *b):
-        for x in (a, *b):
-            if np.dtype(x.dtype if isinstance(x, (Tensor, np.ndarray, np.generic)) else type(x)) != np.bool_:
-                raise trace_error(f"{sym} is only supported on bool tensors (numpy's {sym} on ints is bitwise, "
-                                  f"which dyntvm has no op for); got {getattr(x, 'dtype', type(x).__name__)}")
-        return f(a, *b)
-    return g
 
 
 @dataclass(frozen=True)

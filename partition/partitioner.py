@@ -1,5 +1,8 @@
 """Cycle-free partitioning of a graph into static regions (recursing into control-flow subgraphs).
 
+Pipeline stage 2 of 4 (`dyntvm.pipeline`): after the frontend, before constant folding
+(`dyntvm.runtime.fold`) and codegen. Imports only the IR.
+
 A candidate region grows from a seed along edges the selector accepts. Before a node joins, the
 merge is checked against precomputed reachability: it is refused if some node outside the region
 would be both reachable from the region and able to reach it (A -> dyn -> B plus A -> B must not put
@@ -11,13 +14,12 @@ from __future__ import annotations
 import logging
 
 import networkx as nx
-import numpy as np
 
 from dyntvm.errors import CompileError
 
 from ..ir.graph import Graph, Node, Value
 from ..ir.ops import CONTROL_FLOW
-from ..ir.attrs import ConstantAttrs, RegionAttrs
+from ..ir.attrs import RegionAttrs
 from ..ir.serialize import graph_from_dict, graph_to_dict
 from .selector import Selector, StaticRegionSelector
 
@@ -50,26 +52,7 @@ def _partition(g: Graph, selector: Selector, prefix: str) -> Graph:
         if n.opdef.kind == CONTROL_FLOW:
             n.subgraphs = tuple(_partition(s, selector, f"{prefix}_{i}{_ident(s.name)}") for s in n.subgraphs)
     regions = find_regions(g, selector)
-    return fold_constant_regions(contract(g, regions, prefix))
-
-
-def fold_constant_regions(g: Graph) -> Graph:
-    """A region without inputs computes constants: evaluate it now (numpy reference) instead of
-    compiling it, so the executor hands out copies rather than a buffer the VM returns every call."""
-    from ..runtime.interpreter import Interpreter
-    nodes = []
-    for n in g.nodes:
-        if n.op != "region" or n.inputs:
-            nodes.append(n)
-            continue
-        for v, value in zip(n.outputs, Interpreter(n.subgraphs[0]).run()):
-            data = np.array(value)
-            data.flags.writeable = False
-            c = Node("constant", (), ConstantAttrs(data), (v,), name=f"{n.attrs.name}_const{v.index}")
-            v.producer, v.index = c, 0
-            nodes.append(c)
-    g.nodes = nodes
-    return g
+    return contract(g, regions, prefix)
 
 
 def find_regions(g: Graph, selector: Selector) -> list[list[int]]:

@@ -1,12 +1,15 @@
-"""Deployable artifacts: save a CompiledModel to a folder (or one .tar) and load it back.
+"""Deployable artifacts: the files. Writes a model's artifact folder (or one .tar), reads and checks one.
 
 Layout (DESIGN section 8): manifest.json (format version, dyntvm/TVM versions, target, signature,
 sha256 of every file), graph.json (the partitioned graph), params.npz (constants, loaded with
 allow_pickle=False), kernels.so (compiled regions, native code: load only artifacts you trust).
-Loading imports only the runtime (no frontend, partitioner or codegen) and checks everything first.
+Reading checks everything first and imports only the runtime (no frontend, partitioner or codegen).
+`dt.load` (`runtime/load.py`) turns what `read_folder` returns, plus the kernels, into a CompiledModel;
+this module knows no CompiledModel (it saves any object with graph, target, regions, info and lib).
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -104,29 +107,22 @@ def _extract(path: str) -> str:
                     raise ArtifactError(f"{path}: unexpected member {m.name!r} in artifact tar")
             tar.extractall(folder, filter="data")
     except tarfile.TarError as e:
+        shutil.rmtree(folder, ignore_errors=True)
         raise ArtifactError(f"{path}: not a readable artifact tar: {e}") from e
+    except ArtifactError:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
     return folder
 
 
-def load(path: str, device: str | None = None):
-    """Load an artifact written by `model.save` / `dyntvm compile`.
-
-    Args:
-        path: the artifact folder or .tar file.
-        device: "cpu" or "cuda"; default: the artifact's target.
-
-    Raises:
-        dt.ArtifactError: missing or corrupt files, hash or version mismatch, no GPU for a CUDA artifact.
-
-    Example:
-        >>> model = dt.load("lstm.dtvm")
-        >>> hs, h = model(xs, h0, c0)
-    """
+@contextlib.contextmanager
+def folder_of(path: str):
+    """The artifact folder at `path` (a .tar is extracted to a temporary folder, removed afterwards)."""
     if not os.path.exists(path):
         raise ArtifactError(f"{path}: no such artifact")
     folder = _extract(path) if os.path.isfile(path) else path
     try:
-        return _load_folder(folder, path, device)
+        yield folder
     finally:
         if folder != path:
             shutil.rmtree(folder, ignore_errors=True)
@@ -137,17 +133,12 @@ def read(path: str) -> tuple[dict, object]:
 
     For `dyntvm inspect`: looking at an artifact runs none of its native code.
     """
-    if not os.path.exists(path):
-        raise ArtifactError(f"{path}: no such artifact")
-    folder = _extract(path) if os.path.isfile(path) else path
-    try:
-        return _read_folder(folder, path)
-    finally:
-        if folder != path:
-            shutil.rmtree(folder, ignore_errors=True)
+    with folder_of(path) as folder:
+        return read_folder(folder, path)
 
 
-def _read_folder(folder: str, label: str) -> tuple[dict, object]:
+def read_folder(folder: str, label: str) -> tuple[dict, object]:
+    """`read` of an artifact folder; `label` names the artifact in error messages."""
     mpath = os.path.join(folder, "manifest.json")
     if not os.path.exists(mpath):
         raise ArtifactError(f"{label}: manifest.json is missing (not a dyntvm artifact?)")
@@ -192,36 +183,3 @@ def _read_folder(folder: str, label: str) -> tuple[dict, object]:
     except (GraphError, KeyError, TypeError, ValueError, IndexError, AttributeError, RecursionError) as e:
         raise ArtifactError(f"{label}: graph.json is invalid: {e}") from e
     return manifest, graph
-
-
-def _load_folder(folder: str, label: str, device):
-    manifest, graph = _read_folder(folder, label)
-    files, target = manifest["files"], manifest["target"]
-    device = device or target
-    vm, lib = None, None
-    if KERNELS in files:
-        import tvm
-        from tvm import relax
-        if device == "cuda" and not tvm.cuda(0).exist:
-            raise ArtifactError(f"{label}: this is a CUDA artifact but no CUDA GPU is available here; "
-                                "compile with --target cpu for this machine")
-        if device not in ("cpu", "cuda"):
-            raise ArtifactError(f"{label}: unknown device {device!r} (expected cpu or cuda)")
-        try:
-            lib = tvm.runtime.load_module(os.path.join(folder, KERNELS))
-            vm = relax.VirtualMachine(lib, tvm.cpu() if device == "cpu" else tvm.cuda())
-        except Exception as e:  # noqa: BLE001 - TVM raises many kinds; all mean "cannot load"
-            raise ArtifactError(f"{label}: cannot load {KERNELS}: {e}") from e
-    from .model import CompiledModel
-    if vm is None and any(n.op == "region" for n in graph.walk()):
-        raise ArtifactError(f"{label}: graph has compiled regions but {KERNELS} is not listed")
-    try:
-        info = manifest.get("info") if isinstance(manifest.get("info"), dict) else {}
-        model = CompiledModel(graph, vm, target, lib, {**info, "loaded_from": label})
-    except Exception as e:  # noqa: BLE001 - a region function missing from the library, most likely
-        raise ArtifactError(f"{label}: graph.json does not match {KERNELS}: {e}") from e
-    model.lib_path = None
-    if lib is not None:
-        with open(os.path.join(folder, KERNELS), "rb") as f:
-            model.lib_bytes = f.read()
-    return model

@@ -1,6 +1,7 @@
 """`CompiledModel`: a partitioned graph plus its compiled kernels, callable on numpy arrays.
 
-Runtime-only (no frontend/codegen imports) so that `dt.load` stays light.
+Pipeline stage 4 of 4 (`dyntvm.pipeline`), and what `dt.load` (`runtime/load.py`) returns. Runtime-only
+(imports the IR and the runtime, never the frontend, partitioner or codegen) so that `dt.load` stays light.
 """
 from __future__ import annotations
 
@@ -12,8 +13,16 @@ from ..ir.graph import Graph
 from ..ir.ops import OpKind
 from ..ir.tree import tree_flatten, tree_str, tree_unflatten
 from ..ir.types import is_symbol
+from .artifact import save as save_artifact
 from .executor import Executor
 from .tensors import to_numpy
+
+
+def virtual_machine(lib, device: str = "cpu"):
+    """A Relax VM over a kernel library (built, or loaded from a file) on "cpu" or "cuda"."""
+    import tvm
+    from tvm import relax
+    return relax.VirtualMachine(lib, tvm.cpu() if device == "cpu" else tvm.cuda())
 
 
 def check_inputs(graph: Graph, args: tuple) -> list:
@@ -168,5 +177,4 @@ class CompiledModel:
 
     def save(self, path: str) -> None:
         """Write a deployable artifact (see `dt.load`)."""
-        from .artifact import save
-        save(self, path)
+        save_artifact(self, path)

@@ -4,7 +4,7 @@ import pytest
 
 import dyntvm as dt
 from dyntvm import F, examples
-from dyntvm.codegen.api import stats
+from dyntvm.codegen.build import stats
 from dyntvm.ir.tree import tree_flatten
 
 

@@ -168,3 +168,23 @@ def test_view_only_regions_stay_in_numpy():
     assert top_ops(pg) == ["region", "boolean_mask", "slice", "reshape", "nonzero"]
     x = np.array([1.0, -2.0, 3.0, 4.0], "float32")
     np.testing.assert_array_equal(dt.run_reference(pg, x), F.nonzero(F.boolean_mask(x, x > 0)[1:].reshape((-1, 1))))
+
+
+def test_constant_folding_is_its_own_pass():
+    """partition() leaves input-less regions (at every level) as regions; `fold_constants`, the pass the
+    pipeline runs next, evaluates them into constants named `<region>_const<k>`."""
+    from dyntvm.runtime.fold import fold_constants
+
+    def fn(x):
+        return x + 1.0, F.cond(F.sum(x) > 0, lambda: F.tanh(F.full((4,), 0.5)), lambda: x * 3.0), \
+            F.exp(F.full((2,), 1.0)) * 2.0
+    g = dt.trace(fn, dt.TensorSpec((4,)))
+    pg = partition(g)
+    inputless = sorted(n.attrs.name for n in pg.walk() if n.op == "region" and not n.inputs)
+    assert inputless == ["fn_5then_r0", "fn_r2"]
+    folded = fold_constants(pg)
+    assert not any(n.op == "region" and not n.inputs for n in folded.walk())
+    assert {f"{r}_const0" for r in inputless} <= {n.name for n in folded.walk() if n.op == "constant"}
+    x = np.ones(4, "float32")
+    for got, want in zip(tree_flatten(dt.run_reference(folded, x))[0], tree_flatten(fn(x))[0]):
+        np.testing.assert_allclose(got, want, rtol=1e-6)

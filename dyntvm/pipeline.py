@@ -1,57 +1,33 @@
-"""`dt.compile` and `dt.hybridize`: trace -> partition -> Relax -> TVM build (cached) -> CompiledModel."""
+"""`dt.compile` and `dt.hybridize`: the pipeline, stage by stage.
+
+    frontend.tracer.trace    Python function -> Graph                     (skipped for a traced Graph)
+    partition.partition      Graph -> Graph with region nodes (static parts), recursing into bodies
+    runtime.fold.fold_constants   input-less regions -> constants (evaluated with the reference interpreter)
+    codegen.build.build      region subgraphs -> one TVM kernel library (compile cache)
+    runtime.model.CompiledModel   the partitioned graph + the kernels, run by the executor
+
+This is the only module that imports every stage; the stages import only the layers below them
+(`ir`, and for the frontend the runtime's kernels), which `tests/test_layering.py` checks.
+"""
 from __future__ import annotations
 
-import logging
 import time
 
 import numpy as np
 
-from dyntvm.errors import CompileError, UnsupportedOpError
-
-from ..ir.graph import Graph
-from ..runtime.model import CompiledModel
-from . import cache as _cache
-
-log = logging.getLogger("dyntvm.codegen")
-
-
-class Stats:
-    """Counters tests may assert on (e.g. one TVM build per model)."""
-    builds = 0          # TVM builds actually run
-    cache_hits = 0
+from .codegen.build import build, check_target
+from .errors import CompileError
+from .frontend.tracer import TensorSpec, trace
+from .ir.graph import Graph
+from .ir.tree import tree_flatten, tree_unflatten
+from .partition import partition
+from .runtime.fold import fold_constants
+from .runtime.model import CompiledModel, virtual_machine
 
 
-stats = Stats()
-TARGETS = ("cpu", "cuda")
-
-
-def _collect_regions(graph: Graph) -> list:
-    return [(n.attrs.name, n.subgraphs[0]) for n in graph.walk() if n.op == "region"]
-
-
-def _target_desc(target: str) -> str:
-    """The concrete target (host CPU model and core count for "cpu"): kernels built for one CPU may
-    use instructions another lacks, so the cache must not share them across machines."""
-    if target == "cpu":
-        from .cpu_schedule import cpu_target
-        return str(cpu_target())
-    from .gpu import cuda_target
-    return str(cuda_target())
-
-
-def build_executable(regions: list, target: str):
-    """Build one TVM executable holding every region function (no caching)."""
-    from .relax_builder import build_module, unsupported_ops
-    missing = sorted({op for _, g in regions for op in unsupported_ops(g)})
-    if missing:
-        raise UnsupportedOpError(f"compile: no Relax converter for op(s) {', '.join(missing)}")
-    mod = build_module(regions)
-    stats.builds += 1
-    if target == "cpu":
-        from .cpu_schedule import build_cpu
-        return build_cpu(mod)
-    from .gpu import build_cuda
-    return build_cuda(mod)
+def partition_graph(graph: Graph, selector=None) -> Graph:
+    """The graph `compile` builds: partitioned into regions, input-less regions folded to constants."""
+    return fold_constants(partition(graph, selector))
 
 
 def compile(fn_or_graph, *specs, target: str = "cpu", selector=None, cache_dir: str | None = None,
@@ -70,45 +46,25 @@ def compile(fn_or_graph, *specs, target: str = "cpu", selector=None, cache_dir: 
         >>> model(np.ones((3, 4), "float32")).shape
         (3, 4)
     """
-    from ..partition import partition
-    if target not in TARGETS:
-        raise CompileError(f"compile: unknown target {target!r}; expected one of {', '.join(TARGETS)}")
+    check_target(target)
     t0 = time.perf_counter()
     if isinstance(fn_or_graph, Graph):
         if specs:
             raise CompileError("compile: specs are only for a function; this graph is already traced")
         graph = fn_or_graph
     elif callable(fn_or_graph):
-        from ..frontend.tracer import trace
         graph = trace(fn_or_graph, *specs)
     else:
         raise CompileError(f"compile: expected a function or a dt.Graph, got {type(fn_or_graph).__name__}")
-    pg = partition(graph, selector)
-    regions = _collect_regions(pg)
-    vm, lib, cached, path = None, None, False, None
-    if regions:
-        import tvm
-        from tvm import relax
-        key = _cache.cache_key(regions, _target_desc(target))
-        cdir = cache_dir or _cache.default_cache_dir()
-        path = _cache.lookup(cdir, key) if use_cache else None
-        if path is not None:
-            stats.cache_hits += 1
-            cached = True
-        else:
-            ex = build_executable(regions, target)
-            path = _cache.store(cdir, key, ex) if use_cache else None
-            if path is None:
-                lib = ex
-        if path is not None:
-            lib = tvm.runtime.load_module(path)
-        dev = tvm.cpu() if target == "cpu" else tvm.cuda()
-        vm = relax.VirtualMachine(lib, dev)
-    info = {"compile_time_s": round(time.perf_counter() - t0, 3), "cache": "hit" if cached else "miss"}
-    if regions:
-        info["built_for"] = _target_desc(target)      # recorded in artifacts: the CPU the kernels target
-    model = CompiledModel(pg, vm, target, lib, info)
-    model.lib_path = path
+    pg = partition_graph(graph, selector)
+    built = build(pg, target, cache_dir, use_cache)
+    vm = virtual_machine(built.lib, target) if built else None
+    info = {"compile_time_s": round(time.perf_counter() - t0, 3),
+            "cache": "hit" if built and built.cached else "miss"}
+    if built:
+        info["built_for"] = built.target_desc      # recorded in artifacts: the CPU the kernels target
+    model = CompiledModel(pg, vm, target, built.lib if built else None, info)
+    model.lib_path = built.path if built else None
     return model
 
 
@@ -123,8 +79,6 @@ def hybridize(fn, target: str = "cpu", dynamic=(), selector=None, cache_dir=None
         >>> fast = dt.hybridize(lstm, dynamic=(("T", "B", None), ("B", None), ("B", None)))
         >>> hs, h = fast(xs, h0, c0)     # one compile serves every T and B
     """
-    from ..frontend.tracer import TensorSpec
-    from ..ir.tree import tree_flatten, tree_unflatten
     compiled: dict = {}
     is_leaf = lambda x: isinstance(x, np.ndarray)
 
