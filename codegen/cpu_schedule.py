@@ -17,33 +17,35 @@ calls scalar ``expf``, ~2 ns each), and marks VMShapeLower's ``shape_func`` noal
 Thread pool: on x86 TVM uses half of ``hardware_concurrency`` (it assumes SMT): ONE thread on a
 2-core machine without SMT. Importing this module sets ``TVM_NUM_THREADS`` to the physical core
 count unless already set; TVM reads it when a thread first runs a parallel kernel.
+
+Files: this module (target, pipeline, runtime dispatch and the schedule rules), `cpu_sched_helpers`
+(TIR analysis and loop helpers the rules share), `cpu_fast_math` (the fp32 math legalizations).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import re
 from collections.abc import Callable
 
 import tvm
-from tvm import relax, s_tir, te, tirx, topi
+from tvm import relax, s_tir, tirx
 from tvm.relax.backend.cpu_generic import pipeline as _cpu_pipeline
 from tvm.s_tir import SBlock, SBlockRealize
 
+from .cpu_fast_math import FAST_MATH
+from .cpu_sched_helpers import (child_blocks, inline_spatial, is_column_reduction, is_contraction, iter_kinds,
+                                loop_extent, loop_kinds, pick_tile, total_work, vector_lanes, vectorize_inner,
+                                vectorize_tile, writes_param)
+
 _LOG = logging.getLogger(__name__)
 
-# Work below which a kernel stays serial: loop iterations x arithmetic ops per iteration (counted
-# on the printed block body, capped at _MAX_OPS). Measured on the 2-core Zen box, 2 threads vs 1
+# Work below which a kernel stays serial: loop iterations x arithmetic ops per iteration
+# (`cpu_sched_helpers.total_work`). Measured on the 2-core Zen box, 2 threads vs 1
 # (a launch costs ~1 us): x*(x+b) (2 ops) gains from 2 threads from ~128k elements, the
 # vectorized tanh (~60 ops) and softmax rows from ~8k, matmul (2 ops per MAC) from ~128k MACs;
 # below that the serial kernel is up to 1.4x faster.
 PARALLEL_MIN_WORK = 1 << 18
-_MAX_OPS = 64
-_LIBM_CALL = re.compile(r"T\.(exp\w*|log\w*|tanh|sigmoid|erf|pow|a?sinh?|a?cosh?|a?tanh?)\(")
-_LIBM_OPS = 16  # a scalar libm call costs ~16 vectorized multiply-adds
-_ARITH_OP = re.compile(r" [-+*/%] | // |T\.(?:max|min|Select|if_then_else|sqrt|rsqrt|floor)\(")
-_INLINE_MAX_OPS = 8  # a producer with several consumers is inlined (recomputed) up to this cost
 # Matmul register tile, rows x fp32 columns: 4x64 (16 zmm accumulators) measured best for M >= 4
 # (~400 GFLOP/s on 2 cores, numpy ~200); 1x128 for M < 4, the batch-1 GEMV.
 _MATMUL_MR = 4
@@ -79,7 +81,7 @@ def cpu_target(num_cores: int | None = None) -> tvm.target.Target:
     Returns:
         ``Target.from_device(tvm.cpu())`` (detected ``mcpu``) plus ``num-cores``. No fast-math
         flags: reductions are vectorized by the schedules, and ``fast-math-reassoc`` could undo
-        the exact range reduction of ``_exp_f32``.
+        the exact range reduction of ``exp_f32``.
     """
     cfg = dict(tvm.target.Target.from_device(tvm.cpu()).export())
     cfg["num-cores"] = int(num_cores) if num_cores else _physical_cores()
@@ -124,7 +126,7 @@ def legalize_and_fuse(target=None) -> tvm.transform.Pass:
     """
     del target
     return tvm.transform.Sequential([
-        relax.transform.LegalizeOps(customize_legalize_map=_FAST_MATH),
+        relax.transform.LegalizeOps(customize_legalize_map=FAST_MATH),
         relax.transform.AnnotateTIROpPattern(), relax.transform.FoldConstant(),
         relax.transform.FuseOps(), relax.transform.FuseTIR()])
 
@@ -159,245 +161,6 @@ def build_cpu(mod: tvm.IRModule, target=None) -> relax.VMExecutable:
                 and not func.attrs.get("tirx.noalias", False)):
             mod[gvar] = func.with_attr("tirx.noalias", True)
     return tvm.compile(mod, target=target, relax_pipeline=None)
-
-
-# ---------------------------------------------------------------- vectorizable fp32 math
-
-
-def _f32(value: float) -> tirx.PrimExpr:
-    return tirx.const(value, "float32")
-
-
-def _let(value: tirx.PrimExpr, body: Callable, name: str = "t") -> tirx.PrimExpr:
-    """``body(v)`` with v bound to value once (a shared subexpression, not a copied tree)."""
-    var = tirx.Var(name, "float32")
-    return tirx.Let(var, value, body(var))
-
-
-def _exp_f32(v: tirx.PrimExpr) -> tirx.PrimExpr:
-    """exp(v) as Cephes expf: n = round(v / ln2), r = v - n ln2 (ln2 in two parts, exact),
-    degree-6 polynomial, times 2^n from exponent bits in two halves (n = 128 stays finite).
-    Max rel. error 8e-8 against float64; inf / 0 outside the fp32 range; NaN propagates."""
-    def pow2(k):  # 2^k for an integer-valued k in [-126, 127]
-        return tirx.reinterpret("float32", (tirx.Cast("int32", k) + 127) * 8388608)
-
-    def with_n(x, n):
-        def with_r(r):
-            p = _f32(1.9875691500e-4)
-            for c in (1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1,
-                      5.0000001201e-1):
-                p = p * r + _f32(c)
-            half = tirx.floor(n * _f32(0.5))
-            return (p * r * r + r + _f32(1.0)) * pow2(half) * pow2(n - half)
-        return _let(x - n * _f32(0.693359375) + n * _f32(2.12194440e-4), with_r, "r")
-
-    def body(v):
-        out = _let(tirx.max(tirx.min(v, _f32(88.72283905206835)), _f32(-87.33654475)),
-                   lambda x: _let(tirx.floor(x * _f32(1.44269504088896341) + _f32(0.5)),
-                                  lambda n: with_n(x, n), "n"), "x")
-        out = tirx.Select(v > _f32(88.72283905206835), _f32(float("inf")), out)
-        out = tirx.Select(v < _f32(-87.33654475), _f32(0.0), out)
-        return tirx.Select(tirx.isnan(v), v, out)
-    return _let(v, body, "v")
-
-
-def _tanh_f32(v: tirx.PrimExpr) -> tirx.PrimExpr:
-    """tanh(v) = sign(v) (1 - 2 / (exp(2|v|) + 1)); the odd Taylor series to v^11 below
-    |v| = 0.25, where that form cancels. Max rel. error 2.6e-7, abs. 1e-7."""
-    def body(v):
-        def with_big(big):
-            v2, poly = v * v, _f32(-1382.0 / 155925)
-            for c in (62.0 / 2835, -17.0 / 315, 2.0 / 15, -1.0 / 3):
-                poly = poly * v2 + _f32(c)
-            return tirx.Select(tirx.abs(v) < _f32(0.25), v + v * v2 * poly,
-                               tirx.Select(v < _f32(0.0), -big, big))
-        return _let(_f32(1.0) - _f32(2.0) / (_exp_f32(tirx.abs(v) * _f32(2.0)) + _f32(1.0)),
-                    with_big, "big")
-    return _let(v, body, "v")
-
-
-def _legalize_with(make_compute, op_name: str):
-    """A LegalizeOps function: the TE compute of ``make_compute(call)`` for fp32 inputs, TVM's
-    own legalization for other dtypes."""
-    fallback = tvm.ir.Op.get(op_name).get_attr("FLegalize")
-
-    def legalize(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
-        if call.args[0].ty.dtype != "float32":
-            return fallback(bb, call)
-        return bb.call_te(make_compute(call), call.args[0],
-                          primfunc_name_hint=op_name.rsplit(".", 1)[-1])
-
-    return legalize
-
-
-def _elementwise(fn):
-    return lambda _call: lambda x: te.compute(x.shape, lambda *i: fn(x(*i)), name="compute")
-
-
-def _softmax(log: bool):
-    def make(call):
-        def compute(x):
-            axis = int(call.attrs.axis) % len(x.shape)
-            mx = topi.max(x, axis=axis)  # no keepdims: row loops then match the output's
-
-            def row(i):
-                return [idx for d, idx in enumerate(i) if d != axis]
-
-            e = te.compute(x.shape, lambda *i: _exp_f32(x(*i) - mx(*row(i))), name="T_exp")
-            s = topi.sum(e, axis=axis)
-            if log:
-                return te.compute(x.shape, lambda *i: x(*i) - mx(*row(i)) - tirx.log(s(*row(i))),
-                                  name="T_log_softmax")
-            return te.compute(x.shape, lambda *i: e(*i) / s(*row(i)), name="T_softmax")
-        return compute
-    return make
-
-
-_FAST_MATH = {
-    "relax.exp": _legalize_with(_elementwise(_exp_f32), "relax.exp"),
-    "relax.tanh": _legalize_with(_elementwise(_tanh_f32), "relax.tanh"),
-    "relax.sigmoid": _legalize_with(
-        _elementwise(lambda v: _f32(1.0) / (_f32(1.0) + _exp_f32(-v))), "relax.sigmoid"),
-    "relax.nn.softmax": _legalize_with(_softmax(log=False), "relax.nn.softmax"),
-    "relax.nn.log_softmax": _legalize_with(_softmax(log=True), "relax.nn.log_softmax"),
-}
-
-
-# ---------------------------------------------------------------- analysis helpers
-
-
-def _blocks(sch: s_tir.Schedule) -> list:
-    return list(sch.get_child_blocks(sch.get_sblock("root")))
-
-
-def _extent(sch: s_tir.Schedule, loop) -> int | tirx.PrimExpr:
-    ext = sch.get(loop).extent
-    return int(ext.value) if isinstance(ext, tirx.IntImm) else ext
-
-
-def _iter_kinds(sch: s_tir.Schedule, block) -> str:
-    kinds = {tirx.IterVar.DataPar: "S", tirx.IterVar.CommReduce: "R"}
-    return "".join(kinds.get(iv.iter_type, "O") for iv in sch.get(block).iter_vars)
-
-
-def _loop_kinds(sch: s_tir.Schedule, block) -> str:
-    """"R" for each loop that drives a reduction iter, else "S" (iter order can differ from
-    loop order, e.g. after rfactor). Requires a perfect loop nest."""
-    loops = sch.get_loops(block)
-    realize = sch.get(loops[-1]).body if loops else None
-    if not isinstance(realize, SBlockRealize):
-        raise ValueError("block is not perfectly nested")
-    red = [v for iv, val in zip(realize.block.iter_vars, realize.iter_values)
-           if iv.iter_type == tirx.IterVar.CommReduce for v in tirx.analysis.undefined_vars(val)]
-    return "".join("R" if any(sch.get(lp).loop_var.same_as(v) for v in red) else "S"
-                   for lp in loops)
-
-
-def _writes_param(func: tirx.PrimFunc, sch: s_tir.Schedule, block) -> bool:
-    return any(w.source.same_as(p) for w in sch.get(block).writes for p in func.params)
-
-
-def _ops(sch: s_tir.Schedule, block) -> int:
-    """Arithmetic ops per iteration of a block (declaration lines of the printout skipped)."""
-    text = "\n".join(ln for ln in str(sch.get(block).body).splitlines()
-                     if "T.Buffer(" not in ln and "= T.int" not in ln)
-    ops = len(_ARITH_OP.findall(text)) + _LIBM_OPS * len(_LIBM_CALL.findall(text))
-    return min(_MAX_OPS, max(1, ops))
-
-
-def _inline_spatial(func: tirx.PrimFunc, sch: s_tir.Schedule) -> None:
-    """Inlines intermediate spatial blocks (elementwise chains, bias adds, reshapes) into their
-    consumers; an expensive one with several consumers (softmax's exp) is kept, not to compute
-    it twice."""
-    changed = True
-    while changed:
-        changed = False
-        for block in _blocks(sch):
-            if ("R" in _iter_kinds(sch, block) or _writes_param(func, sch, block)
-                    or (len(sch.get_consumers(block)) > 1 and _ops(sch, block) > _INLINE_MAX_OPS)):
-                continue
-            try:
-                sch.compute_inline(block)
-                changed = True
-                break
-            except Exception:  # pylint: disable=broad-except
-                continue
-
-
-def _work(sch: s_tir.Schedule, blocks) -> tirx.PrimExpr:
-    """Sum over blocks of loop iterations x ops per iteration (a runtime expression)."""
-    total = tirx.IntImm("int64", 0)
-    for block in blocks:
-        work = tirx.IntImm("int64", _ops(sch, block))
-        for loop in sch.get_loops(block):
-            work = work * tirx.Cast("int64", sch.get(loop).extent)
-        total = total + work
-    return total
-
-
-def _is_contraction(sch: s_tir.Schedule, block) -> bool:
-    """``C[s.., i, j] += A[.., k] * B[.., k, ..]`` with loops in iter order S..SSR."""
-    stmt, kinds = sch.get(block), _iter_kinds(sch, block)
-    if not kinds.endswith("SSR") or kinds.count("R") != 1 or "O" in kinds:
-        return False
-    store = stmt.body
-    return (len(sch.get_loops(block)) == len(kinds) and len(stmt.reads) >= 2
-            and isinstance(store, tirx.BufferStore) and isinstance(store.value, tirx.Add)
-            and "*" in str(store.value)
-            and [str(i) for i in store.indices] == [str(iv.var) for iv in stmt.iter_vars[:-1]])
-
-
-def _is_column_reduction(sch: s_tir.Schedule, block) -> bool:
-    """A reduction whose input's innermost index is the last spatial iter (sum over axis 0):
-    reducing inside each output element would stride through memory."""
-    stmt, kinds = sch.get(block), _iter_kinds(sch, block)
-    n_s = len(kinds) - len(kinds.lstrip("S"))
-    if n_s == 0 or kinds[n_s:] != "R" * (len(kinds) - n_s):
-        return False
-    last_s = stmt.iter_vars[n_s - 1].var
-    return any(r.region and r.region[-1].min.same_as(last_s) for r in stmt.reads)
-
-
-def _lanes(target, dtype) -> int:
-    bits = tvm.target.codegen.llvm_get_vector_width(target)
-    return max(1, (bits if bits > 0 else 256) // tvm.DataType(str(dtype)).bits)
-
-
-def _pick_tile(extent, target: int, lanes: int) -> int | None:
-    """Column tile for a static extent: the whole extent when small, else the divisor closest
-    to `target` among multiples of `lanes` (of 4 if none) up to 2*target; None (the loop is
-    left to LLVM) when symbolic or without such a divisor. A ragged tile would need a
-    predicate inside the vectorized loop, which scalarizes it (17 vs 400 GFLOP/s)."""
-    if not isinstance(extent, int):
-        return None
-    if extent <= target:
-        return extent
-    for step in (lanes, 4):
-        cands = [d for d in range(step, 2 * target + 1, step) if extent % d == 0]
-        if cands:
-            return min(cands, key=lambda d: (abs(d - target), -d))
-    return None
-
-
-def _vectorize_tile(sch: s_tir.Schedule, loop, extent: int, lanes: int, unroll: bool) -> None:
-    """Vectorizes a static loop as native-width vectors (the rest unrolled or a loop): LLVM
-    handles e.g. a <80 x float> badly (5 x 16 lanes: 8x faster at 16x256x1040)."""
-    vec = next(v for v in (lanes, 8, 4, 2, 1) if v <= lanes and extent % v == 0)
-    if 1 < vec < extent:
-        outer, loop = sch.split(loop, [None, vec])
-        if unroll:
-            sch.unroll(outer)
-    sch.vectorize(loop)
-
-
-def _vectorize_inner(sch: s_tir.Schedule, block, target) -> None:
-    """Vectorizes a static innermost loop that the vector width divides. Symbolic or ragged
-    loops are left to LLVM's loop vectorizer: a predicated TVM split would scalarize."""
-    inner = sch.get_loops(block)[-1]
-    ext = _extent(sch, inner)
-    lanes = _lanes(target, sch.get(block).writes[0].source.dtype)
-    if lanes > 1 and isinstance(ext, int) and ext >= lanes and ext % lanes == 0:
-        sch.vectorize(sch.split(inner, [None, lanes])[1])
 
 
 # ---------------------------------------------------------------- runtime dispatch
@@ -454,11 +217,11 @@ def _parallel_cands(work: tirx.PrimExpr, target, make: Callable[[bool], tirx.Pri
 
 def _sched_matmul(func, target, name: str, mr: int, parallel: bool) -> tirx.PrimFunc:
     sch = s_tir.Schedule(func)
-    _inline_spatial(func, sch)
+    inline_spatial(func, sch)
     mm = sch.get_sblock(name)
-    lanes = _lanes(target, sch.get(mm).body.buffer.dtype)
+    lanes = vector_lanes(target, sch.get(mm).body.buffer.dtype)
     loops = sch.get_loops(mm)
-    m_ext, pads = _extent(sch, loops[-3]), []
+    m_ext, pads = loop_extent(sch, loops[-3]), []
     if mr > 1 and not (isinstance(m_ext, int) and m_ext % mr == 0):
         # A ragged row tile puts an `i < M` test inside the k loop (1.8x slower at M = 16 than
         # padding): pad M to the tile instead.
@@ -467,13 +230,13 @@ def _sched_matmul(func, target, name: str, mr: int, parallel: bool) -> tirx.Prim
         sch.pad_einsum(mm, [1] * (len(loops) - 3) + [mr, 1, 1])
         pads = [b for b in sch.get_producers(mm) if sch.get(b).name_hint.endswith("_pad")]
         for copy in sch.get_consumers(mm):
-            if not _writes_param(func, sch, copy):
+            if not writes_param(func, sch, copy):
                 sch.compute_inline(copy)  # the epilogue reads the padded tile directly
     *batch, i, j, k = sch.get_loops(mm)
-    nr = _pick_tile(_extent(sch, j), max(lanes, _TILE_COLS[mr]), lanes)
+    nr = pick_tile(loop_extent(sch, j), max(lanes, _TILE_COLS[mr]), lanes)
     io, ii = (i, None) if mr == 1 else sch.split(i, [None, mr])
     jo, ji = (None, j) if nr is None else sch.split(j, [None, nr])
-    k_ext = _extent(sch, k)
+    k_ext = loop_extent(sch, k)
     ko, ki = (sch.split(k, [None, _K_SPLIT]) if isinstance(k_ext, int)
               and k_ext % _K_SPLIT == 0 and k_ext > _K_SPLIT else (k, None))
     # Column tiles outside row tiles: a weight panel (K x nr) is reused by every row tile while
@@ -484,13 +247,13 @@ def _sched_matmul(func, target, name: str, mr: int, parallel: bool) -> tirx.Prim
     # intermediate buffer shrinks to the tile (CompactBufferAllocation); a matmul writing the
     # output directly gets a cache tile.
     epilogues = list(sch.get_consumers(mm))
-    if not _writes_param(func, sch, mm):
+    if not writes_param(func, sch, mm):
         sch.set_scope(mm, 0, "local")
     elif not epilogues:
         epilogues = [sch.cache_write(mm, 0, "local")]
     for pad in pads:
         sch.compute_at(pad, outer[-1], preserve_unit_loops=True)
-        _vectorize_inner(sch, pad, target)
+        vectorize_inner(sch, pad, target)
     attached = []
     for epi in epilogues:
         try:
@@ -504,11 +267,11 @@ def _sched_matmul(func, target, name: str, mr: int, parallel: bool) -> tirx.Prim
         if lp is not None:
             sch.unroll(lp)
     if nr is not None:
-        _vectorize_tile(sch, ji, nr, lanes, unroll=True)
+        vectorize_tile(sch, ji, nr, lanes, unroll=True)
         for epi in attached:  # the epilogue stays a loop: unrolling it only costs compile time
             inner = sch.get_loops(epi)[-1]
-            if _extent(sch, inner) == nr:
-                _vectorize_tile(sch, inner, nr, lanes, unroll=False)
+            if loop_extent(sch, inner) == nr:
+                vectorize_tile(sch, inner, nr, lanes, unroll=False)
     sch.decompose_reduction(mm, ko)  # only now: parallel/vectorize refuse a decomposed block
     return sch.mod["main"]
 
@@ -518,13 +281,13 @@ def _sched_reduction(func, target, parallel: bool) -> tirx.PrimFunc:
     parallel, row-local elementwise work vectorized. A trailing reduction loop the vector width
     divides is rfactor-ed into `lanes` partial results, vectorizing the sum/max itself."""
     sch = s_tir.Schedule(func)
-    _inline_spatial(func, sch)
+    inline_spatial(func, sch)
     rf_names = set()
-    for b in _blocks(sch):
+    for b in child_blocks(sch):
         loops, stmt = sch.get_loops(b), sch.get(b)
-        if not _iter_kinds(sch, b).endswith("R") or len(stmt.writes) != 1:
+        if not iter_kinds(sch, b).endswith("R") or len(stmt.writes) != 1:
             continue
-        lanes, ext = _lanes(target, stmt.writes[0].source.dtype), _extent(sch, loops[-1])
+        lanes, ext = vector_lanes(target, stmt.writes[0].source.dtype), loop_extent(sch, loops[-1])
         if lanes > 1 and isinstance(ext, int) and ext % lanes == 0 and ext >= 2 * lanes:
             try:
                 r_in = sch.split(loops[-1], [None, lanes])[1]
@@ -532,9 +295,9 @@ def _sched_reduction(func, target, parallel: bool) -> tirx.PrimFunc:
                 rf_names.add(sch.get(rf).name_hint)
             except Exception:  # pylint: disable=broad-except
                 pass  # e.g. argmax's two-buffer reduction stays a scalar loop
-    blocks = _blocks(sch)
+    blocks = child_blocks(sch)
     last_loops = sch.get_loops(blocks[-1])
-    n_lead = min(len(k) - len(k.lstrip("S")) for k in (_loop_kinds(sch, b) for b in blocks))
+    n_lead = min(len(k) - len(k.lstrip("S")) for k in (loop_kinds(sch, b) for b in blocks))
     ana = tvm.sym.Analyzer()
     if n_lead == 0 and not rf_names:
         raise ValueError("no leading spatial loop and nothing to vectorize")
@@ -552,16 +315,16 @@ def _sched_reduction(func, target, parallel: bool) -> tirx.PrimFunc:
     for b in blocks:
         inner = sch.get_loops(b)[first:]
         if sch.get(b).name_hint in rf_names:  # the lane loop is not innermost (yet)
-            kinds = _loop_kinds(sch, b)[first:]
-            lane = [lp for lp, k in zip(inner, kinds) if k == "S" and _extent(sch, lp) > 1][-1]
+            kinds = loop_kinds(sch, b)[first:]
+            lane = [lp for lp, k in zip(inner, kinds) if k == "S" and loop_extent(sch, lp) > 1][-1]
             sch.reorder(*[lp for lp in inner if not lp.same_as(lane)], lane)
             sch.vectorize(lane)
             inner = sch.get_loops(b)[first:]
-        if "R" in _iter_kinds(sch, b):
+        if "R" in iter_kinds(sch, b):
             if inner:
                 sch.decompose_reduction(b, inner[0])
         elif inner:
-            _vectorize_inner(sch, b, target)
+            vectorize_inner(sch, b, target)
     return sch.mod["main"]
 
 
@@ -570,10 +333,10 @@ def _sched_column_reduction(func, target, parallel: bool) -> tirx.PrimFunc:
     spatial loop (contiguous, vectorized by LLVM), outer spatial loops parallel."""
     del target
     sch = s_tir.Schedule(func)
-    _inline_spatial(func, sch)
-    (block,) = [b for b in _blocks(sch) if "R" in _iter_kinds(sch, b)]
+    inline_spatial(func, sch)
+    (block,) = [b for b in child_blocks(sch) if "R" in iter_kinds(sch, b)]
     loops = sch.get_loops(block)
-    n_s = _iter_kinds(sch, block).index("R")
+    n_s = iter_kinds(sch, block).index("R")
     spatial, red = loops[:n_s], loops[n_s:]
     sch.reorder(*red, spatial[-1])
     if parallel and len(spatial) > 1:
@@ -587,19 +350,19 @@ def _sched_decompose(func) -> tirx.PrimFunc:
     init runs at the first reduction step, so a reduction over an empty domain (sum of a
     (0, 4) tensor over axis 0) returned uninitialized memory."""
     sch = s_tir.Schedule(func)
-    for block in _blocks(sch):
-        if "R" in _iter_kinds(sch, block) and sch.get_loops(block):
+    for block in child_blocks(sch):
+        if "R" in iter_kinds(sch, block) and sch.get_loops(block):
             sch.decompose_reduction(block, sch.get_loops(block)[0])
     return sch.mod["main"]
 
 
 def _sched_injective(func, target, parallel: bool) -> tirx.PrimFunc:
     sch = s_tir.Schedule(func)
-    _inline_spatial(func, sch)
-    for block in _blocks(sch):
+    inline_spatial(func, sch)
+    for block in child_blocks(sch):
         if not sch.get_loops(block):
             continue
-        _vectorize_inner(sch, block, target)
+        vectorize_inner(sch, block, target)
         loops = sch.get_loops(block)
         outer = loops[:-1] if len(loops) > 1 else loops
         if parallel:
@@ -614,13 +377,13 @@ def _schedule_func(func: tirx.PrimFunc, target) -> tirx.PrimFunc:
     """Schedules one PrimFunc; returns it unchanged if no rule applies or every rule fails."""
     try:
         sch = s_tir.Schedule(func)
-        _inline_spatial(func, sch)
-        blocks = _blocks(sch)
+        inline_spatial(func, sch)
+        blocks = child_blocks(sch)
         if not blocks or any(len(sch.get_loops(b)) != len(sch.get(b).iter_vars)
-                             or "O" in _iter_kinds(sch, b) for b in blocks):
+                             or "O" in iter_kinds(sch, b) for b in blocks):
             return func  # rules assume perfect loop nests, one loop per block iter
-        reductions = [b for b in blocks if "R" in _iter_kinds(sch, b)]
-        work = _work(sch, blocks)
+        reductions = [b for b in blocks if "R" in iter_kinds(sch, b)]
+        work = total_work(sch, blocks)
     except Exception as err:  # pylint: disable=broad-except
         _LOG.debug("cpu_schedule: cannot analyze: %s\n%s", err, func)
         return func
@@ -630,11 +393,11 @@ def _schedule_func(func: tirx.PrimFunc, target) -> tirx.PrimFunc:
                                                      lambda par: sched(func, target, par)))
 
     rules = []
-    if len(reductions) == 1 and _is_contraction(sch, reductions[0]):
+    if len(reductions) == 1 and is_contraction(sch, reductions[0]):
         name = sch.get(reductions[0]).name_hint
         m_ext = sch.get(sch.get_loops(reductions[0])[-3]).extent
         rules.append(("matmul", lambda: _matmul_select(func, target, name, m_ext, work)))
-    if len(reductions) == 1 and len(blocks) == 1 and _is_column_reduction(sch, reductions[0]):
+    if len(reductions) == 1 and len(blocks) == 1 and is_column_reduction(sch, reductions[0]):
         rules.append(("column_reduction", by_size(_sched_column_reduction)))
     rules.append(("row_reduction", by_size(_sched_reduction)) if reductions
                  else ("injective", by_size(_sched_injective)))

@@ -30,7 +30,8 @@ from tvm import relax
 
 from dyntvm.errors import CompileError, UnsupportedOpError
 from ..ir.graph import Graph
-from .converters import CONVERTERS, ConvertContext, convert_node
+from .converters import CONVERTERS, convert_node
+from .dims import ConvertContext
 
 __all__ = ["build_region_function", "build_module", "unsupported_ops", "param_name"]
 

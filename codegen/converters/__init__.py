@@ -1,0 +1,126 @@
+"""Converters: one per STATIC op of our IR, each emitting Relax that computes exactly what the numpy
+reference kernel (`runtime/kernels.py`) computes.
+
+Registry: ``CONVERTERS[op_name](bb, node, args, ctx) -> list[relax.Expr]`` with
+
+* ``bb``: the `relax.BlockBuilder`, inside a dataflow block of the function being built;
+* ``node``: our `Node` (its ``attrs`` and the input/output `TensorType`s are used);
+* ``args``: one Relax expression per ``node.inputs`` (already bound vars, with known shapes);
+* ``ctx``: a `ConvertContext` (`codegen/dims.py`): our dims -> tirx PrimExprs of the function's
+  symbolic vars.
+
+A converter returns one Relax expression per node output, with the output's dtype and rank.
+Shapes of results come from Relax's own inference, never from our types: a type describes the
+non-degenerate case only (``x[:1]`` is typed ``1`` but has length 0 when N = 0), while the compiled
+code computes exactly what numpy computes at every size.
+
+Converters register only with ``@converter(name, ...)``; an op family registers with a loop over
+``ops_in(Group.X)`` (see `elementwise.py`). Where they live:
+
+* `common.py`: shared helpers, numpy broadcasting (`unify_broadcast`), empty-reduction guards;
+* `elementwise.py`: unary, binary, comparison, logical ops, ``where``, ``clip``, ``cast``;
+* `reduce.py`: reductions and argmax/argmin;
+* `shape.py`: reshape, transpose, slices, concat/stack/split, take, broadcast_to, tile, pad;
+* `nn.py`: matmul, softmax, layer_norm, topk;
+* `creation.py`: constant, full, full_like, arange;
+* `../te_kernels.py`: the hand-written TE computes they emit.
+
+Where Relax/TOPI does not reproduce numpy, the converter works around it (see the notes at each
+converter and `UNSUPPORTED_EXACTNESS`). The general rules:
+
+* Shapes Relax cannot prove compatible (broadcasting ``N`` against ``3``, two different
+  expressions our IR says are equal, reshape sizes) are made explicit: a ``match_cast`` (checked
+  at run time, raises instead of reading out of bounds) where our IR says two dims are equal, a
+  materialized numpy broadcast (``dim == 1 ? 0 : i``) where a dim may be 1 at run time.
+* Reductions over an axis whose length is symbolic get an epilogue that writes the identity when
+  the length is 0: TVM's lowered reductions initialise the accumulator inside the reduction loop,
+  so a 0-length symbolic axis leaves the output uninitialised (garbage).
+* Slices, splits, take and symbolic broadcasts are our own TE computes: Relax's ``strided_slice``
+  infers negative lengths for empty symbolic slices, ``broadcast_to`` reads out of bounds when a
+  symbolic dim is 1 at run time, and ``take`` defaults to an unchecked mode.
+* Float max/min reductions use a NaN-propagating reducer with a -inf/+inf identity (TOPI's drops
+  NaNs depending on order and starts from the lowest *finite* value, so max([-inf]) is -3.4e38);
+  argmax/argmin are that extreme followed by a "first index equal to it" min-reduction (numpy's
+  first-occurrence and first-NaN rules; a single tuple-reducer pass cannot be scheduled by dlight
+  on GPUs).
+* Comparisons: float ``!=`` adds ``isnan`` terms (TVM emits an ordered compare); bools compare as
+  int8. Integer ``power`` is a TIR while loop (TVM has no integer power). float -> small/unsigned
+  int casts go through int32/int64 like numpy's C casts on x86.
+"""
+from __future__ import annotations
+
+from tvm import relax
+
+from dyntvm.errors import CompileError, UnsupportedOpError
+from ..dims import ConvertContext
+
+__all__ = ["CONVERTERS", "ConvertContext", "convert_node", "converter", "UNSUPPORTED_EXACTNESS"]
+
+CONVERTERS: dict = {}
+
+#: Known, documented differences between compiled code and the numpy reference (all in cases
+#: where numpy raises, or in NaN/inf corner cases).
+UNSUPPORTED_EXACTNESS = {
+    "take": "out-of-range indices (numpy raises) are clamped to [0, n-1]; an axis of length 0 "
+            "yields zeros. Valid negative indices wrap exactly like numpy.",
+    "power": "integer power with a negative exponent (numpy raises) gives 1.",
+    "topk": "NaN sorts last like numpy, but a NaN and a real -inf (largest=True) / +inf "
+            "(largest=False) tie by index instead of the NaN going last; k larger than a "
+            "symbolic axis (numpy raises) gives indices >= the axis length for the missing "
+            "entries (never an out-of-bounds read).",
+    "cast": "float -> int of NaN/inf/out-of-range values follows x86 C casts (like numpy on "
+            "x86) only for the low bits; unspecified in general (numpy: platform-dependent).",
+    "argmax/argmin": "an empty axis (numpy raises) returns INT64_MAX.",
+    "reshape": "a -1 next to symbolic dims that are 0 at run time (numpy raises 'ambiguous') "
+               "gives 0 for the -1.",
+    "bool ops": "neg / subtract / sign of bools (numpy raises) give logical_not / xor / x.",
+    "broadcast": "shapes that numpy refuses to broadcast, but whose mismatch only shows at run "
+                 "time, either raise (match_cast) or read clamped indices; never out of bounds.",
+    "float sums": "reductions accumulate in order in the input dtype; numpy sums pairwise, so "
+                  "float32 sum/mean/layer_norm/softmax/matmul differ by rounding (~n * 1e-7 "
+                  "relative; float16 within 1 ulp at small n).",
+}
+
+
+def converter(*names):
+    """Register the decorated function as the converter of ops `names` (each at most once)."""
+    def deco(fn):
+        for n in names:
+            if n in CONVERTERS:
+                raise ValueError(f"converter for {n!r} registered twice")
+            CONVERTERS[n] = fn
+        return fn
+    return deco
+
+
+# Importing the converter modules registers every converter (they import `converter` from here).
+from . import creation, elementwise, nn, reduce, shape  # noqa: E402
+from .common import dtype_of, emit, ndim_of, shape_of, ty_of  # noqa: E402
+
+_CONVERTER_MODULES = (creation, elementwise, nn, reduce, shape)
+
+
+def convert_node(bb, node, args: list, ctx: ConvertContext) -> list:
+    """Run the converter of `node` and emit its results; checks dtype/rank against our types."""
+    fn = CONVERTERS.get(node.op)
+    if fn is None:
+        raise UnsupportedOpError(f"op {node.op!r} has no Relax converter (node {node.name!r}"
+                                 f"{', ' + node.source if node.source else ''})")
+    ctx.node = node
+    outs = fn(bb, node, list(args), ctx)
+    if len(outs) != len(node.outputs):
+        raise CompileError(f"internal: converter of {node.op} returned {len(outs)} results, "
+                           f"expected {len(node.outputs)}")
+    res = []
+    for v, e in zip(node.outputs, outs):
+        e = emit(bb, e)
+        t = v.type
+        if not isinstance(ty_of(e), relax.TensorType) or dtype_of(e) != t.dtype or ndim_of(e) != t.ndim:
+            raise CompileError(f"internal: converter of {node.op} (node {node.name!r}) produced "
+                               f"{e.ty}, expected {t}")
+        if shape_of(e) is None:
+            raise CompileError(f"internal: Relax could not infer the shape of {node.op} "
+                               f"(node {node.name!r}, {e.ty}); the converter must make shapes provable")
+        res.append(e)
+    ctx.node = None
+    return res

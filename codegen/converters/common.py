@@ -1,0 +1,171 @@
+"""Helpers shared by the converters: Relax types of expressions, casts, numpy shape unification
+(broadcasting, asserted dims) and the empty-reduction guard."""
+from __future__ import annotations
+
+import numpy as np
+from tvm import relax, tirx
+from tvm.relax import op as R
+
+from dyntvm.errors import CompileError
+from ...ir.ops import get_op
+from ..dims import I64, ConvertContext, is_one
+from ..te_kernels import te_broadcast, te_empty_guard
+
+
+# ------------------------------------------------------------------------------ expressions
+def ty_of(x):
+    """The Relax type of `x`, normalizing a not yet emitted expression first."""
+    try:
+        t = x.ty
+    except Exception:      # noqa: BLE001 - no type yet
+        t = None
+    if not isinstance(t, (relax.TensorType, relax.TupleType)):
+        t = relax.BlockBuilder.current().normalize(x).ty
+    return t
+
+
+def dtype_of(x) -> str:
+    return str(ty_of(x).dtype)
+
+
+def shape_of(x):
+    """The shape of `x` as a list of PrimExprs, or None where Relax does not know it."""
+    sh = ty_of(x).shape
+    if sh is None or not hasattr(sh, "values"):
+        return None
+    return list(sh.values)
+
+
+def ndim_of(x) -> int:
+    return int(ty_of(x).ndim)
+
+
+def is_int(dtype) -> bool:
+    return np.dtype(str(dtype)).kind in "iu"
+
+
+def const(value, dtype: str) -> relax.Expr:
+    return relax.const(np.asarray(value).astype(dtype), dtype)
+
+
+def cast(x, dtype: str) -> relax.Expr:
+    return x if dtype_of(x) == dtype else R.astype(x, dtype)
+
+
+def emit(bb, e) -> relax.Expr:
+    return e if isinstance(e, relax.Var) else bb.emit(e)
+
+
+def prod(dims):
+    out = tirx.IntImm(I64, 1)
+    for d in dims:
+        out = out * d
+    return out
+
+
+def in_result_dtype(op: str, x) -> relax.Expr:
+    """`x` in the dtype op `op` computes in (`OpDef.result_dtype`: e.g. float ops on integer inputs
+    compute in float32)."""
+    return cast(x, get_op(op).result_dtype([dtype_of(x)]))
+
+
+def common_dtype(*xs) -> str:
+    return np.result_type(*[np.dtype(dtype_of(x)) for x in xs]).name
+
+
+def out_type(node, i=0):
+    """Our `TensorType` of output `i` of `node`."""
+    return node.outputs[i].type
+
+
+def full_expr(shape, value, dt):
+    v = np.asarray(value).astype(dt)
+    if v.dtype.kind == "f" and not np.isfinite(v):
+        # TOPI's full crashes on inf/nan fill values (it tests `"float" in dtype` on a PrimType)
+        return R.broadcast_to(relax.const(v, dt), shape)
+    return R.full(shape, relax.const(v, dt), dt)
+
+
+# -------------------------------------------------------------------- shape unification (numpy)
+def unify_broadcast(bb, ctx: ConvertContext, xs: list, ours: list, skip_trailing: int = 0) -> list:
+    """Make Relax able to infer the numpy broadcast of `xs` (right-aligned, ignoring the last
+    `skip_trailing` dims of each operand, e.g. 2 for matmul batch dims).
+
+    Shapes Relax cannot prove compatible (broadcasting ``N`` against ``3``, two different expressions
+    our IR says are equal) are made explicit. Per dim position where Relax cannot prove the non-1 dims
+    equal: if our IR types agree (the same dim string), the dims are asserted equal with a run-time
+    checked ``match_cast`` (raises instead of reading out of bounds); otherwise (e.g. ``N`` against
+    ``3``: N may be 1 at run time) the operands are broadcast explicitly to the numpy result dim
+    ``d0 == 1 ? d1 : d0`` (a materialized broadcast, `te_broadcast`).
+    """
+    shapes = [shape_of(x) for x in xs]
+    if any(s is None for s in shapes):
+        raise CompileError(f"internal: operand of {ctx.node.op if ctx.node else '?'} has an unknown shape")
+    lead = [s[:len(s) - skip_trailing] for s in shapes]
+    ours_lead = [tuple(t.shape[:t.ndim - skip_trailing]) for t in ours]
+    nd = max((len(s) for s in lead), default=0)
+    cast_to = [dict() for _ in xs]      # operand -> {pos: new dim} via match_cast
+    bcast_to = [dict() for _ in xs]     # operand -> {pos: target dim} via materialized broadcast
+    for p in range(nd):
+        ent = []
+        for k, s in enumerate(lead):
+            j = p - (nd - len(s))
+            if j >= 0 and not is_one(s[j]):
+                ent.append((k, j, s[j], ours_lead[k][j] if j < len(ours_lead[k]) else None))
+        if len(ent) <= 1:
+            continue
+        ref = ent[0][2]
+        if all(ctx.relax_equal(ref, e[2]) for e in ent[1:]):
+            continue
+        if len({str(e[3]) for e in ent}) == 1:
+            for k, j, d, _ in ent[1:]:
+                if not ctx.relax_equal(ref, d):
+                    cast_to[k][j] = ref
+        else:
+            target = ent[0][2]
+            for _, _, d, _ in ent[1:]:
+                target = tirx.Select(target == 1, d, target)
+            target = ctx.analyzer.simplify(target)
+            for k, j, d, _ in ent:
+                if not ctx.relax_equal(target, d):
+                    bcast_to[k][j] = target
+    out = []
+    for k, x in enumerate(xs):
+        if cast_to[k]:
+            s = [cast_to[k].get(j, d) for j, d in enumerate(shape_of(x))]
+            x = bb.match_cast(x, relax.TensorType(s, dtype_of(x)))
+        if bcast_to[k]:
+            s = [bcast_to[k].get(j, d) for j, d in enumerate(shape_of(x))]
+            x = bb.emit_te(te_broadcast, x, s, primfunc_name_hint="dt_broadcast_to")
+        out.append(x)
+    return out
+
+
+def assert_dims(bb, ctx, x, dims: dict):
+    """match_cast `x` so that dim j equals dims[j] (run-time checked) where not provable."""
+    s = shape_of(x)
+    need = {j: d for j, d in dims.items() if not ctx.relax_equal(s[j], d)}
+    if not need:
+        return x
+    return bb.match_cast(x, relax.TensorType([need.get(j, d) for j, d in enumerate(s)], dtype_of(x)))
+
+
+# --------------------------------------------------------------------------- empty-axis guards
+def _needs_empty_guard(ctx, extents, out_dims) -> bool:
+    """True if some reduced extent can be 0 at run time while the output is non-empty."""
+    for e in extents:
+        if ctx.positive(e):
+            continue
+        if any(ctx.equal(e, d) for d in out_dims):
+            continue                      # the output is empty whenever this extent is 0
+        return True
+    return False
+
+
+def guard_empty(bb, ctx, r, extents, identity):
+    """`r` (a reduction over `extents`), or the identity where a symbolic extent is 0 at run time
+    (see `te_empty_guard`)."""
+    r = emit(bb, r)
+    if not _needs_empty_guard(ctx, extents, shape_of(r)):
+        return r
+    return bb.emit_te(te_empty_guard, r, prod(extents), identity, primfunc_name_hint="dt_empty_reduce_guard")

@@ -1,0 +1,226 @@
+"""Elementwise converters: unary (float-unary family, unary ops with numpy corner cases), binary
+arithmetic, comparisons and logical ops with numpy broadcasting, ``where``, ``clip`` and ``cast``."""
+from __future__ import annotations
+
+import numpy as np
+from tvm import relax
+from tvm.relax import op as R
+
+from ...ir.dtypes import is_float
+from ...ir.ops import Group, get_op, ops_in
+from ..dims import I64
+from ..te_kernels import int_power_primfunc
+from . import converter
+from .common import (cast, common_dtype, const, dtype_of, emit, in_result_dtype, is_int, out_type, prod, shape_of,
+                     unify_broadcast)
+
+# ------------------------------------------------------------------------------------- unary
+_FLOAT_UNARY: dict = {}      # Relax builders of float-unary ops that are not simply R.<name>
+
+
+def float_unary(name):
+    def deco(fn):
+        _FLOAT_UNARY[name] = fn
+        return fn
+    return deco
+
+
+# numpy reference is 1 / sqrt(x): both correctly rounded, so this is bit-exact.
+float_unary("rsqrt")(lambda x: R.divide(const(1, dtype_of(x)), R.sqrt(x)))
+float_unary("gelu")(lambda x: R.nn.gelu(x))          # erf form, like the reference
+
+
+def _float_unary(name):
+    fn = _FLOAT_UNARY.get(name) or getattr(R, name)
+
+    def conv(bb, node, args, ctx):
+        return [fn(in_result_dtype(name, args[0]))]
+    return conv
+
+
+for _name in ops_in(Group.FLOAT_UNARY):
+    converter(_name)(_float_unary(_name))
+
+
+@converter("clip")
+def _clip(bb, node, args, ctx):
+    # np.clip is minimum(maximum(x, a_min), a_max): written with selects so that NaN stays NaN (TVM's
+    # max/min may drop a NaN operand) and a_min > a_max gives a_max everywhere, like numpy.
+    x = args[0]
+    dt = dtype_of(x)
+    y = cast(x, "int8") if dt == "bool" else x
+    cdt = dtype_of(y)
+    if node.attrs.a_min is not None:
+        lo = const(np.asarray(node.attrs.a_min).astype(dt), cdt)
+        y = R.where(R.less(y, lo), lo, y)
+    if node.attrs.a_max is not None:
+        hi = const(np.asarray(node.attrs.a_max).astype(dt), cdt)
+        y = R.where(R.greater(y, hi), hi, y)
+    return [cast(y, dt)]
+
+
+@converter("neg")
+def _neg(bb, node, args, ctx):
+    x = args[0]
+    if dtype_of(x) == "bool":        # numpy raises; compiled code gives logical_not
+        return [R.logical_not(x)]
+    return [R.negative(x)]
+
+
+@converter("abs")
+def _abs(bb, node, args, ctx):
+    x = args[0]
+    if dtype_of(x) == "bool" or np.dtype(dtype_of(x)).kind == "u":
+        return [x]
+    return [R.abs(x)]
+
+
+@converter("relu")
+def _relu(bb, node, args, ctx):
+    # np.maximum(x, 0): NaN propagates. TVM's max(x, 0) drops a NaN first operand, so use
+    # x < 0 ? 0 : x (NaN < 0 is false -> NaN; -0.0 stays -0.0 like numpy).
+    x = args[0]
+    dt = dtype_of(x)
+    if dt == "bool" or np.dtype(dt).kind == "u":
+        return [x]
+    return [R.where(R.less(x, const(0, dt)), const(0, dt), x)]
+
+
+@converter("floor", "ceil", "round")     # TVM rounds half to even like np.round (checked)
+def _float_only(bb, node, args, ctx):
+    x = args[0]
+    return [getattr(R, node.op)(x) if is_float(dtype_of(x)) else x]    # identity on ints/bools (numpy)
+
+
+@converter("sign")
+def _sign(bb, node, args, ctx):
+    x = args[0]
+    dt = dtype_of(x)
+    if dt == "bool":               # numpy raises; compiled code gives x
+        return [x]
+    if is_float(dt):          # TVM's sign(nan) is 0; numpy's is nan
+        return [R.where(R.isnan(x), x, R.sign(x))]
+    return [R.sign(x)]
+
+
+@converter("logical_not")
+def _logical_not(bb, node, args, ctx):
+    return [R.logical_not(cast(args[0], "bool"))]
+
+
+@converter("isnan")
+def _isnan(bb, node, args, ctx):
+    x = args[0]
+    if is_float(dtype_of(x)):
+        return [R.isnan(x)]
+    return [R.full_like(x, const(False, "bool"), "bool")]
+
+
+@converter("cast")
+def _cast_op(bb, node, args, ctx):
+    x, dt = args[0], np.dtype(node.attrs.dtype)
+    if is_float(dtype_of(x)) and dt.kind in "iu" and (dt.itemsize < 4 or dt.kind == "u"):
+        # numpy (C casts as gcc emits them on x86) truncates to a 32/64-bit int and keeps the low
+        # bits, e.g. uint8(-2.5) = 254; LLVM's direct fptoui/fptosi would give poison.
+        if dt.name == "uint64":
+            neg = R.astype(R.astype(x, I64), "uint64")
+            return [R.where(R.less(x, const(0, dtype_of(x))), neg, R.astype(x, "uint64"))]
+        via = "int32" if dt.itemsize < 4 else I64
+        return [R.astype(R.astype(x, via), dt.name)]
+    return [cast(x, dt.name)]
+
+
+# ------------------------------------------------------------------------------------ binary
+def _binary_prep(bb, node, args, ctx, dtype):
+    a, b = (cast(x, dtype) for x in args)
+    a, b = (emit(bb, x) for x in (a, b))
+    return unify_broadcast(bb, ctx, [a, b], [v.type for v in node.inputs])
+
+
+def _int_power(bb, ctx, a, b):
+    """numpy integer power (see `int_power_primfunc`), on the flattened broadcast operands."""
+    dt = dtype_of(a)
+    shape = shape_of(bb.normalize(R.add(a, b)))
+    name = f"dt_int_power_{dt}"
+    gv = next((g for g in bb.get().get_global_vars() if g.name_hint == name), None)
+    if gv is None:
+        gv = bb.add_func(int_power_primfunc(dt), name)
+    size = ctx.analyzer.simplify(prod(shape))
+    flat = []
+    for x in (a, b):
+        if not (len(shape_of(x)) == len(shape) and all(ctx.relax_equal(d, e) for d, e in zip(shape_of(x), shape))):
+            x = R.broadcast_to(x, shape)
+        flat.append(emit(bb, R.reshape(x, [size])))
+    t = relax.TensorType([size], dt)
+    r = emit(bb, R.call_tir(gv, flat, [t, t, t]))
+    return R.reshape(emit(bb, relax.TupleGetItem(r, 0)), shape)
+
+
+def _arith(name):
+    rel = getattr(R, name)
+    dtype_rule = get_op(name).result_dtype
+
+    def conv(bb, node, args, ctx):
+        dt = dtype_rule([dtype_of(x) for x in args], node.attrs)
+        if dt == "bool":
+            return [_bool_arith(bb, node, args, ctx, name)]
+        a, b = _binary_prep(bb, node, args, ctx, dt)
+        if name == "power" and is_int(dt):
+            return [_int_power(bb, ctx, a, b)]
+        if name in ("maximum", "minimum") and is_float(dt):
+            # np.maximum/minimum propagate NaN from either side; TVM's max/min do not.
+            either_nan = R.logical_or(R.isnan(a), R.isnan(b))
+            return [R.where(either_nan, R.add(a, b), rel(a, b))]
+        return [rel(a, b)]
+    return conv
+
+
+def _bool_arith(bb, node, args, ctx, name):
+    a, b = _binary_prep(bb, node, args, ctx, "bool")
+    if name in ("add", "maximum"):
+        return R.logical_or(a, b)
+    if name in ("multiply", "minimum"):
+        return R.logical_and(a, b)
+    if name == "power":                  # True ** y = 1, False ** y = (y == 0)
+        return R.logical_or(a, R.logical_not(b))
+    # subtract (numpy raises for bools): xor, what numpy's message suggests
+    return R.not_equal(R.astype(a, "int8"), R.astype(b, "int8"))
+
+
+for _name in ops_in(Group.ARITH):
+    converter(_name)(_arith(_name))
+
+
+def _compare(name):
+    rel = getattr(R, name)
+
+    def conv(bb, node, args, ctx):
+        dt = common_dtype(*args)
+        if dt == "bool":       # TVM cannot compare i1 values: compare as int8 (False < True)
+            dt = "int8"
+        a, b = _binary_prep(bb, node, args, ctx, dt)
+        if name == "not_equal" and is_float(dt):
+            # TVM emits an ordered != (false for NaN) and simplifies !(a == b) back to it; numpy's
+            # != is true when either side is NaN.
+            return [R.logical_or(R.not_equal(a, b), R.logical_or(R.isnan(a), R.isnan(b)))]
+        return [rel(a, b)]
+    return conv
+
+
+for _name in ops_in(Group.COMPARE):
+    converter(_name)(_compare(_name))
+
+
+@converter(*ops_in(Group.LOGICAL))
+def _logical(bb, node, args, ctx):
+    a, b = _binary_prep(bb, node, args, ctx, "bool")
+    return [getattr(R, node.op)(a, b)]
+
+
+@converter("where")
+def _where(bb, node, args, ctx):
+    dt = out_type(node).dtype
+    c = emit(bb, cast(args[0], "bool"))
+    x, y = (emit(bb, cast(v, dt)) for v in args[1:])
+    c, x, y = unify_broadcast(bb, ctx, [c, x, y], [v.type for v in node.inputs])
+    return [R.where(c, x, y)]

@@ -1,0 +1,98 @@
+"""Neural-network converters: matmul, softmax / log_softmax, layer_norm, topk."""
+from __future__ import annotations
+
+import numpy as np
+from tvm import relax, tirx
+from tvm.relax import op as R
+
+from ...ir.dtypes import is_float
+from ...ir.shapes import norm_axis
+from ..dims import I64
+from . import converter
+from .common import (assert_dims, cast, const, dtype_of, emit, full_expr, guard_empty, in_result_dtype, ndim_of,
+                     out_type, shape_of, unify_broadcast)
+
+
+@converter("matmul")
+def _matmul(bb, node, args, ctx):
+    dt = out_type(node).dtype
+    work = "int32" if dt == "bool" else dt      # numpy bool matmul: any(a & b)
+    a, b = (emit(bb, cast(x, work)) for x in args)
+    ta, tb = (v.type for v in node.inputs)
+    if ndim_of(a) >= 2 and ndim_of(b) >= 2:
+        a, b = unify_broadcast(bb, ctx, [a, b], [ta, tb], skip_trailing=2)
+    ka = shape_of(a)[-1]
+    b = assert_dims(bb, ctx, b, {(ndim_of(b) - 2 if ndim_of(b) >= 2 else 0): ka})
+    r = emit(bb, R.matmul(a, b, out_dtype=work))
+    r = guard_empty(bb, ctx, r, [ka], 0)          # K == 0: numpy gives zeros
+    if dt == "bool":
+        r = R.not_equal(r, const(0, work))
+    return [r]
+
+
+@converter("softmax", "log_softmax")
+def _softmax(bb, node, args, ctx):
+    x = in_result_dtype(node.op, args[0])
+    nd = ndim_of(x)
+    ax = norm_axis(int(node.attrs.axis), nd)
+    if nd == 0:      # softmax of a scalar: exp(0)/exp(0) = 1; log_softmax: 0 (nan/inf stay nan)
+        z = R.subtract(x, x)
+        return [R.exp(z) if node.op == "softmax" else z]
+    return [(R.nn.softmax if node.op == "softmax" else R.nn.log_softmax)(x, axis=ax)]
+
+
+@converter("layer_norm")
+def _layer_norm(bb, node, args, ctx):
+    # R.nn.layer_norm matches a two-pass (x - mean)^2 computation in accuracy (measured: same
+    # error as the explicit two-pass form up to |mean| = 1000 * std); both differ from numpy only
+    # by summation order (numpy sums pairwise).
+    dt = out_type(node).dtype
+    x = emit(bb, cast(args[0], dt))
+    g, b = (emit(bb, cast(v, dt)) for v in args[1:])
+    k, nd, s = ndim_of(g), ndim_of(x), shape_of(x)
+    g = assert_dims(bb, ctx, g, {j: s[nd - k + j] for j in range(k)})
+    b = assert_dims(bb, ctx, b, {j: s[nd - k + j] for j in range(k)})
+    return [R.nn.layer_norm(x, g, b, axes=list(range(nd - k, nd)), epsilon=float(node.attrs.eps))]
+
+
+@converter("topk")
+def _topk(bb, node, args, ctx):
+    x = args[0]
+    a = node.attrs
+    nd = ndim_of(x)
+    ax = norm_axis(int(a.axis), nd)
+    k = int(a.k)
+    dt = dtype_of(x)
+    if k == 0:     # TVM's topk returns everything for k = 0
+        s = list(shape_of(x))
+        s[ax] = tirx.IntImm(I64, 0)
+        return [full_expr(s, 0, dt), full_expr(s, 0, I64)]
+    key = x
+    kdt = dt
+    if dt == "bool":
+        key, kdt = R.astype(x, "int8"), "int8"
+    elif is_float(dt):
+        # numpy's stable argsort puts NaN last in both directions; TVM's sort is undefined on NaN.
+        key = R.where(R.isnan(x), const(-np.inf if a.largest else np.inf, dt), x)
+    n = shape_of(x)[ax]
+    if not (isinstance(n, tirx.IntImm) and int(n.value) >= k):
+        # A symbolic axis may be shorter than k at run time (numpy raises); TVM's topk then
+        # returns indices past the end. Pad the axis with k entries that sort last, so every
+        # index stays inside the (padded) tensor.
+        if is_float(kdt):
+            pad_v = -np.inf if a.largest else np.inf
+        else:
+            info = np.iinfo(kdt)
+            pad_v = info.min if a.largest else info.max
+        ps = list(shape_of(x))
+        ps[ax] = tirx.IntImm(I64, k)
+        key = R.concat([key, full_expr(ps, pad_v, kdt)], axis=ax)
+        x = R.concat([x, full_expr(ps, 0, dt)], axis=ax)
+    key = emit(bb, key)
+    res = emit(bb, R.topk(key, k, axis=ax, ret_type="both", largest=bool(a.largest), dtype=I64))
+    idx = emit(bb, relax.TupleGetItem(res, 1))
+    if kdt == dt and not is_float(dt):
+        vals = relax.TupleGetItem(res, 0)
+    else:
+        vals = R.gather_elements(emit(bb, x), idx, axis=ax)
+    return [vals, idx]

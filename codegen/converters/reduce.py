@@ -1,0 +1,90 @@
+"""Reduction converters (sum, mean, max, min, prod; argmax, argmin) in numpy's accumulation dtypes.
+
+Reductions over a symbolic axis get the empty-axis guard (`common.guard_empty`); float max/min and
+argmax/argmin use the NaN-propagating TE computes of `te_kernels`."""
+from __future__ import annotations
+
+from tvm import tirx
+from tvm.relax import op as R
+
+from ...ir.dtypes import is_float
+from ...ir.ops import Group, get_op, ops_in
+from ...ir.shapes import norm_axes, norm_axis
+from ..dims import I64
+from ..te_kernels import te_first_index, te_mean_div, te_nan_reduce
+from . import converter
+from .common import cast, const, dtype_of, emit, guard_empty, ndim_of, prod, shape_of
+
+
+def _reduce(name):
+    dtype_rule = get_op(name).result_dtype
+    extreme = getattr(R, name) if name in ("max", "min") else None
+
+    def conv(bb, node, args, ctx):
+        x = args[0]
+        nd = ndim_of(x)
+        axes = list(norm_axes(node.attrs.axis, nd))
+        keep = bool(node.attrs.keepdims)
+        dt = dtype_rule([dtype_of(x)], node.attrs)       # numpy's accumulator dtype
+        shape = shape_of(x)
+        extents = [shape[a] for a in axes]
+        if name in ("sum", "prod"):
+            x = cast(x, dt)
+            fn = R.sum if name == "sum" else R.prod
+            r = fn(x, axis=axes, keepdims=keep) if axes else x
+            return [guard_empty(bb, ctx, r, extents, 0 if name == "sum" else 1) if axes else r]
+        if name == "mean":
+            x = cast(x, dt)
+            if not axes:
+                return [x]
+            s = emit(bb, R.sum(x, axis=axes, keepdims=keep))
+            count = ctx.analyzer.simplify(prod(extents))
+            if isinstance(count, tirx.IntImm) and int(count.value) > 0:
+                return [R.divide(s, const(int(count.value), dt))]
+            return [bb.emit_te(te_mean_div, s, count, primfunc_name_hint="dt_mean_div")]
+        # max / min: numpy raises on empty axes, so no guard
+        if not axes:
+            return [x]
+        if is_float(dt):
+            return [bb.emit_te(te_nan_reduce, emit(bb, x), axes, keep, name == "max",
+                               primfunc_name_hint="dt_" + name)]
+        if dt == "bool":
+            r = extreme(R.astype(x, "int8"), axis=axes, keepdims=keep)
+            return [R.astype(r, "bool")]
+        return [extreme(x, axis=axes, keepdims=keep)]
+    return conv
+
+
+for _name in ops_in(Group.REDUCE):
+    converter(_name)(_reduce(_name))
+
+
+def _argreduce_expr(bb, ctx, x, axis, keepdims, is_max):
+    """numpy argmax/argmin along `axis`: the extreme (NaN-propagating for floats), then the first
+    index holding it; an empty axis (numpy raises) gives INT64_MAX."""
+    if is_float(dtype_of(x)):
+        m = bb.emit_te(te_nan_reduce, x, [axis], True, is_max, primfunc_name_hint="dt_" + ("max" if is_max else "min"))
+    else:
+        m = emit(bb, (R.max if is_max else R.min)(x, axis=[axis], keepdims=True))
+    return bb.emit_te(te_first_index, x, m, axis, keepdims,
+                      primfunc_name_hint="dt_" + ("argmax" if is_max else "argmin"))
+
+
+@converter(*ops_in(Group.ARG_REDUCE))
+def _argreduce(bb, node, args, ctx):
+    x = args[0]
+    nd = ndim_of(x)
+    keep = bool(node.attrs.keepdims)
+    is_max = node.op == "argmax"
+    if dtype_of(x) == "bool":
+        x = R.astype(x, "int8")
+    x = emit(bb, x)
+    if node.attrs.axis is None:            # flattened, like numpy
+        flat = emit(bb, R.reshape(x, [prod(shape_of(x)) if nd else tirx.IntImm(I64, 1)]))
+        r = _argreduce_expr(bb, ctx, flat, 0, False, is_max)
+        if keep:
+            r = R.reshape(r, [tirx.IntImm(I64, 1)] * nd)
+        return [r]
+    if nd == 0:
+        return [const(0, I64)]
+    return [_argreduce_expr(bb, ctx, x, norm_axis(int(node.attrs.axis), nd), keep, is_max)]

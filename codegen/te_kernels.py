@@ -1,0 +1,191 @@
+"""Hand-written TE computes (and one TIR function) that the converters emit where Relax/TOPI does not
+compute what numpy computes (why, per case, is in the `converters` package docstring):
+
+* `te_broadcast`, `te_slice`, `te_take`: numpy broadcasting, slicing and take that never read out of
+  bounds, also for symbolic dims that are 0 or 1 at run time;
+* `te_empty_guard`, `te_mean_div`: the identity / NaN of a reduction over a 0-length symbolic axis;
+* `te_nan_reduce`, `te_first_index`: NaN-propagating max/min, and argmax/argmin's first index;
+* `te_arange`: arange over symbolic integer bounds;
+* `int_power_primfunc`: integer power as a TIR while loop (TVM has no integer power).
+
+Each TE function takes TE tensors / PrimExprs and is emitted with ``bb.emit_te(fn, ...)``.
+"""
+from __future__ import annotations
+
+from tvm import te, tirx
+from tvm.sym import Analyzer
+
+from ..ir.dtypes import is_float
+from .dims import I64, is_one, provably_equal
+
+INT64_MAX = (1 << 63) - 1
+
+
+def te_broadcast(x, target):
+    """numpy broadcast of `x` to `target`; a dim that is neither 1 nor the target at run time
+    (numpy raises) reads clamped indices, never out of bounds."""
+    off = len(target) - len(x.shape)
+
+    def f(*i):
+        idx, conds = [], []
+        for k, d in enumerate(x.shape):
+            t, ii = target[k + off], i[k + off]
+            if provably_equal(Analyzer(), d, t):
+                idx.append(ii)
+            elif is_one(d):
+                idx.append(tirx.IntImm(I64, 0))
+            else:
+                idx.append(tirx.Select(d == 1, tirx.IntImm(I64, 0), tirx.min(ii, d - 1)))
+                if not (isinstance(d, tirx.IntImm) and int(d.value) > 0):
+                    conds.append(d > 0)
+        v = x(*idx)
+        if conds:
+            v = tirx.if_then_else(tirx.all(*conds), v, tirx.const(0, x.dtype))
+        return v
+    return te.compute(list(target), f, name="broadcast_to")
+
+
+def te_slice(x, axes, begins, lengths, steps):
+    """out[.., i, ..] = x[.., begin + i * step, ..] along `axes` (begins/lengths canonical)."""
+    spec = {int(a): (b, n, s) for a, b, n, s in zip(axes, begins, lengths, steps)}
+    shape = [spec[a][1] if a in spec else d for a, d in enumerate(x.shape)]
+
+    def f(*i):
+        return x(*[spec[a][0] + i[a] * spec[a][2] if a in spec else i[a] for a in range(len(x.shape))])
+    return te.compute(shape, f, name="strided_slice")
+
+
+def te_take(x, idx, axis, n):
+    """np.take with numpy's negative-index wrap; out-of-range indices are clamped (numpy raises)
+    and an empty axis gives 0 (never an out-of-bounds read)."""
+    nd_i = len(idx.shape)
+    shape = list(x.shape[:axis]) + list(idx.shape) + list(x.shape[axis + 1:])
+
+    def f(*i):
+        j = idx(*i[axis:axis + nd_i])
+        j = j if str(idx.dtype) == I64 else tirx.Cast(I64, j)
+        j = tirx.Select(j < 0, j + n, j)
+        j = tirx.max(tirx.min(j, n - 1), tirx.IntImm(I64, 0))
+        v = x(*i[:axis], j, *i[axis + nd_i:])
+        if not (isinstance(n, tirx.IntImm) and int(n.value) > 0):
+            v = tirx.if_then_else(n > 0, v, tirx.const(0, x.dtype))
+        return v
+    return te.compute(shape, f, name="take")
+
+
+def te_empty_guard(r, extent, identity):
+    """r where the reduced extent > 0, else the reduction identity: TVM initialises a reduction inside
+    its loop, so a 0-length symbolic axis would leave the output uninitialised."""
+    ident = tirx.const(identity, r.dtype)
+    return te.compute(list(r.shape), lambda *i: tirx.if_then_else(extent > 0, r(*i), ident),
+                      name="empty_reduce_guard")
+
+
+def te_mean_div(s, count):
+    """mean = sum / count in the sum's float dtype; nan for an empty reduction (numpy)."""
+    nan = tirx.const(float("nan"), s.dtype)
+    cnt = count.astype(s.dtype)
+    return te.compute(list(s.shape),
+                      lambda *i: tirx.if_then_else(count > 0, s(*i) / cnt, nan), name="mean_div")
+
+
+def _reduce_index_map(nd, axes, keepdims, rvars):
+    def full(i):
+        it = iter(i)
+        out = []
+        for a in range(nd):
+            if a in axes:
+                if keepdims:
+                    next(it)
+                out.append(rvars[a])
+            else:
+                out.append(next(it))
+        return out
+    return full
+
+
+def _reduce_out_shape(shape, axes, keepdims):
+    return [(tirx.IntImm(I64, 1) if keepdims else None) if a in axes else d
+            for a, d in enumerate(shape) if keepdims or a not in axes]
+
+
+def te_nan_reduce(x, axes, keepdims, is_max):
+    """np.max/np.min over float `axes`: NaN propagates (TVM's max/min keep whichever operand
+    the comparison picks, so a NaN can be lost)."""
+    axes = [int(a) for a in axes]
+    nd = len(x.shape)
+    rvars = {a: te.reduce_axis((0, x.shape[a]), name=f"k{a}") for a in axes}
+
+    def combine(a, b):
+        m = tirx.max(a, b) if is_max else tirx.min(a, b)
+        return tirx.Select(tirx.isnan(a), a, tirx.Select(tirx.isnan(b), b, m))
+
+    def ident(dtype):       # -inf / +inf: min_value(float) is the lowest *finite* value
+        inf = tirx.infinity(dtype)
+        return -inf if is_max else inf
+    red = te.comm_reducer(combine, ident, name="nanmax" if is_max else "nanmin")
+    full = _reduce_index_map(nd, set(axes), keepdims, rvars)
+    shape = _reduce_out_shape(x.shape, set(axes), keepdims)
+    return te.compute(shape, lambda *i: red(x(*full(i)), axis=[rvars[a] for a in axes]),
+                      name="max" if is_max else "min")
+
+
+def te_first_index(x, m, axis, keepdims):
+    """Second pass of argmax/argmin: the first index along `axis` where x equals the extreme `m`
+    (kept-dims shape), or is NaN where `m` is NaN. A plain min-reduction, which every backend
+    schedules (dlight cannot do cross-thread reductions with a custom tuple combiner)."""
+    axis = int(axis)
+    nd = len(x.shape)
+    k = te.reduce_axis((0, x.shape[axis]), name="k")
+    full = _reduce_index_map(nd, {axis}, keepdims, {axis: k})
+    shape = _reduce_out_shape(x.shape, {axis}, keepdims)
+    is_f = is_float(str(x.dtype))
+
+    def f(*i):
+        xi = full(i)
+        mi = [tirx.IntImm(I64, 0) if a == axis else xi[a] for a in range(nd)]
+        v, mv = x(*xi), m(*mi)
+        hit = v == mv
+        if is_f:
+            hit = tirx.any(hit, tirx.all(tirx.isnan(v), tirx.isnan(mv)))
+        return te.min(tirx.Select(hit, tirx.Cast(I64, k.var), tirx.const(INT64_MAX, I64)), axis=k)
+    return te.compute(shape, f, name="arg_index")
+
+
+def te_arange(start, step, length, dtype):
+    """start + i * step for i < length, cast to `dtype` (symbolic integer bounds)."""
+    return te.compute([length], lambda i: (start + i * step).astype(dtype), name="arange")
+
+
+def int_power_primfunc(dtype: str):
+    """Flat numpy integer power: square-and-multiply in a while loop (wraps on overflow like
+    numpy's C loop; a negative exponent, where numpy raises, gives 1). TIR, because an unrolled
+    TE expression over the exponent's bits makes TVM's simplifier exponential. The loop state
+    lives in the output and two scratch outputs (no block-local buffer: those break when a
+    schedule duplicates the block, and GPU code cannot allocate global memory)."""
+    from tvm.script import tirx as T
+
+    @T.prim_func(private=True, s_tir=True)
+    def int_power(a: T.handle, b: T.handle, c: T.handle, sb: T.handle, se: T.handle):
+        # opaque (8): never fused, so the scratch outputs stay function arguments
+        T.func_attr({"tirx.noalias": True, "op_pattern": 8})
+        n = T.int64()
+        A = T.match_buffer(a, (n,), dtype)
+        B = T.match_buffer(b, (n,), dtype)
+        C = T.match_buffer(c, (n,), dtype)
+        SB = T.match_buffer(sb, (n,), dtype)
+        SE = T.match_buffer(se, (n,), dtype)
+        for i in range(n):
+            with T.sblock("int_power"):       # a spatial block: dlight binds it on GPUs
+                vi = T.axis.spatial(n, i)
+                T.reads(A[vi], B[vi])
+                T.writes(C[vi], SB[vi], SE[vi])
+                C[vi] = T.Cast(dtype, 1)
+                SB[vi] = A[vi]
+                SE[vi] = B[vi]
+                while SE[vi] > T.Cast(dtype, 0):
+                    if SE[vi] % T.Cast(dtype, 2) == T.Cast(dtype, 1):
+                        C[vi] = C[vi] * SB[vi]
+                    SB[vi] = SB[vi] * SB[vi]
+                    SE[vi] = SE[vi] // T.Cast(dtype, 2)
+    return int_power
