@@ -1,4 +1,5 @@
-"""On-disk compile cache: region structure + constants + target + versions -> exported kernel library."""
+"""On-disk compile cache: region structure + constants + target + versions + codegen source -> exported kernel
+library."""
 from __future__ import annotations
 
 import hashlib
@@ -11,6 +12,27 @@ import numpy as np
 from ..ir.serialize import graph_to_dict
 
 _VERSION_SALT = "dyntvm-cache-1"
+_CODEGEN_DIR = os.path.dirname(os.path.abspath(__file__))
+_code_digest: str | None = None
+
+
+def codegen_digest() -> str:
+    """sha256 of the code that decides what a region compiles to (codegen/, the IR it reads, the op
+    registry): a changed converter or schedule must not be served kernels built by the old one, even
+    at the same version number (a development checkout)."""
+    global _code_digest
+    if _code_digest is None:
+        h = hashlib.sha256()
+        ir_dir = os.path.join(os.path.dirname(_CODEGEN_DIR), "ir")
+        for top in (_CODEGEN_DIR, ir_dir):
+            for folder, dirs, files in sorted(os.walk(top)):
+                dirs.sort()
+                for f in sorted(files):
+                    if f.endswith(".py"):
+                        with open(os.path.join(folder, f), "rb") as fh:
+                            h.update(f.encode() + b"\0" + fh.read())
+        _code_digest = h.hexdigest()[:16]
+    return _code_digest
 
 
 def default_cache_dir() -> str:
@@ -27,7 +49,8 @@ def cache_key(regions: list, target_desc: str, extra: str = "") -> str:
 
     import dyntvm
     h = hashlib.sha256()
-    h.update(f"{_VERSION_SALT}|{dyntvm.__version__}|{tvm.__version__}|{target_desc}|{extra}".encode())
+    h.update(f"{_VERSION_SALT}|{dyntvm.__version__}|{codegen_digest()}|{tvm.__version__}|{target_desc}|{extra}"
+             .encode())
     for name, g in regions:
         d, params = graph_to_dict(g)
         _strip_names(d["graph"])

@@ -159,6 +159,16 @@ def test_compile_cache_makes_recompiles_fast(tmp_path):
     assert_same(m(xs, h0, h0), ex.fn(xs, h0, h0))
 
 
+def test_cache_key_covers_the_codegen_source(monkeypatch):
+    """Changed converter/schedule code at the same version must not be served the old kernels."""
+    from dyntvm.codegen import cache
+    regions = [("r0", dt.trace(lambda x: F.tanh(x), dt.TensorSpec(("N",))))]
+    key = cache.cache_key(regions, "llvm")
+    assert cache.cache_key(regions, "llvm") == key
+    monkeypatch.setattr(cache, "_code_digest", "0" * 16)       # as if a codegen file had changed
+    assert cache.cache_key(regions, "llvm") != key
+
+
 def test_input_errors(cache_dir):
     model = compile_once(rnn, dt.TensorSpec(("T", "B", 8)), dt.TensorSpec(("B", 8)), cache_dir=cache_dir)
     xs, h0 = np.ones((3, 2, 8), "float32"), np.zeros((2, 8), "float32")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -201,3 +202,12 @@ def test_imports_alone(label, mods, forbidden):
                        capture_output=True, text=True, cwd=ROOT, timeout=300)
     if r.returncode:
         pytest.fail(f"{label}:\n{r.stdout[-4000:]}{r.stderr[-2000:]}", pytrace=False)
+
+
+def test_no_source_file_over_600_lines():
+    """House limit (STYLE.md): split a file by concern before it grows past ~600 lines."""
+    root = pathlib.Path(__file__).resolve().parent.parent
+    long = [f"{p.relative_to(root)}: {n} lines" for pkg in ("dyntvm", "ir", "frontend", "partition", "codegen",
+                                                            "runtime", "examples")
+            for p in sorted((root / pkg).rglob("*.py")) if (n := len(p.read_text().splitlines())) > 600]
+    assert not long, "source files over 600 lines:\n" + "\n".join(long)

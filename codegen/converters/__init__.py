@@ -56,46 +56,10 @@ from ..dims import ConvertContext
 
 __all__ = ["CONVERTERS", "ConvertContext", "convert_node", "converter", "UNSUPPORTED_EXACTNESS"]
 
-CONVERTERS: dict = {}
-
-#: Known, documented differences between compiled code and the numpy reference (all in cases
-#: where numpy raises, or in NaN/inf corner cases).
-UNSUPPORTED_EXACTNESS = {
-    "take": "out-of-range indices (numpy raises) are clamped to [0, n-1]; an axis of length 0 "
-            "yields zeros. Valid negative indices wrap exactly like numpy.",
-    "power": "integer power with a negative exponent (numpy raises) gives 1.",
-    "topk": "NaN sorts last like numpy, but a NaN and a real -inf (largest=True) / +inf "
-            "(largest=False) tie by index instead of the NaN going last; k larger than a "
-            "symbolic axis (numpy raises) gives indices >= the axis length for the missing "
-            "entries (never an out-of-bounds read).",
-    "cast": "float -> int of NaN/inf/out-of-range values follows x86 C casts (like numpy on "
-            "x86) only for the low bits; unspecified in general (numpy: platform-dependent).",
-    "argmax/argmin": "an empty axis (numpy raises) returns INT64_MAX.",
-    "reshape": "a -1 next to symbolic dims that are 0 at run time (numpy raises 'ambiguous') "
-               "gives 0 for the -1.",
-    "bool ops": "neg / subtract / sign of bools (numpy raises) give logical_not / xor / x.",
-    "broadcast": "shapes that numpy refuses to broadcast, but whose mismatch only shows at run "
-                 "time, either raise (match_cast) or read clamped indices; never out of bounds.",
-    "float sums": "reductions accumulate in order in the input dtype; numpy sums pairwise, so "
-                  "float32 sum/mean/layer_norm/softmax/matmul differ by rounding (~n * 1e-7 "
-                  "relative; float16 within 1 ulp at small n).",
-}
-
-
-def converter(*names):
-    """Register the decorated function as the converter of ops `names` (each at most once)."""
-    def deco(fn):
-        for n in names:
-            if n in CONVERTERS:
-                raise ValueError(f"converter for {n!r} registered twice")
-            CONVERTERS[n] = fn
-        return fn
-    return deco
-
-
-# Importing the converter modules registers every converter (they import `converter` from here).
+# Importing the converter modules registers every converter (each imports `converter` from .registry).
 from . import creation, elementwise, nn, reduce, shape  # noqa: E402
 from .common import dtype_of, emit, ndim_of, shape_of, ty_of  # noqa: E402
+from .registry import CONVERTERS, UNSUPPORTED_EXACTNESS, converter  # noqa: E402,F401
 
 _CONVERTER_MODULES = (creation, elementwise, nn, reduce, shape)
 

@@ -7,7 +7,7 @@ from tvm.relax import op as R
 
 from ..dims import I64
 from ..te_kernels import te_arange
-from . import converter
+from .registry import converter
 from .common import full_expr, is_int, out_type, shape_of
 
 

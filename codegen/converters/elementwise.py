@@ -10,7 +10,7 @@ from ...ir.dtypes import is_float
 from ...ir.ops import Group, get_op, ops_in
 from ..dims import I64
 from ..te_kernels import int_power_primfunc
-from . import converter
+from .registry import converter
 from .common import (cast, common_dtype, const, dtype_of, emit, in_result_dtype, is_int, out_type, prod, shape_of,
                      unify_broadcast)
 

@@ -8,7 +8,7 @@ from tvm.relax import op as R
 from ...ir.dtypes import is_float
 from ...ir.shapes import norm_axis
 from ..dims import I64
-from . import converter
+from .registry import converter
 from .common import (assert_dims, cast, const, dtype_of, emit, full_expr, guard_empty, in_result_dtype, ndim_of,
                      out_type, shape_of, unify_broadcast)
 

@@ -12,7 +12,7 @@ from ...ir.ops import Group, get_op, ops_in
 from ...ir.shapes import norm_axes, norm_axis
 from ..dims import I64
 from ..te_kernels import te_first_index, te_mean_div, te_nan_reduce
-from . import converter
+from .registry import converter
 from .common import cast, const, dtype_of, emit, guard_empty, ndim_of, prod, shape_of
 
 

@@ -15,7 +15,7 @@ from dyntvm.errors import CompileError
 from ...ir.shapes import norm_axes, norm_axis
 from ..dims import I64, is_one
 from ..te_kernels import te_broadcast, te_slice, te_take
-from . import converter
+from .registry import converter
 from .common import assert_dims, cast, dtype_of, emit, ndim_of, out_type, prod, shape_of
 
 

@@ -1,0 +1,133 @@
+"""The op registry is the one place per-op facts live: every op group is defined once, every op has what each
+stage needs (a type rule, a numpy kernel, a converter or a documented reason), and the frontend's trivial
+functions and Tensor methods come from the registry."""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import pathlib
+
+import numpy as np
+import pytest
+
+import dyntvm as dt
+from dyntvm import F
+from dyntvm.ir.ops import GROUPS, Group, OpKind, all_ops, get_op, ops_in
+from dyntvm.runtime.interpreter import Interpreter
+from dyntvm.runtime.kernels import KERNELS
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PACKAGES = ("dyntvm", "ir", "frontend", "partition", "codegen", "runtime")
+
+
+def _sources():
+    for pkg in PACKAGES:
+        yield from sorted((ROOT / pkg).rglob("*.py"))
+
+
+def _string_collections(tree):
+    """(line, set of strings) of every list/tuple/set literal and of the keys of every dict literal."""
+    for node in ast.walk(tree):
+        elts = node.elts if isinstance(node, (ast.List, ast.Tuple, ast.Set)) else \
+            node.keys if isinstance(node, ast.Dict) else None
+        if elts:
+            yield node.lineno, {e.value for e in elts if isinstance(e, ast.Constant) and isinstance(e.value, str)}
+
+
+def test_every_group_is_listed_once():
+    """No source file outside ir/ops.py re-lists (3 or more of) a group's members: stages loop over `ops_in`."""
+    seen = {}
+    for group, members in GROUPS.items():
+        assert members, group
+        for m in members:
+            assert m not in seen, f"{m} is in both {seen[m]} and {group}"
+            seen[m] = group
+    offenders = []
+    for path in _sources():
+        if path == ROOT / "ir" / "ops.py":
+            continue
+        for line, strings in _string_collections(ast.parse(path.read_text(), str(path))):
+            for group, members in GROUPS.items():
+                common = strings & set(members)
+                if len(common) >= 3:
+                    offenders.append(f"{path.relative_to(ROOT)}:{line} re-lists {group.name}: {sorted(common)}")
+    assert not offenders, "op groups must be listed only in ir/ops.py GROUPS:\n" + "\n".join(offenders)
+
+
+def test_every_op_has_a_type_rule_and_what_each_stage_needs():
+    from dyntvm.codegen.converters import CONVERTERS
+    for name, d in all_ops().items():
+        assert d.name == name and callable(d.infer_type), name
+        assert isinstance(d.kind, OpKind), name
+        assert dataclasses.is_dataclass(d.attrs) and d.attrs.__dataclass_params__.frozen, name
+        assert set(d.dim_attrs) <= {f.name for f in dataclasses.fields(d.attrs)}, name
+        if d.group is not None:
+            assert name in ops_in(d.group), name
+        if d.kind in (OpKind.CONTROL_FLOW, OpKind.REGION):
+            # documented reason: their semantics are the runner's; each interpreter has a handler
+            assert callable(getattr(Interpreter, f"run_{name}", None)), name
+            assert name not in KERNELS and name not in CONVERTERS, name
+            continue
+        assert name in KERNELS, f"{name} has no numpy kernel (runtime/kernels.py)"
+        if d.kind is OpKind.STATIC:
+            assert name in CONVERTERS, f"static op {name} has no Relax converter (codegen/converters)"
+        else:
+            # documented reason: a dynamic-shape op's output shape depends on values, so the executor runs
+            # its numpy kernel between regions (DESIGN.md section 1); it is never compiled.
+            assert d.kind is OpKind.DYNAMIC_SHAPE and name not in CONVERTERS, name
+    assert set(KERNELS) <= set(all_ops()) and set(CONVERTERS) <= set(all_ops())
+    for group in Group:     # every member is registered with its group
+        assert all(get_op(m).group is group for m in ops_in(group)), group
+
+
+def test_frontend_functions_and_methods_come_from_the_registry():
+    from dyntvm.frontend.tracer import Tensor
+    for name, d in all_ops().items():
+        if d.api:
+            f = getattr(F, d.api)
+            assert f.__doc__ == d.doc and d.doc, name
+        if d.method:
+            assert callable(getattr(Tensor, d.api)), name
+        if d.operator:
+            assert callable(getattr(Tensor, f"__{d.operator}__")), name
+            assert d.reflected == hasattr(Tensor, f"__r{d.operator}__"), name
+    assert F.tan.__doc__ == get_op("tan").doc and "tan" in ops_in(Group.FLOAT_UNARY)
+
+
+def test_generated_function_errors_name_the_api():
+    x = dt.TensorSpec(("N", 4))
+    with pytest.raises(dt.TraceError, match=r"clip: .*unexpected keyword argument 'lo'.*signature is clip\(x"):
+        dt.trace(lambda a: F.clip(a, lo=0.0), x)
+    with pytest.raises(dt.TraceError, match=r"clip: a_max must be a Python or numpy scalar or None"):
+        dt.trace(lambda a: F.clip(a, 0.0, "1"), x)
+    with pytest.raises(dt.TraceError, match=r"clip needs a_min or a_max"):
+        dt.trace(lambda a: F.clip(a), x)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "bool"])
+def test_clip_and_tan_eager_reference_compiled(dtype, tmp_path):
+    """The two ops added to show what adding an op takes: eager == numpy == reference == compiled, at N in
+    {0, 1, 7}, NaN kept, a_min > a_max giving a_max like numpy."""
+    def fn(x):
+        y = F.clip(x, 0, 1) if dtype == "bool" else F.clip(x, -0.5, 1.5)
+        z = x.clip(2) if dtype != "bool" else F.clip(x, a_max=0)
+        inv = F.clip(x, 1, 0)
+        return y, z, inv, F.tan(x)
+
+    model = dt.compile(fn, dt.TensorSpec(("N", 3), dtype), cache_dir=str(tmp_path))
+    graph = dt.trace(fn, dt.TensorSpec(("N", 3), dtype))
+    rng = np.random.default_rng(0)
+    for n in (0, 1, 7):
+        x = (rng.uniform(-3, 3, (n, 3)) if dtype != "bool" else rng.random((n, 3)) < 0.5).astype(dtype)
+        if dtype.startswith("float") and n:
+            x[0, 0] = np.nan
+        with np.errstate(all="ignore"):
+            t = x.dtype.type       # the bounds take x's dtype
+            want = (np.clip(x, t(0), t(1)) if dtype == "bool" else np.clip(x, t(-0.5), t(1.5)),
+                    np.clip(x, t(2), None) if dtype != "bool" else np.clip(x, None, t(0)),
+                    np.clip(x, t(1), t(0)),
+                    np.tan(x.astype("float32") if dtype in ("int32", "bool") else x))
+        for got in (fn(x), dt.run_reference(graph, x), model(x)):
+            for g, w in zip(got, want):
+                assert g.dtype == w.dtype and g.shape == w.shape
+                np.testing.assert_allclose(g, w, rtol=2e-6, atol=1e-6, equal_nan=True)
