@@ -8,8 +8,8 @@ Example:
 Attributes load lazily, so `import dyntvm.runtime` (what `dt.load` needs) pulls in neither the
 frontend nor codegen.
 """
-from .errors import (ArtifactError, CompileError, DyntvmError, GraphError, InputError, TraceError,  # noqa: F401
-                     UnsupportedOpError)
+from .errors import (ArtifactError, CompileError, DyntvmError, ExecutionError, GraphError, InputError,  # noqa: F401
+                     TraceError, UnsupportedOpError)
 
 __version__ = "0.1.0"
 
