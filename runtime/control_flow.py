@@ -177,13 +177,13 @@ def foreach(body, data: list, states: list, consts: list, body_types, *, rows=No
     graph (or a function returning it), read only when there are zero steps. `data` are numpy arrays.
     """
     length = data_length([d.shape[0] for d in data])
-    rows = [rows(d) for d in data] if rows is not None else data
+    slices = [rows(d) for d in data] if rows is not None else data
     ns = len(states)
     bufs = None
     t = 0
     try:
         for t in range(length):
-            res = body([r[t] for r in rows] + states + consts)
+            res = body([s[t] for s in slices] + states + consts)
             if bufs is None:
                 n_out = len(res) - ns
                 bufs, kinds = _start(res, n_out, length, to_array, alloc)
