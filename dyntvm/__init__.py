@@ -12,8 +12,8 @@ call them in that order; `dt.load` (`runtime/load.py`) needs the runtime alone.
 Attributes load lazily through a table of module names, so `import dyntvm` imports no stage and
 `dt.load` pulls in neither the frontend, the partitioner nor codegen.
 """
-from .errors import (ArtifactError, CompileError, DyntvmError, GraphError, InputError, TraceError,  # noqa: F401
-                     UnsupportedOpError)
+from .errors import (ArtifactError, CompileError, DyntvmError, ExecutionError, GraphError, InputError,  # noqa: F401
+                     TraceError, UnsupportedOpError)
 
 __version__ = "0.1.0"
 

@@ -146,7 +146,7 @@ def _run(args) -> int:
         try:
             given[name] = np.load(path, allow_pickle=False)
         except (OSError, ValueError) as e:
-            raise InputError(f"--input {item!r}: cannot read {path} as a .npy array: {e}") from None
+            raise InputError(f"--input {item!r}: cannot read {path} as a .npy array: {e}") from e
     missing = [n for n in names if n not in given]
     if missing and not args.random:
         raise InputError(f"no --input for {', '.join(missing)} (give NAME=FILE.npy, or --random)")

@@ -1,7 +1,9 @@
 """Control-flow ops: `cond`, `case`, `foreach`, `while_loop`.
 
-Eagerly (no trace active) they run Python control flow on numpy arrays: that is the reference
-semantics. While tracing, each Python callable is traced into a closed subgraph (captures explicit)
+Eagerly (no trace active) they run the user's Python callables on numpy arrays through the shared
+control-flow runner (`runtime/control_flow.py`), as the interpreter and the executor run graphs: that is
+the reference semantics. Checks that need the user's Python structures (tree specs, the user's line)
+stay here. While tracing, each Python callable is traced into a closed subgraph (captures explicit)
 and one control-flow node is recorded.
 """
 from __future__ import annotations
@@ -13,6 +15,8 @@ from ..ir.graph import Graph, Node, Value
 from ..ir.shapes import ShapeError, unify_dims
 from ..ir.tree import tree_flatten, tree_str, tree_unflatten
 from ..ir.types import TensorType, dim_symbols, fresh_dim, join_types
+from ..runtime import control_flow as runner
+from ..runtime.control_flow import RuleError
 from .tracer import Builder, Tensor, as_array, current, finish_outputs, trace_error, tracing, user_source
 
 _is_leaf = lambda x: isinstance(x, (Tensor, np.ndarray, np.generic))
@@ -64,10 +68,23 @@ def _eager_outputs(out):
     return tree_unflatten(spec, [as_array(x) if isinstance(x, (bool, int, float)) else x for x in leaves])
 
 
-def _pred_check(api: str, p, what="pred"):
-    t = _leaf_type(p)
-    if t.ndim != 0 or t.dtype != "bool":
-        raise trace_error(f"{api}: {what} must be a 0-d bool tensor, got {t}; use e.g. F.greater(F.sum(x), 0)")
+def _rule(check, *args):
+    """Run one of the runner's rules (a check or a whole eager loop); a broken rule is a TraceError at the
+    user's line. The RuleError carries the same text, so it is dropped."""
+    try:
+        return check(*args)
+    except RuleError as e:
+        raise trace_error(str(e)) from None
+
+
+def _pred_check(api: str, p, what="pred must be"):
+    _rule(runner.check_predicate, api, what, _leaf_type(p))
+
+
+def _traced_pred_check(api: str, what: str, sub: SubTrace):
+    if sub.spec != "*":
+        raise trace_error(runner.predicate_error(api, what, tree_str(sub.spec)))
+    _rule(runner.check_predicate, api, what, sub.outputs[0].type)
 
 
 def _flat_values(b: Builder, leaves) -> list:
@@ -103,10 +120,9 @@ def cond(pred, then_fn, else_fn):
     Both must return the same structure, dtypes and ranks; a dim that differs between branches becomes
     an unknown dim of the result.
     """
-    if not tracing():
-        _pred_check("cond", pred)
-        return _eager_outputs(then_fn() if bool(np.asarray(pred)) else else_fn())
     _pred_check("cond", pred)
+    if not tracing():
+        return _eager_outputs(runner.cond(pred, lambda _: then_fn(), lambda _: else_fn(), []))
     subs = [trace_sub(f, [], None, "cond", call=lambda f, a: f()) for f in (then_fn, else_fn)]
     out_types = _join_branches("cond", subs, ("then branch", "else branch"))
     caps = union_captures(subs)
@@ -142,18 +158,18 @@ def case(cases, default):
     """
     cases = list(cases)
     if not tracing():
-        for i, (p, fn) in enumerate(cases):
-            p = p() if callable(p) else p
-            _pred_check("case", p, f"predicate {i}")
-            if bool(np.asarray(p)):
-                return _eager_outputs(fn())
-        return _eager_outputs(default())
+        def pred_run(i, p):
+            def run(_):
+                v = p() if callable(p) else p
+                _pred_check("case", v, f"predicate {i} must be")
+                return v
+            return run
+        branch_runs = [lambda _, fn=fn: fn() for _, fn in cases] + [lambda _: default()]
+        return _eager_outputs(runner.case([pred_run(i, p) for i, (p, _) in enumerate(cases)], branch_runs, []))
     subs, preds = [], []
     for i, (p, fn) in enumerate(cases):
         ps = trace_sub(p if callable(p) else (lambda p=p: p), [], None, "case", call=lambda f, a: f())
-        if ps.spec != "*" or ps.outputs[0].type.ndim != 0 or ps.outputs[0].type.dtype != "bool":
-            got = ps.outputs[0].type if ps.spec == "*" else tree_str(ps.spec)
-            raise trace_error(f"case: predicate {i} must be a 0-d bool tensor, got {got}")
+        _traced_pred_check("case", f"predicate {i} must be", ps)
         preds.append(ps)
         subs.append(trace_sub(fn, [], None, "case", call=lambda f, a: f()))
     subs.append(trace_sub(default, [], None, "case", call=lambda f, a: f()))
@@ -177,15 +193,26 @@ def _state_types_fixpoint(api, body_trace, in_types, rule, slot):
     types, made = list(in_types), set()
     for _ in range(4):
         sub, new_types = body_trace(types)
-        for i, (a, b) in enumerate(zip(types, new_types)):
-            if a.dtype != b.dtype or a.ndim != b.ndim:
-                raise trace_error(f"{api}: {rule}; {slot}[{i}] is {a} in and {b} out")
+        _check_carried(api, rule, slot, types, new_types)
         joined = [join_types(a, b, made) for a, b in zip(types, new_types)]
         if joined == types:
             return sub, types, made
         made |= {d for t in joined for d in t.shape} - {d for t in types for d in t.shape}
         types = joined
     raise trace_error(f"{api}: {slot} types did not settle after 4 traces")  # pragma: no cover
+
+
+def _check_carried(api, rule, slot, old_types, new_types):
+    """Loop-carried values keep dtype and rank (traced types, or the types of eager values)."""
+    for i, (a, b) in enumerate(zip(old_types, new_types)):
+        if a.dtype != b.dtype or a.ndim != b.ndim:
+            raise trace_error(f"{api}: {rule}; {slot}[{i}] is {a} in and {b} out")
+
+
+def _check_structure(api, new_name, init_name, got, expected):
+    if got != expected:
+        raise trace_error(f"{api}: {new_name} must have the structure of {init_name}; got {tree_str(got)}, "
+                          f"expected {tree_str(expected)}")
 
 
 def _stacked_type(lead, t: TensorType, varying: set) -> TensorType:
@@ -224,9 +251,8 @@ def foreach(body, data, init_states):
     try:                     # unknown dims may agree at run time; the interpreter checks
         for n in lengths[1:]:
             length = unify_dims(length, n, "foreach")
-    except ShapeError:
-        raise trace_error(f"foreach: data tensors must have the same length (axis 0); got lengths "
-                          f"{', '.join(map(str, lengths))}") from None
+    except ShapeError:       # symbols that cannot agree: the runner's rule and text
+        _rule(runner.data_length, lengths)
     slice_types = [TensorType(t.shape[1:], t.dtype) for t in d_types]
 
     def call(f, args):
@@ -246,7 +272,7 @@ def foreach(body, data, init_states):
         return sub, [v.type for v in sub.outputs[n_out:]]
 
     sub, st_types, varying = _state_types_fixpoint("foreach", body_trace, [_leaf_type(s) for s in st_leaves],
-                                                   "body must return states of the same dtype and rank", "states")
+                                                   _FOREACH_RULE, "states")
     n_out = len(sub.outputs) - len(st_types)
     caps = union_captures([sub])
     b = current()
@@ -257,11 +283,12 @@ def foreach(body, data, init_states):
     return _split_result(sub.spec, outs, n_out)
 
 
+_FOREACH_RULE = "body must return states of the same dtype and rank"
+_WHILE_RULE = "body_fn must return loop vars of the same dtype and rank"
+
+
 def _check_pair_spec(api, sub, st_spec, new_name, init_name):
-    spec = sub.spec
-    if spec[1][1] != st_spec:
-        raise trace_error(f"{api}: {new_name} must have the structure of {init_name}; got "
-                          f"{tree_str(spec[1][1])}, expected {tree_str(st_spec)}")
+    _check_structure(api, new_name, init_name, sub.spec[1][1], st_spec)
 
 
 def _split_result(spec, outs, n_out):
@@ -270,66 +297,54 @@ def _split_result(spec, outs, n_out):
     return outputs, states
 
 
+class _EagerBody:
+    """An eager loop body for the runner: calls the user's function, checks the Python structures it
+    returns (the step outputs keep one structure; carried values keep structure, dtype and rank) and
+    hands back flat arrays; `types()` is the body traced, for a loop that runs zero times."""
+
+    def __init__(self, api, fn, call, carry_spec, in_types, names):
+        self.api, self.fn, self.call, self.carry_spec, self.in_types = api, fn, call, carry_spec, in_types
+        self.n_in = len(in_types)
+        self.names = names          # (new name, initial name, rule, slot) for messages
+        self.out_spec = None
+
+    def __call__(self, args):
+        out, new = self.call(self.fn, args)
+        out_leaves, out_spec = tree_flatten(out, is_leaf=_is_leaf)
+        if self.out_spec is not None and out_spec != self.out_spec:
+            raise trace_error(f"{self.api}: step outputs must keep one structure; got {tree_str(out_spec)} after "
+                              f"{tree_str(self.out_spec)}")
+        self.out_spec = out_spec
+        new_leaves, new_spec = tree_flatten(new, is_leaf=_is_leaf)
+        new_name, init_name, rule, slot = self.names
+        _check_structure(self.api, new_name, init_name, new_spec, self.carry_spec)
+        new_leaves = [as_array(x) for x in new_leaves]
+        carried = args[self.n_in - len(new_leaves):self.n_in]
+        if any(a.dtype != b.dtype or a.ndim != b.ndim for a, b in zip(carried, new_leaves)):
+            _check_carried(self.api, rule, slot, [_leaf_type(a) for a in carried], [_leaf_type(b) for b in new_leaves])
+        return [as_array(x) for x in out_leaves] + new_leaves
+
+    def types(self) -> Graph:
+        """The body traced on the types it would have been called with (dims of size 0 traced as a symbol,
+        as in a traced graph, so that `x[0]` of a 0-length state traces); sets the output spec."""
+        from .tracer import trace as _trace_fn
+        zero = "zero_len"
+
+        def fn(*args):
+            res = self.call(self.fn, list(args))
+            self.out_spec = tree_flatten(res[0], is_leaf=_is_leaf)[1]
+            return res
+        return _trace_fn(fn, *[TensorType(tuple(zero if d == 0 else d for d in t.shape), t.dtype)
+                               for t in self.in_types])
+
+
 def _foreach_eager(body, data_leaves, st_leaves, st_spec, call, slice_types):
-    arrays = [as_array(d) for d in data_leaves]
-    length = arrays[0].shape[0]
-    if any(a.shape[0] != length for a in arrays):
-        raise trace_error(f"foreach: data tensors must have the same length (axis 0); got lengths "
-                          f"{', '.join(str(a.shape[0]) for a in arrays)}")
+    data = [as_array(d) for d in data_leaves]
     states = [as_array(s) for s in st_leaves]
-    steps, out_spec = [], None
-    for t in range(length):
-        outs, new_states = call(body, [a[t] for a in arrays] + states)
-        out_leaves, out_spec = tree_flatten(outs, is_leaf=_is_leaf)
-        ns_leaves, ns_spec = tree_flatten(new_states, is_leaf=_is_leaf)
-        _check_eager_states("foreach", st_spec, ns_spec, states, ns_leaves, "new_states", "states")
-        steps.append([as_array(o) for o in out_leaves])
-        states = [as_array(s) for s in ns_leaves]
-    if length == 0:
-        out_spec, stacked = _abstract_outputs(body, slice_types + [_leaf_type(s) for s in states], call,
-                                              len(states))
-    else:
-        stacked = _stack_steps("foreach", steps)
-    return tree_unflatten(out_spec, stacked), tree_unflatten(st_spec, states)
-
-
-def _check_eager_states(api, spec, new_spec, old, new, new_name, old_name):
-    if spec != new_spec:
-        raise trace_error(f"{api}: {new_name} must have the structure of the initial {old_name}; got "
-                          f"{tree_str(new_spec)}, expected {tree_str(spec)}")
-    for i, (a, b) in enumerate(zip(old, new)):
-        ta, tb = _leaf_type(a), _leaf_type(b)
-        if ta.dtype != tb.dtype or ta.ndim != tb.ndim:
-            raise trace_error(f"{api}: body must return {old_name} of the same dtype and rank; {old_name}[{i}] is "
-                              f"{ta} in and {tb} out")
-
-
-def _stack_steps(api, steps):
-    out = []
-    for k in range(len(steps[0])):
-        shapes = {s[k].shape for s in steps}
-        if len(shapes) > 1:
-            raise trace_error(f"{api}: step output {k} changed shape between iterations ({sorted(shapes)}); "
-                              "per-step outputs are stacked and must keep one shape")
-        out.append(np.stack([s[k] for s in steps]))
-    return out
-
-
-def _abstract_outputs(body, in_types, call, n_states):
-    """Output spec and empty stacked outputs of a loop that ran zero times (traced, not executed).
-
-    Dims of size 0 are traced as a symbol, as in a traced graph (so `x[0]` of a 0-length state traces);
-    the output shapes are then evaluated like the interpreter does for a zero-iteration loop."""
-    from ..runtime.interpreter import zero_length_stack
-    from .tracer import trace as _trace_fn
-    holder, zero = {}, "zero_len"
-
-    def fn(*args):
-        res = call(body, list(args))
-        holder["spec"] = tree_flatten(res[0], is_leaf=_is_leaf)[1]
-        return res[0]
-    g = _trace_fn(fn, *[TensorType(tuple(zero if d == 0 else d for d in t.shape), t.dtype) for t in in_types])
-    return holder["spec"], [zero_length_stack(v.type, {zero: 0}) for v in g.outputs]
+    step = _EagerBody("foreach", body, call, st_spec, slice_types + [_leaf_type(s) for s in states],
+                      ("new_states", "init_states", _FOREACH_RULE, "states"))
+    stacked, states = _rule(runner.foreach, step, data, states, [], step.types)
+    return tree_unflatten(step.out_spec, stacked), tree_unflatten(st_spec, states)
 
 
 def while_loop(cond_fn, body_fn, loop_vars, max_iterations=None):
@@ -374,25 +389,20 @@ def while_loop(cond_fn, body_fn, loop_vars, max_iterations=None):
         return sub, [v.type for v in sub.outputs[n_out:]]
 
     sub, types, varying = _state_types_fixpoint("while_loop", body_trace, [_leaf_type(v) for v in lv_leaves],
-                                                "body_fn must return loop vars of the same dtype and rank",
-                                                "loop_vars")
+                                                _WHILE_RULE, "loop_vars")
     csub = trace_sub(cond_fn, types, None, "while_loop", call=call_cond)
-    if csub.spec != "*" or csub.outputs[0].type.ndim != 0 or csub.outputs[0].type.dtype != "bool":
-        got = csub.outputs[0].type if csub.spec == "*" else tree_str(csub.spec)
-        raise trace_error(f"while_loop: cond_fn must return a 0-d bool tensor, got {got}")
+    _traced_pred_check("while_loop", "cond_fn must return", csub)
     n_out = len(sub.outputs) - len(types)
     caps = union_captures([csub, sub])
     b = current()
     ins = _flat_values(b, lv_leaves)
     static_max, has_t = None, False
     if isinstance(max_iterations, Tensor):
-        t = max_iterations.type
-        if t.ndim != 0 or np.dtype(t.dtype).kind not in "iu":
-            raise trace_error(f"while_loop: max_iterations must be an int or a 0-d integer tensor, got {t}")
+        _rule(runner.check_iteration_limit_type, max_iterations.type)
         ins.append(b.lift(max_iterations.value))
         has_t = True
-    elif max_iterations is not None:
-        static_max = _static_int("while_loop", max_iterations)
+    else:
+        static_max = _rule(runner.iteration_limit, max_iterations)
     n_iter = fresh_dim()
     out_types = [_stacked_type(n_iter, v.type, varying) for v in sub.outputs[:n_out]] + types
     outs = _emit("while_loop", A.WhileAttrs(len(lv_leaves), n_out, static_max, has_t), ins + caps, out_types,
@@ -401,39 +411,14 @@ def while_loop(cond_fn, body_fn, loop_vars, max_iterations=None):
     return outputs, tree_unflatten(lv_spec, outs[n_out:])
 
 
-def _static_int(api, v) -> int:
-    a = np.asarray(v)
-    if a.ndim != 0 or a.dtype.kind not in "iu":
-        raise trace_error(f"{api}: max_iterations must be an int or a 0-d integer tensor, got {v!r}")
-    return int(a)
-
-
 def _while_eager(cond_fn, body_fn, lv_leaves, lv_spec, call_body, call_cond, max_iterations):
-    limit = None if max_iterations is None else _static_int("while_loop", max_iterations)
-    vars_ = [as_array(v) for v in lv_leaves]
-    steps, out_spec, it = [], None, 0
-    while limit is None or it < limit:
-        c = call_cond(cond_fn, vars_)
-        _pred_check("while_loop", c, "cond_fn's result")
-        if not bool(np.asarray(c)):
-            break
-        out, new = call_body(body_fn, vars_)
-        out_leaves, out_spec = tree_flatten(out, is_leaf=_is_leaf)
-        new_leaves, new_spec = tree_flatten(new, is_leaf=_is_leaf)
-        if new_spec != lv_spec:
-            raise trace_error(f"while_loop: body_fn's new loop vars must have the structure of loop_vars; got "
-                              f"{tree_str(new_spec)}, expected {tree_str(lv_spec)}")
-        for i, (a, b) in enumerate(zip(vars_, new_leaves)):
-            ta, tb = _leaf_type(a), _leaf_type(b)
-            if ta.dtype != tb.dtype or ta.ndim != tb.ndim:
-                raise trace_error(f"while_loop: body_fn must return loop vars of the same dtype and rank; "
-                                  f"loop_vars[{i}] is {ta} in and {tb} out")
-        steps.append([as_array(o) for o in out_leaves])
-        vars_ = [as_array(v) for v in new_leaves]
-        it += 1
-    if it == 0:
-        out_spec, stacked = _abstract_outputs(body_fn, [_leaf_type(v) for v in vars_],
-                                              lambda f, a: call_body(f, a), len(vars_))
-    else:
-        stacked = _stack_steps("while_loop", steps)
-    return tree_unflatten(out_spec, stacked), tree_unflatten(lv_spec, vars_)
+    loop_vars = [as_array(v) for v in lv_leaves]
+
+    def cond_run(args):
+        c = call_cond(cond_fn, args)
+        _pred_check("while_loop", c, "cond_fn must return")
+        return c
+    step = _EagerBody("while_loop", body_fn, call_body, lv_spec, [_leaf_type(v) for v in loop_vars],
+                      ("body_fn's new loop vars", "loop_vars", _WHILE_RULE, "loop_vars"))
+    stacked, loop_vars = _rule(runner.while_loop, cond_run, step, loop_vars, [], max_iterations, step.types)
+    return tree_unflatten(step.out_spec, stacked), tree_unflatten(lv_spec, loop_vars)

@@ -69,7 +69,7 @@ def lint(graph, _path: str = "") -> None:
             try:
                 want = opdef.infer_type([v.type for v in n.inputs], n.attrs)
             except ShapeError as e:
-                raise GraphError(f"lint({where}): {label} fails its type rule: {e}") from None
+                raise GraphError(f"lint({where}): {label} fails its type rule: {e}") from e
             if len(want) != len(n.outputs) or not all(_compatible(v.type, t) for v, t in zip(n.outputs, want)):
                 raise GraphError(f"lint({where}): {label} output types {[str(v.type) for v in n.outputs]} do "
                                  f"not match its type rule {[str(t) for t in want]}")

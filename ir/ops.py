@@ -452,8 +452,8 @@ def _layer_norm(ts, a):
             raise ShapeError("ranks differ")
         for d, e, f in zip(x.shape[x.ndim - k:], g.shape, b.shape):
             unify_dims(unify_dims(d, e, "layer_norm"), f, "layer_norm")
-    except ShapeError:
-        raise ShapeError(f"gamma {g} and beta {b} must both match the trailing dims of {x}") from None
+    except ShapeError as e:
+        raise ShapeError(f"gamma {g} and beta {b} must both match the trailing dims of {x}") from e
     return _elementwise([x], a, float_dtype)
 
 

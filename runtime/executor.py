@@ -3,8 +3,10 @@
 Each graph (top level and every subgraph) is turned once into a *plan*: values get integer slots,
 each node becomes a small closure. Running a graph is then a loop over closures on a list — no dict
 lookups, no re-tracing, no recompilation. Region node -> one call into the TVM VM; dynamic-shape node
--> numpy kernel; control-flow node -> its subgraph plans, loops driven from Python. Values stay TVM
-tensors between regions; crossings to numpy are zero-copy views.
+-> numpy kernel; control-flow node -> its subgraph plans, driven by the shared runner
+(`control_flow.py`) from Python. Values stay TVM tensors between regions; crossings to numpy are zero-copy
+views. A failing step raises an `ExecutionError` naming its node, found only once something failed: the
+success path pays nothing for it.
 """
 from __future__ import annotations
 
@@ -13,24 +15,39 @@ from collections import defaultdict
 
 import numpy as np
 
-from dyntvm.errors import CompileError
+from dyntvm.errors import CompileError, ExecutionError
 
 from ..ir.graph import Graph, Node
-from .interpreter import Interpreter, bind_symbols, last_uses, stack_steps, zero_length_stack
+from . import control_flow as cf
+from .control_flow import bind_symbols
+from .interpreter import Interpreter, last_uses
 from .kernels import KERNELS
+from .node_errors import node_failure, note_within
 from .tensors import aligned_empty, aligned_rows, to_numpy, to_tvm
 
 
 class Plan:
-    __slots__ = ("graph", "n_slots", "template", "in_idx", "out_idx", "steps", "needs_env")
+    __slots__ = ("graph", "n_slots", "template", "in_idx", "out_idx", "steps", "nodes", "slot")
 
     def run(self, args):
         slots = self.template.copy()
         for i, a in zip(self.in_idx, args):
             slots[i] = a
-        for step in self.steps:
-            step(slots)
+        try:
+            for step in self.steps:
+                step(slots)
+        except ExecutionError as e:           # raised inside a control-flow node: names its innermost node
+            note_within(e, self.nodes[self.steps.index(step)])
+            raise
+        except Exception as e:
+            raise self.failure(step, slots, e) from e
         return [slots[i] for i in self.out_idx]
+
+    def failure(self, step, slots, cause) -> ExecutionError:
+        node = self.nodes[self.steps.index(step)]
+        if node.op == "region":
+            return region_failure(node, [slots[self.slot[v]] for v in node.inputs], cause)
+        return node_failure(node, cause)
 
 
 class Executor:
@@ -60,7 +77,7 @@ class Executor:
             return got
         p = Plan()
         p.graph = g
-        slot = {}
+        slot = p.slot = {}
         for v in g.values():
             slot[v] = len(slot)
         p.n_slots = len(slot)
@@ -68,8 +85,7 @@ class Executor:
         p.in_idx = [slot[v] for v in g.inputs]
         p.out_idx = [slot[v] for v in g.outputs]
         frees = last_uses(g)
-        p.steps = []
-        p.needs_env = False
+        p.steps, p.nodes = [], []           # parallel lists: a failing step's node is found by position
         for i, n in enumerate(g.nodes):
             if n.op == "constant":
                 # converted once: constants then cross into regions without per-call copies
@@ -87,6 +103,7 @@ class Executor:
             if self.profiling:
                 step = self._with_profile(step, n)
             p.steps.append(step)
+            p.nodes.append(n)
         self._plans[id(g)] = p
         return p
 
@@ -150,98 +167,87 @@ class Executor:
                 bind_symbols(v.type, s.shape, env)
         return env
 
+    # ------------------------------------------------------- control flow (the shared runner)
     def _make_cond(self, n: Node, ins, outs, g):
-        then_p, else_p = (self._plan(s) for s in n.subgraphs)
+        then_run, else_run = (self._plan(s).run for s in n.subgraphs)
 
         def run(slots):
-            p = then_p if bool(to_numpy(slots[ins[0]])) else else_p
-            for o, r in zip(outs, p.run([slots[i] for i in ins[1:]])):
+            res = cf.cond(slots[ins[0]], then_run, else_run, [slots[i] for i in ins[1:]], truth=_truth)
+            for o, r in zip(outs, res):
                 slots[o] = r
         return run
 
     def _make_case(self, n: Node, ins, outs, g):
-        plans = [self._plan(s) for s in n.subgraphs]
-        k = n.attrs.num_cases
+        runs = [self._plan(s).run for s in n.subgraphs]
+        preds, branches = runs[0:-1:2], runs[1::2] + runs[-1:]
 
         def run(slots):
-            args = [slots[i] for i in ins]
-            chosen = plans[2 * k]
-            for c in range(k):
-                if bool(to_numpy(plans[2 * c].run(args)[0])):
-                    chosen = plans[2 * c + 1]
-                    break
-            for o, r in zip(outs, chosen.run(args)):
+            res = cf.case(preds, branches, [slots[i] for i in ins], truth=_first_truth)
+            for o, r in zip(outs, res):
                 slots[o] = r
         return run
 
     def _make_foreach(self, n: Node, ins, outs, g):
         a = n.attrs
-        body = self._plan(n.subgraphs[0])
-        nd, ns, no = a.num_data, a.num_states, a.num_outputs
-        out_types = [v.type for v in n.subgraphs[0].outputs[:no]]
+        body = n.subgraphs[0]
+        body_run = self._plan(body).run
+        nd, ns = a.num_data, a.num_states
 
         def run(slots):
             data = [to_numpy(slots[i]) for i in ins[:nd]]
-            length = data[0].shape[0]
-            for k, d in enumerate(data[1:]):
-                if d.shape[0] != length:
-                    raise ValueError(f"foreach: data[{k + 1}] has length {d.shape[0]}, data[0] has {length}")
-            rows = [aligned_rows(d) for d in data]       # zero-copy per-step slices into regions
             states = [slots[i] for i in ins[nd:nd + ns]]
+            # constants cross into regions once, not once per step
             caps = [to_tvm(slots[i]) if isinstance(slots[i], np.ndarray) else slots[i] for i in ins[nd + ns:]]
-            bufs = None
-            for t in range(length):
-                res = body.run([r[t] for r in rows] + states + caps)
-                if bufs is None:
-                    bufs = [aligned_empty((length,) + tuple(r.shape), _dtype(r)) for r in res[:no]]
-                for k, (buf, r) in enumerate(zip(bufs, res[:no])):
-                    r = to_numpy(r)
-                    if r.shape != buf.shape[1:]:
-                        raise ValueError(f"foreach: step output {k} changed shape between iterations "
-                                         f"({list(buf.shape[1:])} then {list(r.shape)}); per-step outputs "
-                                         "are stacked and must keep one shape")
-                    buf[t] = r
-                states = res[no:]
-            if bufs is None:
-                env: dict = {}
-                shapes = [d.shape[1:] for d in data] + [s.shape for s in states + caps]
-                for v, s in zip(n.subgraphs[0].inputs, shapes):
-                    bind_symbols(v.type, tuple(s), env)
-                bufs = [zero_length_stack(t, env) for t in out_types]
-            for o, r in zip(outs, list(bufs) + list(states)):
+            stacked, states = cf.foreach(body_run, data, states, caps, body, rows=aligned_rows, to_array=to_numpy,
+                                         alloc=aligned_empty)     # zero-copy 64-byte aligned rows into regions
+            for o, r in zip(outs, stacked + list(states)):
                 slots[o] = r
         return run
 
     def _make_while_loop(self, n: Node, ins, outs, g):
         a = n.attrs
-        cond_p, body_p = (self._plan(s) for s in n.subgraphs)
-        nv, no = a.num_vars, a.num_outputs
-        body_graph = n.subgraphs[1]
+        cond_g, body = n.subgraphs
+        cond_run, body_run = self._plan(cond_g).run, self._plan(body).run
+        nv = a.num_vars
         has_t, static_max = a.has_max_tensor, a.max_iterations
 
         def run(slots):
-            vars_ = [slots[i] for i in ins[:nv]]
-            limit = int(to_numpy(slots[ins[nv]])) if has_t else static_max
+            limit = slots[ins[nv]] if has_t else static_max
             caps = [slots[i] for i in ins[nv + (1 if has_t else 0):]]
-            steps = [[] for _ in range(no)]
-            it = 0
-            while (limit is None or it < limit) and bool(to_numpy(cond_p.run(vars_ + caps)[0])):
-                res = body_p.run(vars_ + caps)
-                for acc, r in zip(steps, res[:no]):
-                    acc.append(to_numpy(r))
-                vars_ = res[no:]
-                it += 1
-            try:
-                stacked = stack_steps(body_graph, steps, it, [tuple(x.shape) for x in vars_ + caps])
-            except ValueError as e:
-                raise ValueError(f"while_loop: {e}") from None
+            stacked, vars_ = cf.while_loop(cond_run, body_run, [slots[i] for i in ins[:nv]], caps, limit, body,
+                                           truth=_first_truth, to_array=to_numpy)
             for o, r in zip(outs, stacked + list(vars_)):
                 slots[o] = r
         return run
 
 
-def _dtype(x):
-    return x.dtype if isinstance(x, np.ndarray) else np.dtype(str(x.dtype))
+def _truth(x) -> bool:
+    return bool(to_numpy(x))
+
+
+def _first_truth(res: list) -> bool:
+    """A predicate subgraph's result (a one-value list) as a bool."""
+    return bool(to_numpy(res[0]))
+
+
+def region_failure(node: Node, ins: list, cause: BaseException) -> ExecutionError:
+    """A region call failed: re-run the region with the numpy reference (only now, on the error path) to
+    name the op inside it that fails, with its source line; else name the region, its ops and their lines."""
+    try:
+        Interpreter(node.subgraphs[0]).run(*[to_numpy(x) for x in ins])
+    except ExecutionError as inner:
+        err = ExecutionError(inner.args[0], op=inner.op, node=inner.node, source=inner.source)
+        err.within = inner.within + [f"in region node {node.name!r}, whose compiled code raised: "
+                                     f"{str(cause).strip() or type(cause).__name__}"]
+        return err
+    except Exception:  # noqa: BLE001 - the reference cannot run these inputs either: name the region
+        pass
+    inner = [m for m in node.subgraphs[0].nodes if m.op != "constant"]
+    ops = sorted({m.op for m in inner})
+    sources = list(dict.fromkeys(m.source for m in inner if m.source))
+    detail = f"\n    (the region computes {', '.join(ops)}" + \
+        (f"; from {'; '.join(sources[:3])}{'; ...' if len(sources) > 3 else ''})" if sources else ")")
+    return node_failure(node, cause, detail)
 
 
 def _check_region(n: Node, sub: Graph, ins, outs):

@@ -1,23 +1,21 @@
 """Reference interpreter: runs any Graph with numpy kernels. The oracle for every compiled result.
 
 fx `Interpreter` style: `run` walks the nodes, `run_node` dispatches on the node's op kind, so a
-subclass (the compiled executor) overrides one handler. Values are dropped after their last use.
+subclass overrides one handler. Values are dropped after their last use. Control flow runs through the
+shared runner (`control_flow.py`); a node that fails raises an `ExecutionError` naming it (`node_errors.py`).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from dyntvm.errors import GraphError, InputError
+from dyntvm.errors import ExecutionError, GraphError, InputError
+
 from ..ir.graph import Graph, Node
-from ..ir.types import TensorType, eval_dim, is_symbol, shape_matches
+from ..ir.types import shape_matches
+from . import control_flow as cf
+from .control_flow import bind_symbols
 from .kernels import run_kernel
-
-
-def bind_symbols(t: TensorType, shape: tuple, env: dict) -> None:
-    """Record the sizes of `t`'s plain-symbol dims seen in a concrete `shape`."""
-    for d, s in zip(t.shape, shape):
-        if is_symbol(d) and d not in env:
-            env[d] = int(s)
+from .node_errors import node_failure, note_within
 
 
 def last_uses(graph: Graph) -> dict:
@@ -32,17 +30,6 @@ def last_uses(graph: Graph) -> dict:
         if v not in keep:
             out.setdefault(i, []).append(v)
     return out
-
-
-def zero_length_stack(t: TensorType, env: dict, dtype=None) -> np.ndarray:
-    """The stacked result of zero iterations of a step output of type `t`."""
-    shape = []
-    for d in t.shape:
-        try:
-            shape.append(eval_dim(d, env))
-        except (KeyError, ValueError):
-            shape.append(0)      # a data-dependent size never observed: any size is right for 0 rows
-    return np.zeros((0, *shape), dtype=dtype or t.dtype)
 
 
 class Interpreter:
@@ -77,11 +64,18 @@ class Interpreter:
         if last is None:
             last = self._last[id(graph)] = last_uses(graph)
         for i, node in enumerate(graph.nodes):
-            ins = [values[v] for v in node.inputs]
-            outs = self.run_node(node, ins, env)
-            for v, o in zip(node.outputs, outs):
-                self.check_output(node, v, o, env)
-                values[v] = o
+            try:
+                outs = self.run_node(node, [values[v] for v in node.inputs], env)
+                for v, o in zip(node.outputs, outs):
+                    self.check_output(node, v, o, env)
+                    values[v] = o
+            except ExecutionError as e:        # already names the innermost node
+                note_within(e, node)
+                raise
+            except GraphError:
+                raise
+            except Exception as e:
+                raise node_failure(node, e) from e
             for v in last.get(i, ()):
                 values.pop(v, None)
         return [values[v] for v in graph.outputs]
@@ -106,75 +100,41 @@ class Interpreter:
     def run_region(self, node: Node, ins: list, env: dict):
         return self.run_graph(node.subgraphs[0], ins)
 
-    # -- control flow --------------------------------------------------------------------------
+    # -- control flow (driven by the shared runner) ------------------------------------------------
+    def _runner(self, graph: Graph):
+        return lambda args: self.run_graph(graph, args)
+
     def run_cond(self, node: Node, ins: list, env: dict):
         then_g, else_g = node.subgraphs
-        return self.run_graph(then_g if bool(np.asarray(ins[0])) else else_g, ins[1:])
+        return cf.cond(ins[0], self._runner(then_g), self._runner(else_g), ins[1:])
 
     def run_case(self, node: Node, ins: list, env: dict):
-        n = node.attrs.num_cases
-        for i in range(n):
-            if bool(np.asarray(self.run_graph(node.subgraphs[2 * i], ins)[0])):
-                return self.run_graph(node.subgraphs[2 * i + 1], ins)
-        return self.run_graph(node.subgraphs[2 * n], ins)
+        gs = node.subgraphs
+        return cf.case([self._runner(g) for g in gs[0:-1:2]], [self._runner(g) for g in gs[1::2] + gs[-1:]], ins,
+                       truth=_first_truth)
 
     def run_foreach(self, node: Node, ins: list, env: dict):
         a = node.attrs
         (body,) = node.subgraphs
-        data, states, caps = ins[:a.num_data], ins[a.num_data:a.num_data + a.num_states], \
-            ins[a.num_data + a.num_states:]
-        length = np.shape(data[0])[0] if data else 0
-        if any(np.shape(d)[0] != length for d in data):
-            raise ValueError(f"foreach: data tensors must have the same length (axis 0); got lengths "
-                             f"{', '.join(str(np.shape(d)[0]) for d in data)}")
-        steps = [[] for _ in range(a.num_outputs)]
-        for t in range(length):
-            res = self.run_graph(body, [d[t] for d in data] + list(states) + list(caps))
-            for acc, r in zip(steps, res[:a.num_outputs]):
-                acc.append(r)
-            states = res[a.num_outputs:]
-        shapes = [np.shape(d)[1:] for d in data] + [np.shape(x) for x in list(states) + list(caps)]
-        return self._stack(body, steps, length, shapes) + list(states)
+        nd, ns = a.num_data, a.num_states
+        data = [np.asarray(d) for d in ins[:nd]]
+        outs, states = cf.foreach(self._runner(body), data, ins[nd:nd + ns], ins[nd + ns:], body)
+        return outs + states
 
     def run_while_loop(self, node: Node, ins: list, env: dict):
         a = node.attrs
         cond_g, body = node.subgraphs
         nv = a.num_vars
-        loop_vars = ins[:nv]
-        limit = a.max_iterations
+        limit = ins[nv] if a.has_max_tensor else a.max_iterations
         caps = ins[nv + (1 if a.has_max_tensor else 0):]
-        if a.has_max_tensor:
-            limit = int(np.asarray(ins[nv]))
-        steps = [[] for _ in range(a.num_outputs)]
-        it = 0
-        while (limit is None or it < limit) and bool(np.asarray(self.run_graph(cond_g, loop_vars + caps)[0])):
-            res = self.run_graph(body, loop_vars + caps)
-            for acc, r in zip(steps, res[:a.num_outputs]):
-                acc.append(r)
-            loop_vars = list(res[a.num_outputs:])
-            it += 1
-        return self._stack(body, steps, it, [np.shape(x) for x in loop_vars + caps]) + loop_vars
-
-    def _stack(self, body: Graph, steps: list, length: int, body_shapes: list) -> list:
-        return stack_steps(body, steps, length, body_shapes)
+        outs, loop_vars = cf.while_loop(self._runner(cond_g), self._runner(body), ins[:nv], caps, limit, body,
+                                        truth=_first_truth)
+        return outs + loop_vars
 
 
-def stack_steps(body: Graph, steps: list, length: int, body_shapes: list) -> list:
-    """Stack each per-step output list; zero steps give empty stacks shaped from `body`'s types
-    (symbols bound from the shapes the body would have been called with)."""
-    if length:
-        out = []
-        for k, acc in enumerate(steps):
-            shapes = {np.shape(r) for r in acc}
-            if len(shapes) > 1:
-                raise ValueError(f"step output {k} changed shape between iterations ({sorted(shapes)}); "
-                                 "per-step outputs are stacked and must keep one shape")
-            out.append(np.stack(acc))
-        return out
-    env: dict = {}
-    for v, shape in zip(body.inputs, body_shapes):
-        bind_symbols(v.type, shape, env)
-    return [zero_length_stack(v.type, env) for v in body.outputs[:len(steps)]]
+def _first_truth(res: list) -> bool:
+    """A predicate subgraph's result (a one-value list) as a bool."""
+    return bool(np.asarray(res[0]))
 
 
 def run_reference(graph: Graph, *args):

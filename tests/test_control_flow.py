@@ -362,3 +362,46 @@ def test_numpy_closures_become_constants():
     consts = [n for n in fe.subgraphs[0].nodes if n.op == "constant"]
     assert any(np.array_equal(c.attrs.value, W) for c in consts)
     assert all(not c.attrs.value.flags.writeable for c in consts)
+
+
+# ------------------------------------------------------------------- long loops, compiled models
+def while_many_steps(x, m):
+    # more steps than the runner stacks per chunk (256): chunks joined, at and around the boundary
+    return F.while_loop(lambda i, v: i < m, lambda i, v: ((v[:, 0] * F.cast(i, "float32"), i), (i + 1, v)),
+                        [np.int64(0), x])
+
+
+def test_while_loop_over_many_steps():
+    check(while_many_steps, X + [S((), "int64")], lambda m: (data(2), np.int64(m)), sizes=(255, 256, 257, 600))
+
+
+def one_input_cases(x):
+    """Every single-input control-flow case above, as one model (one TVM build)."""
+    return ([f(x) for f in (cond_basic, cond_structures, cond_dims_differ, cond_numpy_outputs, cond_python_pred,
+                            cond_lazy)],
+            [f(x) for f in (case_tensor_preds, case_fn_preds, case_lazy_preds, case_default_only_branch,
+                            case_structures)],
+            [f(x) for f in (foreach_empty_outputs, foreach_empty_everything, foreach_capture_outer,
+                            foreach_single_state, foreach_dict_state,
+                            foreach_growing_state)],
+            [f(x) for f in (while_counter, while_zero_iterations, while_data_dependent, while_max_iterations_int,
+                            while_max_iterations_zero, while_no_step_outputs, while_capture, while_float_scalar_var)],
+            [f(x) for f in (nested, nested_loops_with_masks, nested_case_in_while)])
+
+
+def multi_input_cases(x, y, m):
+    return (foreach_rnn(x, W[0]), foreach_list_data(x, y), while_max_iterations_tensor(x, m),
+            while_many_steps(y, m * 100))
+
+
+def test_compiled_models_match_eager(tmp_path):
+    """The executor drives the same runner as eager mode and the interpreter: same results, every case."""
+    from helpers import assert_same
+    cache = str(tmp_path)
+    one = dt.compile(one_input_cases, *X, cache_dir=cache)
+    multi = dt.compile(multi_input_cases, S(("T", 4)), S(("T", 4)), S((), "int64"), cache_dir=cache)
+    for n in SIZES:
+        x = data(n)
+        assert_same(one(x), one_input_cases(x), rtol=1e-4, atol=1e-4, what=f"single-input cases at N={n}")
+        args = (data(n), data(n, seed=1), np.int64(n))
+        assert_same(multi(*args), multi_input_cases(*args), rtol=1e-4, atol=1e-4, what=f"multi-input at N={n}")

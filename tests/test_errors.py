@@ -114,8 +114,10 @@ def test_foreach_unequal_unknown_lengths_fail_at_run_time():
         return F.foreach(lambda d, st: (d[0] + d[1], st), [x[x[:, 0] > 0], x[x[:, 1] > 0]], [])
     g = dt.trace(f, X)                 # two unknown lengths may agree: checked when it runs
     x = np.array([[1, 1, 0, 0], [1, -1, 0, 0]], np.float32)
-    with pytest.raises(ValueError, match="same length"):
+    with pytest.raises(dt.ExecutionError, match=r"foreach node '\w+' failed: foreach: data tensors must have the same "
+                       r"length \(axis 0\); got lengths 2, 1") as info:
         dt.run_reference(g, x)
+    assert_points_at(info.value, "F.foreach(lambda d, st: (d[0] + d[1], st), [x[x[:, 0] > 0]")
 
 
 def test_foreach_zero_d_data():
@@ -158,7 +160,7 @@ def test_while_cond_fn_must_return_0d_bool():
 def test_eager_predicates_are_checked_too():
     with pytest.raises(dt.TraceError, match=re.escape("cond: pred must be a 0-d bool tensor, got float64[3]")):
         F.cond(np.ones(3), lambda: 1, lambda: 2)
-    with pytest.raises(dt.TraceError, match=re.escape("while_loop: cond_fn's result must be a 0-d bool tensor")):
+    with pytest.raises(dt.TraceError, match=re.escape("while_loop: cond_fn must return a 0-d bool tensor, got int64[]")):
         F.while_loop(lambda v: v, lambda v: ([], [v - 1]), [np.int64(3)])
 
 
