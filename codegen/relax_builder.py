@@ -106,7 +106,7 @@ def build_region_function(bb: relax.BlockBuilder, graph: Graph, name: str) -> re
     try:
         relax.analysis.well_formed(bb.get()[gv])
     except Exception as e:  # noqa: BLE001 - TVM raises its own error types
-        raise CompileError(f"region function {name!r} is not well formed: {e}") from None
+        raise CompileError(f"region function {name!r} is not well formed: {e}") from e
     return gv
 
 
@@ -119,5 +119,5 @@ def build_module(regions: list) -> tvm.IRModule:
     try:
         relax.analysis.well_formed(mod)
     except Exception as e:  # noqa: BLE001 - TVM raises its own error types
-        raise CompileError(f"the region module is not well formed: {e}") from None
+        raise CompileError(f"the region module is not well formed: {e}") from e
     return mod

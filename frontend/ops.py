@@ -9,10 +9,12 @@ import builtins
 
 import numpy as np
 
+from dyntvm.errors import ExecutionError
+
 from ..ir import attrs as A
 from ..ir import ops as O
 from ..runtime.kernels import run_kernel
-from .tracer import Tensor, as_array, current, trace_error, tracing
+from .tracer import Tensor, as_array, current, trace_error, tracing, user_source
 
 _abs = builtins.abs
 
@@ -57,7 +59,13 @@ def apply(api: str, op: str, args: list, attrs=None):
         b = current()
         vals = [a.value if isinstance(a, Tensor) else b.constant(as_array(a)) for a in args]
         return [Tensor(v, b) for v in b.emit(op, vals, attrs, api=api)]
-    return list(run_kernel(op, attrs, [as_array(a) for a in args]))
+    arrays = [as_array(a) for a in args]
+    try:
+        return list(run_kernel(op, attrs, arrays))
+    except Exception as e:       # the same error a graph run gives: the op, the condition, the user's line
+        src = user_source()
+        raise ExecutionError(f"{api} failed: {str(e).strip() or type(e).__name__}" + (f"\n    at {src}" if src else ""),
+                             op=op, source=src) from e
 
 
 def _one(api, op, args, attrs=None):

@@ -49,7 +49,7 @@ def check_inputs(graph: Graph, args: tuple) -> list:
                 try:
                     a = np.asarray(x)
                 except (TypeError, ValueError) as e:
-                    raise InputError(f"{label}: cannot convert {type(x).__name__} to {t}: {e}") from None
+                    raise InputError(f"{label}: cannot convert {type(x).__name__} to {t}: {e}") from e
                 if not np.can_cast(a.dtype, t.dtype, "same_kind"):
                     raise InputError(f"{label}: a Python {type(x).__name__} ({a.dtype.name}) does not convert "
                                      f"to {t} without losing data; pass a numpy array of {t.dtype}")

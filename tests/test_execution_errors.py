@@ -170,3 +170,14 @@ def test_while_loop_step_outputs_must_keep_their_shape():
 def test_execution_error_is_exported():
     assert issubclass(dt.ExecutionError, dt.DyntvmError)
     assert "ExecutionError" in dir(dt)
+
+
+def test_eager_mode_raises_the_same_error():
+    """Eager mode has no graph nodes, but a failing kernel still gives an ExecutionError naming the op and
+    the user's line, from the cause: the same error a compiled model gives."""
+    with pytest.raises(dt.ExecutionError) as info:
+        F.take(TABLE, np.array([5]))  # eager take out of range
+    msg = str(info.value)
+    assert msg.startswith("take failed: take: index out of range for axis 0 of size 3"), msg
+    assert_line(msg, r"\n    at ([^:\n]+):(\d+): (.*)", "# eager take out of range")
+    assert info.value.op == "take" and isinstance(info.value.__cause__, IndexError)
