@@ -66,8 +66,8 @@ def parse_input_spec(text: str):
                              "(symbols start with a letter)")
     try:
         dtype = normalize_dtype(dtype)
-    except TypeError:
-        raise InputError(f"--input {text!r}: unknown dtype {dtype!r}") from None
+    except ValueError as e:
+        raise InputError(f"--input {text!r}: unknown dtype {dtype!r} ({e})") from e
     return TensorSpec(tuple(shape), dtype, name=name)
 
 

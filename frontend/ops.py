@@ -14,7 +14,9 @@ from dyntvm.errors import ExecutionError
 from ..ir import attrs as A
 from ..ir import ops as O
 from ..runtime.kernels import run_kernel
-from .tracer import Tensor, as_array, current, trace_error, tracing, user_source
+from ..ir.shapes import ShapeError
+from ..ir.types import TensorType
+from .tracer import Tensor, as_array, current, infer_types, trace_error, tracing, user_source
 
 _abs = builtins.abs
 
@@ -33,14 +35,19 @@ def _scalar_dtype(x, other: np.dtype) -> str:
     return other.name if other.kind == "f" else "float64"
 
 
-def _prep(args):
-    """Python scalars take the dtype of the tensor/array next to them."""
-    ref = next((a for a in args if isinstance(a, (Tensor, np.ndarray, np.generic))), None)
-    out = []
-    for a in args:
+def _prep(api: str, args: list, positions=(0, 1)) -> list:
+    """Python scalars at `positions` take the dtype of the tensor/array at the other positions."""
+    ref = next((args[i] for i in positions if isinstance(args[i], (Tensor, np.ndarray, np.generic))), None)
+    out = list(args)
+    for i in positions:
+        a = args[i]
         if type(a) in (bool, int, float) and ref is not None:     # numpy scalars keep their dtype
-            a = np.asarray(a, _scalar_dtype(a, np.dtype(ref.dtype)))
-        out.append(a)
+            dt = _scalar_dtype(a, np.dtype(ref.dtype))
+            try:
+                out[i] = np.asarray(a, dt)
+            except OverflowError:
+                raise trace_error(f"{api}: the Python int {a} does not fit {dt}, the dtype of the tensor next to "
+                                  f"it; cast the tensor first (F.cast(x, 'int64'))") from None
     return out
 
 
@@ -60,6 +67,11 @@ def apply(api: str, op: str, args: list, attrs=None):
         vals = [a.value if isinstance(a, Tensor) else b.constant(as_array(a)) for a in args]
         return [Tensor(v, b) for v in b.emit(op, vals, attrs, api=api)]
     arrays = [as_array(a) for a in args]
+    try:
+        in_types = [TensorType(a.shape, a.dtype) for a in arrays]
+    except ShapeError as e:
+        raise trace_error(f"{api}: {e}") from None
+    infer_types(op, api, in_types, attrs)          # eager accepts what tracing accepts, with the same error
     try:
         return list(run_kernel(op, attrs, arrays))
     except Exception as e:       # the same error a graph run gives: the op, the condition, the user's line
@@ -105,7 +117,7 @@ def _generated(opdef):
             attrs = attrs_cls(*vals[n_in:])
         except (TypeError, ValueError) as e:
             raise trace_error(f"{api}: {e}") from None
-        return _one(api, op, _prep(tensors) if promote else tensors, attrs)
+        return _one(api, op, _prep(api, tensors, promote) if promote else tensors, attrs)
     f.__name__ = f.__qualname__ = api
     f.__signature__ = sig
     f.__doc__ = opdef.doc
@@ -145,7 +157,7 @@ def reshape(x, shape):
 
 def concat(xs, axis=0):
     """`np.concatenate`."""
-    return _one("concat", "concat", _prep(list(xs)), A.AxisAttrs(int(axis)))
+    return _one("concat", "concat", _prep("concat", list(xs), range(len(xs))), A.AxisAttrs(int(axis)))
 
 
 concatenate = concat
@@ -153,7 +165,7 @@ concatenate = concat
 
 def stack(xs, axis=0):
     """`np.stack`."""
-    return _one("stack", "stack", _prep(list(xs)), A.AxisAttrs(int(axis)))
+    return _one("stack", "stack", _prep("stack", list(xs), range(len(xs))), A.AxisAttrs(int(axis)))
 
 
 def split(x, sections, axis=0):

@@ -44,6 +44,16 @@ def trace_error(msg: str, source: str | None = None) -> TraceError:
     return TraceError(f"{msg}\n    at {source}" if source else msg)
 
 
+def infer_types(op: str, api: str | None, in_types: list, attrs, source: str | None = None) -> list:
+    """`op`'s type rule on `in_types` (eager mode passes the arrays' types): a TraceError naming the API, the
+    rule and the inputs where they do not fit, so eager and traced calls accept the same programs."""
+    try:
+        return get_op(op).infer_type(in_types, attrs)
+    except ShapeError as e:
+        raise trace_error(f"{api or op}: {e}; inputs are "
+                          f"{', '.join(str(t) for t in in_types) or 'none'}", source) from None
+
+
 def tracing() -> bool:
     return bool(_STACK)
 
@@ -124,15 +134,10 @@ class Builder:
         return v
 
     def emit(self, op: str, inputs: list, attrs, api: str | None = None, source: str | None = None) -> list:
-        opdef = get_op(op)
         ins = [self.lift(v) for v in inputs]
         for sym in sorted(attr_symbols(op, attrs)):
             self.define_symbol(sym)
-        try:
-            types = opdef.infer_type([v.type for v in ins], attrs)
-        except ShapeError as e:
-            raise trace_error(f"{api or op}: {e}; inputs are "
-                              f"{', '.join(str(v.type) for v in ins) or 'none'}", source) from None
+        types = infer_types(op, api, [v.type for v in ins], attrs, source)
         node = Node(op, tuple(ins), attrs, source=user_source() if source is None else source)
         node.outputs = tuple(self.own(Value(t, "", node, i)) for i, t in enumerate(types))
         self.nodes.append(node)

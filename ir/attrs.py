@@ -145,7 +145,25 @@ class ClipAttrs:
                 v = v.item()
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
                 raise TypeError(f"{name} must be a Python or numpy scalar or None, got {v!r}")
+            if isinstance(v, float) and np.isnan(v):
+                raise ValueError(f"{name} must not be NaN")
             _set(self, **{name: v})
+
+    def bounds(self, dtype) -> tuple:
+        """(lo, hi) as scalars of `dtype` (None where open): what the kernel and the converter clip to.
+        For integer and bool tensors the bounds round inward (ceil a_min, floor a_max) and saturate to the
+        dtype's range, so the result is numpy's clip of the values, kept in `dtype`."""
+        dt = np.dtype(dtype)
+        if dt.kind == "f":
+            return tuple(None if b is None else dt.type(b) for b in (self.a_min, self.a_max))
+        lo_lim, hi_lim = (0, 1) if dt.kind == "b" else (int(np.iinfo(dt).min), int(np.iinfo(dt).max))
+
+        def to_int(b, rnd):
+            if b is None:
+                return None
+            b = min(max(b, lo_lim), hi_lim)          # saturate first: inf and huge ints stay in range
+            return dt.type(min(max(int(rnd(b)), lo_lim), hi_lim))
+        return to_int(self.a_min, np.ceil), to_int(self.a_max, np.floor)
 
 
 @dataclass(frozen=True)

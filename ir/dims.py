@@ -15,7 +15,8 @@ import ast
 import functools
 from dataclasses import dataclass
 
-__all__ = ["DimExpr", "Sym", "Const", "BinOp", "Call", "Neg", "DimVisitor", "parse_dim", "BINOPS", "FUNCS"]
+__all__ = ["DimExpr", "Sym", "Const", "BinOp", "Call", "Neg", "DimVisitor", "parse_dim", "canonical_dim", "BINOPS",
+           "FUNCS"]
 
 #: Binary operators a dim may use, with their Python semantics on ints (floor division, floor mod).
 BINOPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
@@ -71,10 +72,6 @@ class Const(DimExpr):
 class Sym(DimExpr):
     name: str
 
-    @property
-    def is_unknown(self) -> bool:
-        return self.name.startswith("_")
-
     def fold(self, const, sym, binop, call, neg):
         return sym(self.name)
 
@@ -118,13 +115,32 @@ class DimVisitor:
         return getattr(self, "visit_" + type(e).__name__)(e)
 
 
+_MAX_LEN = 2000         # longer dims are refused rather than parsed (deep nesting overflows the stack)
+
+
+def _shown(s: str) -> str:
+    return repr(s) if len(s) <= 60 else repr(s[:57] + "...")
+
+
 @functools.lru_cache(maxsize=8192)
 def _parse_str(s: str) -> DimExpr:
+    if len(s) > _MAX_LEN:
+        raise ValueError(f"dim expression {_shown(s)} is too long ({len(s)} characters; at most {_MAX_LEN})")
+    if not s.isascii():     # Python folds unicode identifiers (NFKC): "𝐍" would silently become "N"
+        raise ValueError(f"bad dim expression {_shown(s)}: symbols must be ASCII identifiers")
     try:
-        tree = ast.parse(s, mode="eval").body
+        tree = ast.parse(s.strip(), mode="eval").body
+        return _from_ast(tree, s)
     except SyntaxError:
-        raise ValueError(f"bad dim expression {s!r}") from None
-    return _from_ast(tree, s)
+        raise ValueError(f"bad dim expression {_shown(s)}") from None
+    except RecursionError:
+        raise ValueError(f"dim expression {_shown(s)} is nested too deeply") from None
+
+
+@functools.lru_cache(maxsize=8192)
+def canonical_dim(s: str):
+    """The stored form of a dim string: its canonical rendering, or an int for a constant."""
+    return _parse_str(s).to_dim()
 
 
 def _from_ast(n, src) -> DimExpr:
@@ -140,7 +156,7 @@ def _from_ast(n, src) -> DimExpr:
     if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in FUNCS and n.args \
             and not n.keywords:
         return Call(n.func.id, tuple(_from_ast(a, src) for a in n.args))
-    raise ValueError(f"bad dim expression {src!r}: only ints, symbols, + - * // %, min(...) and max(...) "
+    raise ValueError(f"bad dim expression {_shown(src)}: only ints, symbols, + - * // %, min(...) and max(...) "
                      "are allowed")
 
 

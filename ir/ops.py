@@ -86,7 +86,8 @@ class OpDef:
             of the running graph, see `attr_symbols`).
         api: name of the `F` function generated for it (``F.<api>(*tensors, *attr fields)``), or None
             when the frontend writes its function by hand or the op is internal.
-        promote_scalars: Python scalars among its tensor arguments take the dtype of the tensor next to them.
+        promote_scalars: positions of tensor arguments where a Python scalar takes the dtype of the tensor
+            argument next to it (numpy's rule for Python scalars).
         method: also a `Tensor` method (``x.sum(axis=0)``).
         operator: Python operator it implements (``"add"`` -> ``__add__``), reflected too if `reflected`.
         doc: docstring of the generated `F` function.
@@ -100,7 +101,7 @@ class OpDef:
     result_dtype: Callable | None = None
     dim_attrs: tuple = ()
     api: str | None = None
-    promote_scalars: bool = False
+    promote_scalars: tuple = ()
     method: bool = False
     operator: str | None = None
     reflected: bool = False
@@ -201,7 +202,7 @@ def _register_group(group, attrs, arity, make_rule, dtype_of):
         op, refl = _OPERATORS.get(name, (None, False))
         dtype_rule = dtype_of(name)
         register(name, attrs, make_rule(dtype_rule), num_inputs=arity, group=group, result_dtype=dtype_rule,
-                 api=name, promote_scalars=arity == 2, operator=op, reflected=refl,
+                 api=name, promote_scalars=(0, 1) if arity == 2 else (), operator=op, reflected=refl,
                  method=group in (Group.REDUCE, Group.ARG_REDUCE), doc=_GROUP_DOCS[group].format(name=name))
 
 
@@ -224,8 +225,9 @@ def _clip(ts, a):
 
 
 register("clip", ClipAttrs, _clip, num_inputs=1, api="clip", method=True,
-         doc="`np.clip(x, a_min, a_max)` with scalar bounds (None: open on that side); the bounds take x's "
-             "dtype and the result keeps it; NaN stays NaN.")
+         doc="`np.clip(x, a_min, a_max)` with scalar bounds (None: open on that side; NaN refused). The result "
+             "keeps x's dtype: on integer x the bounds round inward and saturate to the dtype's range. NaN in x "
+             "stays NaN; a_min > a_max gives a_max everywhere, like numpy.")
 
 
 def _where(ts, a):
@@ -235,7 +237,7 @@ def _where(ts, a):
     return [TensorType(shape, np.result_type(ts[1].dtype, ts[2].dtype).name)]
 
 
-register("where", NoAttrs, _where, num_inputs=3, api="where", promote_scalars=True,
+register("where", NoAttrs, _where, num_inputs=3, api="where", promote_scalars=(1, 2),
          doc="`np.where(cond, x, y)`; `cond` must be bool.")
 
 
@@ -260,7 +262,7 @@ def _matmul(ts, a):
     return [TensorType(tuple(d for d in out if d is not None), np.result_type(x.dtype, y.dtype).name)]
 
 
-register("matmul", NoAttrs, _matmul, num_inputs=2, api="matmul", promote_scalars=True, operator="matmul",
+register("matmul", NoAttrs, _matmul, num_inputs=2, api="matmul", promote_scalars=(0, 1), operator="matmul",
          reflected=True, doc="`np.matmul`: batched and broadcasting.")
 
 

@@ -4,12 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .types import (Dim, TensorType, dim_add, dim_floordiv, dim_max, dim_min, dim_mul, dim_prod, dim_sub,
+from .types import (Dim, ShapeError, TensorType, dim_add, dim_floordiv, dim_max, dim_min, dim_mul, dim_prod, dim_sub,
                     is_unknown)
-
-
-class ShapeError(ValueError):
-    """An op's inputs or attrs do not fit its type rule."""
 
 
 def norm_axes(axis, ndim: int) -> tuple:
@@ -77,7 +73,9 @@ def unify_dims(a, b, what):
 
 def reduce_shape(t: TensorType, axis, keepdims):
     """`t`'s shape reduced over `axis` (None: all); reduced axes are 1 with keepdims, else None."""
-    axes = range(t.ndim) if axis is None else [norm_axis(ax, t.ndim) for ax in axis]
+    axes = list(range(t.ndim)) if axis is None else [norm_axis(ax, t.ndim) for ax in axis]
+    if len(set(axes)) != len(axes):
+        raise ShapeError(f"duplicate axis in {tuple(axis)}")
     axes = set(axes)
     return tuple((1 if keepdims else None) if i in axes else d for i, d in enumerate(t.shape))
 

@@ -13,7 +13,7 @@ from typing import Union
 
 import numpy as np
 
-from .dims import parse_dim
+from .dims import canonical_dim, parse_dim
 
 Dim = Union[int, str]
 
@@ -34,14 +34,18 @@ def is_unknown(d: Dim) -> bool:
 
 
 def check_dim(d) -> Dim:
+    """`d` as stored in a type: an int >= 0, or the canonical string of a dim expression (``"N+1"`` is
+    stored as ``"(N + 1)"``, ``"4"`` as 4), so that equal dims compare equal and expressions built on top
+    of it (`dim_mul`) keep their meaning."""
     if isinstance(d, (bool, np.bool_)):
         raise TypeError(f"a dim must be an int or a symbol name, got {d!r}")
+    if isinstance(d, str):
+        d = canonical_dim(d)            # ValueError for anything that is not a dim expression
     if isinstance(d, (int, np.integer)):
         if d < 0:
             raise ValueError(f"a dim must be >= 0, got {d}")
         return int(d)
     if isinstance(d, str):
-        parse_dim(d)             # ValueError for anything that is not a dim expression
         return d
     raise TypeError(f"a dim must be an int or a symbol name, got {type(d).__name__} {d!r}")
 
@@ -136,13 +140,26 @@ def eval_dim(d: Dim, env: dict[str, int]) -> int:
     return int(parse_dim(d).evaluate(env))
 
 
+class ShapeError(ValueError):
+    """An op's inputs or attrs (or a type) do not fit its rule."""
+
+
+#: The dtypes tensors may have (numpy names).
+DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "float32",
+          "float64")
+
+
 def normalize_dtype(dtype) -> str:
+    """The numpy name of a supported tensor dtype (None: float32); ShapeError (a ValueError) otherwise."""
     if dtype is None:
         return "float32"
     try:
-        return np.dtype(dtype).name
+        name = np.dtype(dtype).name
     except TypeError:
-        raise TypeError(f"unknown dtype {dtype!r}") from None
+        name = None
+    if name not in DTYPES:
+        raise ShapeError(f"unsupported dtype {dtype!r}; tensors are one of {', '.join(DTYPES)}")
+    return name
 
 
 @dataclass(frozen=True)

@@ -105,10 +105,9 @@ for _n in ops_in(Group.ARG_REDUCE):
 
 @kernel("clip")
 def _clip(attrs, x):
-    lo = None if attrs.a_min is None else np.asarray(attrs.a_min).astype(x.dtype)
-    hi = None if attrs.a_max is None else np.asarray(attrs.a_max).astype(x.dtype)
+    lo, hi = attrs.bounds(x.dtype)
     with np.errstate(all="ignore"):      # min(max(x, a_min), a_max), like np.clip (a_min > a_max gives a_max)
-        return (np.asarray(np.clip(x, lo, hi)),)
+        return (np.asarray(np.clip(x, lo, hi)) if lo is not None or hi is not None else x.copy(),)
 
 
 @kernel("where")

@@ -327,8 +327,16 @@ def test_types():
         TensorType((True,))
     with pytest.raises(ValueError, match="bad dim expression"):
         TensorType(("N +",))
-    with pytest.raises(TypeError, match="unknown dtype"):
-        TensorType((1,), "nonsense")
+    for bad in ("nonsense", "U3", object, "complex64", "datetime64"):
+        with pytest.raises(ValueError, match="unsupported dtype"):
+            TensorType((1,), bad)
+    # dims are stored canonically: equal dims compare equal, and expressions built on them keep their meaning
+    assert TensorType(("N+1", " N", "4", "N % 3")).shape == ("(N + 1)", "N", 4, "(N % 3)")
+    assert dim_mul(TensorType(("N+1",)).shape[0], 2) == "((N + 1) * 2)"
+    for bad, msg in [("-1", ">= 0"), ("N/2", "bad dim expression"), ("+".join(["N"] * 20000), "too long"),
+                     ("(" * 900 + "N" + ")" * 900, "nested too deeply|bad dim expression"), ("-" * 1900 + "N", "nested too deeply|bad dim"), ("\U0001d40d", "ASCII")]:
+        with pytest.raises(ValueError, match=msg):
+            TensorType((bad,))
     env = {}
     assert shape_matches(TensorType(("N", "(N * 2)")), (3, 6), env) and env == {"N": 3}
     assert not shape_matches(TensorType(("N", "N")), (3, 4))

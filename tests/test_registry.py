@@ -131,3 +131,47 @@ def test_clip_and_tan_eager_reference_compiled(dtype, tmp_path):
             for g, w in zip(got, want):
                 assert g.dtype == w.dtype and g.shape == w.shape
                 np.testing.assert_allclose(g, w, rtol=2e-6, atol=1e-6, equal_nan=True)
+
+
+def test_clip_bounds_outside_the_dtype_saturate(tmp_path):
+    """Integer bounds beyond the dtype's range (or huge floats) must not wrap around: the values are numpy's
+    clip of the values, in x's dtype (eager, reference and compiled alike)."""
+    def fn(u, i):
+        return F.clip(u, -1, 300), F.clip(i, 0, 1e30), F.clip(i, -2 ** 40, 2 ** 40), F.clip(i, -1.5, 2.5), \
+            F.clip(i, 0, 2 ** 70)
+    specs = dt.TensorSpec(("N",), "uint8"), dt.TensorSpec(("M",), "int32")
+    u, i = np.array([0, 5, 255], "uint8"), np.array([1, 5, -3, 10, -2 ** 31], "int32")
+    want = [u, np.array([1, 5, 0, 10, 0]), i, np.array([1, 2, -1, 2, -1]), np.array([1, 5, 0, 10, 0])]
+    model = dt.compile(fn, *specs, cache_dir=str(tmp_path))
+    for got in (fn(u, i), dt.run_reference(dt.trace(fn, *specs), u, i), model(u, i)):
+        for g, w, x in zip(got, want, (u, i, i, i, i)):
+            assert g.dtype == x.dtype and np.array_equal(g, w), (g, w)
+    with pytest.raises(dt.TraceError, match="a_min must not be NaN"):
+        dt.trace(lambda x: F.clip(x, float("nan")), specs[1])
+
+
+def test_where_scalars_take_the_dtype_of_the_other_branch():
+    """Regression: `where`'s bool condition must not decide a Python scalar's dtype (numpy: float32 here)."""
+    b, x32 = np.array([True, False, True]), np.ones(3, "float32")
+    assert F.where(b, x32, 0.5).dtype == np.float32 and F.where(b, 1, np.ones(3, "int8")).dtype == np.int8
+
+    def f(xs, h):
+        def step(x, st):
+            h = F.where(x > 0, st[0] + x, 0.0)
+            return h, [h]
+        return F.foreach(step, xs, [h])
+    g = dt.trace(f, dt.TensorSpec(("T", 4)), dt.TensorSpec((4,)))
+    assert str(g.outputs[1].type) == "float32[4]"
+
+
+def test_eager_and_traced_accept_the_same_programs():
+    """Eager mode runs each op's type rule too: what tracing refuses, eager refuses with the same error."""
+    x, spec = np.ones((2, 3), "float32"), dt.TensorSpec(("N", 3))
+    for bad, msg in [(lambda a: F.clip(a), "clip needs a_min or a_max"),
+                     (lambda a: F.where(a, 1.0, 2.0), "condition must be bool"),
+                     (lambda a: F.sum(a, axis=(0, 0)), "duplicate axis"),
+                     (lambda a: F.take(a, np.array([0]), axis=5), "axis 5 is out of range"),
+                     (lambda a: F.less(F.cast(a, "int32"), 2 ** 40), "does not fit int32")]:
+        for run in (lambda: bad(x), lambda: dt.trace(bad, spec)):
+            with pytest.raises(dt.TraceError, match=msg):
+                run()

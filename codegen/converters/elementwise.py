@@ -48,13 +48,14 @@ def _clip(bb, node, args, ctx):
     # max/min may drop a NaN operand) and a_min > a_max gives a_max everywhere, like numpy.
     x = args[0]
     dt = dtype_of(x)
+    lo, hi = node.attrs.bounds(dt)          # the bounds the numpy kernel clips to
     y = cast(x, "int8") if dt == "bool" else x
     cdt = dtype_of(y)
-    if node.attrs.a_min is not None:
-        lo = const(np.asarray(node.attrs.a_min).astype(dt), cdt)
+    if lo is not None:
+        lo = const(lo, cdt)
         y = R.where(R.less(y, lo), lo, y)
-    if node.attrs.a_max is not None:
-        hi = const(np.asarray(node.attrs.a_max).astype(dt), cdt)
+    if hi is not None:
+        hi = const(hi, cdt)
         y = R.where(R.greater(y, hi), hi, y)
     return [cast(y, dt)]
 
