@@ -39,7 +39,10 @@ def __getattr__(name):
         mod, attr = _LAZY[name]
     except KeyError:
         raise AttributeError(f"module 'dyntvm' has no attribute {name!r}") from None
-    m = importlib.import_module(mod)
+    try:
+        m = importlib.import_module(mod)
+    except AttributeError as e:     # an AttributeError here would read as "no attribute F": show the real one
+        raise ImportError(f"importing {mod} for dyntvm.{name} failed: {e!r}") from e
     val = m if attr is None else getattr(m, attr)
     globals()[name] = val
     return val

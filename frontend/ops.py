@@ -18,7 +18,6 @@ from ..ir.shapes import ShapeError
 from ..ir.types import TensorType
 from .tracer import Tensor, as_array, current, infer_types, trace_error, tracing, user_source
 
-_abs = builtins.abs
 
 
 def _is_traced(args) -> bool:
@@ -80,6 +79,14 @@ def apply(api: str, op: str, args: list, attrs=None):
                              op=op, source=src) from e
 
 
+def _attrs_of(api: str, cls, *args):
+    """`cls(*args)`, with a bad argument reported as a TraceError naming `api`."""
+    try:
+        return cls(*args)
+    except (TypeError, ValueError) as e:
+        raise trace_error(f"{api}: {e}") from None
+
+
 def _one(api, op, args, attrs=None):
     return apply(api, op, args, attrs)[0]
 
@@ -113,10 +120,7 @@ def _generated(opdef):
         bound.apply_defaults()
         vals = list(bound.arguments.values())
         tensors = vals[:n_in]
-        try:
-            attrs = attrs_cls(*vals[n_in:])
-        except (TypeError, ValueError) as e:
-            raise trace_error(f"{api}: {e}") from None
+        attrs = _attrs_of(api, attrs_cls, *vals[n_in:])
         return _one(api, op, _prep(api, tensors, promote) if promote else tensors, attrs)
     f.__name__ = f.__qualname__ = api
     f.__signature__ = sig
@@ -157,7 +161,8 @@ def reshape(x, shape):
 
 def concat(xs, axis=0):
     """`np.concatenate`."""
-    return _one("concat", "concat", _prep("concat", list(xs), range(len(xs))), A.AxisAttrs(int(axis)))
+    return _one("concat", "concat", _prep("concat", list(xs), range(len(xs))),
+                _attrs_of("concat", A.AxisAttrs, axis))
 
 
 concatenate = concat
@@ -165,13 +170,12 @@ concatenate = concat
 
 def stack(xs, axis=0):
     """`np.stack`."""
-    return _one("stack", "stack", _prep("stack", list(xs), range(len(xs))), A.AxisAttrs(int(axis)))
+    return _one("stack", "stack", _prep("stack", list(xs), range(len(xs))), _attrs_of("stack", A.AxisAttrs, axis))
 
 
 def split(x, sections, axis=0):
     """`np.split`: `sections` is a count of equal parts or a list of split indices. Returns a list."""
-    sec = int(sections) if isinstance(sections, (int, np.integer)) else tuple(int(s) for s in sections)
-    return apply("split", "split", [x], A.SplitAttrs(sec, int(axis)))
+    return apply("split", "split", [x], _attrs_of("split", A.SplitAttrs, sections, axis))
 
 
 def slice(x, starts, stops, steps=None, axes=None):
@@ -278,12 +282,12 @@ def pad(x, pad_width, value=0.0):
 
 def softmax(x, axis=-1):
     """Softmax along `axis`."""
-    return _one("softmax", "softmax", [x], A.AxisAttrs(int(axis)))
+    return _one("softmax", "softmax", [x], _attrs_of("softmax", A.AxisAttrs, axis))
 
 
 def log_softmax(x, axis=-1):
     """Log-softmax along `axis`."""
-    return _one("log_softmax", "log_softmax", [x], A.AxisAttrs(int(axis)))
+    return _one("log_softmax", "log_softmax", [x], _attrs_of("log_softmax", A.AxisAttrs, axis))
 
 
 def full(shape, fill_value, dtype=None):
@@ -350,7 +354,7 @@ def boolean_mask(data, mask, axis=0):
     """`data[mask]` along `axis` (`np.compress(mask, data, axis)`); `mask` is 1-d bool.
 
     Masking several tensors with the same traced mask gives results that share one length."""
-    outs = apply("boolean_mask", "boolean_mask", [data, mask], A.AxisAttrs(int(axis)))
+    outs = apply("boolean_mask", "boolean_mask", [data, mask], _attrs_of("boolean_mask", A.AxisAttrs, axis))
     if isinstance(outs[0], Tensor) and isinstance(mask, Tensor):
         b = current()
         key = b.lift(mask.value)

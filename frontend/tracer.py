@@ -231,6 +231,20 @@ class TensorSpec:
     dtype: str = "float32"
     name: str | None = None
 
+    def __post_init__(self):
+        from ..ir.types import check_dim, normalize_dtype
+        shape = self.shape
+        if isinstance(shape, (str, bytes)) or not isinstance(shape, (tuple, list)):
+            raise TraceError(f"TensorSpec: shape must be a tuple of dims (ints, symbol names or None), got "
+                             f"{shape!r}" + ("; for one symbolic axis write (\"N\",)" if isinstance(shape, str) else ""))
+        try:
+            dims = tuple(None if d is None else check_dim(d) for d in shape)
+            dtype = normalize_dtype(self.dtype)
+        except (TypeError, ValueError) as e:
+            raise TraceError(f"TensorSpec{(' ' + repr(self.name)) if self.name else ''}: {e}") from None
+        object.__setattr__(self, "shape", dims)
+        object.__setattr__(self, "dtype", dtype)
+
     def to_type(self) -> TensorType:
         from ..ir.types import fresh_dim
         return TensorType(tuple(fresh_dim("_in") if d is None else d for d in self.shape), self.dtype)
@@ -244,7 +258,7 @@ def as_spec(x) -> TensorSpec:
     if isinstance(x, (np.ndarray, np.generic, bool, int, float)):
         a = np.asarray(x)
         return TensorSpec(a.shape, a.dtype.name)
-    raise TypeError(f"expected a dt.TensorSpec (or an example numpy array), got {type(x).__name__}")
+    raise TraceError(f"expected a dt.TensorSpec (or an example numpy array), got {type(x).__name__}")
 
 
 def wrap(v: Value, b: Builder) -> Tensor:

@@ -6,6 +6,7 @@ equal to the one written. Normalising is idempotent.
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -17,12 +18,28 @@ def _set(obj, **kv):
         object.__setattr__(obj, k, v)
 
 
-def _int_tuple(v):
+def _int(v, what="axis") -> int:
+    """An integer argument (numpy's rule: anything with __index__, but not a bool or a float)."""
+    if isinstance(v, (bool, np.bool_)):
+        raise TypeError(f"{what} must be an integer, got {v!r}")
+    try:
+        return operator.index(v)
+    except TypeError:
+        raise TypeError(f"{what} must be an integer, got {v!r}") from None
+
+
+def _bool(v, what) -> bool:
+    if not isinstance(v, (bool, np.bool_)):
+        raise TypeError(f"{what} must be a bool, got {v!r}")
+    return bool(v)
+
+
+def _int_tuple(v, what="axis"):
     if v is None:
         return None
-    if isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)):
-        return (int(v),)
-    return tuple(int(x) for x in v)
+    if np.ndim(v) == 0:
+        return (_int(v, what),)
+    return tuple(_int(x, what) for x in v)
 
 
 @dataclass(frozen=True)
@@ -41,7 +58,7 @@ class ReduceAttrs:
     keepdims: bool = False
 
     def __post_init__(self):
-        _set(self, axis=_int_tuple(self.axis), keepdims=bool(self.keepdims))
+        _set(self, axis=_int_tuple(self.axis), keepdims=_bool(self.keepdims, "keepdims"))
 
 
 @dataclass(frozen=True)
@@ -50,7 +67,7 @@ class ArgReduceAttrs:
     keepdims: bool = False
 
     def __post_init__(self):
-        _set(self, axis=None if self.axis is None else int(self.axis), keepdims=bool(self.keepdims))
+        _set(self, axis=None if self.axis is None else _int(self.axis), keepdims=_bool(self.keepdims, "keepdims"))
 
 
 @dataclass(frozen=True)
@@ -64,7 +81,7 @@ class TransposeAttrs:
     axes: tuple | None = None
 
     def __post_init__(self):
-        _set(self, axes=_int_tuple(self.axes))
+        _set(self, axes=_int_tuple(self.axes, "axes"))
 
 
 @dataclass(frozen=True)
@@ -72,7 +89,7 @@ class AxisAttrs:
     axis: int = 0
 
     def __post_init__(self):
-        _set(self, axis=int(self.axis))
+        _set(self, axis=_int(self.axis))
 
 
 @dataclass(frozen=True)
@@ -90,7 +107,8 @@ class SplitAttrs:
 
     def __post_init__(self):
         sec = self.sections
-        _set(self, sections=int(sec) if isinstance(sec, (int, np.integer)) else _int_tuple(sec), axis=int(self.axis))
+        _set(self, sections=_int(sec, "sections") if np.ndim(sec) == 0 else _int_tuple(sec, "sections"),
+             axis=_int(self.axis))
 
 
 @dataclass(frozen=True)
@@ -106,7 +124,7 @@ class TileAttrs:
     reps: tuple
 
     def __post_init__(self):
-        _set(self, reps=_int_tuple(self.reps))
+        _set(self, reps=_int_tuple(self.reps, "reps"))
 
 
 @dataclass(frozen=True)
@@ -121,7 +139,8 @@ class DtypeAttrs:
     dtype: str
 
     def __post_init__(self):
-        _set(self, dtype=np.dtype(self.dtype).name)
+        from .types import normalize_dtype
+        _set(self, dtype=normalize_dtype(self.dtype))
 
 
 @dataclass(frozen=True)

@@ -153,20 +153,19 @@ def _elementwise(ts, a, dtype_rule):
     return [TensorType(ts[0].shape, dtype_rule([t.dtype for t in ts], a))]
 
 
-def _same(ts, a):
-    return [ts[0]]
-
-
 _GROUP_DOCS = {
-    Group.FLOAT_UNARY: "Elementwise `np.{name}` (numpy semantics); integer inputs compute in float32.",
-    Group.UNARY: "Elementwise `np.{name}` (numpy semantics).",
-    Group.PREDICATE: "Elementwise `np.{name}`, a bool result.",
-    Group.ARITH: "Elementwise `np.{name}` with numpy broadcasting and dtype promotion.",
-    Group.COMPARE: "Elementwise `np.{name}` with numpy broadcasting; a bool result.",
-    Group.LOGICAL: "Elementwise `np.{name}` of bool tensors with numpy broadcasting.",
-    Group.REDUCE: "`np.{name}(x, axis, keepdims)` (numpy's accumulation dtypes).",
-    Group.ARG_REDUCE: "`np.{name}(x, axis, keepdims)` as int64 (first occurrence; NaN counts as the extreme).",
+    Group.FLOAT_UNARY: "Elementwise `{fn}` (numpy semantics); integer inputs compute in float32.",
+    Group.UNARY: "Elementwise `{fn}` (numpy semantics).",
+    Group.PREDICATE: "Elementwise `{fn}`, a bool result.",
+    Group.ARITH: "Elementwise `{fn}` with numpy broadcasting and dtype promotion.",
+    Group.COMPARE: "Elementwise `{fn}` with numpy broadcasting; a bool result.",
+    Group.LOGICAL: "Elementwise `{fn}` of bool tensors with numpy broadcasting.",
+    Group.REDUCE: "`{fn}(x, axis, keepdims)` (numpy's accumulation dtypes).",
+    Group.ARG_REDUCE: "`{fn}(x, axis, keepdims)` as int64 (first occurrence; NaN counts as the extreme).",
 }
+_NUMPY_NAMES = {"neg": "np.negative", "relu": "np.maximum(x, 0)", "rsqrt": "1 / np.sqrt(x)",
+                "sigmoid": "1 / (1 + np.exp(-x))", "gelu": "0.5 * x * (1 + erf(x / sqrt(2)))", "erf": "math.erf",
+                "divide": "np.true_divide"}
 _OPERATORS = {"add": ("add", True), "subtract": ("sub", True), "multiply": ("mul", True),
               "divide": ("truediv", True), "power": ("pow", True), "equal": ("eq", False),
               "not_equal": ("ne", False), "less": ("lt", False), "less_equal": ("le", False),
@@ -203,7 +202,8 @@ def _register_group(group, attrs, arity, make_rule, dtype_of):
         dtype_rule = dtype_of(name)
         register(name, attrs, make_rule(dtype_rule), num_inputs=arity, group=group, result_dtype=dtype_rule,
                  api=name, promote_scalars=(0, 1) if arity == 2 else (), operator=op, reflected=refl,
-                 method=group in (Group.REDUCE, Group.ARG_REDUCE), doc=_GROUP_DOCS[group].format(name=name))
+                 method=group in (Group.REDUCE, Group.ARG_REDUCE),
+                 doc=_GROUP_DOCS[group].format(fn=_NUMPY_NAMES.get(name, f"np.{name}")))
 
 
 _unary_rule = lambda dtype_rule: lambda ts, a: _elementwise(ts, a, dtype_rule)   # noqa: E731

@@ -98,6 +98,12 @@ def dim_floordiv(a: Dim, b: Dim) -> Dim:
     return _binop(a, b, "//")
 
 
+def dim_mod(a: Dim, b: Dim) -> Dim:
+    if isinstance(a, int) and isinstance(b, int):
+        return a % b
+    return 0 if b == 1 else _binop(a, b, "%")
+
+
 def dim_min(a: Dim, b: Dim) -> Dim:
     if isinstance(a, int) and isinstance(b, int):
         return min(a, b)
@@ -255,6 +261,8 @@ class SymDim(str):
     def __rmul__(self, o): return self._op(o, dim_mul, True)
     def __floordiv__(self, o): return self._op(o, dim_floordiv)
     def __rfloordiv__(self, o): return self._op(o, dim_floordiv, True)
+    def __mod__(self, o): return self._op(o, dim_mod)
+    def __rmod__(self, o): return self._op(o, dim_mod, True)
     __hash__ = str.__hash__
 
 

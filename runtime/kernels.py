@@ -3,8 +3,9 @@
 ``KERNELS[op](attrs, *arrays)`` returns a tuple of numpy arrays; ops with symbolic dims in their attrs
 (`OpDef.dim_attrs`) also take ``env=`` (symbol values), see `run_kernel`. Eager mode, the reference
 interpreter and the executor all call these, so they agree by construction. A kernel is registered with
-`@kernel(name)`; a group's members with a loop over `ops_in(group)` (their numpy function is
-``np.<name>`` unless a kernel of that name is registered first).
+`@kernel(name)`. The elementwise groups' members get theirs from one loop over `ops_in(group)`, which adds
+the group's dtype handling around ``np.<name>``, or around the function registered with
+`@elementwise(name)` where numpy's is named differently or missing.
 """
 from __future__ import annotations
 
@@ -67,7 +68,10 @@ elementwise("divide")(np.true_divide)
 
 
 def _family_kernel(name):
-    f = _ELEMENTWISE.get(name) or getattr(np, name)
+    f = _ELEMENTWISE.get(name) or getattr(np, name, None)
+    if f is None:
+        raise NotImplementedError(f"op {name!r} is in a group but numpy has no np.{name}: register its numpy "
+                                  f"function with @elementwise({name!r}) above this loop in runtime/kernels.py")
     opdef = get_op(name)
     to_float = opdef.group is Group.FLOAT_UNARY
 

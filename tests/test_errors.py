@@ -279,9 +279,9 @@ def test_value_from_inside_a_body_used_outside():
 
 
 def test_bad_specs():
-    with pytest.raises(TypeError, match="expected a dt.TensorSpec"):
+    with pytest.raises(dt.TraceError, match="expected a dt.TensorSpec"):
         dt.trace(lambda x: x, "N")
-    with pytest.raises(ValueError, match="a dim must be >= 0"):
+    with pytest.raises(dt.TraceError, match="a dim must be >= 0"):
         dt.trace(lambda x: x, S((-1, 4)))
 
 

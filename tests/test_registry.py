@@ -175,3 +175,33 @@ def test_eager_and_traced_accept_the_same_programs():
         for run in (lambda: bad(x), lambda: dt.trace(bad, spec)):
             with pytest.raises(dt.TraceError, match=msg):
                 run()
+
+
+def test_generated_functions_validate_their_arguments_like_numpy():
+    """Attrs classes take what numpy takes for integer/bool parameters and refuse the rest, naming the API."""
+    x = np.arange(6, dtype="float32").reshape(2, 3)
+    assert F.sum(x, axis=np.array(1)).shape == (2,) and F.argmax(x, axis=np.int64(0)).shape == (3,)
+    for bad, msg in [(lambda: F.argmax(x, axis=1.5), "argmax: axis must be an integer, got 1.5"),
+                     (lambda: F.argmax(x, axis=True), "argmax: axis must be an integer"),
+                     (lambda: F.sum(x, axis="1"), "sum: axis must be an integer"),
+                     (lambda: F.sum(x, keepdims="no"), "sum: keepdims must be a bool"),
+                     (lambda: F.transpose(x, (1.5, 0)), "transpose: axes must be an integer"),
+                     (lambda: F.tile(x, True), "tile: reps must be an integer"),
+                     (lambda: F.cast(x, "U3"), "cast: unsupported dtype 'U3'"),
+                     (lambda: F.concat([x, x], axis=None), "concat: axis must be an integer")]:
+        with pytest.raises(dt.TraceError, match=msg):
+            bad()
+
+
+def test_tensor_spec_is_validated():
+    with pytest.raises(dt.TraceError, match=r"shape must be a tuple of dims.*write \(\"N\",\)"):
+        dt.TensorSpec("NM")
+    with pytest.raises(dt.TraceError, match="shape must be a tuple"):
+        dt.TensorSpec(3)
+    with pytest.raises(dt.TraceError, match="bad dim expression 'N/2'"):
+        dt.TensorSpec(("N/2",))
+    with pytest.raises(dt.TraceError, match="unsupported dtype"):
+        dt.TensorSpec(("N",), "complex64")
+    assert dt.TensorSpec(["N+1", 3, None]).shape == ("(N + 1)", 3, None)
+    g = dt.trace(lambda a: F.reshape(a, (a.shape[0] % 2, -1)), dt.TensorSpec(("N", 4)))
+    assert str(g.outputs[0].type) == "float32[(N % 2),((N * 4) // (N % 2))]"

@@ -50,8 +50,10 @@ converter and `UNSUPPORTED_EXACTNESS`). The general rules:
 from __future__ import annotations
 
 from tvm import relax
+from tvm.relax import op as R
 
 from dyntvm.errors import CompileError, UnsupportedOpError
+from ...ir.ops import Group, ops_in
 from ..dims import ConvertContext
 
 __all__ = ["CONVERTERS", "ConvertContext", "convert_node", "converter", "UNSUPPORTED_EXACTNESS"]
@@ -62,6 +64,20 @@ from .common import dtype_of, emit, ndim_of, shape_of, ty_of  # noqa: E402
 from .registry import CONVERTERS, UNSUPPORTED_EXACTNESS, converter  # noqa: E402,F401
 
 _CONVERTER_MODULES = (creation, elementwise, nn, reduce, shape)
+
+
+def _same_dtype_unary(name):
+    fn = getattr(R, name, None)
+    if fn is None:
+        raise NotImplementedError(f"unary op {name!r}: Relax has no R.{name}; register a converter with "
+                                  f"@converter({name!r}) in codegen/converters/elementwise.py")
+    return lambda bb, node, args, ctx: [fn(args[0])]
+
+
+for _group in (Group.UNARY, Group.PREDICATE):      # members without a converter of their own: R.<name>
+    for _name in ops_in(_group):
+        if _name not in CONVERTERS:
+            converter(_name)(_same_dtype_unary(_name))
 
 
 def convert_node(bb, node, args: list, ctx: ConvertContext) -> list:

@@ -31,7 +31,10 @@ float_unary("gelu")(lambda x: R.nn.gelu(x))          # erf form, like the refere
 
 
 def _float_unary(name):
-    fn = _FLOAT_UNARY.get(name) or getattr(R, name)
+    fn = _FLOAT_UNARY.get(name) or getattr(R, name, None)
+    if fn is None:
+        raise NotImplementedError(f"float-unary op {name!r}: Relax has no R.{name}; register its builder with "
+                                  f"@float_unary({name!r}) above this loop in codegen/converters/elementwise.py")
 
     def conv(bb, node, args, ctx):
         return [fn(in_result_dtype(name, args[0]))]
