@@ -7,6 +7,7 @@ built once; the library is kept in the on-disk compile cache (`cache`).
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 from dyntvm.errors import CompileError, UnsupportedOpError
@@ -46,13 +47,36 @@ def target_desc(target: str) -> str:
     return str(cuda_target())
 
 
-def build_executable(regions: list, target: str):
-    """Build one TVM executable holding every region function (no caching)."""
+BINDING_FUNCTION = "dyntvm_binding"   # runtime/artifact.py reads it under the same name
+
+
+def add_binding(mod, binding: str):
+    """Add a function `BINDING_FUNCTION` returning `binding` (a sha256 hex digest) as uint8 bytes.
+
+    The digest (`dyntvm.runtime.artifact.kernel_binding`) covers the regions' structure and
+    constants; `dt.load` calls this function through the Relax VM (runtime only) and refuses a
+    library whose digest differs from the one of the artifact's graph.json + params.npz.
+    """
+    import numpy as np
+    from tvm import relax
+    if any(gv.name_hint == BINDING_FUNCTION for gv in mod.get_global_vars()):
+        raise CompileError(f"a region is named {BINDING_FUNCTION!r}, which dyntvm reserves")
+    bb = relax.BlockBuilder(mod)
+    with bb.function(BINDING_FUNCTION, []):
+        bb.emit_func_output(relax.const(np.frombuffer(bytes.fromhex(binding), np.uint8).copy()))
+    return bb.get()
+
+
+def build_executable(regions: list, target: str, binding: str | None = None):
+    """Build one TVM executable holding every region function (no caching), plus the binding
+    function when `binding` is given."""
     from .relax_builder import build_module, unsupported_ops
     missing = sorted({op for _, g in regions for op in unsupported_ops(g)})
     if missing:
         raise UnsupportedOpError(f"compile: no Relax converter for op(s) {', '.join(missing)}")
     mod = build_module(regions)
+    if binding is not None:
+        mod = add_binding(mod, binding)
     stats.builds += 1
     if target == "cpu":
         from .cpu_schedule import build_cpu
@@ -68,11 +92,17 @@ class Built:
     path: str | None            # the library file in the compile cache, if cached
     cached: bool                # True: loaded from the cache, nothing was built
     target_desc: str            # the concrete target the kernels were built for
+    sha256: str | None = None   # of the file at `path` (saving checks its copy against it)
+    size: int | None = None
 
 
-def build(graph: Graph, target: str = "cpu", cache_dir: str | None = None, use_cache: bool = True) -> Built | None:
+def build(graph: Graph, target: str = "cpu", cache_dir: str | None = None, use_cache: bool = True,
+          binding: str | None = None) -> Built | None:
     """Build (or fetch from the compile cache) the kernels of every region of a partitioned `graph`.
 
+    `binding` (a hex digest of the regions, from the pipeline) is compiled into the library and is
+    part of the cache key. A bad cache entry is discarded and rebuilt, and a cache folder that
+    cannot be used means an uncached build; both with a `cache.CacheWarning`.
     Returns None when the graph has no region (nothing to compile).
     """
     check_target(target)
@@ -80,19 +110,45 @@ def build(graph: Graph, target: str = "cpu", cache_dir: str | None = None, use_c
     if not regions:
         return None
     desc = target_desc(target)
-    key = _cache.cache_key(regions, desc)
-    cdir = cache_dir or _cache.default_cache_dir()
-    path = _cache.lookup(cdir, key) if use_cache else None
-    cached = path is not None
-    lib = None
-    if cached:
-        stats.cache_hits += 1
-    else:
-        ex = build_executable(regions, target)
-        path = _cache.store(cdir, key, ex) if use_cache else None
-        if path is None:
-            lib = ex
-    if path is not None:
+    key = _cache.cache_key(regions, desc, binding or "")
+    cdir = (cache_dir or _cache.default_cache_dir()) if use_cache else None
+    if cdir is not None:
+        hit = _cached(cdir, key, binding)
+        if hit is not None:
+            stats.cache_hits += 1
+            lib, entry = hit
+            return Built(lib, entry.path, True, desc, entry.sha256, entry.size)
+    ex = build_executable(regions, target, binding)
+    entry = None
+    if cdir is not None:
+        try:
+            entry = _cache.store(cdir, key, ex, binding)
+        except OSError as e:
+            warnings.warn(f"dyntvm compile cache: cannot write to {cdir} ({type(e).__name__}: {e}); "
+                          "the kernels were built without the cache", _cache.CacheWarning, stacklevel=3)
+    if entry is not None:           # run what a later hit loads: the stored library
         import tvm
-        lib = tvm.runtime.load_module(path)
-    return Built(lib, path, cached, desc)
+        try:
+            return Built(tvm.runtime.load_module(entry.path), entry.path, False, desc, entry.sha256, entry.size)
+        except Exception as e:  # noqa: BLE001 - e.g. the file was removed meanwhile: run the executable
+            warnings.warn(f"dyntvm compile cache: cannot load {entry.path} just stored ({type(e).__name__}: {e}); "
+                          "using the kernels built in memory", _cache.CacheWarning, stacklevel=3)
+    return Built(ex, None, False, desc)
+
+
+def _cached(cdir: str, key: str, binding: str | None):
+    """(loaded library, cache.Entry) of a sound cache entry, or None (a miss; a bad entry is discarded)."""
+    try:
+        entry = _cache.lookup(cdir, key, binding)
+    except OSError as e:
+        warnings.warn(f"dyntvm compile cache: cannot read {cdir} ({type(e).__name__}: {e}); building "
+                      "without the cache", _cache.CacheWarning, stacklevel=4)
+        return None
+    if entry is None:
+        return None
+    import tvm
+    try:
+        return tvm.runtime.load_module(entry.path), entry
+    except Exception as e:  # noqa: BLE001 - TVM raises many kinds; all mean the entry is unusable
+        _cache.discard(cdir, key, f"cannot be loaded ({type(e).__name__}: {e})")
+        return None

@@ -2,16 +2,20 @@
 library."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import shutil
 import tempfile
+import warnings
+from typing import NamedTuple
 
 import numpy as np
 
 from ..ir.serialize import graph_to_dict
 
-_VERSION_SALT = "dyntvm-cache-1"
+_VERSION_SALT = "dyntvm-cache-2"     # 2: entries have a sidecar; libraries carry a binding
 _CODEGEN_DIR = os.path.dirname(os.path.abspath(__file__))
 _code_digest: str | None = None
 
@@ -71,18 +75,126 @@ def _strip_names(g: dict):
             _strip_names(s)
 
 
-def lookup(cache_dir: str, key: str) -> str | None:
-    path = os.path.join(cache_dir, key, "kernels.so")
-    return path if os.path.exists(path) else None
+LIBRARY = "kernels.so"
+SIDECAR = "kernels.json"      # {"sha256", "size", "binding"} of LIBRARY
+
+# An entry is a folder <cache_dir>/<key> holding LIBRARY and SIDECAR. It is written as a temporary
+# folder and renamed into place in one step, so a reader sees no entry or a whole one; a bad one is
+# renamed away before it is deleted. The sidecar is checked against the library's bytes before the
+# library is loaded: a truncated or overwritten library never reaches dlopen.
 
 
-def store(cache_dir: str, key: str, executable) -> str:
-    """Export `executable` into the cache atomically; returns the library path."""
+class CacheWarning(UserWarning):
+    """The compile cache had a bad entry (removed and rebuilt) or could not be used (built uncached)."""
+
+
+def file_digest(path: str) -> tuple[str, int]:
+    """(sha256 hex, size in bytes) of a file."""
+    h = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+            size += len(chunk)
+    return h.hexdigest(), size
+
+
+class Entry(NamedTuple):
+    """A sound cache entry: its library file and what that file's bytes are."""
+    path: str
+    sha256: str
+    size: int
+
+
+def _check(folder: str, binding: str | None) -> Entry | str:
+    """The Entry in `folder` when it is sound, else why it is not. Reads the whole library and
+    compares it with the sidecar (mapping a truncated shared object ends the process with SIGBUS)."""
+    lib, side = os.path.join(folder, LIBRARY), os.path.join(folder, SIDECAR)
+    if not os.path.isfile(lib) or os.path.islink(lib):
+        return f"{LIBRARY} is missing or not a regular file"
+    if not os.path.isfile(side):
+        return f"{SIDECAR} is missing"
+    try:
+        with open(side) as f:
+            meta = json.load(f)
+        sha, size, bound = meta["sha256"], meta["size"], meta.get("binding")
+    except (ValueError, KeyError, TypeError, RecursionError) as e:
+        return f"{SIDECAR} is unreadable ({type(e).__name__}: {e})"
+    have_sha, have_size = file_digest(lib)
+    if have_size != size:
+        return f"{LIBRARY} has {have_size} bytes, {SIDECAR} says {size} (truncated?)"
+    if have_sha != sha:
+        return f"{LIBRARY} does not match its sha256 (corrupt or overwritten)"
+    if bound != binding:
+        return f"{LIBRARY} was built for other regions"
+    return Entry(lib, sha, size)
+
+
+def lookup(cache_dir: str, key: str, binding: str | None = None) -> Entry | None:
+    """The verified entry `key`, or None (a miss). A bad entry (truncated, corrupt, a missing or wrong
+    sidecar, a directory in the library's place...) is a miss too: it is removed with a CacheWarning,
+    and the caller rebuilds. Raises OSError only when the cache folder itself cannot be read."""
     folder = os.path.join(cache_dir, key)
-    os.makedirs(folder, exist_ok=True)
-    final = os.path.join(folder, "kernels.so")
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=folder)
-    os.close(fd)
-    executable.export_library(tmp)
-    os.replace(tmp, final)
-    return final
+    if not os.path.lexists(folder):
+        return None
+    try:
+        found = _check(folder, binding)
+    except OSError as e:
+        found = f"cannot be read ({type(e).__name__}: {e})"
+    if isinstance(found, Entry):
+        return found
+    discard(cache_dir, key, found)
+    return None
+
+
+def discard(cache_dir: str, key: str, why: str) -> None:
+    """Warn about a bad entry and remove it (the caller rebuilds)."""
+    warnings.warn(f"dyntvm compile cache: entry {os.path.join(cache_dir, key)} is bad: {why}; removed, "
+                  "rebuilding", CacheWarning, stacklevel=3)
+    remove_entry(cache_dir, key)
+
+
+def remove_entry(cache_dir: str, key: str) -> None:
+    """Remove entry `key` (renamed away first, so no reader sees half of it); errors are ignored."""
+    folder = os.path.join(cache_dir, key)
+    trash = os.path.join(cache_dir, f".{key}.trash-{os.getpid()}-{os.urandom(4).hex()}")
+    try:
+        os.rename(folder, trash)
+    except OSError:
+        return
+    if os.path.isdir(trash) and not os.path.islink(trash):
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            os.remove(trash)
+
+
+def store(cache_dir: str, key: str, executable, binding: str | None = None) -> Entry:
+    """Export `executable` as entry `key`; returns it. Raises OSError when the cache cannot be written.
+
+    Library and sidecar are written into a temporary folder that is then renamed to `key`. If another
+    process stored the same key meanwhile, its entry is kept when it is sound (else replaced).
+    """
+    os.makedirs(cache_dir, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{key}.tmp-", dir=cache_dir)
+    try:
+        lib = os.path.join(tmp, LIBRARY)
+        executable.export_library(lib)
+        sha, size = file_digest(lib)
+        with open(os.path.join(tmp, SIDECAR), "w") as f:
+            json.dump({"sha256": sha, "size": size, "binding": binding}, f)
+        folder = os.path.join(cache_dir, key)
+        for attempt in (0, 1):
+            try:
+                os.rename(tmp, folder)
+                return Entry(os.path.join(folder, LIBRARY), sha, size)
+            except OSError:
+                if attempt or not os.path.lexists(folder):
+                    raise
+            found = _check(folder, binding)          # stored meanwhile by another process?
+            if isinstance(found, Entry):
+                return found
+            remove_entry(cache_dir, key)
+        raise AssertionError("unreachable")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -85,8 +85,8 @@ def _compile(args) -> int:
     import dyntvm as dt
     from dyntvm.errors import InputError
     from dyntvm.loader import load_model
-    if os.path.exists(args.output) and not (os.path.isdir(args.output) or args.output.endswith(".tar")):
-        raise InputError(f"{args.output} exists and is not an artifact folder or .tar; choose another -o")
+    from dyntvm.runtime.artifact import check_destination
+    check_destination(args.output)      # before compiling: never overwrite what is not an artifact
     t0 = time.perf_counter()
     loaded = load_model(args.model, args.example, args.input)
     t_trace = time.perf_counter() - t0
@@ -266,7 +266,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Trace, partition and compile MODEL; write an artifact folder (or .tar).")
     model_args(c)
     c.add_argument("-o", "--output", required=True, metavar="OUT",
-                   help="artifact to write: a folder (e.g. m.dtvm) or a file ending in .tar")
+                   help="artifact to write: a folder (e.g. m.dtvm) or a file ending in .tar; an existing "
+                        "OUT is replaced only if it is an empty folder or a dyntvm artifact")
     c.add_argument("--target", choices=("cpu", "cuda"), default="cpu", help="where the kernels run (default cpu)")
     c.add_argument("--tuning-log", metavar="DIR", help="tuning records to use (not supported yet: a warning "
                    "says so and the artifact records it)")

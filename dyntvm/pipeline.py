@@ -21,6 +21,7 @@ from .frontend.tracer import TensorSpec, trace
 from .ir.graph import Graph
 from .ir.tree import tree_flatten, tree_unflatten
 from .partition import partition
+from .runtime.artifact import kernel_binding
 from .runtime.fold import fold_constants
 from .runtime.model import CompiledModel, virtual_machine
 
@@ -39,7 +40,8 @@ def compile(fn_or_graph, *specs, target: str = "cpu", selector=None, cache_dir: 
         *specs: `dt.TensorSpec` per argument (only for a function).
         target: "cpu" (LLVM for the host CPU) or "cuda".
         selector: a `dyntvm.partition.Selector` deciding what goes into compiled regions.
-        cache_dir: compile cache folder (default: the user cache dir, or $DYNTVM_CACHE_DIR).
+        cache_dir: compile cache folder (default: the user cache dir, or $DYNTVM_CACHE_DIR). A bad
+            cache entry is rebuilt, and an unusable folder means an uncached build (both warn).
 
     Example:
         >>> model = dt.compile(lambda x: F.tanh(x) * 2, dt.TensorSpec(("N", 4)))
@@ -57,7 +59,9 @@ def compile(fn_or_graph, *specs, target: str = "cpu", selector=None, cache_dir: 
     else:
         raise CompileError(f"compile: expected a function or a dt.Graph, got {type(fn_or_graph).__name__}")
     pg = partition_graph(graph, selector)
-    built = build(pg, target, cache_dir, use_cache)
+    # the kernels carry a digest of the regions they implement; `dt.load` checks it against graph.json
+    binding = kernel_binding(pg) if any(n.op == "region" for n in pg.walk()) else None
+    built = build(pg, target, cache_dir, use_cache, binding=binding)
     vm = virtual_machine(built.lib, target) if built else None
     info = {"compile_time_s": round(time.perf_counter() - t0, 3),
             "cache": "hit" if built and built.cached else "miss"}
@@ -65,6 +69,7 @@ def compile(fn_or_graph, *specs, target: str = "cpu", selector=None, cache_dir: 
         info["built_for"] = built.target_desc      # recorded in artifacts: the CPU the kernels target
     model = CompiledModel(pg, vm, target, built.lib if built else None, info)
     model.lib_path = built.path if built else None
+    model.lib_sha256 = built.sha256 if built else None     # `save` checks its copy of lib_path against it
     return model
 
 

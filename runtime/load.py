@@ -5,11 +5,16 @@ a deployed artifact runs without them.
 """
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
+import struct
+import sys
+import tempfile
 
 from dyntvm.errors import ArtifactError
 
-from .artifact import KERNELS, folder_of, read_folder
+from .artifact import BINDING_FUNCTION, KERNELS, folder_of, read_folder
 from .model import CompiledModel, virtual_machine
 
 
@@ -32,22 +37,41 @@ def load(path: str, device: str | None = None) -> CompiledModel:
 
 
 def _load_folder(folder: str, label: str, device) -> CompiledModel:
-    manifest, graph = read_folder(folder, label)
+    manifest, graph = read_folder(folder, label)       # also: signature, regions, binding match graph.json
     files, target = manifest["files"], manifest["target"]
     device = device or target
     vm, lib = None, None
     if KERNELS in files:
         import tvm
+        if device not in ("cpu", "cuda"):
+            raise ArtifactError(f"{label}: unknown device {device!r} (expected cpu or cuda)")
         if device == "cuda" and not tvm.cuda(0).exist:
             raise ArtifactError(f"{label}: this is a CUDA artifact but no CUDA GPU is available here; "
                                 "compile with --target cpu for this machine")
-        if device not in ("cpu", "cuda"):
-            raise ArtifactError(f"{label}: unknown device {device!r} (expected cpu or cuda)")
+        with open(os.path.join(folder, KERNELS), "rb") as f:
+            blob = f.read()
+        if hashlib.sha256(blob).hexdigest() != files[KERNELS]:            # changed since read_folder
+            raise ArtifactError(f"{label}: {KERNELS} does not match its sha256 in manifest.json (edited or corrupt)")
+        # loaded from a private copy: dlopen hands back the library already loaded from the same path,
+        # so an artifact saved again in place would otherwise run the kernels it had before
+        fd, private = tempfile.mkstemp(prefix="dyntvm-kernels-", suffix=".so")
         try:
-            lib = tvm.runtime.load_module(os.path.join(folder, KERNELS))
-            vm = virtual_machine(lib, device)
-        except Exception as e:  # noqa: BLE001 - TVM raises many kinds; all mean "cannot load"
-            raise ArtifactError(f"{label}: cannot load {KERNELS}: {e}") from e
+            with os.fdopen(fd, "wb") as f:
+                f.write(blob)
+            check_shared_object(private, label)
+            try:
+                lib = tvm.runtime.load_module(private)
+                vm = virtual_machine(lib, device)
+            except Exception as e:  # noqa: BLE001 - TVM raises many kinds; all mean "cannot load"
+                raise ArtifactError(f"{label}: cannot load {KERNELS}: {e}") from e
+        finally:
+            with contextlib.suppress(OSError):
+                os.remove(private)                 # the loaded library stays mapped
+        got = library_binding(vm)
+        if got != manifest["binding"]:
+            raise ArtifactError(f"{label}: {KERNELS} was not built for this graph.json + params.npz "
+                                f"({'it carries no binding' if got is None else 'its binding differs'}: another "
+                                "model's kernels, or files edited after compiling); recompile the model")
     if vm is None and any(n.op == "region" for n in graph.walk()):
         raise ArtifactError(f"{label}: graph has compiled regions but {KERNELS} is not listed")
     try:
@@ -57,6 +81,61 @@ def _load_folder(folder: str, label: str, device) -> CompiledModel:
         raise ArtifactError(f"{label}: graph.json does not match {KERNELS}: {e}") from e
     model.lib_path = None
     if lib is not None:
-        with open(os.path.join(folder, KERNELS), "rb") as f:
-            model.lib_bytes = f.read()
+        model.lib_bytes = blob
     return model
+
+
+def library_binding(vm) -> str | None:
+    """The kernel binding compiled into a library (hex), through its `BINDING_FUNCTION`; None if it has none."""
+    try:
+        fn = vm[BINDING_FUNCTION]
+    except Exception:  # noqa: BLE001 - AttributeError from the VM: no such function
+        return None
+    try:
+        return fn().numpy().tobytes().hex()
+    except Exception:  # noqa: BLE001 - not our function (another signature or result)
+        return None
+
+
+def check_shared_object(path: str, label: str) -> None:
+    """Refuse a kernels.so that cannot be a whole ELF shared object before it is handed to dlopen: the
+    loader maps its segments from the file, and touching a segment past the end of a truncated file ends
+    the process with SIGBUS (a matching sha256 in the manifest does not prove the file is whole)."""
+    def bad(why):
+        return ArtifactError(f"{label}: {KERNELS} is not a loadable shared library: {why}")
+    if not sys.platform.startswith("linux"):     # ELF is Linux's format; elsewhere the loader decides
+        return
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        head = f.read(64)
+        if len(head) < 52 or head[:4] != b"\x7fELF":
+            raise bad("no ELF header")
+        cls, data = head[4], head[5]
+        if cls not in (1, 2) or data not in (1, 2):
+            raise bad("unknown ELF class or byte order")
+        end = "<" if data == 1 else ">"
+        if cls == 2:
+            if len(head) < 64:
+                raise bad("truncated ELF header")
+            e_type, = struct.unpack_from(end + "H", head, 16)
+            phoff, shoff = struct.unpack_from(end + "QQ", head, 32)
+            phentsize, phnum, shentsize, shnum = struct.unpack_from(end + "HHHH", head, 54)
+            ph_fmt, ph_fields = end + "IIQQQQQQ", (0, 2, 5)       # p_type, p_offset, p_filesz
+        else:
+            e_type, = struct.unpack_from(end + "H", head, 16)
+            phoff, shoff = struct.unpack_from(end + "II", head, 28)
+            phentsize, phnum, shentsize, shnum = struct.unpack_from(end + "HHHH", head, 42)
+            ph_fmt, ph_fields = end + "IIIIIIII", (0, 1, 4)
+        if e_type != 3:                                          # ET_DYN
+            raise bad("not a shared object")
+        if phentsize < struct.calcsize(ph_fmt) or phoff + phnum * phentsize > size:
+            raise bad(f"program headers past the end of the file ({size} bytes; truncated?)")
+        if shnum and shoff + shnum * shentsize > size:
+            raise bad(f"section headers past the end of the file ({size} bytes; truncated?)")
+        for i in range(phnum):
+            f.seek(phoff + i * phentsize)
+            fields = struct.unpack(ph_fmt, f.read(struct.calcsize(ph_fmt)))
+            p_type, p_offset, p_filesz = (fields[k] for k in ph_fields)
+            if p_type == 1 and p_offset + p_filesz > size:     # PT_LOAD
+                raise bad(f"a loadable segment ends at byte {p_offset + p_filesz}, past the end of the file "
+                          f"({size} bytes; truncated?)")

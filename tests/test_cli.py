@@ -132,6 +132,30 @@ def test_saved_graph_json(env, work):
     assert np.all(np.diff(np.load(work / "g_out" / "output_0.npy")) > 0)
 
 
+def test_compile_never_overwrites_user_files(env, work, detection_art):
+    """-o into a folder that is not an artifact: refused before compiling, the user's files untouched."""
+    import shutil
+    mine = work / "my_project"
+    mine.mkdir()
+    files = {"graph.json": "my graph", "params.npz": "my params", "manifest.json": "my manifest",
+             "kernels.so": "my kernels"}
+    for fn, text in files.items():
+        (mine / fn).write_text(text)
+    (work / "notes.tar").write_text("my notes")
+    for out in (mine, work / "notes.tar"):
+        r = dyntvm(env, "compile", "--example", "detection", "-o", out, ok=False)
+        assert r.returncode == 1 and len(r.stderr.splitlines()) == 1, r.stderr
+        assert r.stderr.startswith(f"dyntvm compile: error: {out}: refusing to overwrite"), r.stderr
+        assert "compiling" not in r.stdout                        # checked before compiling
+    assert {fn: (mine / fn).read_text() for fn in files} == files and sorted(os.listdir(mine)) == sorted(files)
+    assert (work / "notes.tar").read_text() == "my notes"
+    again = work / "again.dtvm"                                   # an existing artifact is replaced
+    shutil.copytree(detection_art, again)
+    (again / "graph.json").write_text("{}")                       # (even a broken one)
+    dyntvm(env, "compile", "--example", "detection", "-o", again)
+    dyntvm(env, "run", again, "--random", "--dim", "N=5", "--repeat", "1")
+
+
 def test_tuning_log_is_not_pretended(env, work, model_file):
     logs = work / "logs"
     logs.mkdir()
