@@ -53,19 +53,30 @@ class Plan:
 class Executor:
     """Runs `graph` (partitioned) with region functions from `vm` (a relax.VirtualMachine or None).
 
+    One executor serves one thread at a time: a Relax VM keeps per-call frames, and the plans hold its
+    functions (`CompiledModel` gives each thread its own VM and executor).
+
     Args:
         validate: after every region call, re-run the region with the numpy reference and compare.
         profile: collect wall time per node into `self.profile` (name -> [calls, seconds]).
+        constants: the graph's constants already converted to TVM tensors (node id -> tensor), shared
+            read-only between the executors of one model; filled here when empty.
     """
 
-    def __init__(self, graph: Graph, vm=None, validate: bool = False, profile: bool = False):
+    def __init__(self, graph: Graph, vm=None, validate: bool = False, profile: bool = False,
+                 constants: dict | None = None):
         self.graph, self.vm = graph, vm
         self.validate, self.profiling = validate, profile
         self.profile: dict = defaultdict(lambda: [0, 0.0])
-        self.kernel_calls = 0
+        self.calls = [0]                    # region calls (a list: read by the model after this executor dies)
         self._plans: dict = {}
+        self.constants = {} if constants is None else constants
         self.constant_ids: set = set()      # constants handed out as outputs must be copied
         self.plan = self._plan(graph)
+
+    @property
+    def kernel_calls(self) -> int:
+        return self.calls[0]
 
     def run(self, args: list) -> list:
         return self.plan.run(args)
@@ -88,8 +99,11 @@ class Executor:
         p.steps, p.nodes = [], []           # parallel lists: a failing step's node is found by position
         for i, n in enumerate(g.nodes):
             if n.op == "constant":
-                # converted once: constants then cross into regions without per-call copies
-                t = p.template[slot[n.outputs[0]]] = to_tvm(n.attrs.value)
+                # converted once per model: constants then cross into regions without per-call copies
+                t = self.constants.get(id(n))
+                if t is None:
+                    t = self.constants[id(n)] = to_tvm(n.attrs.value)
+                p.template[slot[n.outputs[0]]] = t
                 self.constant_ids.add(id(t))
                 continue
             ins = [slot[v] for v in n.inputs]
@@ -132,11 +146,11 @@ class Executor:
         fn = self.vm[n.attrs.name]
         sub = n.subgraphs[0]
         validate = self.validate
-        executor = self
+        calls = self.calls
 
         def run(slots):
             res = fn(*[to_tvm(slots[i]) for i in ins])
-            executor.kernel_calls += 1
+            calls[0] += 1
             for k, o in enumerate(outs):
                 slots[o] = res[k]
             if validate:

@@ -5,6 +5,9 @@ Pipeline stage 4 of 4 (`dyntvm.pipeline`), and what `dt.load` (`runtime/load.py`
 """
 from __future__ import annotations
 
+import threading
+import weakref
+
 import numpy as np
 
 from dyntvm.errors import InputError
@@ -125,10 +128,14 @@ class InputChecker:
 class CompiledModel:
     """A compiled model: call it on numpy arrays; outputs come back nested like the traced function's.
 
+    Safe to call from several threads at once: each thread runs its own Relax VM and executor (made on
+    its first call, in about 0.1 ms), sharing the kernel library and the constants.
+
     Attributes:
         graph: the partitioned graph (region nodes own their subgraphs).
         regions: names of the compiled region functions.
         target: "cpu" or "cuda".
+        last_profile: node -> (calls, seconds) of the latest call made with ``profile=True`` (any thread).
     """
 
     def __init__(self, graph: Graph, vm=None, target: str = "cpu", lib=None, info: dict | None = None):
@@ -137,17 +144,38 @@ class CompiledModel:
         self.lib_path = None           # the kernel library on disk (compile cache), if any
         self.lib_bytes = None          # or its bytes (a model loaded from an artifact), for save()
         self.regions = [n.attrs.name for n in graph.walk() if n.op == "region"]
-        self._executor = Executor(graph, vm)
+        self._lock = threading.Lock()  # guards the call counters below, never a model call
+        self._calls: dict = {}         # id -> region-call counter of each live per-thread executor
+        self._calls_retired = [0]      # region calls of executors whose thread has ended
+        self._threads = threading.local()
+        self._constants: dict = {}     # filled by the first executor, then shared read-only by all
+        self._executor = self._new_executor(vm)      # this thread's; other threads make theirs
         self._check = InputChecker(graph)
         tree = graph.out_tree
         self._out_kind = ("leaf" if tree == "*" else "tuple" if tree and tree[0] == "tuple" and
                           all(c == "*" for c in tree[1]) else "tree")
 
+    def _new_executor(self, vm) -> Executor:
+        """This thread's executor: a Relax VM keeps per-call frames, so threads must not share one."""
+        ex = Executor(self.graph, vm, constants=self._constants)
+        key = id(ex)
+        with self._lock:
+            self._calls[key] = ex.calls
+        weakref.finalize(ex, _retire, self._lock, self._calls, key, self._calls_retired)
+        self._threads.executor = ex
+        return ex
+
+    def _thread_executor(self) -> Executor:
+        ex = getattr(self._threads, "executor", None)
+        if ex is None:
+            ex = self._new_executor(virtual_machine(self.lib, self.target) if self.vm is not None else None)
+        return ex
+
     def __call__(self, *args, validate: bool = False, profile: bool = False):
         arrays = self._check(args)
-        ex = self._executor
+        ex = self._thread_executor()
         if validate or profile:
-            ex = Executor(self.graph, self.vm, validate=validate, profile=profile)
+            ex = Executor(self.graph, ex.vm, validate=validate, profile=profile, constants=self._constants)
         consts = ex.constant_ids
         outs = [np.array(to_numpy(o)) if id(o) in consts else to_numpy(o) for o in ex.run(arrays)]
         if profile:
@@ -161,7 +189,9 @@ class CompiledModel:
 
     @property
     def kernel_calls(self) -> int:
-        return self._executor.kernel_calls
+        """Region calls made so far by plain calls of this model, from all threads."""
+        with self._lock:
+            return self._calls_retired[0] + sum(c[0] for c in self._calls.values())
 
     def summary(self) -> str:
         lines = [f"CompiledModel {self.graph.name!r} target={self.target}: {len(self.regions)} region(s)"]
@@ -178,3 +208,9 @@ class CompiledModel:
     def save(self, path: str) -> None:
         """Write a deployable artifact (see `dt.load`)."""
         save_artifact(self, path)
+
+
+def _retire(lock, calls: dict, key: int, retired: list) -> None:
+    """A per-thread executor died (its thread ended): keep its count of region calls."""
+    with lock:
+        retired[0] += calls.pop(key)[0]
