@@ -10,6 +10,7 @@ success path pays nothing for it.
 """
 from __future__ import annotations
 
+import math
 import time
 from collections import defaultdict
 
@@ -18,6 +19,7 @@ import numpy as np
 from dyntvm.errors import CompileError, ExecutionError
 
 from ..ir.graph import Graph, Node
+from ..ir.types import eval_dim
 from . import control_flow as cf
 from .control_flow import bind_symbols
 from .interpreter import Interpreter, last_uses
@@ -246,7 +248,10 @@ def _first_truth(res: list) -> bool:
 
 def region_failure(node: Node, ins: list, cause: BaseException) -> ExecutionError:
     """A region call failed: re-run the region with the numpy reference (only now, on the error path) to
-    name the op inside it that fails, with its source line; else name the region, its ops and their lines."""
+    name the op inside it that fails, with its source line; else name the region, its ops and their lines.
+    Out of memory, it is not re-run: the error names the largest value the region computes instead."""
+    if isinstance(cause, MemoryError) or "bad_alloc" in str(cause):
+        return _memory_failure(node, ins, cause)
     try:
         Interpreter(node.subgraphs[0]).run(*[to_numpy(x) for x in ins])
     except ExecutionError as inner:
@@ -262,6 +267,37 @@ def region_failure(node: Node, ins: list, cause: BaseException) -> ExecutionErro
     detail = f"\n    (the region computes {', '.join(ops)}" + \
         (f"; from {'; '.join(sources[:3])}{'; ...' if len(sources) > 3 else ''})" if sources else ")")
     return node_failure(node, cause, detail)
+
+
+def _memory_failure(node: Node, ins: list, cause: BaseException) -> ExecutionError:
+    """The region's largest value (of those sized by the input shapes) and the node computing it."""
+    sub = node.subgraphs[0]
+    env: dict = {}
+    for v, x in zip(sub.inputs, ins):
+        bind_symbols(v.type, to_numpy(x).shape, env)
+    biggest = None
+    for m in sub.nodes:
+        for v in m.outputs:
+            try:
+                shape = [eval_dim(d, env) for d in v.type.shape]
+            except (KeyError, ValueError):
+                continue                # a size known only when it runs
+            size = math.prod(shape) * np.dtype(v.type.dtype).itemsize
+            if biggest is None or size > biggest[0]:
+                biggest = (size, shape, v.type.dtype, m)
+    condition = f"out of memory ({str(cause).strip() or type(cause).__name__})"
+    if biggest is not None:
+        size, shape, dtype, m = biggest
+        condition += f"; its largest value is {dtype}{shape} ({_bytes(size)}), from {m.op} node {m.name!r}" + \
+            (f" at {m.source}" if m.source else "")
+    return node_failure(node, MemoryError(condition))
+
+
+def _bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.3g} {unit}" if unit != "B" else f"{n} B"
+        n /= 1024
 
 
 def _check_region(n: Node, sub: Graph, ins, outs):

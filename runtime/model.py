@@ -14,7 +14,7 @@ from dyntvm.errors import InputError
 
 from ..ir.graph import Graph
 from ..ir.ops import OpKind
-from ..ir.tree import tree_flatten, tree_str, tree_unflatten
+from ..ir.tree import LEAF, tree_flatten, tree_str, tree_unflatten
 from ..ir.types import is_symbol
 from .artifact import save as save_artifact
 from .executor import Executor
@@ -28,6 +28,36 @@ def virtual_machine(lib, device: str = "cpu"):
     return relax.VirtualMachine(lib, tvm.cpu() if device == "cpu" else tvm.cuda())
 
 
+def signature(graph: Graph) -> str:
+    """The model's arguments, nested as traced, e.g. ``(x: float32[N,3], [h: float32[8], c: float32[8]])``."""
+    labels = iter(f"{v.name}: {v.type}" for v in graph.inputs)
+
+    def go(s):
+        if s == LEAF:
+            return next(labels)
+        if s[0] == "dict":
+            return "{" + ", ".join(f"{k!r}: {go(c)}" for k, c in zip(s[1], s[2])) + "}"
+        inner = ", ".join(go(c) for c in s[1])
+        return f"[{inner}]" if s[0] == "list" else f"({inner}{',' if len(s[1]) == 1 else ''})"
+    return "(" + ", ".join(go(c) for c in graph.in_tree[1]) + ")" if graph.in_tree is not None else \
+        "(" + ", ".join(labels) + ")"
+
+
+def _flatten_like(spec, arg, leaves: list) -> bool:
+    """Append the leaves of `arg` nested like `spec` (the traced signature); False where it is nested
+    otherwise. A leaf position takes the whole object: a nested list there is one array, as numpy reads it."""
+    if spec == LEAF:
+        leaves.append(arg)
+        return True
+    if spec[0] == "dict":
+        if not isinstance(arg, dict) or set(arg) != set(spec[1]):
+            return False
+        return all(_flatten_like(c, arg[k], leaves) for k, c in zip(spec[1], spec[2]))
+    if not isinstance(arg, list if spec[0] == "list" else tuple) or len(arg) != len(spec[1]):
+        return False
+    return all(_flatten_like(c, a, leaves) for c, a in zip(spec[1], arg))
+
+
 def check_inputs(graph: Graph, args: tuple) -> list:
     """Flatten `args` like the traced signature and validate count, dtype, rank and dims."""
     types = [v.type for v in graph.inputs]
@@ -35,10 +65,12 @@ def check_inputs(graph: Graph, args: tuple) -> list:
     if graph.in_tree is not None:
         n_args = len(graph.in_tree[1])
         if len(args) != n_args:
-            raise InputError(f"the model takes {n_args} arguments {tree_str(graph.in_tree)}, got {len(args)}")
-        leaves, spec = tree_flatten(list(args), is_leaf=lambda x: isinstance(x, np.ndarray))
-        if spec != graph.in_tree:
-            raise InputError(f"arguments are nested as {tree_str(spec)}, expected {tree_str(graph.in_tree)}")
+            raise InputError(f"the model takes {n_args} arguments {signature(graph)}, got {len(args)}")
+        leaves: list = []
+        if not _flatten_like(graph.in_tree, list(args), leaves):
+            spec = tree_flatten(list(args), is_leaf=lambda x: isinstance(x, np.ndarray))[1]
+            raise InputError(f"arguments are nested as {tree_str(spec)}, expected {tree_str(graph.in_tree)}: "
+                             f"{signature(graph)}")
     else:
         leaves = list(args)
         if len(leaves) != len(types):
@@ -61,6 +93,8 @@ def check_inputs(graph: Graph, args: tuple) -> list:
                 x = to_numpy(x)
             else:
                 raise InputError(f"{label}: expected a numpy array of {t}, got {type(x).__name__}")
+        if not x.dtype.isnative:              # e.g. '>f4': DLPack (and so TVM) takes native byte order only
+            x = x.astype(x.dtype.newbyteorder("="))
         if x.dtype.name != t.dtype:
             raise InputError(f"{label}: dtype is {x.dtype.name}, expected {t} (use .astype({t.dtype!r}))")
         if x.ndim != t.ndim:
@@ -171,7 +205,10 @@ class CompiledModel:
             ex = self._new_executor(virtual_machine(self.lib, self.target) if self.vm is not None else None)
         return ex
 
-    def __call__(self, *args, validate: bool = False, profile: bool = False):
+    def __call__(self, *args, validate: bool = False, profile: bool = False, **kwargs):
+        if kwargs:
+            raise InputError(f"the model takes its inputs by position: model{signature(self.graph)}; got keyword "
+                             f"argument{'s' if len(kwargs) > 1 else ''} {', '.join(map(repr, kwargs))}")
         arrays = self._check(args)
         ex = self._thread_executor()
         if validate or profile:
