@@ -11,6 +11,7 @@ This is the only module that imports every stage; the stages import only the lay
 """
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
@@ -24,6 +25,11 @@ from .partition import partition
 from .runtime.artifact import kernel_binding
 from .runtime.fold import fold_constants
 from .runtime.model import CompiledModel, virtual_machine
+
+
+# TVM's Relax BlockBuilder keeps one stack for the process: builds from several threads (e.g. a hybridized
+# function called from threads) take turns. Tracing and partitioning need no lock.
+_BUILD_LOCK = threading.Lock()
 
 
 def partition_graph(graph: Graph, selector=None) -> Graph:
@@ -61,7 +67,8 @@ def compile(fn_or_graph, *specs, target: str = "cpu", selector=None, cache_dir: 
     pg = partition_graph(graph, selector)
     # the kernels carry a digest of the regions they implement; `dt.load` checks it against graph.json
     binding = kernel_binding(pg) if any(n.op == "region" for n in pg.walk()) else None
-    built = build(pg, target, cache_dir, use_cache, binding=binding)
+    with _BUILD_LOCK:
+        built = build(pg, target, cache_dir, use_cache, binding=binding)
     vm = virtual_machine(built.lib, target) if built else None
     info = {"compile_time_s": round(time.perf_counter() - t0, 3),
             "cache": "hit" if built and built.cached else "miss"}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import linecache
 import os
 import sys
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,7 +25,17 @@ from ..ir.types import TensorType, as_shape_dim, is_symbol
 _PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _PKG_DIRS = tuple(os.path.join(_PKG_ROOT, d) + os.sep for d in ("dyntvm", "ir", "frontend", "partition",
                                                                   "codegen", "runtime"))
-_STACK: list["Builder"] = []
+
+
+class _Builders(threading.local):
+    """The builders being traced into, innermost last: one stack per thread, so a thread tracing does not put
+    another thread's eager calls into trace mode."""
+
+    def __init__(self):
+        self.stack: list[Builder] = []
+
+
+_BUILDERS = _Builders()
 
 
 def user_source() -> str:
@@ -55,11 +66,11 @@ def infer_types(op: str, api: str | None, in_types: list, attrs, source: str | N
 
 
 def tracing() -> bool:
-    return bool(_STACK)
+    return bool(_BUILDERS.stack)
 
 
 def current() -> "Builder":
-    return _STACK[-1]
+    return _BUILDERS.stack[-1]
 
 
 class Builder:
@@ -84,11 +95,11 @@ class Builder:
         return v
 
     def __enter__(self):
-        _STACK.append(self)
+        _BUILDERS.stack.append(self)
         return self
 
     def __exit__(self, *exc):
-        assert _STACK.pop() is self
+        assert _BUILDERS.stack.pop() is self
 
     def new_input(self, t: TensorType, name: str = "") -> Value:
         v = Value(t, name)

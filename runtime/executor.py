@@ -10,6 +10,7 @@ success path pays nothing for it.
 """
 from __future__ import annotations
 
+import math
 import time
 from collections import defaultdict
 
@@ -18,6 +19,7 @@ import numpy as np
 from dyntvm.errors import CompileError, ExecutionError
 
 from ..ir.graph import Graph, Node
+from ..ir.types import eval_dim
 from . import control_flow as cf
 from .control_flow import bind_symbols
 from .interpreter import Interpreter, last_uses
@@ -53,19 +55,30 @@ class Plan:
 class Executor:
     """Runs `graph` (partitioned) with region functions from `vm` (a relax.VirtualMachine or None).
 
+    One executor serves one thread at a time: a Relax VM keeps per-call frames, and the plans hold its
+    functions (`CompiledModel` gives each thread its own VM and executor).
+
     Args:
         validate: after every region call, re-run the region with the numpy reference and compare.
         profile: collect wall time per node into `self.profile` (name -> [calls, seconds]).
+        constants: the graph's constants already converted to TVM tensors (node id -> tensor), shared
+            read-only between the executors of one model; filled here when empty.
     """
 
-    def __init__(self, graph: Graph, vm=None, validate: bool = False, profile: bool = False):
+    def __init__(self, graph: Graph, vm=None, validate: bool = False, profile: bool = False,
+                 constants: dict | None = None):
         self.graph, self.vm = graph, vm
         self.validate, self.profiling = validate, profile
         self.profile: dict = defaultdict(lambda: [0, 0.0])
-        self.kernel_calls = 0
+        self.calls = [0]                    # region calls (a list: read by the model after this executor dies)
         self._plans: dict = {}
+        self.constants = {} if constants is None else constants
         self.constant_ids: set = set()      # constants handed out as outputs must be copied
         self.plan = self._plan(graph)
+
+    @property
+    def kernel_calls(self) -> int:
+        return self.calls[0]
 
     def run(self, args: list) -> list:
         return self.plan.run(args)
@@ -88,8 +101,11 @@ class Executor:
         p.steps, p.nodes = [], []           # parallel lists: a failing step's node is found by position
         for i, n in enumerate(g.nodes):
             if n.op == "constant":
-                # converted once: constants then cross into regions without per-call copies
-                t = p.template[slot[n.outputs[0]]] = to_tvm(n.attrs.value)
+                # converted once per model: constants then cross into regions without per-call copies
+                t = self.constants.get(id(n))
+                if t is None:
+                    t = self.constants[id(n)] = to_tvm(n.attrs.value)
+                p.template[slot[n.outputs[0]]] = t
                 self.constant_ids.add(id(t))
                 continue
             ins = [slot[v] for v in n.inputs]
@@ -132,11 +148,11 @@ class Executor:
         fn = self.vm[n.attrs.name]
         sub = n.subgraphs[0]
         validate = self.validate
-        executor = self
+        calls = self.calls
 
         def run(slots):
             res = fn(*[to_tvm(slots[i]) for i in ins])
-            executor.kernel_calls += 1
+            calls[0] += 1
             for k, o in enumerate(outs):
                 slots[o] = res[k]
             if validate:
@@ -232,7 +248,10 @@ def _first_truth(res: list) -> bool:
 
 def region_failure(node: Node, ins: list, cause: BaseException) -> ExecutionError:
     """A region call failed: re-run the region with the numpy reference (only now, on the error path) to
-    name the op inside it that fails, with its source line; else name the region, its ops and their lines."""
+    name the op inside it that fails, with its source line; else name the region, its ops and their lines.
+    Out of memory, it is not re-run: the error names the largest value the region computes instead."""
+    if isinstance(cause, MemoryError) or "bad_alloc" in str(cause):
+        return _memory_failure(node, ins, cause)
     try:
         Interpreter(node.subgraphs[0]).run(*[to_numpy(x) for x in ins])
     except ExecutionError as inner:
@@ -248,6 +267,37 @@ def region_failure(node: Node, ins: list, cause: BaseException) -> ExecutionErro
     detail = f"\n    (the region computes {', '.join(ops)}" + \
         (f"; from {'; '.join(sources[:3])}{'; ...' if len(sources) > 3 else ''})" if sources else ")")
     return node_failure(node, cause, detail)
+
+
+def _memory_failure(node: Node, ins: list, cause: BaseException) -> ExecutionError:
+    """The region's largest value (of those sized by the input shapes) and the node computing it."""
+    sub = node.subgraphs[0]
+    env: dict = {}
+    for v, x in zip(sub.inputs, ins):
+        bind_symbols(v.type, to_numpy(x).shape, env)
+    biggest = None
+    for m in sub.nodes:
+        for v in m.outputs:
+            try:
+                shape = [eval_dim(d, env) for d in v.type.shape]
+            except (KeyError, ValueError):
+                continue                # a size known only when it runs
+            size = math.prod(shape) * np.dtype(v.type.dtype).itemsize
+            if biggest is None or size > biggest[0]:
+                biggest = (size, shape, v.type.dtype, m)
+    condition = f"out of memory ({str(cause).strip() or type(cause).__name__})"
+    if biggest is not None:
+        size, shape, dtype, m = biggest
+        condition += f"; its largest value is {dtype}{shape} ({_bytes(size)}), from {m.op} node {m.name!r}" + \
+            (f" at {m.source}" if m.source else "")
+    return node_failure(node, MemoryError(condition))
+
+
+def _bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.3g} {unit}" if unit != "B" else f"{n} B"
+        n /= 1024
 
 
 def _check_region(n: Node, sub: Graph, ins, outs):

@@ -5,13 +5,16 @@ Pipeline stage 4 of 4 (`dyntvm.pipeline`), and what `dt.load` (`runtime/load.py`
 """
 from __future__ import annotations
 
+import threading
+import weakref
+
 import numpy as np
 
 from dyntvm.errors import InputError
 
 from ..ir.graph import Graph
 from ..ir.ops import OpKind
-from ..ir.tree import tree_flatten, tree_str, tree_unflatten
+from ..ir.tree import LEAF, tree_flatten, tree_str, tree_unflatten
 from ..ir.types import is_symbol
 from .artifact import save as save_artifact
 from .executor import Executor
@@ -25,6 +28,36 @@ def virtual_machine(lib, device: str = "cpu"):
     return relax.VirtualMachine(lib, tvm.cpu() if device == "cpu" else tvm.cuda())
 
 
+def signature(graph: Graph) -> str:
+    """The model's arguments, nested as traced, e.g. ``(x: float32[N,3], [h: float32[8], c: float32[8]])``."""
+    labels = iter(f"{v.name}: {v.type}" for v in graph.inputs)
+
+    def go(s):
+        if s == LEAF:
+            return next(labels)
+        if s[0] == "dict":
+            return "{" + ", ".join(f"{k!r}: {go(c)}" for k, c in zip(s[1], s[2])) + "}"
+        inner = ", ".join(go(c) for c in s[1])
+        return f"[{inner}]" if s[0] == "list" else f"({inner}{',' if len(s[1]) == 1 else ''})"
+    return "(" + ", ".join(go(c) for c in graph.in_tree[1]) + ")" if graph.in_tree is not None else \
+        "(" + ", ".join(labels) + ")"
+
+
+def _flatten_like(spec, arg, leaves: list) -> bool:
+    """Append the leaves of `arg` nested like `spec` (the traced signature); False where it is nested
+    otherwise. A leaf position takes the whole object: a nested list there is one array, as numpy reads it."""
+    if spec == LEAF:
+        leaves.append(arg)
+        return True
+    if spec[0] == "dict":
+        if not isinstance(arg, dict) or set(arg) != set(spec[1]):
+            return False
+        return all(_flatten_like(c, arg[k], leaves) for k, c in zip(spec[1], spec[2]))
+    if not isinstance(arg, list if spec[0] == "list" else tuple) or len(arg) != len(spec[1]):
+        return False
+    return all(_flatten_like(c, a, leaves) for c, a in zip(spec[1], arg))
+
+
 def check_inputs(graph: Graph, args: tuple) -> list:
     """Flatten `args` like the traced signature and validate count, dtype, rank and dims."""
     types = [v.type for v in graph.inputs]
@@ -32,10 +65,12 @@ def check_inputs(graph: Graph, args: tuple) -> list:
     if graph.in_tree is not None:
         n_args = len(graph.in_tree[1])
         if len(args) != n_args:
-            raise InputError(f"the model takes {n_args} arguments {tree_str(graph.in_tree)}, got {len(args)}")
-        leaves, spec = tree_flatten(list(args), is_leaf=lambda x: isinstance(x, np.ndarray))
-        if spec != graph.in_tree:
-            raise InputError(f"arguments are nested as {tree_str(spec)}, expected {tree_str(graph.in_tree)}")
+            raise InputError(f"the model takes {n_args} arguments {signature(graph)}, got {len(args)}")
+        leaves: list = []
+        if not _flatten_like(graph.in_tree, list(args), leaves):
+            spec = tree_flatten(list(args), is_leaf=lambda x: isinstance(x, np.ndarray))[1]
+            raise InputError(f"arguments are nested as {tree_str(spec)}, expected {tree_str(graph.in_tree)}: "
+                             f"{signature(graph)}")
     else:
         leaves = list(args)
         if len(leaves) != len(types):
@@ -58,6 +93,8 @@ def check_inputs(graph: Graph, args: tuple) -> list:
                 x = to_numpy(x)
             else:
                 raise InputError(f"{label}: expected a numpy array of {t}, got {type(x).__name__}")
+        if not x.dtype.isnative:              # e.g. '>f4': DLPack (and so TVM) takes native byte order only
+            x = x.astype(x.dtype.newbyteorder("="))
         if x.dtype.name != t.dtype:
             raise InputError(f"{label}: dtype is {x.dtype.name}, expected {t} (use .astype({t.dtype!r}))")
         if x.ndim != t.ndim:
@@ -125,10 +162,14 @@ class InputChecker:
 class CompiledModel:
     """A compiled model: call it on numpy arrays; outputs come back nested like the traced function's.
 
+    Safe to call from several threads at once: each thread runs its own Relax VM and executor (made on
+    its first call, in about 0.1 ms), sharing the kernel library and the constants.
+
     Attributes:
         graph: the partitioned graph (region nodes own their subgraphs).
         regions: names of the compiled region functions.
         target: "cpu" or "cuda".
+        last_profile: node -> (calls, seconds) of the latest call made with ``profile=True`` (any thread).
     """
 
     def __init__(self, graph: Graph, vm=None, target: str = "cpu", lib=None, info: dict | None = None):
@@ -137,17 +178,41 @@ class CompiledModel:
         self.lib_path = None           # the kernel library on disk (compile cache), if any
         self.lib_bytes = None          # or its bytes (a model loaded from an artifact), for save()
         self.regions = [n.attrs.name for n in graph.walk() if n.op == "region"]
-        self._executor = Executor(graph, vm)
+        self._lock = threading.Lock()  # guards the call counters below, never a model call
+        self._calls: dict = {}         # id -> region-call counter of each live per-thread executor
+        self._calls_retired = [0]      # region calls of executors whose thread has ended
+        self._threads = threading.local()
+        self._constants: dict = {}     # filled by the first executor, then shared read-only by all
+        self._executor = self._new_executor(vm)      # this thread's; other threads make theirs
         self._check = InputChecker(graph)
         tree = graph.out_tree
         self._out_kind = ("leaf" if tree == "*" else "tuple" if tree and tree[0] == "tuple" and
                           all(c == "*" for c in tree[1]) else "tree")
 
-    def __call__(self, *args, validate: bool = False, profile: bool = False):
+    def _new_executor(self, vm) -> Executor:
+        """This thread's executor: a Relax VM keeps per-call frames, so threads must not share one."""
+        ex = Executor(self.graph, vm, constants=self._constants)
+        key = id(ex)
+        with self._lock:
+            self._calls[key] = ex.calls
+        weakref.finalize(ex, _retire, self._lock, self._calls, key, self._calls_retired)
+        self._threads.executor = ex
+        return ex
+
+    def _thread_executor(self) -> Executor:
+        ex = getattr(self._threads, "executor", None)
+        if ex is None:
+            ex = self._new_executor(virtual_machine(self.lib, self.target) if self.vm is not None else None)
+        return ex
+
+    def __call__(self, *args, validate: bool = False, profile: bool = False, **kwargs):
+        if kwargs:
+            raise InputError(f"the model takes its inputs by position: model{signature(self.graph)}; got keyword "
+                             f"argument{'s' if len(kwargs) > 1 else ''} {', '.join(map(repr, kwargs))}")
         arrays = self._check(args)
-        ex = self._executor
+        ex = self._thread_executor()
         if validate or profile:
-            ex = Executor(self.graph, self.vm, validate=validate, profile=profile)
+            ex = Executor(self.graph, ex.vm, validate=validate, profile=profile, constants=self._constants)
         consts = ex.constant_ids
         outs = [np.array(to_numpy(o)) if id(o) in consts else to_numpy(o) for o in ex.run(arrays)]
         if profile:
@@ -161,7 +226,9 @@ class CompiledModel:
 
     @property
     def kernel_calls(self) -> int:
-        return self._executor.kernel_calls
+        """Region calls made so far by plain calls of this model, from all threads."""
+        with self._lock:
+            return self._calls_retired[0] + sum(c[0] for c in self._calls.values())
 
     def summary(self) -> str:
         lines = [f"CompiledModel {self.graph.name!r} target={self.target}: {len(self.regions)} region(s)"]
@@ -178,3 +245,9 @@ class CompiledModel:
     def save(self, path: str) -> None:
         """Write a deployable artifact (see `dt.load`)."""
         save_artifact(self, path)
+
+
+def _retire(lock, calls: dict, key: int, retired: list) -> None:
+    """A per-thread executor died (its thread ended): keep its count of region calls."""
+    with lock:
+        retired[0] += calls.pop(key)[0]

@@ -1,0 +1,85 @@
+"""What a careless caller passes a compiled model: big-endian arrays, Python lists, keyword arguments, inputs
+whose results do not fit in memory. Each gives the right result or a clear dyntvm error, never a raw one."""
+import re
+
+import numpy as np
+import pytest
+
+import dyntvm as dt
+from dyntvm import F
+
+from helpers import assert_same
+
+S = dt.TensorSpec
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("dyntvm-cache"))
+
+
+def two_args(x, states):
+    h, c = states
+    return F.tanh(x) * 2.0 + h, c * 3
+
+
+@pytest.fixture(scope="module")
+def model(cache_dir):
+    return dt.compile(two_args, S(("N", 3), name="x"), [S((3,), name="h"), S((2,), "int64", name="c")],
+                      cache_dir=cache_dir)
+
+
+def args(n=2):
+    x = np.arange(n * 3, dtype=np.float32).reshape(n, 3) / 7
+    return x, [np.ones(3, np.float32), np.array([1, -2])]
+
+
+def test_big_endian_arrays_are_converted(model):
+    x, (h, c) = args()
+    want = two_args(x, [h, c])
+    assert_same(model(x.astype(">f4"), [h.astype(">f4"), c.astype(">i8")]), want)
+    assert_same(model(x.astype(">f4"), [h, c]), model(x, [h, c]))
+
+
+def test_nested_lists_are_arrays_where_the_model_takes_a_tensor(model):
+    x, (h, c) = args()
+    want = two_args(x, [h, c])
+    assert_same(model(x.tolist(), [h.tolist(), c.tolist()]), want)        # lists of floats and ints
+    assert_same(model(x, [tuple(h.tolist()), c]), want)                   # a tuple where a tensor is expected
+    with pytest.raises(dt.InputError, match=re.escape("input 0 ('x'): cannot convert list to float32[N,3]")):
+        model([[1.0, 2.0, 3.0], [4.0]], [h, c])                                # ragged
+    with pytest.raises(dt.InputError, match=re.escape("input 2 ('c'): a Python list (float64) does not convert "
+                                                      "to int64[2] without losing data")):
+        model(x, [h, [1.5, 2.0]])
+    with pytest.raises(dt.InputError, match=re.escape(
+            "arguments are nested as [*, [*, *, *]], expected [*, [*, *]]: (x: float32[N,3], [h: float32[3], "
+            "c: int64[2]])")):
+        model(x, [h, c, c])
+    with pytest.raises(dt.InputError, match=re.escape("arguments are nested as [*, (*, *)], expected [*, [*, *]]")):
+        model(x, (h, c))                                                      # a tuple where a list was traced
+
+
+def test_keyword_arguments_are_an_input_error(model):
+    x, hc = args()
+    with pytest.raises(dt.InputError, match=re.escape(
+            "the model takes its inputs by position: model(x: float32[N,3], [h: float32[3], c: int64[2]]); "
+            "got keyword argument 'states'")):
+        model(x, states=hc)
+    with pytest.raises(dt.InputError, match=re.escape("got keyword arguments 'x', 'states'")):
+        model(x=x, states=hc)
+
+
+def test_a_result_larger_than_memory_is_an_execution_error(cache_dir, monkeypatch):
+    """364 TiB: more than any address space, so it fails whatever the OS overcommits. The region is not
+    re-run with the numpy reference to find the failing op (that would allocate as much again)."""
+    def outer(x):
+        return F.reshape(x, (-1, 1)) + F.reshape(x, (1, -1))
+    model = dt.compile(outer, S(("N",)), cache_dir=cache_dir)
+    assert_same(model(np.ones(3, np.float32)), np.full((3, 3), 2, np.float32))
+    from dyntvm.runtime import executor
+    monkeypatch.setattr(executor, "Interpreter", None)          # any re-run would fail with a TypeError
+    with pytest.raises(dt.ExecutionError, match=re.escape(
+            "region node 'outer_r0' failed: out of memory (std::bad_alloc); its largest value is "
+            "float32[10000000, 10000000] (364 TiB), from add node")) as e:
+        model(np.ones(10_000_000, np.float32))
+    assert e.value.op == "region" and "test_inputs.py" in str(e.value) and e.value.__cause__ is not None
