@@ -55,6 +55,28 @@ class DimExpr:
         return self.fold(str, str, lambda op, a, b: f"({a} {op} {b})", lambda fn, args: f"{fn}({', '.join(args)})",
                          lambda a: f"-{a}")
 
+    def solve(self, sym: str, value: int, env: dict):
+        """The int that symbol `sym` must have for this expression to equal `value` (other symbols from
+        `env`), or None where no int fits or the expression is not invertible in `sym`."""
+        e, target = self, value
+        while not (isinstance(e, Sym) and e.name == sym):
+            if not isinstance(e, BinOp) or e.op not in ("+", "-", "*"):
+                return None
+            left = sym in e.left.symbols
+            if left == (sym in e.right.symbols):
+                return None
+            k = (e.right if left else e.left).evaluate(env)
+            if e.op == "+":
+                target -= k
+            elif e.op == "-":
+                target = target + k if left else k - target
+            else:
+                if k == 0 or target % k:
+                    return None
+                target //= k
+            e = e.left if left else e.right
+        return target if self.evaluate({**env, sym: target}) == value else None
+
     def to_dim(self):
         """Back to the stored form: an int for a constant, else the canonical string."""
         return self.value if isinstance(self, Const) else str(self)

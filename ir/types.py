@@ -238,6 +238,37 @@ def shape_matches(t: TensorType, shape: tuple, env: dict[str, int] | None = None
     return True
 
 
+def expression_dim_errors(types: list, shapes: list, env: dict) -> list:
+    """Check the expression dims of input `types` against concrete `shapes`, once `env` holds the sizes of
+    the plain symbols (bound from every input first). A symbol that occurs only inside expressions is solved
+    for where the expression is invertible (``(T + 1)`` of size 5 gives T = 4) and bound in `env`. Returns
+    ``(input index, axis, dim, size)`` of each dim that cannot hold (``(2 * N)`` of size 5, or ``(N % 3)``
+    of size 1 with N = 5)."""
+    pending = [(i, ax, d, s) for i, (t, shape) in enumerate(zip(types, shapes))
+               for ax, (d, s) in enumerate(zip(t.shape, shape)) if isinstance(d, str) and not is_symbol(d)]
+    bad: list = []
+    while pending:
+        left = []
+        for i, ax, d, s in pending:
+            e = parse_dim(d)
+            unbound = [x for x in e.symbols if x not in env]
+            if not unbound:
+                if e.evaluate(env) != s:
+                    bad.append((i, ax, d, s))
+            elif len(unbound) == 1 and not unbound[0].startswith("_"):
+                v = e.solve(unbound[0], s, env)
+                if v is None or v < 0:
+                    bad.append((i, ax, d, s))
+                else:
+                    env[unbound[0]] = v
+            else:
+                left.append((i, ax, d, s))
+        if len(left) == len(pending):
+            break                       # unknown dims or several unknowns: checked where they are used
+        pending = left
+    return bad
+
+
 class SymDim(str):
     """A symbolic dim as seen from `Tensor.shape`: a `str` whose arithmetic builds dim expressions, so
     `x.shape[0] * 2` is ``"(N * 2)"`` rather than ``"NN"``."""

@@ -11,7 +11,7 @@ import numpy as np
 from dyntvm.errors import ExecutionError, GraphError, InputError
 
 from ..ir.graph import Graph, Node
-from ..ir.types import shape_matches
+from ..ir.types import expression_dim_errors, shape_matches
 from . import control_flow as cf
 from .control_flow import bind_symbols
 from .kernels import run_kernel
@@ -50,6 +50,9 @@ class Interpreter:
             if dtype != v.type.dtype or not shape_matches(v.type, np.shape(a), env):
                 raise InputError(f"graph {g.name!r}: input {i} (%{v.name}) must be {v.type}, got "
                                  f"{dtype}{list(np.shape(a))}" + (f" (symbols so far: {env})" if env else ""))
+        for i, ax, d, size in expression_dim_errors([v.type for v in g.inputs], [np.shape(a) for a in args], env):
+            raise InputError(f"graph {g.name!r}: input {i} (%{g.inputs[i].name}) axis {ax} has size {size}, which "
+                             f"does not fit its dim {d} (symbols: {env})")
         return self.run_graph(g, list(args))
 
     def run_graph(self, graph: Graph, args: list) -> list:

@@ -15,7 +15,7 @@ from dyntvm.errors import InputError
 from ..ir.graph import Graph
 from ..ir.ops import OpKind
 from ..ir.tree import LEAF, tree_flatten, tree_str, tree_unflatten
-from ..ir.types import is_symbol
+from ..ir.types import expression_dim_errors, is_symbol
 from .artifact import save as save_artifact
 from .executor import Executor
 from .tensors import to_numpy
@@ -111,6 +111,10 @@ def check_inputs(graph: Graph, args: tuple) -> list:
         else:
             raise InputError(f"{label}: unsupported dtype {x.dtype}")
         out.append(x)
+    for i, ax, d, size in expression_dim_errors(types, [x.shape for x in out], env):
+        name = f"input {i} ({names[i]!r})" if names[i] else f"input {i}"
+        raise InputError(f"{name}: axis {ax} has size {size}, which does not fit its dim {d} (spec {types[i]}; "
+                         f"symbols: {env})")
     return out
 
 
@@ -136,6 +140,8 @@ class InputChecker:
         self.graph = graph
         tree = graph.in_tree
         self.flat = tree is None or (tree[0] in ("list", "tuple") and all(c == "*" for c in tree[1]))
+        if any(isinstance(d, str) and not is_symbol(d) for v in graph.inputs for d in v.type.shape):
+            self.flat = False           # expression dims (``(T + 1)``): checked by `check_inputs`
         self.n = len(graph.inputs)
         self.sig = []
         for v in graph.inputs:

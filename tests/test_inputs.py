@@ -83,3 +83,24 @@ def test_a_result_larger_than_memory_is_an_execution_error(cache_dir, monkeypatc
             "float32[10000000, 10000000] (364 TiB), from add node")) as e:
         model(np.ones(10_000_000, np.float32))
     assert e.value.op == "region" and "test_inputs.py" in str(e.value) and e.value.__cause__ is not None
+
+
+def test_expression_dims_of_inputs_are_checked(tmp_path):
+    """Inputs whose spec dims are expressions must fit them (a contract violation is an InputError in every
+    mode), and a symbol that occurs only inside an expression is solved from the size."""
+    def f(a, b):
+        return a * 2, b
+    specs = [dt.TensorSpec(("N % 3",)), dt.TensorSpec(("N",))]
+    model = dt.compile(f, *specs, cache_dir=str(tmp_path))
+    graph = dt.trace(f, *specs)
+    for run in (lambda *x: dt.run_reference(graph, *x), model):
+        with pytest.raises(dt.InputError, match=r"size 1, which does not fit its dim \(N % 3\)"):
+            run(np.ones(1, "float32"), np.ones(5, "float32"))
+        out = run(np.ones(2, "float32"), np.ones(5, "float32"))
+        assert out[0].shape == (2,)
+    g2 = dt.trace(lambda a: a + 1, dt.TensorSpec(("2*N",)))
+    m2 = dt.compile(lambda a: a + 1, dt.TensorSpec(("2*N",)), cache_dir=str(tmp_path))
+    for run in (lambda x: dt.run_reference(g2, x), m2):
+        with pytest.raises(dt.InputError, match=r"does not fit its dim \(2 \* N\)"):
+            run(np.ones(5, "float32"))
+        assert run(np.ones(6, "float32")).shape == (6,)
