@@ -17,10 +17,11 @@ import networkx as nx
 
 from dyntvm.errors import CompileError
 
-from ..ir.graph import Graph, Node, Value
-from ..ir.ops import CONTROL_FLOW
 from ..ir.attrs import RegionAttrs
+from ..ir.graph import Graph, Node, Value
+from ..ir.ops import CONTROL_FLOW, attr_symbols
 from ..ir.serialize import graph_from_dict, graph_to_dict
+from ..ir.types import is_symbol
 from .selector import Selector, StaticRegionSelector
 
 log = logging.getLogger("dyntvm.partition")
@@ -114,6 +115,7 @@ def contract(g: Graph, regions: list[list[int]], prefix: str) -> Graph:
             p = producer.get(v)
             if p is None or region_of.get(p) != region_of.get(i) or i not in region_of:
                 used_outside.add(v)
+    carriers = [_symbol_carriers(g, members, producer) for members in regions]
     # order: contracted DAG, topologically sorted with original positions as tie-breaker
     dag = nx.DiGraph()
     key = {}
@@ -129,12 +131,19 @@ def contract(g: Graph, regions: list[list[int]], prefix: str) -> Graph:
                 w = ("r", region_of[p]) if p in region_of else ("n", p)
                 if w != u:
                     dag.add_edge(w, u)
+    for r, extra in enumerate(carriers):       # a region also depends on the values that carry its attrs' symbols
+        for v in extra:
+            p = producer.get(v)
+            if p is not None:
+                w = ("r", region_of[p]) if p in region_of else ("n", p)
+                if w != ("r", r):
+                    dag.add_edge(w, ("r", r))
     if not nx.is_directed_acyclic_graph(dag):
         raise CompileError(f"partition of {prefix} is cyclic (a partitioner bug); regions {regions}")
     # (built after the DAG: making a region node rewires its members' inputs)
     new_nodes: dict[int, Node] = {}
     for r, members in enumerate(regions):
-        new_nodes[min(members)] = _region_node(g, members, producer, used_outside, f"{prefix}_r{r}")
+        new_nodes[min(members)] = _region_node(g, members, producer, used_outside, f"{prefix}_r{r}", carriers[r])
     nodes = []
     for u in nx.lexicographical_topological_sort(dag, key=lambda u: key[u]):
         if u[0] == "r":
@@ -147,7 +156,30 @@ def contract(g: Graph, regions: list[list[int]], prefix: str) -> Graph:
     return Graph(g.inputs, nodes, g.outputs, g.name, g.in_tree, g.out_tree)
 
 
-def _region_node(g, members, producer, used_outside, name) -> Node:
+def _symbol_carriers(g: Graph, members: list, producer: dict) -> list:
+    """Values outside the region that must become region inputs only to bind symbolic dims its ops' attrs
+    use (``F.arange(x.shape[0])`` alone in a region: the compiled function needs a tensor whose shape holds
+    ``N``). Graph inputs first, else the earliest value defined before the region."""
+    member_set = set(members)
+    bound: set = set()
+    for i in members:
+        for v in g.nodes[i].inputs:
+            p = producer.get(v)
+            if p is None or p not in member_set:
+                bound |= {d for d in v.type.shape if is_symbol(d)}
+    need = set().union(*(attr_symbols(g.nodes[i].op, g.nodes[i].attrs) for i in members)) - bound
+    out: list = []
+    first = min(members)
+    candidates = list(g.inputs) + [v for i, n in enumerate(g.nodes[:first]) if i not in member_set
+                                   and n.op != "constant" for v in n.outputs]
+    for sym in sorted(need):
+        v = next((c for c in candidates if sym in c.type.shape), None)
+        if v is not None and v not in out:
+            out.append(v)
+    return out
+
+
+def _region_node(g, members, producer, used_outside, name, carriers=()) -> Node:
     inner = [g.nodes[i] for i in members]
     member_set = set(members)
     ext_inputs: list[Value] = []
@@ -165,6 +197,10 @@ def _region_node(g, members, producer, used_outside, name) -> Node:
                 else:
                     ext_inputs.append(v)
                     mapping[v] = Value(v.type, v.name)
+    for v in carriers:
+        if v not in mapping:
+            ext_inputs.append(v)
+            mapping[v] = Value(v.type, v.name)
     body_nodes = []
     for n in inner:
         n.inputs = tuple(mapping.get(v, v) for v in n.inputs)

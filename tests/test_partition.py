@@ -188,3 +188,18 @@ def test_constant_folding_is_its_own_pass():
     x = np.ones(4, "float32")
     for got, want in zip(tree_flatten(dt.run_reference(folded, x))[0], tree_flatten(fn(x))[0]):
         np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("fn", [lambda x: F.arange(x.shape[0]), lambda x: F.full((x.shape[0] - 1, 2), 1.5),
+                                lambda x: F.zeros((x.shape[0] * 3 // 2,)) + 1,
+                                lambda x: F.arange(x.shape[0]) * 2 + F.sum(x)])
+def test_region_whose_attrs_use_input_symbols_gets_a_carrier_input(fn, tmp_path):
+    """A region of creation ops with dims from x.shape (no tensor input of its own) takes a value whose shape
+    holds the symbol as an input, so the compiled function can bind it (it used to fail lint, or fold wrongly)."""
+    model = dt.compile(fn, dt.TensorSpec(("N",)), cache_dir=str(tmp_path))
+    regions = [n for n in model.graph.walk() if n.op == "region"]
+    assert regions and all(n.inputs for n in regions)
+    for n in (1, 2, 6):
+        x = np.arange(n, dtype="float32")
+        want, got = fn(x), model(x)
+        assert got.shape == want.shape and got.dtype == want.dtype and np.allclose(got, want)
