@@ -37,10 +37,39 @@ class DimExpr:
         return self.fold(lambda c: frozenset(), lambda s: frozenset((s,)),
                          lambda op, a, b: a | b, lambda fn, args: frozenset().union(*args), lambda a: a)
 
+    @functools.cached_property
+    def text(self) -> str:
+        """The canonical string (as stored in types)."""
+        return str(self)
+
     def evaluate(self, env: dict) -> int:
-        """The value given symbol values (KeyError for a symbol not in `env`)."""
-        return self.fold(lambda c: c, lambda s: env[s], lambda op, a, b: BINOPS[op](a, b),
-                         lambda fn, args: FUNCS[fn](*args), lambda a: -a)
+        """The value given symbol values (KeyError for a symbol not in `env`). `env` may also hold whole
+        expression dims seen as the size of some value (``{"min(N, 2)": 1}``): a sub-expression found
+        there takes that value, so ``(4 * min(N, 2))`` is known where only such a value is."""
+        if isinstance(self, Const):
+            return self.value
+        if isinstance(self, Sym):
+            return env[self.name]
+        if env:
+            hit = env.get(self.text)
+            if hit is not None:
+                return hit
+        if isinstance(self, BinOp):
+            return BINOPS[self.op](self.left.evaluate(env), self.right.evaluate(env))
+        if isinstance(self, Call):
+            return FUNCS[self.fn](*(a.evaluate(env) for a in self.args))
+        return -self.operand.evaluate(env)
+
+    def free_symbols(self, atoms=frozenset()) -> frozenset:
+        """Symbols needed to evaluate the expression when the sub-expressions whose text is in `atoms` are
+        known as a whole (see `evaluate`)."""
+        if isinstance(self, Sym):
+            return frozenset((self.name,))
+        if isinstance(self, Const) or self.text in atoms:
+            return frozenset()
+        kids = (self.left, self.right) if isinstance(self, BinOp) else self.args if isinstance(self, Call) \
+            else (self.operand,)
+        return frozenset().union(*(k.free_symbols(atoms) for k in kids))
 
     def rename(self, mapping) -> "DimExpr":
         """The expression with symbols renamed by `mapping` (a dict or a function of the name)."""

@@ -25,9 +25,11 @@ def lint(graph, _path: str = "") -> None:
     defined = set()
     names = set()
     symbols = set()          # plain-symbol dims of values defined so far: their sizes are known at run time
+    atoms = set()            # expression dims of values defined so far: known as a whole (eval_dim)
 
     def define(v, what):
         symbols.update(d for d in v.type.shape if is_symbol(d))
+        atoms.update(d for d in v.type.shape if isinstance(d, str) and not is_symbol(d))
         if v in defined:
             raise GraphError(f"lint({where}): {what} {v!r} is defined twice")
         if v.name:
@@ -53,7 +55,7 @@ def lint(graph, _path: str = "") -> None:
             if v not in defined:
                 raise GraphError(f"lint({where}): {label} uses {v!r} before it is defined (or from outside "
                                  "this graph: subgraphs must capture outer values explicitly)")
-        missing = attr_symbols(n.op, n.attrs) - symbols
+        missing = attr_symbols(n.op, n.attrs, atoms) - symbols
         if missing:
             raise GraphError(f"lint({where}): {label} attrs use symbol(s) {sorted(missing)} that no input or "
                              "earlier value of this graph has as a dim (a subgraph must capture a value with them)")

@@ -24,6 +24,7 @@ from .attrs import (ArangeAttrs, ArgReduceAttrs, AxesAttrs, AxisAttrs, CaseAttrs
                     ConstantAttrs, DtypeAttrs, ForeachAttrs, FullAttrs, FullLikeAttrs, LayerNormAttrs, NoAttrs,
                     PadAttrs, ReduceAttrs, RegionAttrs, ShapeAttrs, SliceAttrs, SplitAttrs, TileAttrs, TopkAttrs,
                     TransposeAttrs, UniqueAttrs, WhileAttrs)
+from .dims import parse_dim
 from .dtypes import arith_dtype, float_dtype, reduce_dtype
 from .shapes import (ShapeError, broadcast_shapes, infer_reshape, norm_axis, reduce_shape, slice_length,
                      unify_dims)
@@ -137,15 +138,19 @@ def all_ops() -> dict[str, OpDef]:
     return dict(_OPS)
 
 
-def attr_symbols(op: str, attrs) -> set:
-    """Symbol names the attrs of an `op` node refer to."""
-    out: set = set()
+def attr_dims(op: str, attrs) -> list:
+    """The symbolic (string) dims the attrs of an `op` node hold."""
+    out = []
     for name in get_op(op).dim_attrs:
         v = getattr(attrs, name)
-        for d in v if isinstance(v, tuple) else (v,):
-            if isinstance(d, str):
-                out |= dim_symbols(d)
+        out.extend(d for d in (v if isinstance(v, tuple) else (v,)) if isinstance(d, str))
     return out
+
+
+def attr_symbols(op: str, attrs, atoms=frozenset()) -> set:
+    """Symbol names the attrs of an `op` node refer to, but for those inside sub-expressions in `atoms`
+    (expression dims of values at hand, whose sizes are known as a whole: see `DimExpr.evaluate`)."""
+    return set().union(*(parse_dim(d).free_symbols(atoms) for d in attr_dims(op, attrs)))
 
 
 # ------------------------------------------------------------------------------ group rules

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .types import (Dim, ShapeError, TensorType, dim_add, dim_floordiv, dim_max, dim_min, dim_mul, dim_prod, dim_sub,
-                    is_unknown)
+from .types import (Dim, ShapeError, TensorType, dim_add, dim_bounds, dim_floordiv, dim_max, dim_min, dim_mul,
+                    dim_prod, dim_sub, is_unknown)
 
 
 def norm_axes(axis, ndim: int) -> tuple:
@@ -36,6 +36,11 @@ def broadcast_dims(a: Dim, b: Dim) -> Dim:
         return a
     if isinstance(b, int):
         return b
+    # A dim that is 0 or 1 (`x[:1]` has min(N, 1) rows) against d: d where it is 1, 0 (numpy needs d <= 1 then)
+    # where it is 0; that is d * it, or simply d against min(d, 1).
+    for one, d in ((a, b), (b, a)):
+        if dim_bounds(one)[1] <= 1:
+            return d if one in (f"min({d}, 1)", f"min(1, {d})") else dim_mul(d, one)
     raise ShapeError(f"cannot broadcast symbolic dims {a} and {b}: they are not known to be equal")
 
 
@@ -109,29 +114,29 @@ def infer_reshape(in_shape: tuple, target: tuple) -> tuple:
 
 
 def slice_length(d: Dim, start, stop, step) -> Dim:
-    """len(range(d)[start:stop:step]).
+    """len(range(d)[start:stop:step]), exact for every size of a symbolic `d`.
 
-    Over a symbolic `d`, a length that depends on `d` is exact (`x[1:]` is ``max((N - 1), 0)``), but
-    bounds that give a static length are assumed to lie inside the axis: `x[:1]` and `x[-3:]` have lengths
-    1 and 3 (numpy would clamp them on a shorter axis; the reference interpreter reports that case as an
-    error, since the result no longer has its type)."""
+    Bounds clamp as numpy clamps them, so a length over a symbolic axis may be a `min`/`max` expression:
+    `x[:2]` and `x[-2:]` have ``min(N, 2)`` rows, `x[1:]` has ``max((N - 1), 0)``, `x[1:3]` has
+    ``max((min(N, 3) - 1), 0)``. A negative step visits what the flipped bounds visit with a positive
+    step: ``len(range(d)[a:b:-s]) == len(range(d)[~a:~b:s])``."""
     if isinstance(d, int):
         return len(range(*slice(start, stop, step).indices(d)))
-    if step < 0 and (start is not None or stop is not None):
-        raise ShapeError(f"a slice with negative step {step} and bounds over symbolic dim {d} is not supported")
-    start = None if start == 0 else start
-    if start is None and stop is None:
+    if step == 0:
+        raise ShapeError("slice step cannot be zero")
+    if step < 0:
+        return slice_length(d, None if start is None else ~start, None if stop is None else ~stop, -step)
+    a, b = (None if start == 0 else start), stop
+    if a is None and b is None:
         n = d
-    elif stop is None:                           # x[k:], x[-k:]
-        n = -start if start < 0 else dim_max(dim_sub(d, start), 0)
-    elif start is None:                          # x[:k], x[:-k]
-        n = stop if stop >= 0 else dim_max(dim_add(d, stop), 0)
-    elif (start < 0) == (stop < 0):              # both count from the same end: d drops out
-        n = max(stop - start, 0)
-    else:                                        # x[k:-j], x[-k:j]: may be an empty range
-        lo, hi = (start, dim_add(d, stop)) if start >= 0 else (dim_max(dim_add(d, start), 0), dim_min(stop, d))
-        n = dim_max(dim_sub(hi, lo), 0)
-    step = abs(step)
+    elif b is None:                              # x[k:], x[-k:]
+        n = dim_max(dim_sub(d, a), 0) if a >= 0 else dim_min(d, -a)
+    elif a is None:                              # x[:k], x[:-k]
+        n = dim_min(d, b) if b >= 0 else dim_max(dim_add(d, b), 0)
+    elif (a >= 0) == (b >= 0):                   # both from the same end: x[j:k], x[-j:-k]
+        n = 0 if b <= a else dim_max(dim_sub(dim_min(d, b if b >= 0 else -a), a if a >= 0 else -b), 0)
+    elif a >= 0:                                 # x[j:-k]
+        n = dim_max(dim_sub(d, a - b), 0)
+    else:                                        # x[-j:k]: both ends clamp
+        n = dim_max(dim_sub(dim_min(d, b), dim_max(dim_add(d, a), 0)), 0)
     return n if step == 1 else dim_floordiv(dim_add(n, step - 1), step)
-
-

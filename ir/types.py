@@ -107,22 +107,45 @@ def dim_mod(a: Dim, b: Dim) -> Dim:
 def dim_min(a: Dim, b: Dim) -> Dim:
     if isinstance(a, int) and isinstance(b, int):
         return min(a, b)
+    (lo_a, hi_a), (lo_b, hi_b) = dim_bounds(a), dim_bounds(b)
+    if hi_a <= lo_b or hi_b <= lo_a:     # one is never the larger: min(N, 0) is 0, min(min(N, 2), 5) is min(N, 2)
+        return a if hi_a <= lo_b else b
     return a if a == b else f"min({a}, {b})"
-
-
-def _nonnegative(d: Dim) -> bool:
-    """Provably >= 0: symbols are sizes, and +, *, //, min, max of sizes and literals stay sizes."""
-    return d >= 0 if isinstance(d, int) else parse_dim(d).fold(
-        lambda c: c >= 0, lambda s: True, lambda op, a, b: a and b and op != "-", lambda fn, args: all(args),
-        lambda a: False)
 
 
 def dim_max(a: Dim, b: Dim) -> Dim:
     if isinstance(a, int) and isinstance(b, int):
         return max(a, b)
-    if b == 0 and _nonnegative(a) or a == 0 and _nonnegative(b):
-        return b if a == 0 else a
+    (lo_a, hi_a), (lo_b, hi_b) = dim_bounds(a), dim_bounds(b)
+    if lo_a >= hi_b or lo_b >= hi_a:         # max(N, 0) is N
+        return a if lo_a >= hi_b else b
     return a if a == b else f"max({a}, {b})"
+
+
+_INF = float("inf")
+
+
+def _mul_bounds(x, y):
+    ends = [p * q if p and q else 0 for p in x for q in y]      # 0 * inf is 0 here: a 0 dim stays 0
+    return min(ends), max(ends)
+
+
+_BOUNDS = {"+": lambda x, y: (x[0] + y[0], x[1] + y[1]), "-": lambda x, y: (x[0] - y[1], x[1] - y[0]),
+           "*": _mul_bounds,
+           "//": lambda x, y: (tuple(v if abs(v) == _INF else v // y[0] for v in x) if y[0] == y[1] > 0
+                               else (-_INF, _INF)),
+           "%": lambda x, y: (0, y[0] - 1) if y[0] == y[1] > 0 else (-_INF, _INF)}
+
+
+def dim_bounds(d: Dim) -> tuple:
+    """(lowest, highest) value a dim can take (symbols are sizes: 0 to infinity), by interval arithmetic:
+    ``min(N, 2)`` is in (0, 2), ``max((N - 1), 0)`` in (0, inf)."""
+    if isinstance(d, int):
+        return d, d
+    return parse_dim(d).fold(lambda c: (c, c), lambda s: (0, _INF), lambda op, x, y: _BOUNDS[op](x, y),
+                             lambda fn, args: (min(a[0] for a in args), min(a[1] for a in args)) if fn == "min"
+                             else (max(a[0] for a in args), max(a[1] for a in args)),
+                             lambda x: (-x[1], -x[0]))
 
 
 def dim_prod(dims) -> Dim:
@@ -138,7 +161,8 @@ def dim_symbols(d: Dim) -> frozenset:
 
 
 def eval_dim(d: Dim, env: dict[str, int]) -> int:
-    """Value of a dim given symbol values (KeyError for a missing symbol)."""
+    """Value of a dim given symbol values, or values of whole expression dims (``env["min(N, 2)"]``) where
+    the symbols are not known (KeyError for a missing symbol)."""
     if isinstance(d, int):
         return d
     if d in env:
@@ -218,7 +242,8 @@ def join_types(a: TensorType, b: TensorType, keep=frozenset()) -> TensorType:
 
 
 def shape_matches(t: TensorType, shape: tuple, env: dict[str, int] | None = None) -> bool:
-    """Whether a concrete shape fits `t`; binds symbols in `env` (unknown dims match anything)."""
+    """Whether a concrete shape fits `t`; binds symbols in `env` (unknown dims match anything), and expression
+    dims that `env` cannot evaluate yet as a whole."""
     env = {} if env is None else env
     if len(shape) != t.ndim:
         return False
@@ -233,8 +258,8 @@ def shape_matches(t: TensorType, shape: tuple, env: dict[str, int] | None = None
             try:
                 if eval_dim(d, env) != s:
                     return False
-            except KeyError:
-                pass
+            except KeyError:     # not known yet: remember the expression's size as a whole (see eval_dim)
+                env[d] = s
     return True
 
 
@@ -253,7 +278,7 @@ def expression_dim_errors(types: list, shapes: list, env: dict) -> list:
             e = parse_dim(d)
             unbound = [x for x in e.symbols if x not in env]
             if not unbound:
-                if e.evaluate(env) != s:
+                if e.evaluate({k: v for k, v in env.items() if k.isidentifier()}) != s:
                     bad.append((i, ax, d, s))
             elif len(unbound) == 1 and not unbound[0].startswith("_"):
                 v = e.solve(unbound[0], s, env)

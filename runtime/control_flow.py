@@ -21,7 +21,7 @@ import numpy as np
 from dyntvm.errors import ExecutionError
 
 from ..ir.graph import Graph
-from ..ir.types import TensorType, eval_dim, is_symbol
+from ..ir.types import TensorType, eval_dim
 
 _CHUNK = 256            # while_loop: per-step outputs are copied into their buffers every _CHUNK steps,
 _CHUNK_BYTES = 1 << 20  # or more often when _CHUNK steps would hold more than this many bytes
@@ -134,9 +134,10 @@ def _describe(dtype, shape) -> str:
 
 
 def bind_symbols(t: TensorType, shape: tuple, env: dict) -> None:
-    """Record the sizes of `t`'s plain-symbol dims seen in a concrete `shape`."""
+    """Record the sizes of `t`'s symbolic dims seen in a concrete `shape`: symbols, and expression dims as a
+    whole (`eval_dim` reads ``env["min(N, 2)"]`` where N itself is not known)."""
     for d, s in zip(t.shape, shape):
-        if is_symbol(d) and d not in env:
+        if isinstance(d, str) and d not in env:
             env[d] = int(s)
 
 

@@ -16,7 +16,8 @@ from dyntvm.ir import ops as O
 from dyntvm.ir.graph import Graph, Node, Value, assign_names
 from dyntvm.ir.serialize import graph_from_json, graph_to_json, graphs_equal, load_graph, save_graph
 from dyntvm.ir.tree import tree_flatten, tree_str, tree_unflatten
-from dyntvm.ir.types import (SymDim, TensorType, dim_add, dim_max, dim_min, dim_mul, dim_sub, dim_symbols,
+from dyntvm.ir.dims import parse_dim
+from dyntvm.ir.types import (SymDim, TensorType, dim_add, dim_bounds, dim_max, dim_min, dim_mul, dim_sub, dim_symbols,
                              eval_dim, join_types, shape_matches)
 from dyntvm.runtime.interpreter import Interpreter
 from dyntvm.runtime.kernels import KERNELS
@@ -291,6 +292,12 @@ def test_dim_arithmetic():
     assert dim_symbols("max((N - T), min(B, 2))") == {"N", "T", "B"}
     assert eval_dim("max((N - T), min(B, 2))", {"N": 3, "T": 5, "B": 4}) == 2
     assert eval_dim("((N * 2) // 3)", {"N": 4}) == 2
+    # an expression dim seen as a whole (the size of a value typed min(N, 2)) evaluates where N is unknown
+    assert eval_dim("(4 * min(N, 2))", {"min(N, 2)": 1}) == 4 and dim_min("N", 0) == 0
+    assert parse_dim("(4 * min(N, 2))").free_symbols({"min(N, 2)"}) == set()
+    assert parse_dim("(N + min(N, 2))").free_symbols({"min(N, 2)"}) == {"N"}
+    assert dim_bounds("max((min(N, 3) - 1), 0)") == (0, 2) and dim_bounds("((N - 5) // 2)")[0] == -3
+    assert dim_min("min(N, 2)", 5) == "min(N, 2)" and dim_max("min(N, 2)", 3) == 3
 
 
 def test_symdim_arithmetic():
@@ -302,19 +309,15 @@ def test_symdim_arithmetic():
 
 
 def test_slice_length_matches_numpy():
-    """A symbolic length is exact for every size; a static one is exact whenever the bounds are in range."""
-    for start in [None, 0, 1, 2, 5, -1, -2, -4]:
-        for stop in [None, 0, 1, 3, 6, -1, -3]:
-            for step in [1, 2, 3, -1, -2]:
-                try:
-                    n = O.slice_length("N", start, stop, step)
-                except O.ShapeError:
-                    assert step < 0 and (start, stop) != (None, None)
-                    continue
-                for size in range(9):
-                    if isinstance(n, int) and not all(b is None or -size <= b <= size for b in (start, stop)):
-                        continue
+    """The length over a symbolic axis is exact for every size, whatever the bounds and the step."""
+    for start in [None, 0, 1, 2, 5, 9, -1, -2, -4, -9]:
+        for stop in [None, 0, 1, 3, 6, 9, -1, -3, -9]:
+            for step in [1, 2, 3, -1, -2, -3]:
+                n = O.slice_length("N", start, stop, step)
+                for size in range(12):
                     assert eval_dim(n, {"N": size}) == len(range(size)[start:stop:step]), (start, stop, step, size)
+    assert O.slice_length("N", None, 2, 1) == "min(N, 2)" and O.slice_length("N", -3, None, 1) == "min(N, 3)"
+    assert O.slice_length("N", 1, None, 1) == "max((N - 1), 0)" and O.slice_length("N", None, None, -1) == "N"
 
 
 def test_types():
