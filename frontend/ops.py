@@ -33,13 +33,18 @@ def _scalar_dtype(x, other: np.dtype) -> str:
     return other.name if other.kind == "f" else "float64"
 
 
-def _prep(args):
+def _prep(args, api=""):
     """Python scalars take the dtype of the tensor/array next to them."""
     ref = next((a for a in args if isinstance(a, (Tensor, np.ndarray, np.generic))), None)
     out = []
     for a in args:
         if type(a) in (bool, int, float) and ref is not None:     # numpy scalars keep their dtype
-            a = np.asarray(a, _scalar_dtype(a, np.dtype(ref.dtype)))
+            dtype = _scalar_dtype(a, np.dtype(ref.dtype))
+            try:
+                a = np.asarray(a, dtype)
+            except OverflowError:
+                raise trace_error(f"{api}: the Python scalar {a!r} does not fit the dtype {dtype} of the tensor next to "
+                                  f"it; cast the tensor, or pass np.int64({a!r})") from None
         out.append(a)
     return out
 
@@ -105,7 +110,7 @@ def _generated(opdef):
             attrs = attrs_cls(*vals[n_in:])
         except (TypeError, ValueError) as e:
             raise trace_error(f"{api}: {e}") from None
-        return _one(api, op, _prep(tensors) if promote else tensors, attrs)
+        return _one(api, op, _prep(tensors, api) if promote else tensors, attrs)
     f.__name__ = f.__qualname__ = api
     f.__signature__ = sig
     f.__doc__ = opdef.doc
@@ -145,7 +150,7 @@ def reshape(x, shape):
 
 def concat(xs, axis=0):
     """`np.concatenate`."""
-    return _one("concat", "concat", _prep(list(xs)), A.AxisAttrs(int(axis)))
+    return _one("concat", "concat", _prep(list(xs), "concat"), A.AxisAttrs(int(axis)))
 
 
 concatenate = concat
@@ -153,7 +158,7 @@ concatenate = concat
 
 def stack(xs, axis=0):
     """`np.stack`."""
-    return _one("stack", "stack", _prep(list(xs)), A.AxisAttrs(int(axis)))
+    return _one("stack", "stack", _prep(list(xs), "stack"), A.AxisAttrs(int(axis)))
 
 
 def split(x, sections, axis=0):
