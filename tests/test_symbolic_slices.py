@@ -23,6 +23,7 @@ def slices(x):
         "middle": x[1:3] - 1.0,
         "cond": F.cond(F.greater(F.sum(x), 0.0), lambda: head * 2.0, lambda: head - 1.0),
         "flatten": F.flatten(head),
+        "empty_flatten": F.flatten(x[:, 1:1] * 2.0),      # a 0 in a Relax reshape target copied N (fuzzer)
         "flatten_in_cond": F.cond(F.greater(F.sum(x), 0.0), lambda: F.flatten(tail), lambda: F.flatten(tail) * 2.0),
         "steps": (x[::2] * 1.0, x[::-1] + 0.0, x[3:0:-1] + 0.0, x[1::-1] + 0.0, x[-1::-2] + 0.0),
         "split": F.split(x, [1, 3], axis=0),

@@ -8,7 +8,7 @@ is 1 at run time, and ``take`` defaults to an unchecked mode."""
 from __future__ import annotations
 
 import numpy as np
-from tvm import relax, tirx
+from tvm import relax, te, tirx
 from tvm.relax import op as R
 
 from dyntvm.errors import CompileError
@@ -19,15 +19,29 @@ from .registry import converter
 from .common import assert_dims, cast, dtype_of, emit, ndim_of, out_type, prod, shape_of
 
 
+def _is_zero(d) -> bool:
+    return isinstance(d, tirx.IntImm) and d.value == 0
+
+
+def _relax_reshape(bb, x, target: list):
+    """R.reshape, but for an empty target: a literal 0 in a Relax reshape target copies the input's dim
+    there (`x[:, :0]` of [N, 3] reshaped to (0,) gave N elements), so an empty result is a new tensor
+    (computed from x: an empty constant would not survive the kernel library's export)."""
+    if any(_is_zero(d) for d in target):
+        return bb.emit_te(lambda t: te.compute(target, lambda *i: tirx.const(0, t.dtype), name="empty"), x,
+                          primfunc_name_hint="dt_empty")
+    return R.reshape(x, target)
+
+
 def _checked_reshape(bb, ctx, x, target: list):
     """R.reshape to `target`; when Relax cannot prove the sizes equal, flatten and match_cast to
     the target size first (checked at run time: R.reshape itself is not)."""
     src = shape_of(x)
     if ctx.equal(prod(src), prod(target)):
-        return R.reshape(x, target)
-    flat = emit(bb, R.reshape(x, [ctx.analyzer.simplify(prod(src))]))
+        return _relax_reshape(bb, x, target)
+    flat = emit(bb, _relax_reshape(bb, x, [ctx.analyzer.simplify(prod(src))]))
     flat = bb.match_cast(flat, relax.TensorType([ctx.analyzer.simplify(prod(target))], dtype_of(x)))
-    return R.reshape(flat, target)
+    return _relax_reshape(bb, flat, target)
 
 
 @converter("reshape")
