@@ -41,6 +41,7 @@ from .cpu_inline import inline_spatial
 from .cpu_sched_helpers import (child_blocks, is_column_reduction, is_contraction, iter_kinds, loop_extent,
                                 loop_kinds, pick_tile, total_work, vector_lanes, vectorize_inner, vectorize_tile,
                                 writes_param)
+from .te_kernels import SERIAL_CHECK
 
 _LOG = logging.getLogger(__name__)
 
@@ -108,7 +109,8 @@ def schedule_module(mod: tvm.IRModule, target) -> tvm.IRModule:
     out = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs,
                        global_infos=mod.global_infos)
     for gvar, func in mod.functions_items():
-        if isinstance(func, tirx.PrimFunc) and not func.attrs.get("tirx.is_scheduled", False):
+        if (isinstance(func, tirx.PrimFunc) and not func.attrs.get("tirx.is_scheduled", False)
+                and not func.attrs.get(SERIAL_CHECK, False)):
             new = _schedule_func(func, target)
             if new is not func:
                 out[gvar] = new.with_attr("tirx.is_scheduled", True)
