@@ -1,5 +1,5 @@
 """TIR analysis and loop helpers shared by the CPU schedule rules (`cpu_schedule`): block and loop
-kinds, a per-kernel work estimate, spatial inlining, vector widths and vectorized tiles."""
+kinds, a per-kernel work estimate, vector widths and vectorized tiles."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ _MAX_OPS = 64
 _LIBM_CALL = re.compile(r"T\.(exp\w*|log\w*|tanh|sigmoid|erf|pow|a?sinh?|a?cosh?|a?tanh?)\(")
 _LIBM_OPS = 16  # a scalar libm call costs ~16 vectorized multiply-adds
 _ARITH_OP = re.compile(r" [-+*/%] | // |T\.(?:max|min|Select|if_then_else|sqrt|rsqrt|floor)\(")
-_INLINE_MAX_OPS = 8  # a producer with several consumers is inlined (recomputed) up to this cost
 
 
 def child_blocks(sch: s_tir.Schedule) -> list:
@@ -55,25 +54,6 @@ def op_count(sch: s_tir.Schedule, block) -> int:
                      if "T.Buffer(" not in ln and "= T.int" not in ln)
     ops = len(_ARITH_OP.findall(text)) + _LIBM_OPS * len(_LIBM_CALL.findall(text))
     return min(_MAX_OPS, max(1, ops))
-
-
-def inline_spatial(func: tirx.PrimFunc, sch: s_tir.Schedule) -> None:
-    """Inlines intermediate spatial blocks (elementwise chains, bias adds, reshapes) into their
-    consumers; an expensive one with several consumers (softmax's exp) is kept, not to compute
-    it twice."""
-    changed = True
-    while changed:
-        changed = False
-        for block in child_blocks(sch):
-            if ("R" in iter_kinds(sch, block) or writes_param(func, sch, block)
-                    or (len(sch.get_consumers(block)) > 1 and op_count(sch, block) > _INLINE_MAX_OPS)):
-                continue
-            try:
-                sch.compute_inline(block)
-                changed = True
-                break
-            except Exception:  # pylint: disable=broad-except
-                continue
 
 
 def total_work(sch: s_tir.Schedule, blocks) -> tirx.PrimExpr:

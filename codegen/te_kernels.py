@@ -1,17 +1,20 @@
-"""Hand-written TE computes (and one TIR function) that the converters emit where Relax/TOPI does not
+"""Hand-written TE computes (and TIR functions) that the converters emit where Relax/TOPI does not
 compute what numpy computes (why, per case, is in the `converters` package docstring):
 
 * `te_broadcast`, `te_slice`, `te_take`: numpy broadcasting, slicing and take that never read out of
-  bounds, also for symbolic dims that are 0 or 1 at run time;
+  bounds, also for symbolic dims that are 0 or 1 at run time (take's indices checked first);
 * `te_empty_guard`, `te_mean_div`: the identity / NaN of a reduction over a 0-length symbolic axis;
 * `te_nan_reduce`, `te_first_index`: NaN-propagating max/min, and argmax/argmin's first index;
 * `te_arange`: arange over symbolic integer bounds;
-* `int_power_primfunc`: integer power as a TIR while loop (TVM has no integer power).
+* `int_power_primfunc`: integer power as a TIR while loop (TVM has no integer power);
+* `take_index_primfunc`, `nonnegative_primfunc`, `nonempty_primfunc`: run-time checks (TIR asserts)
+  where numpy raises: take indices out of range, negative integer exponents, argmax of an empty axis.
 
 Each TE function takes TE tensors / PrimExprs and is emitted with ``bb.emit_te(fn, ...)``.
 """
 from __future__ import annotations
 
+import numpy as np
 from tvm import te, tirx
 from tvm.sym import Analyzer
 
@@ -55,15 +58,18 @@ def te_slice(x, axes, begins, lengths, steps):
     return te.compute(shape, f, name="strided_slice")
 
 
-def te_take(x, idx, axis, n):
-    """np.take with numpy's negative-index wrap; out-of-range indices are clamped (numpy raises)
-    and an empty axis gives 0 (never an out-of-bounds read)."""
+def te_take(x, idx, axis, n, checked=False):
+    """np.take. `checked`: `idx` holds int64 indices already in [0, n) (`take_index_primfunc`). Else
+    numpy's negative-index wrap, with out-of-range indices clamped and 0 for an empty axis (never an
+    out-of-bounds read; the converter uses this only for constant indices known to be in range)."""
     nd_i = len(idx.shape)
     shape = list(x.shape[:axis]) + list(idx.shape) + list(x.shape[axis + 1:])
 
     def f(*i):
         j = idx(*i[axis:axis + nd_i])
         j = j if str(idx.dtype) == I64 else tirx.Cast(I64, j)
+        if checked:
+            return x(*i[:axis], j, *i[axis + nd_i:])
         j = tirx.Select(j < 0, j + n, j)
         j = tirx.max(tirx.min(j, n - 1), tirx.IntImm(I64, 0))
         v = x(*i[:axis], j, *i[axis + nd_i:])
@@ -159,7 +165,8 @@ def te_arange(start, step, length, dtype):
 
 def int_power_primfunc(dtype: str):
     """Flat numpy integer power: square-and-multiply in a while loop (wraps on overflow like
-    numpy's C loop; a negative exponent, where numpy raises, gives 1). TIR, because an unrolled
+    numpy's C loop; a negative exponent gives 1: the converter checks exponents first,
+    `nonnegative_primfunc`). TIR, because an unrolled
     TE expression over the exponent's bits makes TVM's simplifier exponential. The loop state
     lives in the output and two scratch outputs (no block-local buffer: those break when a
     schedule duplicates the block, and GPU code cannot allocate global memory)."""
@@ -189,3 +196,80 @@ def int_power_primfunc(dtype: str):
                     SB[vi] = SB[vi] * SB[vi]
                     SE[vi] = SE[vi] // T.Cast(dtype, 2)
     return int_power
+
+
+# Run-time checks: where numpy raises (an index out of range, argmax of an empty axis, an integer to a
+# negative power), compiled code raises too: a TIR assert makes the kernel fail, the VM raises, and the
+# executor names the op (re-running the region's numpy reference on that error path). Each check is a
+# serial kernel of its own (SERIAL_CHECK): an assert inside a parallel loop was missed in 2 of 40 runs
+# (TVM's parallel launcher), and the kernels that use the checked values keep their schedules.
+NEGATIVE_POWER = "power: integers to negative integer powers are not allowed"
+TAKE_OUT_OF_RANGE = "take: index out of range"
+ARG_EMPTY = "attempt to get argmax/argmin of an empty sequence"
+#: PrimFunc attribute: the CPU schedules leave the function as written (a serial loop of checks).
+SERIAL_CHECK = "dyntvm.serial_check"
+
+
+def take_index_primfunc(dtype: str):
+    """Flat ``take`` indices -> int64 indices in [0, n): numpy's negative wrap, and a run-time error
+    for an index outside [-n, n) (one pass over the indices)."""
+    from tvm.script import tirx as T
+    unsigned = np.dtype(dtype).kind == "u"
+
+    @T.prim_func(private=True, s_tir=True)
+    def take_index(i: T.handle, n: T.int64, o: T.handle):
+        T.func_attr({"tirx.noalias": True, "op_pattern": 8, SERIAL_CHECK: True})
+        m = T.int64()
+        idx = T.match_buffer(i, (m,), dtype)
+        out = T.match_buffer(o, (m,), I64)
+        for k in range(m):
+            with T.sblock("take_index"):
+                vk = T.axis.spatial(m, k)
+                T.reads(idx[vk])
+                T.writes(out[vk])
+                if unsigned:
+                    assert idx[vk] < T.Cast(dtype, n), TAKE_OUT_OF_RANGE
+                    out[vk] = T.Cast(I64, idx[vk])
+                else:
+                    assert T.Cast(I64, idx[vk]) >= T.int64(0) - n and T.Cast(I64, idx[vk]) < n, TAKE_OUT_OF_RANGE
+                    out[vk] = T.Select(T.Cast(I64, idx[vk]) < T.int64(0), T.Cast(I64, idx[vk]) + n,
+                                       T.Cast(I64, idx[vk]))
+    return take_index
+
+
+def nonnegative_primfunc(dtype: str):
+    """Flat integer exponents passed through, or a run-time error for a negative one."""
+    from tvm.script import tirx as T
+
+    @T.prim_func(private=True, s_tir=True)
+    def nonnegative(x: T.handle, n: T.int64, o: T.handle):
+        T.func_attr({"tirx.noalias": True, "op_pattern": 8, SERIAL_CHECK: True})
+        m = T.int64()
+        xs = T.match_buffer(x, (m,), dtype)
+        out = T.match_buffer(o, (m,), dtype)
+        for k in range(m):
+            with T.sblock("nonnegative"):
+                vk = T.axis.spatial(m, k)
+                T.reads(xs[vk])
+                T.writes(out[vk])
+                assert xs[vk] >= T.Cast(dtype, 0), NEGATIVE_POWER
+                out[vk] = xs[vk]
+    return nonnegative
+
+
+def nonempty_primfunc():
+    """argmax/argmin's result passed through, or a run-time error if the reduced extent n is 0."""
+    from tvm.script import tirx as T
+
+    @T.prim_func(private=True, s_tir=True)
+    def nonempty(r: T.handle, n: T.int64, o: T.handle):
+        T.func_attr({"tirx.noalias": True, "op_pattern": 8, SERIAL_CHECK: True})
+        m = T.int64()
+        res = T.match_buffer(r, (m,), I64)
+        out = T.match_buffer(o, (m,), I64)
+        assert n > T.int64(0), ARG_EMPTY
+        for k in range(m):
+            with T.sblock("copy"):
+                vk = T.axis.spatial(m, k)
+                out[vk] = res[vk]
+    return nonempty

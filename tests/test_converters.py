@@ -413,7 +413,7 @@ def test_bb_can_hold_other_functions_and_names_must_be_unique():
     assert {"take", "argmax"} <= {gv.name_hint for gv in mod.get_global_vars()}
 
 
-def test_checked_edge_cases_raise_or_clamp_instead_of_reading_out_of_bounds():
+def test_checked_edge_cases_raise_instead_of_reading_out_of_bounds():
     S2 = S(("N", 4))
     regions = [
         ("take", dt.trace(lambda x, i: F.take(x, i, axis=0), S2, S(("M",), "int64"))),
@@ -423,13 +423,18 @@ def test_checked_edge_cases_raise_or_clamp_instead_of_reading_out_of_bounds():
     ]
     vm = relax.VirtualMachine(tvm.compile(build_module(regions), target="llvm"), tvm.cpu())
     x = np.arange(12, dtype="float32").reshape(3, 4)
-    # take: valid negatives wrap like numpy; out of range (numpy raises) is clamped
-    (got,) = vm["take"](x, np.array([-1, -3, 2, 7, -9], "int64"))
-    np.testing.assert_array_equal(got.numpy(), x[[2, 0, 2, 2, 0]])
-    # empty axis: zeros. (Zero-size numpy arrays passed directly are rejected by TVM as "not compact":
-    # wrap them with tvm.runtime.tensor.)
-    (got,) = vm["take"](tvm.runtime.tensor(np.zeros((0, 4), "float32")), np.array([0, 5], "int64"))
-    np.testing.assert_array_equal(got.numpy(), np.zeros((2, 4), "float32"))
+    # take: valid negatives wrap like numpy; out of range (numpy raises) raises, also on an empty axis.
+    # (Zero-size numpy arrays passed directly are rejected by TVM as "not compact": wrap them with
+    # tvm.runtime.tensor.)
+    (got,) = vm["take"](x, np.array([-1, -3, 2, 0], "int64"))
+    np.testing.assert_array_equal(got.numpy(), x[[2, 0, 2, 0]])
+    for bad in ([0, 3], [-4], [7, -9]):
+        with pytest.raises(Exception, match="take: index out of range"):
+            vm["take"](x, np.array(bad, "int64"))
+    with pytest.raises(Exception, match="take: index out of range"):
+        vm["take"](tvm.runtime.tensor(np.zeros((0, 4), "float32")), np.array([0], "int64"))
+    (got,) = vm["take"](tvm.runtime.tensor(np.zeros((0, 4), "float32")), tvm.runtime.tensor(np.zeros(0, "int64")))
+    assert got.numpy().shape == (0, 4)
     # a symbolic dim squeezed / reshaped to a size it does not have: run-time error
     np.testing.assert_array_equal(vm["squeeze"](x[:1])[0].numpy(), x[0])
     with pytest.raises(Exception, match="match_cast"):

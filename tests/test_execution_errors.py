@@ -52,8 +52,7 @@ def assert_line(msg, pattern, snippet):
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     """The lookup model compiled twice (one TVM build each): with `take` left to the executor's numpy
-    kernel (compiled `take` clamps out-of-range indices today, see codegen's UNSUPPORTED_EXACTNESS), and
-    with the default selector (`take` inside a compiled region)."""
+    kernel, and with the default selector (`take` inside a compiled region, which checks its indices)."""
     cache = str(tmp_path_factory.mktemp("cache"))
     numpy_take = dt.compile(lookup, IDX, cache_dir=cache, selector=OpListSelector(exclude={"take"}))
     in_region = dt.compile(lookup, IDX, cache_dir=cache)
@@ -86,13 +85,16 @@ def test_loaded_artifact_names_the_node(models, tmp_path):
     assert_names_the_take(info.value)
 
 
-def test_validate_mode_names_the_op_inside_a_region(models):
+def test_compiled_region_names_the_op_inside_it(models):
     _, model = models
     assert not any(n.op == "take" for n in model.graph.nodes)
-    with pytest.raises(dt.ExecutionError) as info:
-        model(BAD, validate=True)          # the region's numpy check runs the take, which raises
-    assert_names_the_take(info.value)
-    assert re.search(r"\n    in region node '\w+'\n    in foreach node", str(info.value))
+    np.testing.assert_array_equal(model(GOOD), lookup(GOOD))
+    for validate in (False, True):
+        with pytest.raises(dt.ExecutionError) as info:
+            model(BAD, validate=validate)  # the compiled take checks its indices and raises
+        assert_names_the_take(info.value, cause=RuntimeError)
+        assert re.search(r"\n    in region node '\w+', whose compiled code raised: take: index out of range\n"
+                         r"    in foreach node", str(info.value)), str(info.value)
 
 
 class _FailingVM:

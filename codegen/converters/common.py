@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import tvm
 from tvm import relax, tirx
 from tvm.relax import op as R
 
@@ -54,6 +55,30 @@ def cast(x, dtype: str) -> relax.Expr:
 
 def emit(bb, e) -> relax.Expr:
     return e if isinstance(e, relax.Var) else bb.emit(e)
+
+
+def primfunc_once(bb, name: str, make):
+    """The GlobalVar of PrimFunc `name` in the module being built, added (``make()``) on first use."""
+    gv = next((g for g in bb.get().get_global_vars() if g.name_hint == name), None)
+    return gv if gv is not None else bb.add_func(make(), name)
+
+
+def checked(bb, ctx, name: str, make, x, n, dtype: str):
+    """``x`` (any shape) through the flat run-time check PrimFunc `name` (``make()``: (x, n) -> out of
+    `dtype`), given the int64 extent `n`: the checked values, in x's shape."""
+    shape = shape_of(x)
+    size = ctx.analyzer.simplify(prod(shape)) if shape else tirx.IntImm(I64, 1)
+    flat = emit(bb, R.reshape(x, [size]))
+    out = emit(bb, R.call_tir(primfunc_once(bb, name, make), [flat, relax.prim_value(n)],
+                              relax.TensorType([size], dtype)))
+    return R.reshape(out, shape)
+
+
+def constant_of(bb, x):
+    """The numpy value of `x` if it is (bound to) a constant, else None."""
+    if isinstance(x, relax.Var):
+        x = bb.lookup_binding(x)
+    return x.value.numpy() if isinstance(x, tvm.ir.expr.Constant) else None
 
 
 def prod(dims):

@@ -3,16 +3,16 @@ arithmetic, comparisons and logical ops with numpy broadcasting, ``where``, ``cl
 from __future__ import annotations
 
 import numpy as np
-from tvm import relax
+from tvm import relax, tirx
 from tvm.relax import op as R
 
 from ...ir.dtypes import is_float
 from ...ir.ops import Group, get_op, ops_in
 from ..dims import I64
-from ..te_kernels import int_power_primfunc
+from ..te_kernels import int_power_primfunc, nonnegative_primfunc
 from .registry import converter
-from .common import (cast, common_dtype, const, dtype_of, emit, in_result_dtype, is_int, out_type, prod, shape_of,
-                     unify_broadcast)
+from .common import (cast, checked, common_dtype, const, constant_of, dtype_of, emit, in_result_dtype, is_int,
+                     out_type, primfunc_once, prod, shape_of, unify_broadcast)
 
 # ------------------------------------------------------------------------------------- unary
 _FLOAT_UNARY: dict = {}      # Relax builders of float-unary ops that are not simply R.<name>
@@ -145,16 +145,18 @@ def _int_power(bb, ctx, a, b):
     """numpy integer power (see `int_power_primfunc`), on the flattened broadcast operands."""
     dt = dtype_of(a)
     shape = shape_of(bb.normalize(R.add(a, b)))
-    name = f"dt_int_power_{dt}"
-    gv = next((g for g in bb.get().get_global_vars() if g.name_hint == name), None)
-    if gv is None:
-        gv = bb.add_func(int_power_primfunc(dt), name)
+    gv = primfunc_once(bb, f"dt_int_power_{dt}", lambda: int_power_primfunc(dt))
     size = ctx.analyzer.simplify(prod(shape))
+    known = constant_of(bb, b)
     flat = []
     for x in (a, b):
         if not (len(shape_of(x)) == len(shape) and all(ctx.relax_equal(d, e) for d, e in zip(shape_of(x), shape))):
             x = R.broadcast_to(x, shape)
         flat.append(emit(bb, R.reshape(x, [size])))
+    if np.dtype(dt).kind == "i" and (known is None or (known < 0).any()):
+        # numpy raises on a negative exponent (of the broadcast result: none if it is empty)
+        flat[1] = emit(bb, checked(bb, ctx, f"dt_check_nonnegative_{dt}", lambda: nonnegative_primfunc(dt),
+                                   flat[1], tirx.IntImm("int64", 0), dt))
     t = relax.TensorType([size], dt)
     r = emit(bb, R.call_tir(gv, flat, [t, t, t]))
     return R.reshape(emit(bb, relax.TupleGetItem(r, 0)), shape)

@@ -11,9 +11,9 @@ from ...ir.dtypes import is_float
 from ...ir.ops import Group, get_op, ops_in
 from ...ir.shapes import norm_axes, norm_axis
 from ..dims import I64
-from ..te_kernels import te_first_index, te_mean_div, te_nan_reduce
+from ..te_kernels import nonempty_primfunc, te_first_index, te_mean_div, te_nan_reduce
 from .registry import converter
-from .common import cast, const, dtype_of, emit, guard_empty, ndim_of, prod, shape_of
+from .common import cast, checked, const, dtype_of, emit, guard_empty, ndim_of, prod, shape_of
 
 
 def _reduce(name):
@@ -61,13 +61,17 @@ for _name in ops_in(Group.REDUCE):
 
 def _argreduce_expr(bb, ctx, x, axis, keepdims, is_max):
     """numpy argmax/argmin along `axis`: the extreme (NaN-propagating for floats), then the first
-    index holding it; an empty axis (numpy raises) gives INT64_MAX."""
+    index holding it; an empty axis raises at run time like numpy (unless provably non-empty)."""
     if is_float(dtype_of(x)):
         m = bb.emit_te(te_nan_reduce, x, [axis], True, is_max, primfunc_name_hint="dt_" + ("max" if is_max else "min"))
     else:
         m = emit(bb, (R.max if is_max else R.min)(x, axis=[axis], keepdims=True))
-    return bb.emit_te(te_first_index, x, m, axis, keepdims,
-                      primfunc_name_hint="dt_" + ("argmax" if is_max else "argmin"))
+    r = bb.emit_te(te_first_index, x, m, axis, keepdims,
+                   primfunc_name_hint="dt_" + ("argmax" if is_max else "argmin"))
+    extent = shape_of(x)[axis]
+    if ctx.positive(extent):
+        return r
+    return checked(bb, ctx, "dt_check_nonempty", nonempty_primfunc, r, extent, I64)
 
 
 @converter(*ops_in(Group.ARG_REDUCE))

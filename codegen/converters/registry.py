@@ -4,18 +4,16 @@ from __future__ import annotations
 CONVERTERS: dict = {}
 
 #: Known, documented differences between compiled code and the numpy reference (all in cases
-#: where numpy raises, or in NaN/inf corner cases).
+#: where numpy raises, or in NaN/inf corner cases). Where numpy raises on values (a take index out
+#: of range, argmax/argmin of an empty axis, an integer to a negative power) compiled code raises
+#: too: a run-time check (`te_kernels.take_index_primfunc` and the like).
 UNSUPPORTED_EXACTNESS = {
-    "take": "out-of-range indices (numpy raises) are clamped to [0, n-1]; an axis of length 0 "
-            "yields zeros. Valid negative indices wrap exactly like numpy.",
-    "power": "integer power with a negative exponent (numpy raises) gives 1.",
     "topk": "NaN sorts last like numpy, but a NaN and a real -inf (largest=True) / +inf "
             "(largest=False) tie by index instead of the NaN going last; k larger than a "
             "symbolic axis (numpy raises) gives indices >= the axis length for the missing "
             "entries (never an out-of-bounds read).",
     "cast": "float -> int of NaN/inf/out-of-range values follows x86 C casts (like numpy on "
             "x86) only for the low bits; unspecified in general (numpy: platform-dependent).",
-    "argmax/argmin": "an empty axis (numpy raises) returns INT64_MAX.",
     "reshape": "a -1 next to symbolic dims that are 0 at run time (numpy raises 'ambiguous') "
                "gives 0 for the -1.",
     "bool ops": "neg / subtract / sign of bools (numpy raises) give logical_not / xor / x.",

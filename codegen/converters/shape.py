@@ -14,9 +14,9 @@ from tvm.relax import op as R
 from dyntvm.errors import CompileError
 from ...ir.shapes import norm_axes, norm_axis
 from ..dims import I64, is_one
-from ..te_kernels import te_broadcast, te_slice, te_take
+from ..te_kernels import take_index_primfunc, te_broadcast, te_slice, te_take
 from .registry import converter
-from .common import assert_dims, cast, dtype_of, emit, ndim_of, out_type, prod, shape_of
+from .common import assert_dims, cast, checked, constant_of, dtype_of, emit, ndim_of, out_type, prod, shape_of
 
 
 def _is_zero(d) -> bool:
@@ -194,10 +194,19 @@ def _split(bb, node, args, ctx):
 
 @converter("take")
 def _take(bb, node, args, ctx):
+    # Indices out of range raise at run time like numpy (`take_index_primfunc`: one pass over the
+    # indices, which also wraps negative ones); constant indices within a static axis need no check.
     x, idx = args
     nd = ndim_of(x)
     ax = norm_axis(int(node.attrs.axis), nd)
-    return [bb.emit_te(te_take, x, idx, ax, shape_of(x)[ax], primfunc_name_hint="dt_take")]
+    n = shape_of(x)[ax]
+    known = constant_of(bb, idx)
+    if known is not None and isinstance(n, tirx.IntImm) and (
+            known.size == 0 or (known.min() >= -int(n.value) and known.max() < int(n.value))):
+        return [bb.emit_te(te_take, x, idx, ax, n, primfunc_name_hint="dt_take")]
+    dt = dtype_of(idx)
+    idx = emit(bb, checked(bb, ctx, f"dt_take_index_{dt}", lambda: take_index_primfunc(dt), idx, n, I64))
+    return [bb.emit_te(te_take, x, idx, ax, n, True, primfunc_name_hint="dt_take")]
 
 
 @converter("broadcast_to")
