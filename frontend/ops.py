@@ -33,9 +33,10 @@ def _scalar_dtype(x, other: np.dtype) -> str:
     return other.name if other.kind == "f" else "float64"
 
 
-def _prep(args, api=""):
-    """Python scalars take the dtype of the tensor/array next to them."""
-    ref = next((a for a in args if isinstance(a, (Tensor, np.ndarray, np.generic))), None)
+def _prep(args, api="", skip=0):
+    """Python scalars take the dtype of the tensor/array next to them (among `args[skip:]`: where's condition
+    does not count, `np.where(c, x_f32, 0.5)` is float32)."""
+    ref = next((a for a in args[skip:] if isinstance(a, (Tensor, np.ndarray, np.generic))), None)
     out = []
     for a in args:
         if type(a) in (bool, int, float) and ref is not None:     # numpy scalars keep their dtype
@@ -97,6 +98,7 @@ def _generated(opdef):
         for f in fields]
     sig = inspect.Signature(params)
     op, api, promote = opdef.name, opdef.api, opdef.promote_scalars
+    skip = 1 if op == "where" else 0
 
     def f(*args, **kwargs):
         try:
@@ -110,7 +112,7 @@ def _generated(opdef):
             attrs = attrs_cls(*vals[n_in:])
         except (TypeError, ValueError) as e:
             raise trace_error(f"{api}: {e}") from None
-        return _one(api, op, _prep(tensors, api) if promote else tensors, attrs)
+        return _one(api, op, _prep(tensors, api, skip) if promote else tensors, attrs)
     f.__name__ = f.__qualname__ = api
     f.__signature__ = sig
     f.__doc__ = opdef.doc
