@@ -44,8 +44,8 @@ def _prep(args, api="", skip=0):
             try:
                 a = np.asarray(a, dtype)
             except OverflowError:
-                raise trace_error(f"{api}: the Python scalar {a!r} does not fit the dtype {dtype} of the tensor next to "
-                                  f"it; cast the tensor, or pass np.int64({a!r})") from None
+                raise trace_error(f"{api}: the Python scalar {a!r} does not fit the dtype {dtype} of the tensor "
+                                  f"next to it; cast the tensor, or pass np.int64({a!r})") from None
         out.append(a)
     return out
 
