@@ -29,12 +29,16 @@ from .tensors import aligned_empty, aligned_rows, to_numpy, to_tvm
 
 
 class Plan:
-    __slots__ = ("graph", "n_slots", "template", "in_idx", "out_idx", "steps", "nodes", "slot")
+    __slots__ = ("graph", "n_slots", "template", "in_idx", "out_idx", "steps", "nodes", "slot", "env_slot")
 
     def run(self, args):
         slots = self.template.copy()
         for i, a in zip(self.in_idx, args):
             slots[i] = a
+        if self.env_slot is not None:         # symbol values for numpy ops with symbolic attrs
+            slots[self.env_slot] = env = {}
+            for v, a in zip(self.graph.inputs, args):
+                bind_symbols(v.type, a.shape, env)
         try:
             for step in self.steps:
                 step(slots)
@@ -94,7 +98,11 @@ class Executor:
         for v in g.values():
             slot[v] = len(slot)
         p.n_slots = len(slot)
-        p.template = [None] * p.n_slots
+        # numpy ops with symbolic attrs read the symbol values from one more slot, a dict filled from the
+        # inputs and from each value as it is produced (the value that had a symbol may be freed by then)
+        needs_env = any(n.opdef.dim_attrs and n.op != "region" for n in g.nodes)
+        p.env_slot = p.n_slots if needs_env else None
+        p.template = [None] * (p.n_slots + needs_env)
         p.in_idx = [slot[v] for v in g.inputs]
         p.out_idx = [slot[v] for v in g.outputs]
         frees = last_uses(g)
@@ -113,6 +121,8 @@ class Executor:
             maker = getattr(self, "_make_" + n.op, None) or (
                 self._make_region if n.op == "region" else self._make_kernel)
             step = maker(n, ins, outs, g)
+            if needs_env:
+                step = self._with_binding(step, n, outs, p.env_slot)
             free = [slot[v] for v in frees.get(i, ()) if v.producer is None or v.producer.op != "constant"]
             if free:
                 step = self._with_free(step, free)
@@ -129,6 +139,20 @@ class Executor:
             step(slots)
             for i in free:
                 slots[i] = None
+        return run
+
+    @staticmethod
+    def _with_binding(step, n: Node, outs, env_slot):
+        typed = [(n.outputs[k].type, o) for k, o in enumerate(outs)
+                 if any(isinstance(d, str) for d in n.outputs[k].type.shape)]
+        if not typed:
+            return step
+
+        def run(slots):
+            step(slots)
+            env = slots[env_slot]
+            for t, o in typed:
+                bind_symbols(t, slots[o].shape, env)
         return run
 
     def _with_profile(self, step, n: Node):
@@ -163,8 +187,10 @@ class Executor:
         kern = KERNELS[n.op]
         attrs = n.attrs
         if n.opdef.dim_attrs:
+            env_slot = len(dict.fromkeys(g.values()))     # see Plan.env_slot
+
             def run(slots):
-                res = kern(attrs, *[to_numpy(slots[i]) for i in ins], env=self._env(g, slots))
+                res = kern(attrs, *[to_numpy(slots[i]) for i in ins], env=slots[env_slot])
                 for o, r in zip(outs, res):
                     slots[o] = r
             return run
@@ -174,14 +200,6 @@ class Executor:
             for o, r in zip(outs, res):
                 slots[o] = r
         return run
-
-    def _env(self, g: Graph, slots) -> dict:
-        """Symbol values from every value currently held (rarely needed: symbolic attrs on a numpy op)."""
-        env: dict = {}
-        for v, s in zip(g.values(), slots):
-            if s is not None:
-                bind_symbols(v.type, s.shape, env)
-        return env
 
     # ------------------------------------------------------- control flow (the shared runner)
     def _make_cond(self, n: Node, ins, outs, g):

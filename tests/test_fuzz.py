@@ -249,11 +249,9 @@ def test_dim_attrs_in_a_region_without_a_value_of_that_dim():
     _compile_and_compare(lambda x: F.zeros((x.shape[0], 3)) + 1.0, dt.TensorSpec(("N", 4)), np.ones((2, 4), np.float32))
 
 
-@pytest.mark.xfail(strict=True, reason="runtime executor: a dim attr evaluated in numpy (a view-only region) reads its "
-                                       "symbols from the values still held; the value that had N was freed, so the "
-                                       "call fails with ExecutionError \"reshape ... failed: 'N'\" (eager and the "
-                                       "reference interpreter are fine)")
 def test_dim_attrs_of_a_numpy_op_after_the_carrier_is_freed():
+    """Found by the fuzzer: a dim attr evaluated in numpy (a view-only region) read its symbols from the values
+    still held; the value that had N was freed, so the call failed with ExecutionError "reshape ... failed: 'N'"."""
     _compile_and_compare(lambda x: F.reshape(x[1:], (x.shape[0] - 1, 2, 2)), dt.TensorSpec(("N", 4)),
                          np.ones((3, 4), np.float32))
 
