@@ -68,6 +68,10 @@ def _neg(bb, node, args, ctx):
     x = args[0]
     if dtype_of(x) == "bool":        # numpy raises; compiled code gives logical_not
         return [R.logical_not(x)]
+    if np.dtype(dtype_of(x)).kind == "u":
+        # numpy wraps. TVM's negative builds a -1 of the uint dtype (an InternalError), and its simplifier
+        # folds uint32/uint64 `0 - x` to 0: negate in int64 and keep the low bits
+        return [R.astype(R.negative(R.astype(x, I64)), dtype_of(x))]
     return [R.negative(x)]
 
 
@@ -104,6 +108,8 @@ def _sign(bb, node, args, ctx):
         return [x]
     if is_float(dt):          # TVM's sign(nan) is 0; numpy's is nan
         return [R.where(R.isnan(x), x, R.sign(x))]
+    if np.dtype(dt).kind == "u":        # 0 or 1; TVM's sign builds a -1 of the uint dtype
+        return [cast(R.greater(x, const(0, dt)), dt)]
     return [R.sign(x)]
 
 
