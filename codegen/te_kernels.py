@@ -79,16 +79,22 @@ def te_take(x, idx, axis, n, checked=False):
     return te.compute(shape, f, name="take")
 
 
-def te_empty_guard(r, extent, identity):
+def te_empty_guard(r, src, extent, identity):
     """r where the reduced extent > 0, else the reduction identity: TVM initialises a reduction inside
-    its loop, so a 0-length symbolic axis would leave the output uninitialised."""
+    its loop, so a 0-length symbolic axis would leave the output uninitialised. `src` (the reduced
+    tensor, not read) binds the symbols of `extent` by its shape: passed as scalar arguments instead,
+    they made TVM's FuseTIR fail (renew_defs 'VarRemapGet(source) == nullptr') when the guard fused with
+    an elementwise op that takes the symbol of an expression dim (``sum(x[1:], axis=1) * 2``)."""
+    del src
     ident = tirx.const(identity, r.dtype)
     return te.compute(list(r.shape), lambda *i: tirx.if_then_else(extent > 0, r(*i), ident),
                       name="empty_reduce_guard")
 
 
-def te_mean_div(s, count):
-    """mean = sum / count in the sum's float dtype; nan for an empty reduction (numpy)."""
+def te_mean_div(s, src, count):
+    """mean = sum / count in the sum's float dtype; nan for an empty reduction (numpy). `src`: see
+    `te_empty_guard`."""
+    del src
     nan = tirx.const(float("nan"), s.dtype)
     cnt = count.astype(s.dtype)
     return te.compute(list(s.shape),

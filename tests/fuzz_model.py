@@ -56,7 +56,6 @@ class Val:
     bound: float = 2.0
     grid: int = 2
     size: float = 1.0
-    sliced: bool = False      # a slice, split or concat is fused above it (to steer clear of KNOWN_BUGS)
 
     @property
     def ndim(self):
@@ -234,8 +233,7 @@ def mask_over(draw, p, tok):
     if have and draw(st.booleans()):
         return draw_from(draw, have)
     src = draw_from(draw, p.visible(lambda v: v.exact and tok in v.shape and (
-        v.dtype == "bool" or exact_float(v.bound * math.prod(p.size_of(d) for d in v.shape), v.grid)) and not (
-        KNOWN_BUGS and sum_bug(v, [i for i, d in enumerate(v.shape) if d != tok]))))
+        v.dtype == "bool" or exact_float(v.bound * math.prod(p.size_of(d) for d in v.shape), v.grid))))
     if src is None:
         return draw_from(draw, have)
     ax = src.shape.index(tok)
@@ -245,15 +243,6 @@ def mask_over(draw, p, tok):
     c = draw_from(draw, (0, 1) if src.dtype == "bool" else (0.0, 0.5, -1.0))
     p.emit(f"{m.name} = F.greater({expr}, {c!r})")
     return m
-
-
-def sum_bug(v: Val, axes) -> bool:
-    """sum/mean/prod of `v` over `axes` would hit test_sum_of_a_slice_over_a_symbolic_axis."""
-    return v.sliced and 0 < len(axes) < v.ndim and any(isinstance(v.shape[i], str) for i in axes)
-
-
-def sliced(*vals) -> bool:
-    return any(getattr(v, "sliced", False) for v in vals)
 
 
 def selected_dim(p, m: Val) -> str:

@@ -187,10 +187,11 @@ def _needs_empty_guard(ctx, extents, out_dims) -> bool:
     return False
 
 
-def guard_empty(bb, ctx, r, extents, identity):
-    """`r` (a reduction over `extents`), or the identity where a symbolic extent is 0 at run time
-    (see `te_empty_guard`)."""
+def guard_empty(bb, ctx, r, src, extents, identity):
+    """`r` (a reduction of `src` over `extents`, dims of `src`), or the identity where a symbolic extent is
+    0 at run time (see `te_empty_guard`)."""
     r = emit(bb, r)
     if not _needs_empty_guard(ctx, extents, shape_of(r)):
         return r
-    return bb.emit_te(te_empty_guard, r, prod(extents), identity, primfunc_name_hint="dt_empty_reduce_guard")
+    return bb.emit_te(te_empty_guard, r, emit(bb, src), prod(extents), identity,
+                      primfunc_name_hint="dt_empty_reduce_guard")

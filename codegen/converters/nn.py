@@ -24,7 +24,7 @@ def _matmul(bb, node, args, ctx):
     ka = shape_of(a)[-1]
     b = assert_dims(bb, ctx, b, {(ndim_of(b) - 2 if ndim_of(b) >= 2 else 0): ka})
     r = emit(bb, R.matmul(a, b, out_dtype=work))
-    r = guard_empty(bb, ctx, r, [ka], 0)          # K == 0: numpy gives zeros
+    r = guard_empty(bb, ctx, r, a, [ka], 0)          # K == 0: numpy gives zeros
     if dt == "bool":
         r = R.not_equal(r, const(0, work))
     return [r]

@@ -29,19 +29,19 @@ def _reduce(name):
         shape = shape_of(x)
         extents = [shape[a] for a in axes]
         if name in ("sum", "prod"):
-            x = cast(x, dt)
+            x = emit(bb, cast(x, dt))
             fn = R.sum if name == "sum" else R.prod
             r = fn(x, axis=axes, keepdims=keep) if axes else x
-            return [guard_empty(bb, ctx, r, extents, 0 if name == "sum" else 1) if axes else r]
+            return [guard_empty(bb, ctx, r, x, extents, 0 if name == "sum" else 1) if axes else r]
         if name == "mean":
-            x = cast(x, dt)
+            x = emit(bb, cast(x, dt))
             if not axes:
                 return [x]
             s = emit(bb, R.sum(x, axis=axes, keepdims=keep))
             count = ctx.analyzer.simplify(prod(extents))
             if isinstance(count, tirx.IntImm) and int(count.value) > 0:
                 return [R.divide(s, const(int(count.value), dt))]
-            return [bb.emit_te(te_mean_div, s, count, primfunc_name_hint="dt_mean_div")]
+            return [bb.emit_te(te_mean_div, s, x, count, primfunc_name_hint="dt_mean_div")]
         # max / min: numpy raises on empty axes, so no guard
         if not axes:
             return [x]
