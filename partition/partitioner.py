@@ -22,6 +22,7 @@ from ..ir.graph import Graph, Node, Value
 from ..ir.ops import CONTROL_FLOW, attr_symbols
 from ..ir.serialize import graph_from_dict, graph_to_dict
 from ..ir.types import is_symbol
+from .empty import fold_empty_values
 from .selector import Selector, StaticRegionSelector
 
 log = logging.getLogger("dyntvm.partition")
@@ -39,6 +40,7 @@ def partition(graph: Graph, selector: Selector | None = None) -> Graph:
     d, params = graph_to_dict(graph)
     g = graph_from_dict(d, params)            # a private copy: the caller's graph stays untouched
     g.in_tree, g.out_tree = graph.in_tree, graph.out_tree
+    fold_empty_values(g)                      # values with a static 0 dim: no kernels (see empty.py)
     out = _partition(g, selector, _ident(g.name or "main"))
     out.lint()
     return out

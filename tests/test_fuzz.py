@@ -16,6 +16,7 @@ from __future__ import annotations
 import linecache
 import os
 import tempfile
+import warnings
 
 import numpy as np
 import pytest
@@ -178,7 +179,7 @@ def _stacked_transpose(x):
     return [y, F.stack([y, y], axis=1)]
 
 
-STATIC_EMPTY = [   # (fn, input type, raw error at compile time today)
+STATIC_EMPTY = [   # (fn, input type, the raw error at compile time they raised before partition/empty.py)
     pytest.param(lambda x: F.mean(x, axis=0), ((0, 3), "float32"), "InternalError 'Divide by zero' (te_mean_div)",
                  id="mean"),
     pytest.param(lambda x: F.broadcast_to(x, (2, 0)), ((0,), "float32"), "IndexError 'Index 1 out of bounds 1'",
@@ -196,12 +197,12 @@ STATIC_EMPTY = [   # (fn, input type, raw error at compile time today)
 ]
 
 
-@pytest.mark.xfail(strict=True, reason="codegen/TVM: tensors with a static 0 dim (not a symbolic dim that is 0 at run "
-                                       "time: those work) fail to compile with raw TVM errors, several through Relax "
-                                       "reading a 0 in a reshape target as 'copy this input dim' (see shape.py's "
-                                       "_relax_reshape, which fixed reshape itself)")
 @pytest.mark.parametrize("fn, spec, error", STATIC_EMPTY)
 def test_static_empty_tensors_compile(fn, spec, error):
+    """Found by the fuzzer: tensors with a static 0 dim (not a symbolic dim that is 0 at run time: those
+    worked) failed to compile with raw TVM errors, several through Relax reading a 0 in a reshape target as
+    'copy this input dim'. Values with a static 0 dim are no longer computed (partition/empty.py), and a mean
+    over a static 0-length axis is NaN without a division."""
     shape = tuple(3 if d == "N" else d for d in spec[0])
     _compile_and_compare(fn, dt.TensorSpec(*spec), np.zeros(shape, spec[1]))
 
@@ -213,12 +214,44 @@ def test_reshape_to_an_empty_shape():
     _compile_and_compare(lambda x: F.reshape(x * 2.0, (0,)), dt.TensorSpec(("N", 0)), np.zeros((2, 0), np.float32))
 
 
-@pytest.mark.xfail(strict=True, reason="codegen/cache: full_like of a static empty shape builds a kernel library that "
-                                       "cannot be loaded back from the compile cache (raw TVM InternalError 'Invalid "
-                                       "DLTensor file format'); use_cache=False works")
 def test_full_like_of_a_static_empty_shape(tmp_path):
-    model = dt.compile(lambda x: F.full_like(x, 0), dt.TensorSpec((3, 0)), cache_dir=str(tmp_path))
-    assert model(np.zeros((3, 0), np.float32)).shape == (3, 0)
+    """Found by the fuzzer: Relax folded it into an empty constant, and the kernel library could not be loaded
+    back from the compile cache (raw TVM InternalError 'Invalid DLTensor file format'). Now no kernel computes
+    it (partition/empty.py)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(2):           # build and store, then load from the cache
+            model = dt.compile(lambda x: [F.full_like(x, 0), x + 1.0], dt.TensorSpec((3, 0)), cache_dir=str(tmp_path))
+            got = model(np.zeros((3, 0), np.float32))
+            assert [(a.shape, a.dtype) for a in got] == [((3, 0), np.float32)] * 2
+        model.save(tmp_path / "m.dtvm")
+        assert dt.load(tmp_path / "m.dtvm")(np.zeros((3, 0), np.float32))[0].shape == (3, 0)
+
+
+@pytest.mark.parametrize("fn, shape", [(lambda x, i: F.take(x, i, axis=1) * 2.0, (0, 3)),
+                                       (lambda x, i: F.exp(F.take(x, i, axis=1))[:0] + 1.0, (2, 3))])
+def test_static_empty_values_keep_the_checks_they_depend_on(fn, shape):
+    """Values with a static 0 dim are not computed (partition/empty.py), but the take whose index check
+    they depend on still runs: an index out of range raises like numpy."""
+    model = dt.compile(fn, dt.TensorSpec(shape), dt.TensorSpec(("K",), "int64"), use_cache=False)
+    x = np.zeros(shape, np.float32)
+    assert model(x, np.array([1, 2])).shape == fn(x, np.array([1, 2])).shape
+    with pytest.raises(dt.ExecutionError, match="take"):
+        fn(x, np.array([5]))
+    with pytest.raises(dt.ExecutionError, match="take"):
+        model(x, np.array([5]))
+
+
+def test_static_empty_values_in_control_flow_and_of_symbolic_shape():
+    """A zero `full` of the value's shape stands for a static-empty value with symbolic dims, in loop bodies
+    too."""
+    def fn(x):
+        def step(r, states):
+            e = F.expand_dims(r[:0], 0)            # [1, 0] per step
+            return F.stack([e, e]) * 2.0, [states[0] + F.sum(e)]
+        ys, (s,) = F.foreach(step, x, [F.zeros(())])
+        return ys, s, F.broadcast_to(x[:, :0], (2, x.shape[0], 0)) + 1.0
+    _compile_and_compare(fn, dt.TensorSpec(("N", 3)), np.ones((4, 3), np.float32))
 
 
 @pytest.mark.parametrize("fn", [lambda x: F.sum(x[1:], axis=1) * 2.0, lambda x: F.mean(x[:, 1:] * 3.0, axis=0) > 0,

@@ -13,7 +13,7 @@ from ...ir.shapes import norm_axes, norm_axis
 from ..dims import I64
 from ..te_kernels import nonempty_primfunc, te_first_index, te_mean_div, te_nan_reduce
 from .registry import converter
-from .common import cast, checked, const, dtype_of, emit, guard_empty, ndim_of, prod, shape_of
+from .common import cast, checked, const, dtype_of, emit, full_expr, guard_empty, ndim_of, prod, shape_of
 
 
 def _reduce(name):
@@ -41,6 +41,8 @@ def _reduce(name):
             count = ctx.analyzer.simplify(prod(extents))
             if isinstance(count, tirx.IntImm) and int(count.value) > 0:
                 return [R.divide(s, const(int(count.value), dt))]
+            if isinstance(count, tirx.IntImm):      # a static 0-length axis: nan (numpy), no divide by 0
+                return [full_expr(shape_of(s), float("nan"), dt)]
             return [bb.emit_te(te_mean_div, s, x, count, primfunc_name_hint="dt_mean_div")]
         # max / min: numpy raises on empty axes, so no guard
         if not axes:
