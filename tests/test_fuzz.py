@@ -133,17 +133,21 @@ def cache_dir(tmp_path_factory):
 _SETTINGS = dict(database=None, deadline=None, suppress_health_check=list(HealthCheck), report_multiple_bugs=False)
 
 
-@given(batch=st.lists(programs(), min_size=1, max_size=BATCH))
-def _fuzz(batch, cache_dir):
-    check_batch(batch, cache_dir)
+def _fuzz(**kw):
+    """A fresh hypothesis test with settings `kw` (hypothesis refuses to apply settings twice to one)."""
+    @settings(**kw, **_SETTINGS)
+    @given(batch=st.lists(programs(), min_size=1, max_size=BATCH))
+    def fuzz(batch, cache_dir):
+        check_batch(batch, cache_dir)
+    return fuzz
 
 
 def test_compiled_eager_and_reference_agree_on_random_programs(cache_dir):
     if not LONG:
-        settings(max_examples=QUICK_BATCHES, derandomize=True, **_SETTINGS)(_fuzz)(cache_dir=cache_dir)
+        _fuzz(max_examples=QUICK_BATCHES, derandomize=True)(cache_dir=cache_dir)
     r = 0
     while checked["programs"] < LONG:          # rounds of ROUND batches, one seed each, until enough programs
-        seed(SEED + r)(settings(max_examples=ROUND, **_SETTINGS)(_fuzz))(cache_dir=cache_dir)
+        seed(SEED + r)(_fuzz(max_examples=ROUND))(cache_dir=cache_dir)
         r += 1
     print(f"\nfuzz: {checked['programs']} programs in {checked['batches']} compiled batches, "
           f"{checked['runs']} runs of each of eager / reference / compiled, all equal")
