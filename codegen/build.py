@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from dyntvm.errors import CompileError, UnsupportedOpError
 
 from ..ir.graph import Graph
+from ..native import shared_object_problem
 from . import cache as _cache
 
 TARGETS = ("cpu", "cuda")
@@ -53,7 +54,7 @@ BINDING_FUNCTION = "dyntvm_binding"   # runtime/artifact.py reads it under the s
 def add_binding(mod, binding: str):
     """Add a function `BINDING_FUNCTION` returning `binding` (a sha256 hex digest) as uint8 bytes.
 
-    The digest (`dyntvm.runtime.artifact.kernel_binding`) covers the regions' structure and
+    The digest (`dyntvm.runtime.artifact.kernel_binding`) covers the whole graph's structure and
     constants; `dt.load` calls this function through the Relax VM (runtime only) and refuses a
     library whose digest differs from the one of the artifact's graph.json + params.npz.
     """
@@ -145,6 +146,10 @@ def _cached(cdir: str, key: str, binding: str | None):
                       "without the cache", _cache.CacheWarning, stacklevel=4)
         return None
     if entry is None:
+        return None
+    why = shared_object_problem(entry.path)    # a truncated library (sidecar re-fixed) would crash dlopen
+    if why is not None:
+        _cache.discard(cdir, key, f"{_cache.LIBRARY} is not a loadable shared library: {why}")
         return None
     import tvm
     try:

@@ -122,7 +122,7 @@ def _check(folder: str, binding: str | None) -> Entry | str:
         return f"{SIDECAR} is unreadable ({type(e).__name__}: {e})"
     have_sha, have_size = file_digest(lib)
     if have_size != size:
-        return f"{LIBRARY} has {have_size} bytes, {SIDECAR} says {size} (truncated?)"
+        return f"{LIBRARY} has {have_size} bytes, {SIDECAR} says {size!r} (truncated?)"
     if have_sha != sha:
         return f"{LIBRARY} does not match its sha256 (corrupt or overwritten)"
     if bound != binding:
@@ -149,24 +149,31 @@ def lookup(cache_dir: str, key: str, binding: str | None = None) -> Entry | None
 
 def discard(cache_dir: str, key: str, why: str) -> None:
     """Warn about a bad entry and remove it (the caller rebuilds)."""
-    warnings.warn(f"dyntvm compile cache: entry {os.path.join(cache_dir, key)} is bad: {why}; removed, "
-                  "rebuilding", CacheWarning, stacklevel=3)
-    remove_entry(cache_dir, key)
+    removed = remove_entry(cache_dir, key)
+    warnings.warn(f"dyntvm compile cache: entry {os.path.join(cache_dir, key)} is bad: {why}; "
+                  + ("removed, rebuilding" if removed else "it cannot be removed (no permission?); rebuilding"),
+                  CacheWarning, stacklevel=3)
 
 
-def remove_entry(cache_dir: str, key: str) -> None:
-    """Remove entry `key` (renamed away first, so no reader sees half of it); errors are ignored."""
+def remove_entry(cache_dir: str, key: str) -> bool:
+    """Remove entry `key` (renamed away first, so no reader sees half of it); False if it cannot be (errors
+    are not raised). An entry that cannot be deleted after the rename (another user's) is renamed back."""
     folder = os.path.join(cache_dir, key)
     trash = os.path.join(cache_dir, f".{key}.trash-{os.getpid()}-{os.urandom(4).hex()}")
     try:
         os.rename(folder, trash)
     except OSError:
-        return
+        return False
     if os.path.isdir(trash) and not os.path.islink(trash):
         shutil.rmtree(trash, ignore_errors=True)
     else:
         with contextlib.suppress(OSError):
             os.remove(trash)
+    if os.path.lexists(trash):
+        with contextlib.suppress(OSError):
+            os.rename(trash, folder)
+        return False
+    return True
 
 
 def store(cache_dir: str, key: str, executable, binding: str | None = None) -> Entry:
@@ -178,6 +185,7 @@ def store(cache_dir: str, key: str, executable, binding: str | None = None) -> E
     os.makedirs(cache_dir, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{key}.tmp-", dir=cache_dir)
     try:
+        os.chmod(tmp, 0o755)        # mkdtemp makes it 0700: other users of a shared cache could not read it
         lib = os.path.join(tmp, LIBRARY)
         executable.export_library(lib)
         sha, size = file_digest(lib)

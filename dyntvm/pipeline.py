@@ -76,7 +76,10 @@ def compile(fn_or_graph, *specs, target: str = "cpu", selector=None, cache_dir: 
         info["built_for"] = built.target_desc      # recorded in artifacts: the CPU the kernels target
     model = CompiledModel(pg, vm, target, built.lib if built else None, info)
     model.lib_path = built.path if built else None
-    model.lib_sha256 = built.sha256 if built else None     # `save` checks its copy of lib_path against it
+    model.lib_sha256 = built.sha256 if built else None
+    if built and built.path:        # `save` writes these bytes: the cache entry may be removed meanwhile
+        with open(built.path, "rb") as f:
+            model.lib_bytes = f.read()
     return model
 
 

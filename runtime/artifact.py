@@ -4,7 +4,7 @@ Layout (DESIGN section 8): manifest.json (format version, dyntvm/TVM versions, t
 regions, sha256 and size of every file, the kernel binding), graph.json (the partitioned graph),
 params.npz (constants, loaded with allow_pickle=False), kernels.so (compiled regions, native code: load
 only artifacts you trust). kernels.so is bound to graph.json + params.npz by `kernel_binding`, a digest
-of the regions compiled into the library; `dt.load` compares the two.
+of the whole graph and its constants compiled into the library; `dt.load` compares the two.
 Reading checks everything first and imports only the runtime (no frontend, partitioner or codegen); a
 .tar is extracted only after its headers and manifest.json are checked. `save` never overwrites
 anything but an empty folder or an earlier artifact.
@@ -78,25 +78,23 @@ def region_names(graph) -> list:
 
 
 def kernel_binding(graph) -> str:
-    """sha256 (hex) of what the compiled kernels of `graph` implement: every region's name, structure
-    and constant data (source lines left out, as in the compile cache key).
+    """sha256 (hex) of the compiled model `graph`: its whole structure (every node, region bodies included)
+    and all its constant data, source lines left out.
 
     `dt.compile` compiles it into the kernel library (a function `BINDING_FUNCTION` returning its
     bytes), `save` records it in manifest.json, and reading an artifact recomputes it from graph.json
-    + params.npz: another model's kernels.so, or regions edited after compiling, do not match.
+    + params.npz: another model's kernels.so, or a graph or weights edited after compiling (also weights
+    used only outside compiled regions), do not match.
     """
     from ..ir.serialize import graph_to_dict
-    h = hashlib.sha256(b"dyntvm-kernel-binding-1")
-    for n in graph.walk():
-        if n.op != "region":
-            continue
-        d, params = graph_to_dict(n.subgraphs[0])
-        _strip_sources(d["graph"])
-        h.update(json.dumps([n.attrs.name, d], sort_keys=True).encode())
-        for k in sorted(params):
-            a = np.asarray(params[k], order="C")
-            h.update(f"|{k}:{a.dtype.str}:{a.shape}|".encode())
-            h.update(a.tobytes())
+    h = hashlib.sha256(b"dyntvm-kernel-binding-2")
+    d, params = graph_to_dict(graph)
+    _strip_sources(d["graph"])
+    h.update(json.dumps(d, sort_keys=True).encode())
+    for k in sorted(params):
+        a = np.asarray(params[k], order="C")
+        h.update(f"|{k}:{a.dtype.str}:{a.shape}|".encode())
+        h.update(a.tobytes())
     return h.hexdigest()
 
 
@@ -159,8 +157,17 @@ def check_destination(path: str) -> None:
     """Raise ArtifactError unless an artifact may be written at `path`: a folder that is absent,
     empty or an existing dyntvm artifact; a .tar file that is absent or an artifact tar. Anything
     else may be the user's data, which `save` must not overwrite."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise ArtifactError(f"an artifact path must be a string or path-like, got {type(path).__name__}")
     path = os.fspath(path)
+    if not isinstance(path, str) or not path.strip():
+        raise ArtifactError(f"an artifact path must be a non-empty string, got {path!r}")
     hint = "choose another output path, or remove it first"
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.lexists(parent) and os.path.dirname(parent) != parent:
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise ArtifactError(f"{path}: cannot write an artifact there: {parent} is not a folder")
     if path.endswith(".tar"):
         if os.path.isdir(path):
             raise ArtifactError(f"{path}: refusing to write a .tar artifact over a folder; {hint}")
@@ -201,17 +208,21 @@ def _write_files(model, folder: str) -> list:
         src = getattr(model, "lib_path", None)
         blob = getattr(model, "lib_bytes", None)
         dst = os.path.join(folder, KERNELS)
-        if src:
-            shutil.copyfile(src, dst)
-        elif blob is not None:         # a loaded library cannot be exported again
+        if blob is not None:           # read when compiled (or loaded): a cache entry may be gone since
             with open(dst, "wb") as f:
                 f.write(blob)
+        elif src:
+            try:
+                shutil.copyfile(src, dst)
+            except OSError as e:
+                raise ArtifactError(f"the model's kernel library {src} cannot be read ({e.strerror or e}); "
+                                    "compile the model again") from None
         else:
             model.lib.export_library(dst)
         files.append(KERNELS)
         digests[KERNELS] = _sha256(dst)
         want = getattr(model, "lib_sha256", None)
-        if src and want and digests[KERNELS] != want:
+        if want and digests[KERNELS] != want:
             raise ArtifactError(f"the model's kernel library {src} changed on disk after it was compiled "
                                 "(compile cache edited or cleared?); compile the model again")
     manifest = {"format_version": FORMAT_VERSION, **_versions(), "target": model.target,
@@ -232,8 +243,8 @@ def save(model, path: str) -> None:
     artifact is written next to `path` first and then renamed into place, so a failed save leaves
     what was there before.
     """
-    path = os.fspath(path)
     check_destination(path)
+    path = os.fspath(path)
     as_tar = path.endswith(".tar")
     if os.path.islink(path):         # replace what the link points to; the link stays
         path = os.path.realpath(path)
@@ -519,7 +530,7 @@ def _check_against_graph(manifest: dict, graph, label: str) -> None:
         if not regions:
             raise ArtifactError(f"{label}: manifest.json lists {KERNELS} but graph.json has no compiled region")
         if manifest["binding"] != kernel_binding(graph):
-            raise ArtifactError(f"{label}: {KERNELS} was built for other regions than those of graph.json + "
-                                "params.npz (manifest.json's binding differs; mixed or edited files?)")
+            raise ArtifactError(f"{label}: {KERNELS} was built for another graph or other weights than "
+                                "graph.json + params.npz (manifest.json's binding differs; mixed or edited files?)")
     elif regions:
         raise ArtifactError(f"{label}: graph has compiled regions but {KERNELS} is not listed")

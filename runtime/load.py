@@ -8,12 +8,11 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import struct
-import sys
 import tempfile
 
 from dyntvm.errors import ArtifactError
 
+from ..native import shared_object_problem
 from .artifact import BINDING_FUNCTION, KERNELS, folder_of, read_folder
 from .model import CompiledModel, virtual_machine
 
@@ -98,44 +97,8 @@ def library_binding(vm) -> str | None:
 
 
 def check_shared_object(path: str, label: str) -> None:
-    """Refuse a kernels.so that cannot be a whole ELF shared object before it is handed to dlopen: the
-    loader maps its segments from the file, and touching a segment past the end of a truncated file ends
-    the process with SIGBUS (a matching sha256 in the manifest does not prove the file is whole)."""
-    def bad(why):
-        return ArtifactError(f"{label}: {KERNELS} is not a loadable shared library: {why}")
-    if not sys.platform.startswith("linux"):     # ELF is Linux's format; elsewhere the loader decides
-        return
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
-        head = f.read(64)
-        if len(head) < 52 or head[:4] != b"\x7fELF":
-            raise bad("no ELF header")
-        cls, data = head[4], head[5]
-        if cls not in (1, 2) or data not in (1, 2):
-            raise bad("unknown ELF class or byte order")
-        end = "<" if data == 1 else ">"
-        if cls == 2:
-            if len(head) < 64:
-                raise bad("truncated ELF header")
-            e_type, = struct.unpack_from(end + "H", head, 16)
-            phoff, shoff = struct.unpack_from(end + "QQ", head, 32)
-            phentsize, phnum, shentsize, shnum = struct.unpack_from(end + "HHHH", head, 54)
-            ph_fmt, ph_fields = end + "IIQQQQQQ", (0, 2, 5)       # p_type, p_offset, p_filesz
-        else:
-            e_type, = struct.unpack_from(end + "H", head, 16)
-            phoff, shoff = struct.unpack_from(end + "II", head, 28)
-            phentsize, phnum, shentsize, shnum = struct.unpack_from(end + "HHHH", head, 42)
-            ph_fmt, ph_fields = end + "IIIIIIII", (0, 1, 4)
-        if e_type != 3:                                          # ET_DYN
-            raise bad("not a shared object")
-        if phentsize < struct.calcsize(ph_fmt) or phoff + phnum * phentsize > size:
-            raise bad(f"program headers past the end of the file ({size} bytes; truncated?)")
-        if shnum and shoff + shnum * shentsize > size:
-            raise bad(f"section headers past the end of the file ({size} bytes; truncated?)")
-        for i in range(phnum):
-            f.seek(phoff + i * phentsize)
-            fields = struct.unpack(ph_fmt, f.read(struct.calcsize(ph_fmt)))
-            p_type, p_offset, p_filesz = (fields[k] for k in ph_fields)
-            if p_type == 1 and p_offset + p_filesz > size:     # PT_LOAD
-                raise bad(f"a loadable segment ends at byte {p_offset + p_filesz}, past the end of the file "
-                          f"({size} bytes; truncated?)")
+    """Refuse a kernels.so that cannot be a whole ELF shared object before it is handed to dlopen
+    (`dyntvm.native.shared_object_problem`: a truncated one ends the process with SIGBUS)."""
+    why = shared_object_problem(path)
+    if why is not None:
+        raise ArtifactError(f"{label}: {KERNELS} is not a loadable shared library: {why}")

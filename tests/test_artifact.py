@@ -339,13 +339,32 @@ def test_edited_region_weights_are_refused(art):
     params[twos[0]] = np.array(5.0, params[twos[0]].dtype)
     np.savez(path, **params)
     rehash(art, "params.npz")
-    with pytest.raises(dt.ArtifactError, match=r"kernels\.so was built for other regions than those of graph\.json"):
+    with pytest.raises(dt.ArtifactError, match=r"kernels\.so was built for another graph or other weights than "
+                                               r"graph\.json"):
         dt.load(art)
     with open(os.path.join(art, "graph.json")) as f:
         from dyntvm.ir.serialize import graph_from_json
         graph = graph_from_json(f.read(), params)
     edit_manifest(art, binding=kernel_binding(graph))       # the manifest re-fixed too: the library refuses
     with pytest.raises(dt.ArtifactError, match=r"kernels\.so was not built for this graph\.json \+ params\.npz"):
+        dt.load(art)
+
+
+def test_edited_weights_outside_regions_are_refused(tmp_path):
+    """Found by the hostile review: a constant used only by a dynamic-shape node (a boolean_mask's mask) was
+    not covered by the binding, so an edited params.npz (rehashed) loaded and computed something else."""
+    w, mask = np.eye(4, dtype=np.float32), np.array([1, 0, 1, 0], bool)
+    model = dt.compile(lambda x: F.boolean_mask(F.matmul(w, x), mask) * 2.0, dt.TensorSpec((4, "N")))
+    art = str(tmp_path / "m.dtvm")
+    model.save(art)
+    path = os.path.join(art, "params.npz")
+    with np.load(path) as z:
+        params = {k: z[k] for k in z.files}
+    key = next(k for k, v in params.items() if v.dtype == bool)
+    params[key] = ~params[key]
+    np.savez(path, **params)
+    rehash(art, "params.npz")
+    with pytest.raises(dt.ArtifactError, match=r"kernels\.so was built for another graph or other weights"):
         dt.load(art)
 
 
@@ -373,7 +392,7 @@ def test_library_binding_matches(compiled):
     ("signature", {"inputs": [{"name": "x", "shape": ["N", 9], "dtype": "float32"}], "outputs": []},
      r"manifest\.json's signature does not match graph\.json"),
     ("regions", ["evil_r0"], r"manifest\.json's regions \['evil_r0'\] are not graph\.json's"),
-    ("binding", "0" * 64, r"kernels\.so was built for other regions"),
+    ("binding", "0" * 64, r"kernels\.so was built for another graph"),
 ])
 def test_manifest_must_describe_graph_json(art, field, value, message):
     from dyntvm.runtime.artifact import read
@@ -672,6 +691,21 @@ def test_save_refuses_files(compiled, tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["backup.tar", "dir.tar", "model"]
 
 
+def test_save_refuses_bad_paths_before_writing(compiled, tmp_path):
+    """Found by the hostile review: raw FileExistsError / FileNotFoundError / TypeError."""
+    model = compiled["tiny"][0]
+    (tmp_path / "userfile").write_bytes(b"user data")
+    for path, message in ((str(tmp_path / "userfile" / "sub"), r"sub: cannot write an artifact there: .*userfile is "
+                                                               r"not a folder"),
+                          (str(tmp_path / "userfile" / "a" / "b.tar"), r"userfile is not a folder"),
+                          ("", r"an artifact path must be a non-empty string, got ''"),
+                          (None, r"an artifact path must be a string or path-like, got NoneType")):
+        with pytest.raises(dt.ArtifactError, match=message):
+            model.save(path)
+    assert sorted(os.listdir(tmp_path)) == ["userfile"]
+
+
+
 def test_save_over_an_artifact_replaces_it(compiled, tmp_path):
     tiny, free = compiled["tiny"][0], compiled["region_free"][0]
     for out in (tmp_path / "m.dtvm", tmp_path / "m.tar"):
@@ -703,8 +737,9 @@ def test_failed_save_keeps_the_old_artifact(compiled, tmp_path, monkeypatch):
     assert sorted(os.listdir(tmp_path)) == ["m.dtvm", "m.tar"]
 
 
-def test_save_checks_the_cached_library(tmp_path):
-    """The model's library file in the compile cache changed after compiling: save refuses to copy it."""
+def test_save_writes_the_library_compiled_not_the_cache_file(tmp_path):
+    """save writes the library bytes the model was compiled with: neither a cache file changed on disk after
+    compiling, nor a cleared compile cache (found by the hostile review: a raw FileNotFoundError) matter."""
     cache = tmp_path / "cache"
     model = dt.compile(tiny, *MODELS["tiny"][1], cache_dir=str(cache))
     data = bytearray(open(model.lib_path, "rb").read())
@@ -712,9 +747,13 @@ def test_save_checks_the_cached_library(tmp_path):
     with open(model.lib_path + ".new", "wb") as f:             # a new file: the mapped one stays intact
         f.write(data)
     os.replace(model.lib_path + ".new", model.lib_path)
-    with pytest.raises(dt.ArtifactError, match=r"changed on disk after it was compiled"):
-        model.save(str(tmp_path / "m.dtvm"))
-    assert not (tmp_path / "m.dtvm").exists()
+    model.save(str(tmp_path / "m.dtvm"))
+    shutil.rmtree(cache)
+    model.save(str(tmp_path / "m2.tar"))
+    x = tiny_inputs(5)[0]
+    for art in ("m.dtvm", "m2.tar"):
+        for got, want in zip(dt.load(str(tmp_path / art))(x), model(x)):
+            np.testing.assert_array_equal(got, want)
 
 
 def test_saved_again_in_place_loads_the_new_kernels(tmp_path):

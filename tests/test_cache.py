@@ -1,5 +1,6 @@
 """The compile cache heals itself: a bad entry is a miss (warned, removed, rebuilt); an unusable cache
 folder means an uncached build (warned). A compile never fails or crashes because of the cache."""
+import hashlib
 import json
 import os
 import shutil
@@ -150,8 +151,10 @@ print("cache", model.info["cache"])
 """
 
 
-def test_truncated_library_is_rebuilt_not_mapped(tmp_path):
-    """dlopen of a truncated library dies with SIGBUS: the entry must be checked before it is loaded."""
+@pytest.mark.parametrize("sidecar_agrees", [False, True])
+def test_truncated_library_is_rebuilt_not_mapped(tmp_path, sidecar_agrees):
+    """dlopen of a truncated library dies with SIGBUS: the entry must be checked before it is loaded, also
+    when its sidecar was rewritten to match the truncated file (found by the hostile review)."""
     cache = str(tmp_path / "cache")
     run = lambda: subprocess.run([sys.executable, "-c", TRUNCATED, cache], capture_output=True, text=True,
                                  timeout=600)
@@ -161,6 +164,11 @@ def test_truncated_library_is_rebuilt_not_mapped(tmp_path):
     data = open(lib, "rb").read()
     with open(lib, "wb") as f:
         f.write(data[:len(data) // 2])
+    if sidecar_agrees:
+        side = os.path.join(entry(cache), SIDECAR)
+        meta = json.load(open(side))
+        meta["sha256"], meta["size"] = hashlib.sha256(data[:len(data) // 2]).hexdigest(), len(data) // 2
+        json.dump(meta, open(side, "w"))
     r = run()
     assert r.returncode == 0, (r.returncode, r.stdout, r.stderr)
     assert "cache miss" in r.stdout and "CacheWarning" in r.stderr and "truncated?" in r.stderr, r.stderr
@@ -233,3 +241,20 @@ def test_store_is_one_rename(tmp_path):
     with pytest.warns(CacheWarning, match="kernels.so is missing or not a regular file"):
         assert c.lookup(d, "f") is None
     assert os.listdir(d) == []                                           # both removed, nothing left over
+
+
+def test_entries_are_readable_by_other_users_of_a_shared_cache(tmp_path):
+    """Found by the hostile review: entries were created 0700 (mkdtemp), so another user of a shared cache
+    folder saw each one as bad."""
+    from dyntvm.codegen import cache as c
+    entry_ = c.store(str(tmp_path), "k", FakeExecutable(b"A" * 10), "b1")
+    mode = os.stat(os.path.dirname(entry_.path)).st_mode & 0o777
+    assert mode & 0o055 == 0o055, oct(mode)
+
+
+def test_an_entry_that_cannot_be_removed_says_so(tmp_path, monkeypatch):
+    from dyntvm.codegen import cache as c
+    c.store(str(tmp_path), "k", FakeExecutable(b"A" * 10), "b1")
+    monkeypatch.setattr(c.os, "rename", lambda *a: (_ for _ in ()).throw(PermissionError("no")))
+    with pytest.warns(CacheWarning, match=r"it cannot be removed \(no permission\?\); rebuilding"):
+        assert c.lookup(str(tmp_path), "k", "b2") is None

@@ -27,9 +27,9 @@ PACKAGES = {"dyntvm": "dyntvm", "dyntvm.ir": "ir", "dyntvm.frontend": "frontend"
 # is loaded before any dyntvm module anyway (runtime/artifact.py reads dyntvm.__version__ from it)
 ALLOWED = {
     "ir": {"ir", "dyntvm.errors", "dyntvm"},
-    "runtime": {"runtime", "ir", "dyntvm.errors", "dyntvm"},
+    "runtime": {"runtime", "ir", "dyntvm.errors", "dyntvm.native", "dyntvm"},
     "partition": {"partition", "ir", "dyntvm.errors", "dyntvm"},
-    "codegen": {"codegen", "ir", "dyntvm.errors", "dyntvm"},
+    "codegen": {"codegen", "ir", "dyntvm.errors", "dyntvm.native", "dyntvm"},
     "frontend": {"frontend", "ir", "runtime", "dyntvm.errors", "dyntvm"},
 }
 
