@@ -1,6 +1,6 @@
 """Where numpy raises on values, a compiled model raises too (as eager mode does), with a
-dt.ExecutionError naming the op: a `take` index out of range, argmax/argmin of an empty axis, an integer
-to a negative power. Compiled code used to clamp the index, return INT64_MAX and return 1. In-range
+dt.ExecutionError naming the op: a `take` index out of range, argmax/argmin/max/min of an empty axis, an
+integer to a negative power. Compiled code used to clamp the index, return INT64_MAX and return 1. In-range
 inputs still match eager; checks are left out where the values are provably fine."""
 from __future__ import annotations
 
@@ -126,6 +126,42 @@ def test_argmax_of_non_empty_axes_matches_eager():
 def test_argmax_over_a_static_axis_needs_no_check():
     assert not any("nonempty" in k for k in kernels(lambda x: F.argmax(x, axis=1), S(("N", 3))))
     assert any("nonempty" in k for k in kernels(lambda x: F.argmax(x, axis=0), S(("N", 3))))
+
+
+# ------------------------------------------------------------------------------------ max/min
+def max_rows(x):
+    return F.max(x, axis=0)
+
+
+def min_cols(x):
+    return F.min(x, axis=1, keepdims=True)
+
+
+def max_all(x):
+    return F.max(x)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int32", "uint8", "bool"])
+def test_max_min_of_an_empty_axis_raises_like_numpy(dtype):
+    """numpy raises when the reduced extent is 0 (also where the result is empty: (0, 0) along axis 1);
+    compiled max/min used to give -inf / INT_MIN / True."""
+    for fn, op in [(max_rows, "max"), (min_cols, "min"), (max_all, "max")]:
+        model = in_region(dt.compile(fn, S(("N", "M"), dtype), use_cache=False), op)
+        for shape in [(0, 3), (0, 0), (2, 0), (3, 2)]:
+            x = (np.arange(int(np.prod(shape))).reshape(shape) % 3).astype(dtype)
+            try:
+                want = fn(x)
+            except dt.ExecutionError:
+                assert_raises_like_eager(model, fn, op, x)
+                continue
+            got = model(x)
+            assert got.dtype == want.dtype and got.shape == want.shape, (fn.__name__, shape)
+            np.testing.assert_array_equal(got, want)
+
+
+def test_max_over_static_axes_needs_no_check():
+    assert not any("nonempty" in k for k in kernels(lambda x: F.max(x, axis=1), S(("N", 3))))
+    assert any("nonempty" in k for k in kernels(lambda x: F.min(x, axis=0), S(("N", 3), "int32")))
 
 
 # ----------------------------------------------------------------------------------- int power
