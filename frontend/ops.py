@@ -294,8 +294,8 @@ def full(shape, fill_value, dtype=None):
     """`np.full`; dtype defaults to float32 for floats, int64 for ints, bool for bools."""
     if dtype is None:
         dtype = as_array(fill_value).dtype
-    return _one("full", "full", [], A.FullAttrs(_dims(shape, "full"), _pyscalar(fill_value, "full"),
-                                                np.dtype(dtype).name))
+    return _one("full", "full", [], _attrs_of("full", A.FullAttrs, _dims(shape, "full"),
+                                              _pyscalar(fill_value, "full"), np.dtype(dtype).name))
 
 
 def _pyscalar(v, api):
@@ -318,8 +318,9 @@ def ones(shape, dtype="float32"):
 
 def full_like(x, fill_value, dtype=None):
     """`np.full_like`."""
-    return _one("full_like", "full_like", [x], A.FullLikeAttrs(_pyscalar(fill_value, "full_like"),
-                                                                None if dtype is None else np.dtype(dtype).name))
+    attrs = _attrs_of("full_like", A.FullLikeAttrs, _pyscalar(fill_value, "full_like"),
+                      None if dtype is None else np.dtype(dtype).name)
+    return _one("full_like", "full_like", [x], attrs)
 
 
 def zeros_like(x, dtype=None):

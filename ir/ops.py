@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .attrs import (ArangeAttrs, ArgReduceAttrs, AxesAttrs, AxisAttrs, CaseAttrs, ClipAttrs, CondAttrs,
+from .attrs import (check_fill, ArangeAttrs, ArgReduceAttrs, AxesAttrs, AxisAttrs, CaseAttrs, ClipAttrs, CondAttrs,
                     ConstantAttrs, DtypeAttrs, ForeachAttrs, FullAttrs, FullLikeAttrs, LayerNormAttrs, NoAttrs,
                     PadAttrs, ReduceAttrs, RegionAttrs, ShapeAttrs, SliceAttrs, SplitAttrs, TileAttrs, TopkAttrs,
                     TransposeAttrs, UniqueAttrs, WhileAttrs)
@@ -468,8 +468,15 @@ register("layer_norm", LayerNormAttrs, _layer_norm, num_inputs=3, api="layer_nor
          doc="Layer norm over the trailing `gamma.ndim` axes: `(x - mean) / sqrt(var + eps) * gamma + beta`.")
 register("full", FullAttrs, lambda ts, a: [TensorType(tuple(a.shape), a.dtype)], num_inputs=0,
          dim_attrs=("shape",))
-register("full_like", FullLikeAttrs,
-         lambda ts, a: [TensorType(ts[0].shape, a.dtype or ts[0].dtype)], num_inputs=1)
+def _full_like(ts, a):
+    try:
+        check_fill(a.fill_value, a.dtype or ts[0].dtype)     # numpy raises for -1 into a uint8 x's dtype
+    except ValueError as e:
+        raise ShapeError(str(e)) from None
+    return [TensorType(ts[0].shape, a.dtype or ts[0].dtype)]
+
+
+register("full_like", FullLikeAttrs, _full_like, num_inputs=1)
 
 
 def _arange(ts, a):

@@ -250,12 +250,30 @@ def test_broadcast_errors_inside_bodies_point_at_the_body():
     (lambda x: F.cast(x, "int32") & 1, [X], "& is only supported on bool tensors", "& 1"),
     (lambda x: None, [X], "trace: output 0 is None", "dt.trace(fn, *specs)"),    # points at the trace call
     (lambda x: F.full_like(x, F.sum(x)), [X], "full_like: expected a Python or numpy scalar", "F.full_like("),
+    (lambda x: x + F.full((), -1, "uint8"), [S(("N",), "uint8")], "full: fill value -1 does not fit uint8",
+     "F.full((), -1"),
+    (lambda x: F.full_like(x, 256), [S(("N",), "uint8")], "full_like: fill value 256 does not fit uint8",
+     "F.full_like(x, 256)"),
+    (lambda x: F.full_like(x, -129, "int8"), [X], "full_like: fill value -129 does not fit int8", "-129"),
+    (lambda x: x + F.full((2,), 2 ** 64), [X], "the Python int 18446744073709551616 does not fit int64", "2 ** 64"),
+    (lambda x: F.full_like(x, -1.0, "uint8") + F.full((), 255, "uint8"), [X], None, None),   # numpy: fine
 ])
 def test_op_errors(fn, specs, match, snippet):
     if match is None:                   # control: these trace fine
         dt.trace(fn, *specs)
         return
     raises(match, fn, *specs, snippet=snippet)
+
+
+def test_full_fill_values_that_do_not_fit_raise_eagerly_too():
+    """np.full((), -1, np.uint8) raises OverflowError: eager and traced full raise the same TraceError when
+    the op is created (compiled code used to wrap to 255)."""
+    for make, msg in [(lambda: F.full((), -1, "uint8"), "full: fill value -1 does not fit uint8"),
+                      (lambda: F.full_like(np.zeros(2, "int16"), 2 ** 15), "full_like: fill value 32768 does not fit int16"),
+                      (lambda: F.full((), 2 ** 70), "the Python int 1180591620717411303424 does not fit int64")]:
+        with pytest.raises(dt.TraceError, match=re.escape(msg)):
+            make()
+    assert F.full((2,), 255, "uint8").tolist() == [255, 255]
 
 
 # ------------------------------------------------------------------------------------ scopes
