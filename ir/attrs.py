@@ -236,6 +236,12 @@ class TopkAttrs:
     axis: int = -1
     largest: bool = True
 
+    def __post_init__(self):
+        k = None if self.k is None else _int(self.k, "k")
+        if k is not None and k < 0:
+            raise ValueError(f"k must be >= 0, got {k}")
+        _set(self, k=k, axis=_int(self.axis), largest=bool(self.largest))
+
 
 @dataclass(frozen=True)
 class CondAttrs:

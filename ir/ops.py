@@ -26,7 +26,7 @@ from .attrs import (check_fill, ArangeAttrs, ArgReduceAttrs, AxesAttrs, AxisAttr
                     TransposeAttrs, UniqueAttrs, WhileAttrs)
 from .dims import parse_dim
 from .dtypes import arith_dtype, float_dtype, reduce_dtype
-from .shapes import (ShapeError, broadcast_shapes, infer_reshape, norm_axis, reduce_shape, slice_length,
+from .shapes import (ShapeError, arange_length, broadcast_shapes, infer_reshape, norm_axis, reduce_shape, slice_length,
                      unify_dims)
 from .types import Dim, TensorType, dim_add, dim_floordiv, dim_max, dim_mul, dim_sub, dim_symbols, fresh_dim
 
@@ -481,7 +481,7 @@ register("full_like", FullLikeAttrs, _full_like, num_inputs=1)
 
 def _arange(ts, a):
     if not (isinstance(a.start, str) or isinstance(a.stop, str)):
-        return [TensorType((len(np.arange(a.start, a.stop, a.step, dtype=a.dtype)),), a.dtype)]
+        return [TensorType((arange_length(a.start, a.stop, a.step, a.dtype),), a.dtype)]
     # Symbolic bounds (F.arange(x.shape[0])): integer start/step, length max(ceil((stop - start) / step), 0).
     if not all(isinstance(v, (int, str)) for v in (a.start, a.stop)) or not isinstance(a.step, int) or not a.step:
         raise ShapeError(f"arange with symbolic bounds needs integer start, stop and a nonzero integer step, got "

@@ -4,6 +4,8 @@ integer to a negative power. Compiled code used to clamp the index, return INT64
 inputs still match eager; checks are left out where the values are provably fine."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -95,6 +97,21 @@ def test_constant_indices_within_a_static_axis_need_no_check():
     np.testing.assert_array_equal(model(X), X[[0, 2]])
     with pytest.raises(dt.ExecutionError, match="take: index out of range for axis 0 of size 2"):
         model(X[:2])
+
+
+def test_an_int_index_out_of_range_of_a_symbolic_axis_names_the_index():
+    """x[2] on a symbolic axis is a take (it used to be a slice + squeeze: 'cannot select an axis to squeeze
+    out'); static axes are checked when tracing."""
+    def second(x):
+        return x[2] + 1.0, x[:, -1]
+    model = dt.compile(second, S(("N", "M")), use_cache=False)
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    for got, want in zip(model(x), second(x)):
+        np.testing.assert_array_equal(got, want)
+    with pytest.raises(dt.ExecutionError, match=re.escape("take: index out of range for axis 0 of size 2")):
+        model(x[:2])
+    with pytest.raises(dt.ExecutionError, match=re.escape("take: index out of range for axis 1 of size 0")):
+        model(x[:3, :0])
 
 
 # ------------------------------------------------------------------------------- argmax/argmin

@@ -257,6 +257,12 @@ def test_broadcast_errors_inside_bodies_point_at_the_body():
     (lambda x: F.full_like(x, -129, "int8"), [X], "full_like: fill value -129 does not fit int8", "-129"),
     (lambda x: x + F.full((2,), 2 ** 64), [X], "the Python int 18446744073709551616 does not fit int64", "2 ** 64"),
     (lambda x: F.full_like(x, -1.0, "uint8") + F.full((), 255, "uint8"), [X], None, None),   # numpy: fine
+    (lambda x: F.topk(x, -1), [X], "topk: k must be >= 0, got -1", "F.topk(x, -1)"),
+    (lambda x: x + F.arange(float("nan")), [X], re.escape("arange: arange(0, nan, 1): cannot compute the length"),
+     "F.arange(float"),
+    (lambda x: F.arange(3, 5, 0) + x[0], [X], re.escape("arange: arange(3, 5, 0): step must not be 0"), "F.arange(3"),
+    (lambda x: F.arange(2 ** 62) + x[0], [X], "4611686018427387904 elements of int64 are more than an array can",
+     "F.arange(2 ** 62)"),
 ])
 def test_op_errors(fn, specs, match, snippet):
     if match is None:                   # control: these trace fine
@@ -274,6 +280,25 @@ def test_full_fill_values_that_do_not_fit_raise_eagerly_too():
         with pytest.raises(dt.TraceError, match=re.escape(msg)):
             make()
     assert F.full((2,), 255, "uint8").tolist() == [255, 255]
+
+
+def test_eager_ops_raise_dyntvm_errors_not_raw_numpy_ones():
+    """Eager F ops used to raise numpy's ValueError / MemoryError / ZeroDivisionError / OverflowError."""
+    x = np.array([3, 1, 2], "float32")
+    for make, err, msg in [
+            (lambda: F.topk(x, np.array(-1)), dt.ExecutionError, "topk failed: topk: k=-1 must be in [0, 3]"),
+            (lambda: F.topk(x, np.array(5)), dt.ExecutionError, "topk failed: topk: k=5 must be in [0, 3]"),
+            (lambda: F.topk(x, np.array([1])), dt.TraceError, "topk: topk's k must be 0-d tensors, got int64[1]"),
+            (lambda: F.topk(x, 1.5), dt.TraceError, "topk: k must be an integer, got 1.5"),
+            (lambda: F.arange(np.array(np.nan, "float32")), dt.TraceError, "cannot compute the length"),
+            (lambda: F.arange(np.array(np.inf, "float32")), dt.TraceError, "cannot compute the length"),
+            (lambda: F.arange(np.array(3), np.array(5), np.array(0)), dt.TraceError, "step must not be 0"),
+            (lambda: F.arange(-3, -36, -46, dtype="uint8"), dt.TraceError, "as uint8: Python integer -3 out of bounds"),
+            (lambda: F.arange(10 ** 17), dt.ExecutionError, "arange failed: Unable to allocate")]:
+        with pytest.raises(err, match=re.escape(msg)):
+            make()
+    np.testing.assert_array_equal(F.topk(x, np.array(2))[1], [0, 2])
+    np.testing.assert_array_equal(F.arange(0.1, 0.3, 0.1), np.arange(0.1, 0.3, 0.1, dtype="float32"))
 
 
 # ------------------------------------------------------------------------------------ scopes
