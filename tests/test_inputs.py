@@ -86,6 +86,11 @@ def test_keyword_arguments_are_an_input_error(model):
         model(x, states=hc)
     with pytest.raises(dt.InputError, match=re.escape("got keyword arguments 'x', 'states'")):
         model(x=x, states=hc)
+    fast = dt.hybridize(two_args)          # used to raise a raw TypeError
+    with pytest.raises(dt.InputError, match=re.escape("a hybridized function takes its inputs by position; got "
+                                                      "keyword arguments 'x', 'states'")):
+        fast(x=x, states=hc)
+    assert not fast.compiled
 
 
 def test_a_result_larger_than_memory_is_an_execution_error(cache_dir, monkeypatch):
