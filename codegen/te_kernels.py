@@ -8,7 +8,7 @@ compute what numpy computes (why, per case, is in the `converters` package docst
 * `te_arange`: arange over symbolic integer bounds;
 * `int_power_primfunc`: integer power as a TIR while loop (TVM has no integer power);
 * `take_index_primfunc`, `nonnegative_primfunc`, `nonempty_primfunc`: run-time checks (TIR asserts)
-  where numpy raises: take indices out of range, negative integer exponents, argmax of an empty axis.
+  where numpy raises: take indices out of range, negative integer exponents, argmax/max/min of an empty axis.
 
 Each TE function takes TE tensors / PrimExprs and is emitted with ``bb.emit_te(fn, ...)``.
 """
@@ -204,14 +204,14 @@ def int_power_primfunc(dtype: str):
     return int_power
 
 
-# Run-time checks: where numpy raises (an index out of range, argmax of an empty axis, an integer to a
+# Run-time checks: where numpy raises (an index out of range, argmax/max/min of an empty axis, an integer to a
 # negative power), compiled code raises too: a TIR assert makes the kernel fail, the VM raises, and the
 # executor names the op (re-running the region's numpy reference on that error path). Each check is a
 # serial kernel of its own (SERIAL_CHECK): an assert inside a parallel loop was missed in 2 of 40 runs
 # (TVM's parallel launcher), and the kernels that use the checked values keep their schedules.
 NEGATIVE_POWER = "power: integers to negative integer powers are not allowed"
 TAKE_OUT_OF_RANGE = "take: index out of range"
-ARG_EMPTY = "attempt to get argmax/argmin of an empty sequence"
+EMPTY_REDUCE = "argmax/argmin/max/min of an empty axis (no identity)"
 #: PrimFunc attribute: the CPU schedules leave the function as written (a serial loop of checks).
 SERIAL_CHECK = "dyntvm.serial_check"
 
@@ -263,17 +263,18 @@ def nonnegative_primfunc(dtype: str):
     return nonnegative
 
 
-def nonempty_primfunc():
-    """argmax/argmin's result passed through, or a run-time error if the reduced extent n is 0."""
+def nonempty_primfunc(dtype: str = I64):
+    """A reduction's result (argmax/argmin's indices, max/min's extremes, of `dtype`) passed through,
+    or a run-time error if the reduced extent n is 0 (numpy: no identity)."""
     from tvm.script import tirx as T
 
     @T.prim_func(private=True, s_tir=True)
     def nonempty(r: T.handle, n: T.int64, o: T.handle):
         T.func_attr({"tirx.noalias": True, "op_pattern": 8, SERIAL_CHECK: True})
         m = T.int64()
-        res = T.match_buffer(r, (m,), I64)
-        out = T.match_buffer(o, (m,), I64)
-        assert n > T.int64(0), ARG_EMPTY
+        res = T.match_buffer(r, (m,), dtype)
+        out = T.match_buffer(o, (m,), dtype)
+        assert n > T.int64(0), EMPTY_REDUCE
         for k in range(m):
             with T.sblock("copy"):
                 vk = T.axis.spatial(m, k)

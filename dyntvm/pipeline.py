@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 from .codegen.build import build, check_target
-from .errors import CompileError
+from .errors import CompileError, InputError
 from .frontend.tracer import TensorSpec, trace
 from .ir.graph import Graph
 from .ir.tree import tree_flatten, tree_unflatten
@@ -109,7 +109,10 @@ def hybridize(fn, target: str = "cpu", dynamic=(), selector=None, cache_dir=None
             specs.append(TensorSpec(shape, x.dtype.name))
         return spec, specs
 
-    def call(*args):
+    def call(*args, **kwargs):
+        if kwargs:
+            raise InputError(f"a hybridized function takes its inputs by position; got keyword argument"
+                             f"{'s' if len(kwargs) > 1 else ''} {', '.join(map(repr, kwargs))}")
         spec, specs = specs_for(args)
         sig = (str(spec),) + tuple((s.dtype, s.shape) for s in specs)
         model = compiled.get(sig)

@@ -216,7 +216,7 @@ def getitem(x, idx):
             expanded.extend([builtins.slice(None)] * (ndim - n_real))
         else:
             expanded.append(i)
-    axes, starts, stops, steps, squeeze_axes, new_axes = [], [], [], [], [], []
+    axes, starts, stops, steps, squeeze_axes, new_axes, takes = [], [], [], [], [], [], []
     ax = 0
     out_pos = 0
     for i in expanded:
@@ -231,8 +231,11 @@ def getitem(x, idx):
             d = (x.shape if isinstance(x, Tensor) else np.shape(x))[ax]
             if isinstance(d, int) and not -d <= i < d:
                 raise trace_error(f"index {i} is out of range for axis {ax} of size {d}")
-            axes.append(ax), starts.append(i), stops.append(i + 1 if i != -1 else None), steps.append(1)
-            squeeze_axes.append(ax)
+            if isinstance(d, int):
+                axes.append(ax), starts.append(i), stops.append(i + 1 if i != -1 else None), steps.append(1)
+                squeeze_axes.append(ax)
+            else:           # a symbolic axis: a take, whose run-time check names the index and the axis size
+                takes.append((ax, i))
         elif isinstance(i, builtins.slice):
             if i != builtins.slice(None):
                 axes.append(ax), starts.append(i.start), stops.append(i.stop), steps.append(1 if i.step is None else i.step)
@@ -241,8 +244,10 @@ def getitem(x, idx):
             raise trace_error(f"unsupported index {i!r}; use ints, slices, None, or one int/bool tensor")
         ax += 1
     y = slice(x, starts, stops, steps, axes) if axes else x
+    for ax, i in reversed(takes):
+        y = _F["take"](y, np.int64(i), axis=ax)
     if squeeze_axes:
-        y = _F["squeeze"](y, tuple(squeeze_axes))
+        y = _F["squeeze"](y, tuple(a - builtins.sum(1 for t, _ in takes if t < a) for a in squeeze_axes))
     for p in new_axes:
         y = _F["expand_dims"](y, p)
     return y
@@ -294,8 +299,8 @@ def full(shape, fill_value, dtype=None):
     """`np.full`; dtype defaults to float32 for floats, int64 for ints, bool for bools."""
     if dtype is None:
         dtype = as_array(fill_value).dtype
-    return _one("full", "full", [], A.FullAttrs(_dims(shape, "full"), _pyscalar(fill_value, "full"),
-                                                np.dtype(dtype).name))
+    return _one("full", "full", [], _attrs_of("full", A.FullAttrs, _dims(shape, "full"),
+                                              _pyscalar(fill_value, "full"), np.dtype(dtype).name))
 
 
 def _pyscalar(v, api):
@@ -318,8 +323,9 @@ def ones(shape, dtype="float32"):
 
 def full_like(x, fill_value, dtype=None):
     """`np.full_like`."""
-    return _one("full_like", "full_like", [x], A.FullLikeAttrs(_pyscalar(fill_value, "full_like"),
-                                                                None if dtype is None else np.dtype(dtype).name))
+    attrs = _attrs_of("full_like", A.FullLikeAttrs, _pyscalar(fill_value, "full_like"),
+                      None if dtype is None else np.dtype(dtype).name)
+    return _one("full_like", "full_like", [x], attrs)
 
 
 def zeros_like(x, dtype=None):
@@ -376,11 +382,9 @@ def unique(x, return_inverse=False, return_counts=False):
 def topk(x, k, axis=-1, largest=True):
     """The `k` largest (or smallest) entries along `axis`, sorted, and their int64 indices.
     `k` may be a 0-d integer tensor (data-dependent output size)."""
-    if isinstance(k, (Tensor, np.ndarray)) and not isinstance(k, np.generic):
-        if _is_traced([x, k]):
-            return tuple(apply("topk", "topk_dyn", [x, k], A.TopkAttrs(None, int(axis), bool(largest))))
-        k = int(k)
-    return tuple(apply("topk", "topk", [x], A.TopkAttrs(int(k), int(axis), bool(largest))))
+    if isinstance(k, (Tensor, np.ndarray)) and not isinstance(k, np.generic):   # eager too: k checked when run
+        return tuple(apply("topk", "topk_dyn", [x, k], _attrs_of("topk", A.TopkAttrs, None, axis, largest)))
+    return tuple(apply("topk", "topk", [x], _attrs_of("topk", A.TopkAttrs, k, axis, largest)))
 
 
 def all_ops_names() -> list:

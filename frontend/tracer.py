@@ -301,6 +301,9 @@ def as_array(x) -> np.ndarray:
     if isinstance(x, bool):
         return np.asarray(x)
     if isinstance(x, int):
+        if not -2 ** 63 <= x < 2 ** 63:
+            raise trace_error(f"the Python int {x} does not fit int64 (the dtype of Python ints); pass a numpy "
+                              "array (e.g. uint64 or float64)")
         return np.asarray(x, np.int64)
     if isinstance(x, float):
         return np.asarray(x, np.float32)

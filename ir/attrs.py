@@ -185,17 +185,35 @@ class ClipAttrs:
         return to_int(self.a_min, np.ceil), to_int(self.a_max, np.floor)
 
 
+def check_fill(value, dtype) -> None:
+    """A ValueError where numpy's ``np.full(..., value, dtype)`` raises: a Python int out of an integer
+    dtype's range (NEP 50), or too large for a float."""
+    dt = np.dtype(dtype)
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        if dt.kind in "iu" and not int(np.iinfo(dt).min) <= int(value) <= int(np.iinfo(dt).max) or \
+                dt.kind == "f" and abs(int(value)) >= 2 ** 1024:
+            text = str(value) if len(str(value)) <= 40 else f"{str(value)[:12]}... ({len(str(abs(value)))} digits)"
+            raise ValueError(f"fill value {text} does not fit {dt.name}")
+
+
 @dataclass(frozen=True)
 class FullAttrs:
     shape: tuple
     fill_value: Any
     dtype: str
 
+    def __post_init__(self):
+        check_fill(self.fill_value, self.dtype)
+
 
 @dataclass(frozen=True)
 class FullLikeAttrs:
     fill_value: Any
     dtype: str | None = None
+
+    def __post_init__(self):
+        if self.dtype is not None:
+            check_fill(self.fill_value, self.dtype)
 
 
 @dataclass(frozen=True)
@@ -217,6 +235,12 @@ class TopkAttrs:
     k: int | None = None      # None: k comes from the second input (dynamic)
     axis: int = -1
     largest: bool = True
+
+    def __post_init__(self):
+        k = None if self.k is None else _int(self.k, "k")
+        if k is not None and k < 0:
+            raise ValueError(f"k must be >= 0, got {k}")
+        _set(self, k=k, axis=_int(self.axis), largest=bool(self.largest))
 
 
 @dataclass(frozen=True)

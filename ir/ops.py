@@ -20,13 +20,13 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .attrs import (ArangeAttrs, ArgReduceAttrs, AxesAttrs, AxisAttrs, CaseAttrs, ClipAttrs, CondAttrs,
+from .attrs import (check_fill, ArangeAttrs, ArgReduceAttrs, AxesAttrs, AxisAttrs, CaseAttrs, ClipAttrs, CondAttrs,
                     ConstantAttrs, DtypeAttrs, ForeachAttrs, FullAttrs, FullLikeAttrs, LayerNormAttrs, NoAttrs,
                     PadAttrs, ReduceAttrs, RegionAttrs, ShapeAttrs, SliceAttrs, SplitAttrs, TileAttrs, TopkAttrs,
                     TransposeAttrs, UniqueAttrs, WhileAttrs)
 from .dims import parse_dim
 from .dtypes import arith_dtype, float_dtype, reduce_dtype
-from .shapes import (ShapeError, broadcast_shapes, infer_reshape, norm_axis, reduce_shape, slice_length,
+from .shapes import (ShapeError, arange_length, broadcast_shapes, infer_reshape, norm_axis, reduce_shape, slice_length,
                      unify_dims)
 from .types import Dim, TensorType, dim_add, dim_floordiv, dim_max, dim_mul, dim_sub, dim_symbols, fresh_dim
 
@@ -468,13 +468,20 @@ register("layer_norm", LayerNormAttrs, _layer_norm, num_inputs=3, api="layer_nor
          doc="Layer norm over the trailing `gamma.ndim` axes: `(x - mean) / sqrt(var + eps) * gamma + beta`.")
 register("full", FullAttrs, lambda ts, a: [TensorType(tuple(a.shape), a.dtype)], num_inputs=0,
          dim_attrs=("shape",))
-register("full_like", FullLikeAttrs,
-         lambda ts, a: [TensorType(ts[0].shape, a.dtype or ts[0].dtype)], num_inputs=1)
+def _full_like(ts, a):
+    try:
+        check_fill(a.fill_value, a.dtype or ts[0].dtype)     # numpy raises for -1 into a uint8 x's dtype
+    except ValueError as e:
+        raise ShapeError(str(e)) from None
+    return [TensorType(ts[0].shape, a.dtype or ts[0].dtype)]
+
+
+register("full_like", FullLikeAttrs, _full_like, num_inputs=1)
 
 
 def _arange(ts, a):
     if not (isinstance(a.start, str) or isinstance(a.stop, str)):
-        return [TensorType((len(np.arange(a.start, a.stop, a.step, dtype=a.dtype)),), a.dtype)]
+        return [TensorType((arange_length(a.start, a.stop, a.step, a.dtype),), a.dtype)]
     # Symbolic bounds (F.arange(x.shape[0])): integer start/step, length max(ceil((stop - start) / step), 0).
     if not all(isinstance(v, (int, str)) for v in (a.start, a.stop)) or not isinstance(a.step, int) or not a.step:
         raise ShapeError(f"arange with symbolic bounds needs integer start, stop and a nonzero integer step, got "

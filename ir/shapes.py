@@ -2,6 +2,8 @@
 reshape and slice lengths. Everything here works on `Dim`s (ints and symbolic dims)."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .types import (Dim, ShapeError, TensorType, dim_add, dim_bounds, dim_floordiv, dim_max, dim_min, dim_mul,
@@ -140,3 +142,26 @@ def slice_length(d: Dim, start, stop, step) -> Dim:
     else:                                        # x[-j:k]: both ends clamp
         n = dim_max(dim_sub(dim_min(d, b), dim_max(dim_add(d, a), 0)), 0)
     return n if step == 1 else dim_floordiv(dim_add(n, step - 1), step)
+
+
+def arange_length(start, stop, step, dtype) -> int:
+    """numpy's length of ``arange(start, stop, step)``, max(ceil((stop - start) / step), 0) in Python's
+    true division as numpy computes it, without building a huge one; ShapeError where numpy raises."""
+    what = f"arange({start}, {stop}, {step})"
+    try:
+        span = (stop - start) / step
+    except ZeroDivisionError:
+        raise ShapeError(f"{what}: step must not be 0") from None
+    except OverflowError:
+        span = math.inf
+    if not math.isfinite(span):
+        raise ShapeError(f"{what}: cannot compute the length (a bound or the step is NaN or infinite)")
+    n = max(math.ceil(span), 0)
+    if n * np.dtype(dtype).itemsize >= 2 ** 62:
+        raise ShapeError(f"{what}: {n} elements of {dtype} are more than an array can hold")
+    if n > 1 << 20:
+        return n
+    try:
+        return len(np.arange(start, stop, step, dtype=dtype))
+    except (ValueError, OverflowError, TypeError) as e:      # e.g. negative values as uint8
+        raise ShapeError(f"{what} as {dtype}: {e}") from None

@@ -58,6 +58,25 @@ def _flatten_like(spec, arg, leaves: list) -> bool:
     return all(_flatten_like(c, a, leaves) for c, a in zip(spec[1], arg))
 
 
+def _convert_losslessly(x, a: np.ndarray, t, label: str) -> np.ndarray:
+    """`a` (Python value `x` read by numpy) cast to `t`'s dtype; an InputError where that changes values
+    (an integer out of range, a finite number that becomes inf). Float rounding is no loss."""
+    with np.errstate(all="ignore"):
+        b = a.astype(t.dtype)
+    bad = None
+    if b.dtype.kind in "iu" and a.dtype.kind in "iu" and a.size:
+        info = np.iinfo(b.dtype)
+        out = a[(a < info.min) | (a > info.max)]
+        bad = out.flat[0].item() if out.size else None
+    elif b.dtype.kind == "f":
+        out = a[np.isfinite(a) & ~np.isfinite(b)]
+        bad = out.flat[0].item() if out.size else None
+    if bad is not None:
+        raise InputError(f"{label}: the {type(x).__name__} holds {bad!r}, which does not fit {t.dtype} (converting "
+                         f"to {t} would lose data); pass a numpy array of {t.dtype}")
+    return b
+
+
 def check_inputs(graph: Graph, args: tuple) -> list:
     """Flatten `args` like the traced signature and validate count, dtype, rank and dims."""
     types = [v.type for v in graph.inputs]
@@ -85,10 +104,10 @@ def check_inputs(graph: Graph, args: tuple) -> list:
                     a = np.asarray(x)
                 except (TypeError, ValueError) as e:
                     raise InputError(f"{label}: cannot convert {type(x).__name__} to {t}: {e}") from e
-                if not np.can_cast(a.dtype, t.dtype, "same_kind"):
+                if not (np.can_cast(a.dtype, t.dtype, "same_kind") or a.dtype.kind + t.dtype[0] in ("iu", "ui")):
                     raise InputError(f"{label}: a Python {type(x).__name__} ({a.dtype.name}) does not convert "
                                      f"to {t} without losing data; pass a numpy array of {t.dtype}")
-                x = a.astype(t.dtype)
+                x = _convert_losslessly(x, a, t, label)
             elif hasattr(x, "__dlpack__"):
                 x = to_numpy(x)
             else:

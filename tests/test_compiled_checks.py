@@ -1,8 +1,10 @@
 """Where numpy raises on values, a compiled model raises too (as eager mode does), with a
-dt.ExecutionError naming the op: a `take` index out of range, argmax/argmin of an empty axis, an integer
-to a negative power. Compiled code used to clamp the index, return INT64_MAX and return 1. In-range
+dt.ExecutionError naming the op: a `take` index out of range, argmax/argmin/max/min of an empty axis, an
+integer to a negative power. Compiled code used to clamp the index, return INT64_MAX and return 1. In-range
 inputs still match eager; checks are left out where the values are provably fine."""
 from __future__ import annotations
+
+import re
 
 import numpy as np
 import pytest
@@ -97,6 +99,21 @@ def test_constant_indices_within_a_static_axis_need_no_check():
         model(X[:2])
 
 
+def test_an_int_index_out_of_range_of_a_symbolic_axis_names_the_index():
+    """x[2] on a symbolic axis is a take (it used to be a slice + squeeze: 'cannot select an axis to squeeze
+    out'); static axes are checked when tracing."""
+    def second(x):
+        return x[2] + 1.0, x[:, -1]
+    model = dt.compile(second, S(("N", "M")), use_cache=False)
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    for got, want in zip(model(x), second(x)):
+        np.testing.assert_array_equal(got, want)
+    with pytest.raises(dt.ExecutionError, match=re.escape("take: index out of range for axis 0 of size 2")):
+        model(x[:2])
+    with pytest.raises(dt.ExecutionError, match=re.escape("take: index out of range for axis 1 of size 0")):
+        model(x[:3, :0])
+
+
 # ------------------------------------------------------------------------------- argmax/argmin
 def arg_rows(x):
     return F.argmax(x, axis=0), F.argmin(x, axis=1)
@@ -126,6 +143,42 @@ def test_argmax_of_non_empty_axes_matches_eager():
 def test_argmax_over_a_static_axis_needs_no_check():
     assert not any("nonempty" in k for k in kernels(lambda x: F.argmax(x, axis=1), S(("N", 3))))
     assert any("nonempty" in k for k in kernels(lambda x: F.argmax(x, axis=0), S(("N", 3))))
+
+
+# ------------------------------------------------------------------------------------ max/min
+def max_rows(x):
+    return F.max(x, axis=0)
+
+
+def min_cols(x):
+    return F.min(x, axis=1, keepdims=True)
+
+
+def max_all(x):
+    return F.max(x)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int32", "uint8", "bool"])
+def test_max_min_of_an_empty_axis_raises_like_numpy(dtype):
+    """numpy raises when the reduced extent is 0 (also where the result is empty: (0, 0) along axis 1);
+    compiled max/min used to give -inf / INT_MIN / True."""
+    for fn, op in [(max_rows, "max"), (min_cols, "min"), (max_all, "max")]:
+        model = in_region(dt.compile(fn, S(("N", "M"), dtype), use_cache=False), op)
+        for shape in [(0, 3), (0, 0), (2, 0), (3, 2)]:
+            x = (np.arange(int(np.prod(shape))).reshape(shape) % 3).astype(dtype)
+            try:
+                want = fn(x)
+            except dt.ExecutionError:
+                assert_raises_like_eager(model, fn, op, x)
+                continue
+            got = model(x)
+            assert got.dtype == want.dtype and got.shape == want.shape, (fn.__name__, shape)
+            np.testing.assert_array_equal(got, want)
+
+
+def test_max_over_static_axes_needs_no_check():
+    assert not any("nonempty" in k for k in kernels(lambda x: F.max(x, axis=1), S(("N", 3))))
+    assert any("nonempty" in k for k in kernels(lambda x: F.min(x, axis=0), S(("N", 3), "int32")))
 
 
 # ----------------------------------------------------------------------------------- int power

@@ -250,12 +250,55 @@ def test_broadcast_errors_inside_bodies_point_at_the_body():
     (lambda x: F.cast(x, "int32") & 1, [X], "& is only supported on bool tensors", "& 1"),
     (lambda x: None, [X], "trace: output 0 is None", "dt.trace(fn, *specs)"),    # points at the trace call
     (lambda x: F.full_like(x, F.sum(x)), [X], "full_like: expected a Python or numpy scalar", "F.full_like("),
+    (lambda x: x + F.full((), -1, "uint8"), [S(("N",), "uint8")], "full: fill value -1 does not fit uint8",
+     "F.full((), -1"),
+    (lambda x: F.full_like(x, 256), [S(("N",), "uint8")], "full_like: fill value 256 does not fit uint8",
+     "F.full_like(x, 256)"),
+    (lambda x: F.full_like(x, -129, "int8"), [X], "full_like: fill value -129 does not fit int8", "-129"),
+    (lambda x: x + F.full((2,), 2 ** 64), [X], "the Python int 18446744073709551616 does not fit int64", "2 ** 64"),
+    (lambda x: F.full_like(x, -1.0, "uint8") + F.full((), 255, "uint8"), [X], None, None),   # numpy: fine
+    (lambda x: F.topk(x, -1), [X], "topk: k must be >= 0, got -1", "F.topk(x, -1)"),
+    (lambda x: x + F.arange(float("nan")), [X], re.escape("arange: arange(0, nan, 1): cannot compute the length"),
+     "F.arange(float"),
+    (lambda x: F.arange(3, 5, 0) + x[0], [X], re.escape("arange: arange(3, 5, 0): step must not be 0"), "F.arange(3"),
+    (lambda x: F.arange(2 ** 62) + x[0], [X], "4611686018427387904 elements of int64 are more than an array can",
+     "F.arange(2 ** 62)"),
 ])
 def test_op_errors(fn, specs, match, snippet):
     if match is None:                   # control: these trace fine
         dt.trace(fn, *specs)
         return
     raises(match, fn, *specs, snippet=snippet)
+
+
+def test_full_fill_values_that_do_not_fit_raise_eagerly_too():
+    """np.full((), -1, np.uint8) raises OverflowError: eager and traced full raise the same TraceError when
+    the op is created (compiled code used to wrap to 255)."""
+    for make, msg in [(lambda: F.full((), -1, "uint8"), "full: fill value -1 does not fit uint8"),
+                      (lambda: F.full_like(np.zeros(2, "int16"), 2 ** 15), "full_like: fill value 32768 does not fit int16"),
+                      (lambda: F.full((), 2 ** 70), "the Python int 1180591620717411303424 does not fit int64")]:
+        with pytest.raises(dt.TraceError, match=re.escape(msg)):
+            make()
+    assert F.full((2,), 255, "uint8").tolist() == [255, 255]
+
+
+def test_eager_ops_raise_dyntvm_errors_not_raw_numpy_ones():
+    """Eager F ops used to raise numpy's ValueError / MemoryError / ZeroDivisionError / OverflowError."""
+    x = np.array([3, 1, 2], "float32")
+    for make, err, msg in [
+            (lambda: F.topk(x, np.array(-1)), dt.ExecutionError, "topk failed: topk: k=-1 must be in [0, 3]"),
+            (lambda: F.topk(x, np.array(5)), dt.ExecutionError, "topk failed: topk: k=5 must be in [0, 3]"),
+            (lambda: F.topk(x, np.array([1])), dt.TraceError, "topk: topk's k must be 0-d tensors, got int64[1]"),
+            (lambda: F.topk(x, 1.5), dt.TraceError, "topk: k must be an integer, got 1.5"),
+            (lambda: F.arange(np.array(np.nan, "float32")), dt.TraceError, "cannot compute the length"),
+            (lambda: F.arange(np.array(np.inf, "float32")), dt.TraceError, "cannot compute the length"),
+            (lambda: F.arange(np.array(3), np.array(5), np.array(0)), dt.TraceError, "step must not be 0"),
+            (lambda: F.arange(-3, -36, -46, dtype="uint8"), dt.TraceError, "as uint8: Python integer -3 out of bounds"),
+            (lambda: F.arange(10 ** 17), dt.ExecutionError, "arange failed: Unable to allocate")]:
+        with pytest.raises(err, match=re.escape(msg)):
+            make()
+    np.testing.assert_array_equal(F.topk(x, np.array(2))[1], [0, 2])
+    np.testing.assert_array_equal(F.arange(0.1, 0.3, 0.1), np.arange(0.1, 0.3, 0.1, dtype="float32"))
 
 
 # ------------------------------------------------------------------------------------ scopes

@@ -59,6 +59,25 @@ def test_nested_lists_are_arrays_where_the_model_takes_a_tensor(model):
         model(x, (h, c))                                                      # a tuple where a list was traced
 
 
+def test_lists_and_scalars_that_do_not_fit_the_dtype_raise(cache_dir):
+    """A list or scalar is read as an array only if that loses no data: ints out of range used to wrap
+    ([2**40] as int32 gave 0), finite floats too large became inf."""
+    m = dt.compile(lambda a, b, c: (a + 1, b * 1, c + 0), S(("N",), "int32", name="a"), S(("N",), name="b"),
+                   S((), "uint8", name="c"), cache_dir=cache_dir)
+    ok = m([2**31 - 1, -2**31], [0.1, 1e-300], 255)               # in range; float rounding is no loss
+    assert_same(ok, (np.array([-2**31, -2**31 + 1], "int32"), np.array([0.1, 0], "float32"), np.uint8(255)))
+    assert_same(m([1, 2], [np.inf, np.nan], True)[1], np.array([np.inf, np.nan], "float32"))
+    for args, msg in [(([2**40, 2**31], [1.0, 2.0], 0), "input 0 ('a'): the list holds 1099511627776, which does "
+                                                        "not fit int32 (converting to int32[N] would lose data)"),
+                      (([1, 2], [1e300, 1e-300], 0), "input 1 ('b'): the list holds 1e+300, which does not fit float32"),
+                      (([1], [1.0], -1), "input 2 ('c'): the int holds -1, which does not fit uint8"),
+                      (([1], [1.0], 256), "input 2 ('c'): the int holds 256, which does not fit uint8"),
+                      (([1], [1.0], 2.0), "input 2 ('c'): a Python float (float64) does not convert to uint8[]")]:
+        with pytest.raises(dt.InputError, match=re.escape(msg)):
+            m(*args)
+
+
+
 def test_keyword_arguments_are_an_input_error(model):
     x, hc = args()
     with pytest.raises(dt.InputError, match=re.escape(
@@ -67,6 +86,11 @@ def test_keyword_arguments_are_an_input_error(model):
         model(x, states=hc)
     with pytest.raises(dt.InputError, match=re.escape("got keyword arguments 'x', 'states'")):
         model(x=x, states=hc)
+    fast = dt.hybridize(two_args)          # used to raise a raw TypeError
+    with pytest.raises(dt.InputError, match=re.escape("a hybridized function takes its inputs by position; got "
+                                                      "keyword arguments 'x', 'states'")):
+        fast(x=x, states=hc)
+    assert not fast.compiled
 
 
 def test_a_result_larger_than_memory_is_an_execution_error(cache_dir, monkeypatch):

@@ -40,8 +40,8 @@ converter and `UNSUPPORTED_EXACTNESS`). The general rules:
   symbolic dim is 1 at run time, and ``take`` defaults to an unchecked mode.
 * Where numpy raises on values, compiled code raises too (run-time checks, each a small serial
   kernel with a TIR assert: `te_kernels`): a ``take`` index out of range (the check also wraps
-  negative indices; none for constant indices within a static axis), argmax/argmin of an empty
-  axis (none for an axis provably non-empty), an integer ``power`` with a negative exponent (none
+  negative indices; none for constant indices within a static axis), argmax/argmin/max/min of
+  an empty axis (none for axes provably non-empty), an integer ``power`` with a negative exponent (none
   for a constant non-negative exponent). The executor turns the failure into an ExecutionError
   naming the op.
 * Float max/min reductions use a NaN-propagating reducer with a -inf/+inf identity (TOPI's drops

@@ -1,8 +1,11 @@
 """Reduction converters (sum, mean, max, min, prod; argmax, argmin) in numpy's accumulation dtypes.
 
-Reductions over a symbolic axis get the empty-axis guard (`common.guard_empty`); float max/min and
+Sum/prod/mean over a symbolic axis get the empty-axis guard (`common.guard_empty`); max/min and
+argmax/argmin of an empty axis raise at run time like numpy (`_nonempty`); float max/min and
 argmax/argmin use the NaN-propagating TE computes of `te_kernels`."""
 from __future__ import annotations
+
+from functools import partial
 
 from tvm import tirx
 from tvm.relax import op as R
@@ -44,17 +47,26 @@ def _reduce(name):
             if isinstance(count, tirx.IntImm):      # a static 0-length axis: nan (numpy), no divide by 0
                 return [full_expr(shape_of(s), float("nan"), dt)]
             return [bb.emit_te(te_mean_div, s, x, count, primfunc_name_hint="dt_mean_div")]
-        # max / min: numpy raises on empty axes, so no guard
+        # max / min: numpy raises when the reduced extent is 0 (no identity): a run-time check
         if not axes:
             return [x]
         if is_float(dt):
-            return [bb.emit_te(te_nan_reduce, emit(bb, x), axes, keep, name == "max",
-                               primfunc_name_hint="dt_" + name)]
+            r = bb.emit_te(te_nan_reduce, emit(bb, x), axes, keep, name == "max", primfunc_name_hint="dt_" + name)
+            return [_nonempty(bb, ctx, r, extents, dt)]
         if dt == "bool":
-            r = extreme(R.astype(x, "int8"), axis=axes, keepdims=keep)
+            r = _nonempty(bb, ctx, emit(bb, extreme(R.astype(x, "int8"), axis=axes, keepdims=keep)), extents, "int8")
             return [R.astype(r, "bool")]
-        return [extreme(x, axis=axes, keepdims=keep)]
+        return [_nonempty(bb, ctx, emit(bb, extreme(x, axis=axes, keepdims=keep)), extents, dt)]
     return conv
+
+
+def _nonempty(bb, ctx, r, extents, dtype):
+    """`r` (a reduction over `extents`), or a run-time error where their product is 0 (numpy raises for
+    max/min/argmax/argmin: no identity), unless it is provably positive."""
+    n = ctx.analyzer.simplify(prod(extents))
+    if ctx.positive(n):
+        return r
+    return checked(bb, ctx, f"dt_check_nonempty_{dtype}", partial(nonempty_primfunc, dtype), r, n, dtype)
 
 
 for _name in ops_in(Group.REDUCE):
@@ -70,10 +82,7 @@ def _argreduce_expr(bb, ctx, x, axis, keepdims, is_max):
         m = emit(bb, (R.max if is_max else R.min)(x, axis=[axis], keepdims=True))
     r = bb.emit_te(te_first_index, x, m, axis, keepdims,
                    primfunc_name_hint="dt_" + ("argmax" if is_max else "argmin"))
-    extent = shape_of(x)[axis]
-    if ctx.positive(extent):
-        return r
-    return checked(bb, ctx, "dt_check_nonempty", nonempty_primfunc, r, extent, I64)
+    return _nonempty(bb, ctx, r, [shape_of(x)[axis]], I64)
 
 
 @converter(*ops_in(Group.ARG_REDUCE))

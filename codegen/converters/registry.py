@@ -5,7 +5,7 @@ CONVERTERS: dict = {}
 
 #: Known, documented differences between compiled code and the numpy reference (all in cases
 #: where numpy raises, or in NaN/inf corner cases). Where numpy raises on values (a take index out
-#: of range, argmax/argmin of an empty axis, an integer to a negative power) compiled code raises
+#: of range, argmax/argmin/max/min of an empty axis, an integer to a negative power) compiled code raises
 #: too: a run-time check (`te_kernels.take_index_primfunc` and the like).
 UNSUPPORTED_EXACTNESS = {
     "topk": "NaN sorts last like numpy, but a NaN and a real -inf (largest=True) / +inf "
