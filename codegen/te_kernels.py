@@ -280,3 +280,25 @@ def nonempty_primfunc(dtype: str = I64):
                 vk = T.axis.spatial(m, k)
                 out[vk] = res[vk]
     return nonempty
+
+
+def same_size_primfunc(dtype: str):
+    """A copy ``a (m,) -> b (k,)`` that first asserts m == k: a reshape whose element counts Relax cannot
+    prove equal (`converters.shape._checked_reshape`). The assert stands outside the loop (on a GPU: in the
+    host part, before the launch). Opaque, so it is never fused (a `match_cast` in its place, fused with a
+    following elementwise op, crashed TVM's fusion passes)."""
+    from tvm.script import tirx as T
+
+    @T.prim_func(private=True, s_tir=True)
+    def same_size(a: T.handle, b: T.handle):
+        T.func_attr({"tirx.noalias": True, "op_pattern": 8})
+        m = T.int64()
+        k = T.int64()
+        src = T.match_buffer(a, (m,), dtype)
+        dst = T.match_buffer(b, (k,), dtype)
+        assert m == k, "reshape: the number of elements differs from the target shape's"
+        for i in range(k):
+            with T.sblock("copy"):
+                vi = T.axis.spatial(k, i)
+                dst[vi] = src[vi]
+    return same_size

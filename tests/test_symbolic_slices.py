@@ -62,3 +62,20 @@ def test_eager_reference_and_compiled_agree_below_and_above_the_bounds(traced, n
     assert want["head"].shape == (min(n, 2), 4)
     assert_same(dt.run_reference(graph, x), want, what=f"reference at N={n}")
     assert_same(model(x), want, what=f"compiled at N={n}")
+
+
+@pytest.mark.parametrize("fn", [lambda x: F.squeeze(x[:, -1:], 1) * 1.0, lambda x: F.squeeze(x[:, 1:2], 1) * 1.0,
+                                lambda x: F.reshape(x[:, -1:], (x.shape[0],)) * 1.0],
+                         ids=["squeeze_last", "squeeze_middle", "reshape"])
+def test_reshape_of_a_symbolic_slice_then_elementwise(fn):
+    """Found by the hostile-review fixes: a reshape Relax cannot prove (here of a [N, min(M, 1)] slice) was
+    checked with a match_cast, and fused with a following elementwise op it crashed TVM's fusion passes with a
+    segfault. Now a run-time checked copy (`te_kernels.same_size_primfunc`): results as numpy, same errors."""
+    model = dt.compile(fn, dt.TensorSpec(("N", "M")), use_cache=False)
+    for shape in ((3, 2), (1, 5), (0, 3), (4, 1)):
+        x = np.random.default_rng(0).random(shape).astype(np.float32)
+        np.testing.assert_array_equal(model(x), fn(x))
+    with pytest.raises(dt.ExecutionError):
+        model(np.ones((3, 0), np.float32))
+    with pytest.raises(dt.DyntvmError):        # eager: a TraceError from the type rule on the concrete shapes
+        fn(np.ones((3, 0), np.float32))

@@ -14,9 +14,10 @@ from tvm.relax import op as R
 from dyntvm.errors import CompileError
 from ...ir.shapes import norm_axes, norm_axis
 from ..dims import I64, is_one
-from ..te_kernels import take_index_primfunc, te_broadcast, te_slice, te_take
+from ..te_kernels import same_size_primfunc, take_index_primfunc, te_broadcast, te_slice, te_take
 from .registry import converter
-from .common import assert_dims, cast, checked, constant_of, dtype_of, emit, ndim_of, out_type, prod, shape_of
+from .common import (assert_dims, cast, checked, constant_of, dtype_of, emit, ndim_of, out_type, primfunc_once, prod,
+                     shape_of)
 
 
 def _is_zero(d) -> bool:
@@ -34,13 +35,15 @@ def _relax_reshape(bb, x, target: list):
 
 
 def _checked_reshape(bb, ctx, x, target: list):
-    """R.reshape to `target`; when Relax cannot prove the sizes equal, flatten and match_cast to
-    the target size first (checked at run time: R.reshape itself is not)."""
+    """R.reshape to `target`; when Relax cannot prove the sizes equal, flatten and copy into the target
+    size through `same_size_primfunc`, which checks the sizes at run time (R.reshape itself does not)."""
     src = shape_of(x)
     if ctx.equal(prod(src), prod(target)):
         return _relax_reshape(bb, x, target)
+    dt = dtype_of(x)
     flat = emit(bb, _relax_reshape(bb, x, [ctx.analyzer.simplify(prod(src))]))
-    flat = bb.match_cast(flat, relax.TensorType([ctx.analyzer.simplify(prod(target))], dtype_of(x)))
+    gv = primfunc_once(bb, f"dt_same_size_{dt}", lambda: same_size_primfunc(dt))
+    flat = emit(bb, R.call_tir(gv, [flat], relax.TensorType([ctx.analyzer.simplify(prod(target))], dt)))
     return _relax_reshape(bb, flat, target)
 
 
