@@ -437,9 +437,9 @@ def test_checked_edge_cases_raise_instead_of_reading_out_of_bounds():
     assert got.numpy().shape == (0, 4)
     # a symbolic dim squeezed / reshaped to a size it does not have: run-time error
     np.testing.assert_array_equal(vm["squeeze"](x[:1])[0].numpy(), x[0])
-    with pytest.raises(Exception, match="match_cast"):
+    with pytest.raises(Exception, match="reshape: the number of elements differs"):
         vm["squeeze"](x)
-    with pytest.raises(Exception, match="match_cast"):
+    with pytest.raises(Exception, match="reshape: the number of elements differs"):
         vm["reshape"](x)
     assert vm["reshape"](tvm.runtime.tensor(np.zeros((0, 4), "float32")))[0].numpy().shape == (0, 3)
     with pytest.raises(Exception, match="match_cast"):
