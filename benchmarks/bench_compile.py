@@ -124,7 +124,9 @@ def child(kind: str, arg: str) -> None:
     m = dt.compile(model, spec, use_cache=False)
     secs = time.perf_counter() - t0
     x = np.random.default_rng(0).standard_normal((7, spec.shape[1])).astype(np.float32)
-    np.testing.assert_allclose(m(x), model(x), rtol=2e-4, atol=2e-5)
+    # each region against the numpy reference on its own inputs (float32 rounding differences grow through
+    # a deep random graph: end to end only loosely)
+    np.testing.assert_allclose(m(x, validate=True), model(x), rtol=5e-3, atol=1e-4)
     regions = sum(1 for n in m.graph.walk() if n.op == "region")
     print(json.dumps({"nodes": graph_nodes(g), "regions": regions, "secs": secs, "builds": stats.builds}))
 
