@@ -32,6 +32,16 @@ def check_target(target: str) -> None:
         raise CompileError(f"compile: unknown target {target!r}; expected one of {', '.join(TARGETS)}")
 
 
+def check_compiler() -> None:
+    """TVM's compiler library must be loadable (not a runtime-only TVM, nor `TVM_USE_RUNTIME_LIB=1`)."""
+    try:
+        from tvm import relax  # noqa: F401
+    except (ImportError, AttributeError) as e:
+        raise CompileError("compile: TVM's compiler is not available in this process (a runtime-only TVM, or "
+                           f"TVM_USE_RUNTIME_LIB is set: {type(e).__name__}: {e}); compiled artifacts still load "
+                           "and run with dt.load") from None
+
+
 def collect_regions(graph: Graph) -> list:
     """(name, subgraph) of every region node, control-flow bodies included (depth first)."""
     return [(n.attrs.name, n.subgraphs[0]) for n in graph.walk() if n.op == "region"]
@@ -109,6 +119,7 @@ def build(graph: Graph, target: str = "cpu", cache_dir: str | None = None, use_c
     regions = collect_regions(graph)
     if not regions:
         return None
+    check_compiler()
     desc = target_desc(target)
     key = _cache.cache_key(regions, desc, binding or "")
     cdir = (cache_dir or _cache.default_cache_dir()) if use_cache else None

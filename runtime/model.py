@@ -22,10 +22,13 @@ from .tensors import to_numpy
 
 
 def virtual_machine(lib, device: str = "cpu"):
-    """A Relax VM over a kernel library (built, or loaded from a file) on "cpu" or "cuda"."""
+    """A Relax VM over a kernel library (built, or loaded from a file) on "cpu" or "cuda".
+
+    TVM's runtime VM (`tvm.runtime.vm`), not `tvm.relax`: importing relax needs TVM's compiler library,
+    which a deployment (`dt.load`, `dyntvm run`) must not (see `tests/test_runtime_only.py`)."""
     import tvm
-    from tvm import relax
-    return relax.VirtualMachine(lib, tvm.cpu() if device == "cpu" else tvm.cuda())
+    from tvm.runtime.vm import VirtualMachine
+    return VirtualMachine(lib, tvm.cpu() if device == "cpu" else tvm.cuda())
 
 
 def signature(graph: Graph) -> str:
