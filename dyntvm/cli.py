@@ -36,6 +36,14 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _target(text: str) -> str:
+    """cpu, cuda or cuda:sm_XX (the CUDA arch to build device code for)."""
+    import re
+    if text in ("cpu", "cuda") or re.fullmatch(r"cuda:sm_\d+[a-z]?", text):
+        return text
+    raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:sm_XX (e.g. cuda:sm_80), got {text!r}")
+
+
 def _median_time(fn, repeat: int) -> float:
     times = []
     for _ in range(repeat):
@@ -278,7 +286,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("-o", "--output", required=True, metavar="OUT",
                    help="artifact to write: a folder (e.g. m.dtvm) or a file ending in .tar; an existing "
                         "OUT is replaced only if it is an empty folder or a dyntvm artifact")
-    c.add_argument("--target", choices=("cpu", "cuda"), default="cpu", help="where the kernels run (default cpu)")
+    c.add_argument("--target", type=_target, default="cpu", metavar="cpu|cuda[:sm_XX]",
+                   help="where the kernels run (default cpu). cuda builds device code for sm_XX (default: the "
+                        "local GPU's, else sm_90) and needs nvcc, not a GPU")
     c.add_argument("--tuning-log", metavar="DIR", help="tuning records to use (not supported yet: a warning "
                    "says so and the artifact records it)")
     c.add_argument("--cache-dir", metavar="DIR", help="compile cache (default $DYNTVM_CACHE_DIR or the user "
@@ -313,7 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", parents=[common], help="trace, compile and run a bundled example",
                        description="Trace an example, run it eagerly and compiled, compare results and latency.")
     d.add_argument("--example", default="lstm", metavar="NAME", help=f"{EXAMPLES} (default lstm)")
-    d.add_argument("--target", choices=("cpu", "cuda"), default="cpu", help="default cpu")
+    d.add_argument("--target", type=_target, default="cpu", metavar="cpu|cuda[:sm_XX]", help="default cpu")
     d.add_argument("--repeat", type=_positive_int, default=20, metavar="N", help="timed runs per side (default 20)")
     d.set_defaults(func=_demo)
     return p

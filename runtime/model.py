@@ -10,7 +10,7 @@ import weakref
 
 import numpy as np
 
-from dyntvm.errors import InputError
+from dyntvm.errors import CompileError, InputError
 
 from ..ir.graph import Graph
 from ..ir.ops import OpKind
@@ -192,7 +192,13 @@ class CompiledModel:
         self._calls_retired = [0]      # region calls of executors whose thread has ended
         self._threads = threading.local()
         self._constants: dict = {}     # filled by the first executor, then shared read-only by all
-        self._executor = self._new_executor(vm)      # this thread's; other threads make theirs
+        self.not_runnable = None       # why this model cannot run here (CUDA kernels built without a GPU)
+        if vm is None and self.regions and target == "cuda":
+            self.not_runnable = ("this model was compiled for CUDA on a machine without a GPU: it cannot run here; "
+                                 "save it (model.save) and run it on a GPU host with dt.load / dyntvm run")
+            self._executor = None
+        else:
+            self._executor = self._new_executor(vm)      # this thread's; other threads make theirs
         self._check = InputChecker(graph)
         tree = graph.out_tree
         self._out_kind = ("leaf" if tree == "*" else "tuple" if tree and tree[0] == "tuple" and
@@ -209,6 +215,8 @@ class CompiledModel:
         return ex
 
     def _thread_executor(self) -> Executor:
+        if self.not_runnable:
+            raise CompileError(self.not_runnable)
         ex = getattr(self._threads, "executor", None)
         if ex is None:
             ex = self._new_executor(virtual_machine(self.lib, self.target) if self.vm is not None else None)

@@ -71,7 +71,7 @@ def _argreduce_expr(bb, ctx, x, axis, keepdims, is_max):
     extent = shape_of(x)[axis]
     if ctx.positive(extent):
         return r
-    return checked(bb, ctx, "dt_check_nonempty", nonempty_primfunc, r, extent, I64)
+    return checked(bb, ctx, "dt_check_nonempty", nonempty_primfunc, r, extent, I64, "nonempty")
 
 
 @converter(*ops_in(Group.ARG_REDUCE))
