@@ -18,6 +18,7 @@ from ..ir.tree import LEAF, tree_flatten, tree_str, tree_unflatten
 from ..ir.types import expression_dim_errors, is_symbol
 from .artifact import save as save_artifact
 from .executor import Executor
+from .placement import DevicePlacement
 from .tensors import to_numpy
 
 
@@ -179,6 +180,7 @@ class CompiledModel:
         regions: names of the compiled region functions.
         target: "cpu" or "cuda".
         last_profile: node -> (calls, seconds) of the latest call made with ``profile=True`` (any thread).
+        last_copies: host<->device copies (counts and bytes) of that call, for kernels on a device (a GPU).
     """
 
     def __init__(self, graph: Graph, vm=None, target: str = "cpu", lib=None, info: dict | None = None):
@@ -193,6 +195,11 @@ class CompiledModel:
         self._threads = threading.local()
         self._constants: dict = {}     # filled by the first executor, then shared read-only by all
         self.not_runnable = None       # why this model cannot run here (CUDA kernels built without a GPU)
+        self.last_copies: dict = {}    # host<->device copies of the latest profile=True call (device targets)
+        self._device = None            # the TVM device values live on, for kernels that run on a device
+        if target == "cuda" and vm is not None:
+            import tvm
+            self._device = tvm.cuda(0)
         if vm is None and self.regions and target == "cuda":
             self.not_runnable = ("this model was compiled for CUDA on a machine without a GPU: it cannot run here; "
                                  "save it (model.save) and run it on a GPU host with dt.load / dyntvm run")
@@ -206,13 +213,24 @@ class CompiledModel:
 
     def _new_executor(self, vm) -> Executor:
         """This thread's executor: a Relax VM keeps per-call frames, so threads must not share one."""
-        ex = Executor(self.graph, vm, constants=self._constants)
+        ex = Executor(self.graph, vm, constants=self._constants, placement=self._placement())
         key = id(ex)
         with self._lock:
             self._calls[key] = ex.calls
         weakref.finalize(ex, _retire, self._lock, self._calls, key, self._calls_retired)
         self._threads.executor = ex
         return ex
+
+    def _placement(self):
+        return None if self._device is None else DevicePlacement(self._device)
+
+    def _use_device_path(self, device) -> None:
+        """Run as if the kernels were on a device: values in TVM tensors on `device`, every host crossing an
+        explicit, counted copy (tests run the GPU path on `tvm.cpu()` this way)."""
+        self._device = device
+        self._threads = threading.local()
+        self._constants.clear()
+        self._executor = self._new_executor(self.vm)
 
     def _thread_executor(self) -> Executor:
         if self.not_runnable:
@@ -229,11 +247,18 @@ class CompiledModel:
         arrays = self._check(args)
         ex = self._thread_executor()
         if validate or profile:
-            ex = Executor(self.graph, ex.vm, validate=validate, profile=profile, constants=self._constants)
-        consts = ex.constant_ids
-        outs = [np.array(to_numpy(o)) if id(o) in consts else to_numpy(o) for o in ex.run(arrays)]
+            ex = Executor(self.graph, ex.vm, validate=validate, profile=profile, constants=self._constants,
+                          placement=self._placement())
+        if ex.pl is not None:                 # values on a device: the outputs are copied to the host
+            outs = [ex.pl.to_host(o) for o in ex.run(arrays)]
+        else:
+            consts = ex.constant_ids
+            outs = [np.array(to_numpy(o)) if id(o) in consts else to_numpy(o) for o in ex.run(arrays)]
         if profile:
             self.last_profile = {k: tuple(v) for k, v in ex.profile.items()}
+            pl = ex.pl
+            self.last_copies = {"host_to_device": pl.h2d, "device_to_host": pl.d2h, "host_to_device_bytes":
+                                pl.h2d_bytes, "device_to_host_bytes": pl.d2h_bytes} if pl is not None else {}
         kind = self._out_kind
         if kind == "leaf":
             return outs[0]

@@ -149,8 +149,8 @@ def _while(x):
         return F.logical_and(i < 6, F.sum(h) < 100.0)
 
     def body(i, h):
-        return [i + 1, h * 1.5 + 1.0], [h]
-    (hs,), (i, h) = F.while_loop(cond, body, [np.asarray(0, np.int64), x], max_iterations=10)
+        return h, [i + 1, h * 1.5 + 1.0]
+    hs, (i, h) = F.while_loop(cond, body, [np.asarray(0, np.int64), x], max_iterations=10)
     return hs, i, h
 
 
@@ -207,3 +207,64 @@ def test_device_checks_raise_like_numpy_on_the_cpu():
     np.testing.assert_array_equal(power(e, np.array([3, 0], np.int32))[0].numpy(), e ** np.array([3, 0]) + 1)
     with pytest.raises(Exception, match="integers to negative integer powers are not allowed"):
         power(e, np.array([3, -1], np.int32))
+
+
+# ------------------------------------------ the GPU data path (values stay on the device), on the CPU
+# `CompiledModel._use_device_path(dev)` runs a model the way it runs on a GPU (values in TVM tensors on `dev`,
+# every host crossing an explicit copy, counted); on `tvm.cpu()` this checks the path without a GPU.
+def _on_device_path(model):
+    import tvm
+    model._use_device_path(tvm.cpu())
+    return model
+
+
+@pytest.mark.parametrize("name", examples.NAMES)
+def test_every_example_on_the_device_path(name, cache_dir):
+    ex = examples.get(name)
+    model = _on_device_path(dt.compile(ex.fn, *ex.specs, cache_dir=cache_dir))
+    for i, sizes in enumerate(ex.test_sizes):
+        inputs = ex.make_inputs(np.random.default_rng(i), **sizes)
+        _same(model(*inputs, profile=True), ex.fn(*inputs))
+        assert model.last_copies["device_to_host"] >= 0
+
+
+@pytest.mark.parametrize("fn, shapes", PROGRAMS, ids=[f.__name__.strip("_") for f, _ in PROGRAMS])
+def test_control_flow_on_the_device_path(fn, shapes, cache_dir):
+    model = _on_device_path(dt.compile(fn, *[dt.TensorSpec(s) for s in shapes], cache_dir=cache_dir))
+    for n, seed in ((0, 0), (1, 1), (5, 2), (37, 3)):
+        inputs = [np.random.default_rng(seed).standard_normal([n if d == "N" else d for d in s]).astype(np.float32)
+                  for s in shapes]
+        if n == 0 and fn is _while:
+            continue
+        _same(model(*inputs), fn(*inputs))
+
+
+def test_only_inputs_outputs_and_conditions_cross_to_the_host(cache_dir):
+    ex = examples.get("lstm")
+    lstm = _on_device_path(dt.compile(ex.fn, *ex.specs, cache_dir=cache_dir))
+    for t in (1, 7, 30):            # three inputs in, two outputs back: nothing per step
+        lstm(*ex.make_inputs(np.random.default_rng(t), T=t, B=2), profile=True)
+        assert (lstm.last_copies["host_to_device"], lstm.last_copies["device_to_host"]) == (3, 2)
+
+    loop = _on_device_path(dt.compile(_while, dt.TensorSpec((4,)), cache_dir=cache_dir))
+    for x in (np.full(4, 0.5, np.float32), np.full(4, 30.0, np.float32), np.full(4, -9.0, np.float32)):
+        hs, i, h = loop(x, profile=True)
+        steps = int(i)
+        # one condition scalar per test (steps + 1, or steps when max_iterations stops it), and the outputs
+        # (the stack of zero steps is made on the host: nothing to copy)
+        tests = steps + (0 if steps == 10 else 1)
+        assert loop.last_copies["device_to_host"] == tests + (3 if steps else 2), (steps, loop.last_copies)
+        assert loop.last_copies["host_to_device"] == 1 + 0            # x; the constant 0 moved once per model
+
+    def rowwise(x):
+        def step(row, acc):
+            y = F.cond(F.sum(row) > 0, lambda: row * 2.0, lambda: row - 1.0)
+            return y, acc + y
+        ys, total = F.foreach(step, x, F.zeros((4,)))
+        return ys, total
+    fe = _on_device_path(dt.compile(rowwise, dt.TensorSpec(("N", 4)), cache_dir=cache_dir))
+    for n in (0, 1, 9):
+        x = np.random.default_rng(n).standard_normal((n, 4)).astype(np.float32)
+        _same(fe(x, profile=True), rowwise(x))
+        # one branch decision per row, and the outputs (zero rows: only the total is on the device)
+        assert fe.last_copies["device_to_host"] == n + (2 if n else 1)

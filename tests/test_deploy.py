@@ -136,3 +136,34 @@ def test_compiling_without_the_compiler_is_a_clear_error(deploy, tmp_path):
                        env=_runtime_lib_env())
     assert r.returncode == 1
     assert "CompileError: compile: TVM's compiler is not available" in r.stderr, r.stderr
+
+
+CUDA_LOAD = r"""
+import sys, dyntvm as dt
+try:
+    dt.load(sys.argv[1])
+except dt.ArtifactError as e:
+    print("ArtifactError:", e)
+print("cuda runtime loaded:", "libtvm_runtime_cuda" in open("/proc/self/maps").read())
+print("compiler loaded:", "libtvm_compiler" in open("/proc/self/maps").read())
+"""
+
+
+def test_a_runtime_only_load_of_a_cuda_artifact_loads_tvms_cuda_runtime(deploy, tmp_path):
+    """A runtime-only TVM loads no device backend by itself: `dt.load` of a CUDA artifact loads TVM's CUDA
+    runtime (here, without a driver, through the build's stub libcuda.so.1: it then finds no GPU and says so)."""
+    from dyntvm.codegen import gpu
+    if gpu.gpu_present():
+        pytest.skip("on a GPU host test_cuda.py runs CUDA artifacts for real")
+    try:
+        gpu.find_nvcc()
+    except dt.CompileError:
+        pytest.skip("CUDA builds need nvcc")
+    dt.compile(model_fn, dt.TensorSpec(("N", 8)), target="cuda").save(str(tmp_path / "c.dtvm"))
+    env = _bundle_env(deploy)
+    env["LD_LIBRARY_PATH"] = gpu.stub_dir()
+    r = subprocess.run([sys.executable, "-S", "-c", CUDA_LOAD, str(tmp_path / "c.dtvm")], capture_output=True,
+                       text=True, timeout=300, env=env, cwd=deploy["root"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "this is a CUDA artifact but no CUDA GPU is available here" in r.stdout
+    assert "cuda runtime loaded: True" in r.stdout and "compiler loaded: False" in r.stdout
