@@ -176,7 +176,7 @@ def _build_cuda(regions, tvm_target, binding, cdir, key, desc) -> Built:
     import tvm
 
     from .gpu import build_cuda_library
-    lib, path = build_cuda_library(regions, tvm_target, binding)
+    lib, path = build_cuda_library(regions, tvm_target, binding, build_executable)
     if path is not None:
         stats.builds += 1                   # built in a child process (in this one, build_executable counts)
     try:

@@ -7,7 +7,7 @@ only (see ../shared/TVM_NOTES.md section 2). So:
 
 * on a GPU host (TVM sees a CUDA device) the build runs in this process, for the local GPU's arch unless one
   is asked for;
-* elsewhere it runs in a child process (`python -m dyntvm.codegen.gpu WORKDIR`) whose `LD_LIBRARY_PATH`
+* elsewhere it runs in a child process (`python -m dyntvm.codegen.cuda_child WORKDIR`) whose `LD_LIBRARY_PATH`
   starts with a *stub* `libcuda.so.1`, built here once from `cuda_stub.c`'s recipe: it defines the driver
   functions TVM's CUDA runtime links against, each returning an error, and none is called while compiling.
   The stub never enters a process that runs kernels, and this process never loads it: it can still load
@@ -117,13 +117,13 @@ class _LibraryFile:
         shutil.copyfile(self.path, dst)
 
 
-def build_cuda_library(regions: list, target, binding: str | None):
-    """Build the regions for CUDA with device code. Returns (library, path): in this process on a GPU host
-    (library: the executable), else in the stub child (library: a file wrapper, not loadable here)."""
+def build_cuda_library(regions: list, target, binding: str | None, build_executable):
+    """Build the regions for CUDA with device code (`build_executable`: `build.build_executable`). Returns
+    (library, path): in this process on a GPU host (library: the executable, path None), else in the stub
+    child `cuda_child.py` (library: a file wrapper, not loadable here)."""
     arch = target_arch(target)
     find_nvcc()
     if gpu_present():
-        from .build import build_executable
         ex = build_executable(regions, "cuda", binding, target)
         tmp = tempfile.mkdtemp(prefix="dyntvm-cuda-")
         try:
@@ -154,7 +154,7 @@ def _build_in_child(regions: list, arch: str, binding: str | None):
         env["TVM_CUDA_COMPILE_MODE"] = "nvcc"
         env["PATH"] = os.path.dirname(find_nvcc()) + os.pathsep + env.get("PATH", "")
         env.pop("TVM_USE_RUNTIME_LIB", None)
-        r = subprocess.run([sys.executable, "-m", "dyntvm.codegen.gpu", work], env=env, capture_output=True,
+        r = subprocess.run([sys.executable, "-m", "dyntvm.codegen.cuda_child", work], env=env, capture_output=True,
                            text=True)
         if r.returncode != 0:
             lines = (r.stderr or r.stdout).strip().splitlines()
@@ -219,30 +219,3 @@ def stub_dir() -> str:
         except OSError:
             continue
     raise CompileError("compile: no writable folder for the stub CUDA driver library (cache dir and temp dir)")
-
-
-# ------------------------------------------------------------------------------------- the child process
-def _child(work: str) -> None:
-    import numpy as np
-
-    from ..ir.serialize import graph_from_dict
-    from .build import build_executable
-    with open(os.path.join(work, "job.json")) as f:
-        job = json.load(f)
-    with np.load(os.path.join(work, "params.npz")) as z:
-        params = {k: z[k] for k in z.files}
-    if not gpu_present() and not _cuda_runtime_loaded():
-        raise SystemExit("dyntvm: TVM's CUDA runtime did not load in the build process (the stub libcuda.so.1 "
-                         "was not picked up?)")
-    regions = [(name, graph_from_dict(d, params)) for name, d in job["regions"]]
-    ex = build_executable(regions, "cuda", job["binding"], cuda_target(job["arch"]))
-    ex.export_library(os.path.join(work, "kernels.so"))
-
-
-def _cuda_runtime_loaded() -> bool:
-    with open("/proc/self/maps") as f:
-        return "libtvm_runtime_cuda" in f.read()
-
-
-if __name__ == "__main__":
-    _child(sys.argv[1])
