@@ -28,9 +28,25 @@ class Stats:
 stats = Stats()
 
 
-def check_target(target: str) -> None:
-    if target not in TARGETS:
-        raise CompileError(f"compile: unknown target {target!r}; expected one of {', '.join(TARGETS)}")
+def check_target(target: str) -> str:
+    """The kind ("cpu" or "cuda") of a target string: "cpu", "cuda" or "cuda:sm_XX"."""
+    kind = target.split(":", 1)[0] if isinstance(target, str) else None
+    if kind not in TARGETS or (kind == "cpu" and target != "cpu"):
+        raise CompileError(f"compile: unknown target {target!r}; expected cpu, cuda or cuda:sm_XX (e.g. cuda:sm_80)")
+    if kind == "cuda":
+        from .gpu import parse_arch
+        parse_arch(target)
+    return kind
+
+
+def check_compiler() -> None:
+    """TVM's compiler library must be loadable (not a runtime-only TVM, nor `TVM_USE_RUNTIME_LIB=1`)."""
+    try:
+        from tvm import relax  # noqa: F401
+    except (ImportError, AttributeError) as e:
+        raise CompileError("compile: TVM's compiler is not available in this process (a runtime-only TVM, or "
+                           f"TVM_USE_RUNTIME_LIB is set: {type(e).__name__}: {e}); compiled artifacts still load "
+                           "and run with dt.load") from None
 
 
 def collect_regions(graph: Graph) -> list:
@@ -38,14 +54,20 @@ def collect_regions(graph: Graph) -> list:
     return [(n.attrs.name, n.subgraphs[0]) for n in graph.walk() if n.op == "region"]
 
 
-def target_desc(target: str) -> str:
-    """The concrete target (host CPU model and core count for "cpu"): kernels built for one CPU may
-    use instructions another lacks, so the cache must not share them across machines."""
+def concrete_target(target: str):
+    """The TVM target of a target string (the host CPU model and core count for "cpu"; the arch for CUDA:
+    the requested one, the local GPU's, or sm_90)."""
     if target == "cpu":
         from .cpu_schedule import cpu_target
-        return str(cpu_target())
-    from .gpu import cuda_target
-    return str(cuda_target())
+        return cpu_target()
+    from .gpu import cuda_target, parse_arch
+    return cuda_target(parse_arch(target))
+
+
+def target_desc(target: str) -> str:
+    """The concrete target as a string: kernels built for one CPU may use instructions another lacks, so
+    the cache must not share them across machines."""
+    return str(concrete_target(target))
 
 
 BINDING_FUNCTION = "dyntvm_binding"   # runtime/artifact.py reads it under the same name
@@ -68,28 +90,29 @@ def add_binding(mod, binding: str):
     return bb.get()
 
 
-def build_executable(regions: list, target: str, binding: str | None = None):
+def build_executable(regions: list, target: str, binding: str | None = None, tvm_target=None):
     """Build one TVM executable holding every region function (no caching), plus the binding
-    function when `binding` is given."""
+    function when `binding` is given. `target` is "cpu" or "cuda" (`tvm_target`: the concrete one)."""
     from .relax_builder import build_module, unsupported_ops
     missing = sorted({op for _, g in regions for op in unsupported_ops(g)})
     if missing:
         raise UnsupportedOpError(f"compile: no Relax converter for op(s) {', '.join(missing)}")
-    mod = build_module(regions)
+    mod = build_module(regions, device_checks=target == "cuda")
     if binding is not None:
         mod = add_binding(mod, binding)
     stats.builds += 1
     if target == "cpu":
         from .cpu_schedule import build_cpu
-        return build_cpu(mod)
+        return build_cpu(mod, tvm_target)
     from .gpu import build_cuda
-    return build_cuda(mod)
+    return build_cuda(mod, tvm_target)
 
 
 @dataclass
 class Built:
     """The kernel library of a graph's regions."""
-    lib: object                 # a loaded TVM module (from the cache) or the executable just built
+    lib: object                 # a loaded TVM module (from the cache) or the executable just built; None for
+                                # CUDA kernels built on a machine without a GPU (they cannot load here)
     path: str | None            # the library file in the compile cache, if cached
     cached: bool                # True: loaded from the cache, nothing was built
     target_desc: str            # the concrete target the kernels were built for
@@ -106,20 +129,25 @@ def build(graph: Graph, target: str = "cpu", cache_dir: str | None = None, use_c
     cannot be used means an uncached build; both with a `cache.CacheWarning`.
     Returns None when the graph has no region (nothing to compile).
     """
-    check_target(target)
+    kind = check_target(target)
     regions = collect_regions(graph)
     if not regions:
         return None
-    desc = target_desc(target)
+    check_compiler()
+    tvm_target = concrete_target(target)
+    desc = str(tvm_target)
     key = _cache.cache_key(regions, desc, binding or "")
     cdir = (cache_dir or _cache.default_cache_dir()) if use_cache else None
+    loadable = kind == "cpu" or _gpu_present()
     if cdir is not None:
-        hit = _cached(cdir, key, binding)
+        hit = _cached(cdir, key, binding, loadable)
         if hit is not None:
             stats.cache_hits += 1
             lib, entry = hit
             return Built(lib, entry.path, True, desc, entry.sha256, entry.size)
-    ex = build_executable(regions, target, binding)
+    if kind == "cuda":
+        return _build_cuda(regions, tvm_target, binding, cdir, key, desc)
+    ex = build_executable(regions, target, binding, tvm_target)
     entry = None
     if cdir is not None:
         try:
@@ -137,8 +165,47 @@ def build(graph: Graph, target: str = "cpu", cache_dir: str | None = None, use_c
     return Built(ex, None, False, desc)
 
 
-def _cached(cdir: str, key: str, binding: str | None):
-    """(loaded library, cache.Entry) of a sound cache entry, or None (a miss; a bad entry is discarded)."""
+def _gpu_present() -> bool:
+    from .gpu import gpu_present
+    return gpu_present()
+
+
+def _build_cuda(regions, tvm_target, binding, cdir, key, desc) -> Built:
+    """CUDA: device code on any machine (see `gpu.py`); the library is loaded only where a GPU is."""
+    import os
+
+    import tvm
+
+    from .gpu import build_cuda_library
+    lib, path = build_cuda_library(regions, tvm_target, binding, build_executable)
+    if path is not None:
+        stats.builds += 1                   # built in a child process (in this one, build_executable counts)
+    try:
+        entry = None
+        if cdir is not None:
+            try:
+                entry = _cache.store(cdir, key, lib, binding)
+            except OSError as e:
+                warnings.warn(f"dyntvm compile cache: cannot write to {cdir} ({type(e).__name__}: {e}); the "
+                              "kernels were built without the cache", _cache.CacheWarning, stacklevel=4)
+        if path is None:                                  # built in this process (a GPU host): runnable
+            if entry is not None:
+                return Built(tvm.runtime.load_module(entry.path), entry.path, False, desc, entry.sha256, entry.size)
+            return Built(lib, None, False, desc)
+        if entry is not None:
+            return Built(None, entry.path, False, desc, entry.sha256, entry.size)
+        keep = os.path.join(_cache.uncached_dir(), f"{key}.so")       # uncached: a private copy to save from
+        os.replace(path, keep)
+        sha, size = _cache.file_digest(keep)
+        return Built(None, keep, False, desc, sha, size)
+    finally:
+        if path is not None and os.path.exists(path):
+            os.remove(path)
+
+
+def _cached(cdir: str, key: str, binding: str | None, loadable: bool = True):
+    """(loaded library, cache.Entry) of a sound cache entry, or None (a miss; a bad entry is discarded).
+    `loadable` False (CUDA kernels on a machine without a GPU): the entry is checked, not loaded."""
     try:
         entry = _cache.lookup(cdir, key, binding)
     except OSError as e:
@@ -151,6 +218,8 @@ def _cached(cdir: str, key: str, binding: str | None):
     if why is not None:
         _cache.discard(cdir, key, f"{_cache.LIBRARY} is not a loadable shared library: {why}")
         return None
+    if not loadable:
+        return None, entry
     import tvm
     try:
         return tvm.runtime.load_module(entry.path), entry

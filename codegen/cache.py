@@ -47,6 +47,14 @@ def default_cache_dir() -> str:
     return platformdirs.user_cache_dir("dyntvm")
 
 
+def uncached_dir() -> str:
+    """A private folder for libraries built with use_cache=False that cannot be loaded in this process
+    (CUDA kernels on a machine without a GPU): the model keeps the file's path to save it."""
+    folder = os.path.join(tempfile.gettempdir(), f"dyntvm-uncached-{os.getuid() if hasattr(os, 'getuid') else 0}")
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    return folder
+
+
 def cache_key(regions: list, target_desc: str, extra: str = "") -> str:
     """sha256 over each region's structure and constant bytes, the target and library versions."""
     import tvm

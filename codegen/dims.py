@@ -115,8 +115,9 @@ class ConvertContext:
     (or a symbol it determines, see `solve`) can be translated later. `dim` translates any dim.
     """
 
-    def __init__(self, fn_name: str = "main"):
+    def __init__(self, fn_name: str = "main", device_checks: bool = False):
         self.fn_name = fn_name
+        self.device_checks = device_checks                # run-time checks for a GPU (`common.checked`)
         self.symbols: dict[str, tirx.PrimExpr] = {}
         self.exprs: dict[DimExpr, tirx.PrimExpr] = {}  # an expression input dim -> its var
         self.analyzer = Analyzer()                     # knows every dim var is >= 0

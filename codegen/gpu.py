@@ -1,27 +1,221 @@
-"""CUDA builds: Relax's GPU pipeline (fusion + dlight schedules), symbolic shapes included.
+"""CUDA builds: Relax's GPU pipeline (fusion + dlight schedules), symbolic shapes included, with real
+device code (a fatbin for the requested arch) on any machine that has `nvcc` — a GPU is needed only to run.
 
-On a machine without a GPU TVM still builds, but only emits CUDA source unless a driver library is
-present (see TVM_NOTES section 2); such an artifact is refused at load time on a machine without a GPU.
+TVM compiles CUDA kernels to device code only when its CUDA runtime (`libtvm_runtime_cuda.so`) is loaded,
+and that library needs the driver's `libcuda.so.1`. Without one, `tvm.compile` silently emits CUDA *source*
+only (see ../shared/TVM_NOTES.md section 2). So:
+
+* on a GPU host (TVM sees a CUDA device) the build runs in this process, for the local GPU's arch unless one
+  is asked for;
+* elsewhere it runs in a child process (`python -m dyntvm.codegen.cuda_child WORKDIR`) whose `LD_LIBRARY_PATH`
+  starts with a *stub* `libcuda.so.1`, built here once from `cuda_stub.c`'s recipe: it defines the driver
+  functions TVM's CUDA runtime links against, each returning an error, and none is called while compiling.
+  The stub never enters a process that runs kernels, and this process never loads it: it can still load
+  TVM's real CUDA runtime later, on a GPU host.
+
+Both ways compile inside ``with target:`` (nvcc reads the arch from the current target) with
+``TVM_CUDA_COMPILE_MODE=nvcc`` (the default, NVRTC, needs the `cuda-bindings` package), and check that the
+library holds a fatbin for the arch before it is used or cached.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+from dyntvm.errors import CompileError
 
 DEFAULT_ARCH = os.environ.get("DYNTVM_CUDA_ARCH", "sm_90")
+FATBIN_MAGIC = bytes.fromhex("50ed55ba")          # a fatbin's header (fatBinaryHeader.magic, little endian)
+#: driver functions `libtvm_runtime_cuda.so` (TVM 0.27) links against; the stub also adds any other `cu*`
+#: symbol that `nm` finds undefined in the installed library
+DRIVER_SYMBOLS = ("cuDeviceGetName", "cuFuncSetAttribute", "cuGetErrorName", "cuGetErrorString", "cuLaunchKernelEx",
+                  "cuModuleGetFunction", "cuModuleLoadData", "cuModuleUnload", "cuTensorMapEncodeTiled")
+CUDA_HOMES = ("/usr/local/cuda",)         # where nvcc is looked for after PATH, $CUDA_HOME and $CUDA_PATH
+_ARCH = re.compile(r"sm_\d+[a-z]?")
+
+
+def parse_arch(target: str) -> str | None:
+    """The arch of a target string "cuda" (None: default) or "cuda:sm_XX"."""
+    if target == "cuda":
+        return None
+    arch = target.split(":", 1)[1]
+    if not _ARCH.fullmatch(arch):
+        raise CompileError(f"compile: target {target!r}: the CUDA arch must look like sm_90 or sm_90a, got {arch!r}")
+    return arch
+
+
+def gpu_present() -> bool:
+    import tvm
+    try:
+        return bool(tvm.cuda(0).exist)
+    except Exception:  # noqa: BLE001 - no CUDA runtime in this TVM
+        return False
 
 
 def cuda_target(arch: str | None = None):
+    """The TVM target: `arch`, else the local GPU's, else `DEFAULT_ARCH` ($DYNTVM_CUDA_ARCH or sm_90)."""
     import tvm
-    if tvm.cuda(0).exist:
+    if arch is None and gpu_present():
         return tvm.target.Target.from_device(tvm.cuda(0))
     return tvm.target.Target({"kind": "cuda", "arch": arch or DEFAULT_ARCH})
 
 
+def target_arch(target) -> str:
+    return str(target.attrs.get("arch", "")) or DEFAULT_ARCH
+
+
+def find_nvcc() -> str:
+    """The nvcc a CUDA build uses (PATH, then $CUDA_HOME/bin, /usr/local/cuda/bin), or a CompileError."""
+    found = shutil.which("nvcc")
+    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")) + CUDA_HOMES:
+        if found is None and home and os.access(os.path.join(home, "bin", "nvcc"), os.X_OK):
+            found = os.path.join(home, "bin", "nvcc")
+    if found is None:
+        raise CompileError("compile: a CUDA build needs nvcc (the CUDA toolkit) on PATH or in $CUDA_HOME/bin, and "
+                           "none was found; install the CUDA toolkit (no GPU or driver is needed to compile), or "
+                           "compile with target='cpu'")
+    return found
+
+
+def check_device_code(path: str, arch: str) -> None:
+    """Refuse a built library that holds CUDA source instead of a fatbin for `arch`."""
+    with open(path, "rb") as f:
+        blob = f.read()
+    if FATBIN_MAGIC not in blob or arch.encode() not in blob:
+        raise CompileError(f"compile: the CUDA build produced no device code for {arch} (TVM emitted CUDA source "
+                           "only: its CUDA runtime or nvcc was not used); set DYNTVM_CUDA_DEBUG=1 to keep the build "
+                           "folder")
+
+
 def build_cuda(mod, target=None):
-    """Build `mod` for CUDA with dlight's default GPU schedules."""
+    """Build `mod` for CUDA in this process with dlight's default GPU schedules (device code only when TVM's
+    CUDA runtime is loaded: on a GPU host, or in the stub child)."""
     import tvm
     from tvm import relax
     target = target or cuda_target()
     os.environ.setdefault("TVM_CUDA_COMPILE_MODE", "nvcc")
+    nvcc_dir = os.path.dirname(find_nvcc())
+    if shutil.which("nvcc") is None:             # TVM calls "nvcc" by name
+        os.environ["PATH"] = nvcc_dir + os.pathsep + os.environ.get("PATH", "")
     with target:
         return tvm.compile(mod, target=target, relax_pipeline=relax.get_default_pipeline(target))
+
+
+class _LibraryFile:
+    """A built library file, exported like a TVM executable (`codegen.cache.store` calls export_library)."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def export_library(self, dst: str) -> None:
+        shutil.copyfile(self.path, dst)
+
+
+def build_cuda_library(regions: list, target, binding: str | None, build_executable):
+    """Build the regions for CUDA with device code (`build_executable`: `build.build_executable`). Returns
+    (library, path): in this process on a GPU host (library: the executable, path None), else in the stub
+    child `cuda_child.py` (library: a file wrapper, not loadable here)."""
+    arch = target_arch(target)
+    find_nvcc()
+    if gpu_present():
+        ex = build_executable(regions, "cuda", binding, target)
+        tmp = tempfile.mkdtemp(prefix="dyntvm-cuda-")
+        try:
+            path = os.path.join(tmp, "kernels.so")
+            ex.export_library(path)
+            check_device_code(path, arch)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return ex, None
+    return _build_in_child(regions, arch, binding)
+
+
+def _build_in_child(regions: list, arch: str, binding: str | None):
+    import numpy as np
+
+    from ..ir.serialize import graph_to_dict
+    work = tempfile.mkdtemp(prefix="dyntvm-cuda-")
+    keep = bool(os.environ.get("DYNTVM_CUDA_DEBUG"))
+    try:
+        params: dict = {}
+        graphs = [[name, graph_to_dict(g, params)[0]] for name, g in regions]
+        with open(os.path.join(work, "job.json"), "w") as f:
+            json.dump({"regions": graphs, "arch": arch, "binding": binding}, f)
+        np.savez(os.path.join(work, "params.npz"), **params)
+        env = dict(os.environ)
+        env["LD_LIBRARY_PATH"] = stub_dir() + (os.pathsep + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH")
+                                               else "")
+        env["TVM_CUDA_COMPILE_MODE"] = "nvcc"
+        env["PATH"] = os.path.dirname(find_nvcc()) + os.pathsep + env.get("PATH", "")
+        env.pop("TVM_USE_RUNTIME_LIB", None)
+        r = subprocess.run([sys.executable, "-m", "dyntvm.codegen.cuda_child", work], env=env, capture_output=True,
+                           text=True)
+        if r.returncode != 0:
+            lines = (r.stderr or r.stdout).strip().splitlines()
+            err = next((ln for ln in reversed(lines) if ln.strip()), f"exit status {r.returncode}")
+            raise CompileError(f"compile: the CUDA build failed: {err.strip()}"
+                               + ("" if keep else " (DYNTVM_CUDA_DEBUG=1 keeps the build folder)"))
+        path = os.path.join(work, "kernels.so")
+        check_device_code(path, arch)
+        # the caller stores the file in the compile cache (or keeps it) before `work` is removed
+        final = tempfile.NamedTemporaryFile(prefix="dyntvm-cuda-", suffix=".so", delete=False).name
+        shutil.copyfile(path, final)
+        return _LibraryFile(final), final
+    finally:
+        if keep:
+            print(f"dyntvm: CUDA build folder kept: {work}", file=sys.stderr)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------------- the driver stub
+def _driver_symbols() -> list:
+    """DRIVER_SYMBOLS plus any other undefined `cu*` driver symbol of the installed TVM CUDA runtime."""
+    import tvm
+    names = set(DRIVER_SYMBOLS)
+    lib = os.path.join(os.path.dirname(tvm.__file__), "lib", "libtvm_runtime_cuda.so")
+    nm = shutil.which("nm")
+    if nm and os.path.exists(lib):
+        r = subprocess.run([nm, "-D", "--undefined-only", lib], capture_output=True, text=True)
+        names |= {m.group(1) for m in re.finditer(r"\bU (cu[A-Z]\w*)$", r.stdout, re.M)}
+    return sorted(names)
+
+
+def stub_dir() -> str:
+    """A folder holding the stub `libcuda.so.1` (built on first use, kept in the compile cache folder or the
+    temp dir). Raises CompileError when no C compiler is available."""
+    from .cache import default_cache_dir
+    symbols = _driver_symbols()
+    source = "".join(f"int {s}(void) {{ return 999; }}\n" for s in symbols)   # 999: CUDA_ERROR_UNKNOWN
+    digest = hashlib.sha256(source.encode()).hexdigest()[:12]
+    for base in (default_cache_dir(), tempfile.gettempdir()):
+        folder = os.path.join(base, f"cuda-stub-{digest}")
+        lib = os.path.join(folder, "libcuda.so.1")
+        if os.path.isfile(lib):
+            return folder
+        try:
+            os.makedirs(folder, exist_ok=True)
+            cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+            if cc is None:
+                raise CompileError("compile: a CUDA build on a machine without a GPU needs a C compiler (cc or gcc) "
+                                   "to build dyntvm's stub CUDA driver library; none was found")
+            tmp = tempfile.mkdtemp(dir=folder)
+            with open(os.path.join(tmp, "stub.c"), "w") as f:
+                f.write(source)
+            r = subprocess.run([cc, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o",
+                                os.path.join(tmp, "libcuda.so.1"), os.path.join(tmp, "stub.c")],
+                               capture_output=True, text=True)
+            if r.returncode != 0:
+                raise CompileError(f"compile: building the stub CUDA driver library failed: {r.stderr.strip()}")
+            os.replace(os.path.join(tmp, "libcuda.so.1"), lib)
+            shutil.rmtree(tmp, ignore_errors=True)
+            return folder
+        except OSError:
+            continue
+    raise CompileError("compile: no writable folder for the stub CUDA driver library (cache dir and temp dir)")

@@ -60,7 +60,8 @@ def _check_region(graph: Graph, name: str):
                                "must be flat")
 
 
-def build_region_function(bb: relax.BlockBuilder, graph: Graph, name: str) -> relax.GlobalVar:
+def build_region_function(bb: relax.BlockBuilder, graph: Graph, name: str,
+                          device_checks: bool = False) -> relax.GlobalVar:
     """Lower the closed static region `graph` to one public Relax function `name` in `bb`'s
     module and return its GlobalVar (see module doc for the conventions)."""
     _check_region(graph, name)
@@ -68,7 +69,7 @@ def build_region_function(bb: relax.BlockBuilder, graph: Graph, name: str) -> re
         raise CompileError(f"region function name {name!r} is not an identifier")
     if any(gv.name_hint == name for gv in bb.get().get_global_vars()):
         raise CompileError(f"a function named {name!r} is already in the module")
-    ctx = ConvertContext(name)
+    ctx = ConvertContext(name, device_checks)
     params = []
     env = {}
     taken = set()
@@ -110,11 +111,12 @@ def build_region_function(bb: relax.BlockBuilder, graph: Graph, name: str) -> re
     return gv
 
 
-def build_module(regions: list) -> tvm.IRModule:
-    """One IRModule holding a public Relax function per ``(name, graph)`` region."""
+def build_module(regions: list, device_checks: bool = False) -> tvm.IRModule:
+    """One IRModule holding a public Relax function per ``(name, graph)`` region. `device_checks`: run-time
+    checks that work inside GPU kernels (see `te_kernels.te_check_device`)."""
     bb = relax.BlockBuilder()
     for name, graph in regions:
-        build_region_function(bb, graph, name)
+        build_region_function(bb, graph, name, device_checks)
     mod = bb.get()
     try:
         relax.analysis.well_formed(mod)

@@ -302,3 +302,58 @@ def same_size_primfunc(dtype: str):
                 vi = T.axis.spatial(k, i)
                 dst[vi] = src[vi]
     return same_size
+
+
+# The same checks on a GPU: a TIR assert cannot raise inside a CUDA kernel (TVM 0.27 emits a host-only
+# error call there, which nvcc rejects). Instead a kernel counts the bad values into a 1-element int64
+# tensor `bad`; the region copies that one number to the host (`R.tensor_to_shape`) and passes it to
+# `pass_if_zero_primfunc`, whose host-side assert fails unless bad == 0. As on the CPU, the executor then
+# re-runs the region's numpy reference, which raises numpy's error naming the op (`common.checked`).
+def te_check_device(flat, n, kind: str):
+    """(checked values, bad count [1]) for `kind` "take_index" / "nonnegative" / "nonempty"."""
+    from tvm import te
+    m = flat.shape[0]
+    if kind == "nonempty":
+        bad = te.compute((1,), lambda _: tirx.Select(n > tirx.IntImm(I64, 0), tirx.IntImm(I64, 0),
+                                                     tirx.IntImm(I64, 1)), name="bad")
+        return te.compute((m,), lambda k: flat[k], name="checked"), bad
+    r = te.reduce_axis((0, m), name="k")
+    if kind == "nonnegative":
+        zero = tirx.const(0, flat.dtype)
+        bad = te.compute((1,), lambda _: te.sum(tirx.Select(flat[r] < zero, tirx.IntImm(I64, 1),
+                                                            tirx.IntImm(I64, 0)), axis=r), name="bad")
+        return te.compute((m,), lambda k: flat[k], name="checked"), bad
+    unsigned = str(flat.dtype).startswith("uint")
+
+    def as_i64(v):
+        return tirx.Cast(I64, v)
+
+    def out_of_range(v):
+        if unsigned:    # compared in the index's dtype: a huge uint64 must not wrap to a negative int64
+            return tirx.Cast("bool", v >= tirx.Cast(flat.dtype, n))
+        return tirx.Or(as_i64(v) < tirx.IntImm(I64, 0) - n, as_i64(v) >= n)
+    bad = te.compute((1,), lambda _: te.sum(tirx.Select(out_of_range(flat[r]), tirx.IntImm(I64, 1),
+                                                        tirx.IntImm(I64, 0)), axis=r), name="bad")
+    out = te.compute((m,), lambda k: tirx.Select(as_i64(flat[k]) < tirx.IntImm(I64, 0), as_i64(flat[k]) + n,
+                                                 as_i64(flat[k])), name="take_index")
+    return out, bad
+
+
+def pass_if_zero_primfunc(dtype: str, message: str):
+    """A copy ``a (m,) -> b (m,)`` that first asserts its scalar argument `bad` is 0 (`te_check_device`'s
+    count, read to the host). The assert stands outside any loop, so on a GPU it runs in the host part of
+    the kernel, before the launch."""
+    from tvm.script import tirx as T
+
+    @T.prim_func(private=True, s_tir=True)
+    def pass_if_zero(a: T.handle, bad: T.int64, b: T.handle):
+        T.func_attr({"tirx.noalias": True, "op_pattern": 8})
+        m = T.int64()
+        src = T.match_buffer(a, (m,), dtype)
+        dst = T.match_buffer(b, (m,), dtype)
+        assert bad == T.int64(0), message
+        for k in range(m):
+            with T.sblock("copy"):
+                vk = T.axis.spatial(m, k)
+                dst[vk] = src[vk]
+    return pass_if_zero

@@ -1,4 +1,4 @@
-"""The `dyntvm` command line: compile, run, inspect, demo.
+"""The `dyntvm` command line: compile, run, inspect, demo, bundle.
 
     dyntvm compile my_model.py:model --input xs:T,B,128:float32 -o m.dtvm
     dyntvm run m.dtvm --input xs=xs.npy --repeat 20 --output out/
@@ -34,6 +34,14 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     return value
+
+
+def _target(text: str) -> str:
+    """cpu, cuda or cuda:sm_XX (the CUDA arch to build device code for)."""
+    import re
+    if text in ("cpu", "cuda") or re.fullmatch(r"cuda:sm_\d+[a-z]?", text):
+        return text
+    raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:sm_XX (e.g. cuda:sm_80), got {text!r}")
 
 
 def _median_time(fn, repeat: int) -> float:
@@ -120,6 +128,16 @@ def _size(path: str) -> int:
     if os.path.isfile(path):
         return os.path.getsize(path)
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
+
+
+# ------------------------------------------------------------------------------------------- bundle
+def _bundle(args) -> int:
+    from dyntvm.bundle import bundle
+    info = bundle(args.output)
+    print(f"wrote {info['path']}: {info['files']} files, {info['bytes'] / 1e6:.1f} MB"
+          + (f" ({_size(info['path']) / 1e6:.1f} MB compressed)" if os.path.isfile(info["path"]) else "")
+          + "; on the target machine: PYTHONPATH=<it> python3 -m dyntvm run ART ...")
+    return 0
 
 
 # ---------------------------------------------------------------------------------------------- run
@@ -268,7 +286,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("-o", "--output", required=True, metavar="OUT",
                    help="artifact to write: a folder (e.g. m.dtvm) or a file ending in .tar; an existing "
                         "OUT is replaced only if it is an empty folder or a dyntvm artifact")
-    c.add_argument("--target", choices=("cpu", "cuda"), default="cpu", help="where the kernels run (default cpu)")
+    c.add_argument("--target", type=_target, default="cpu", metavar="cpu|cuda[:sm_XX]",
+                   help="where the kernels run (default cpu). cuda builds device code for sm_XX (default: the "
+                        "local GPU's, else sm_90) and needs nvcc, not a GPU")
     c.add_argument("--tuning-log", metavar="DIR", help="tuning records to use (not supported yet: a warning "
                    "says so and the artifact records it)")
     c.add_argument("--cache-dir", metavar="DIR", help="compile cache (default $DYNTVM_CACHE_DIR or the user "
@@ -294,19 +314,36 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--svg", metavar="FILE", help="draw the partition to FILE (SVG)")
     i.set_defaults(func=_inspect)
 
+    b = sub.add_parser("bundle", parents=[common], help="write the runtime-only install a deployment needs",
+                       description="Copy dyntvm's runtime and TVM without its compiler library into OUT (a "
+                                   "folder, or a .tar.gz) to put on PYTHONPATH where artifacts are run.")
+    b.add_argument("-o", "--output", required=True, metavar="OUT", help="a new folder, or a file ending in .tar.gz")
+    b.set_defaults(func=_bundle)
+
     d = sub.add_parser("demo", parents=[common], help="trace, compile and run a bundled example",
                        description="Trace an example, run it eagerly and compiled, compare results and latency.")
     d.add_argument("--example", default="lstm", metavar="NAME", help=f"{EXAMPLES} (default lstm)")
-    d.add_argument("--target", choices=("cpu", "cuda"), default="cpu", help="default cpu")
+    d.add_argument("--target", type=_target, default="cpu", metavar="cpu|cuda[:sm_XX]", help="default cpu")
     d.add_argument("--repeat", type=_positive_int, default=20, metavar="N", help="timed runs per side (default 20)")
     d.set_defaults(func=_demo)
     return p
+
+
+def _check_full_install(cmd: str) -> None:
+    """A runtime-only install (`dyntvm bundle`) runs artifacts; the other commands need the compiler."""
+    import importlib.util
+
+    from dyntvm.errors import DyntvmError
+    if cmd != "run" and importlib.util.find_spec("dyntvm.frontend") is None:
+        raise DyntvmError(f"this is a runtime-only dyntvm (made by `dyntvm bundle`): it runs artifacts with "
+                          f"`dyntvm run`; `dyntvm {cmd}` needs the full install (pip install dyntvm)")
 
 
 def main(argv=None) -> int:
     from dyntvm.errors import DyntvmError
     args = build_parser().parse_args(argv)
     try:
+        _check_full_install(args.cmd)
         return args.func(args)
     except BrokenPipeError:                            # `dyntvm inspect ... | head`: not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

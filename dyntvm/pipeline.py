@@ -44,7 +44,9 @@ def compile(fn_or_graph, *specs, target: str = "cpu", selector=None, cache_dir: 
     Args:
         fn_or_graph: a Python function of `dyntvm.F` ops, or a `dt.Graph` from `dt.trace`.
         *specs: `dt.TensorSpec` per argument (only for a function).
-        target: "cpu" (LLVM for the host CPU) or "cuda".
+        target: "cpu" (LLVM for the host CPU), "cuda" (the local GPU's arch, else sm_90) or "cuda:sm_XX".
+            A CUDA build needs nvcc but no GPU: without one the model cannot run here, but saves an
+            artifact with device code that runs on a GPU host.
         selector: a `dyntvm.partition.Selector` deciding what goes into compiled regions.
         cache_dir: compile cache folder (default: the user cache dir, or $DYNTVM_CACHE_DIR). A bad
             cache entry is rebuilt, and an unusable folder means an uncached build (both warn).
@@ -54,7 +56,7 @@ def compile(fn_or_graph, *specs, target: str = "cpu", selector=None, cache_dir: 
         >>> model(np.ones((3, 4), "float32")).shape
         (3, 4)
     """
-    check_target(target)
+    kind = check_target(target)
     t0 = time.perf_counter()
     if isinstance(fn_or_graph, Graph):
         if specs:
@@ -69,18 +71,28 @@ def compile(fn_or_graph, *specs, target: str = "cpu", selector=None, cache_dir: 
     binding = kernel_binding(pg) if any(n.op == "region" for n in pg.walk()) else None
     with _BUILD_LOCK:
         built = build(pg, target, cache_dir, use_cache, binding=binding)
-    vm = virtual_machine(built.lib, target) if built else None
+    vm = virtual_machine(built.lib, kind) if built and built.lib is not None else None
     info = {"compile_time_s": round(time.perf_counter() - t0, 3),
             "cache": "hit" if built and built.cached else "miss"}
     if built:
         info["built_for"] = built.target_desc      # recorded in artifacts: the CPU the kernels target
-    model = CompiledModel(pg, vm, target, built.lib if built else None, info)
+    if kind == "cuda" and built:
+        info["cuda_arch"] = _arch_of(built.target_desc)
+    model = CompiledModel(pg, vm, kind, built.lib if built else None, info)
     model.lib_path = built.path if built else None
     model.lib_sha256 = built.sha256 if built else None
     if built and built.path:        # `save` writes these bytes: the cache entry may be removed meanwhile
         with open(built.path, "rb") as f:
             model.lib_bytes = f.read()
     return model
+
+
+def _arch_of(desc: str) -> str | None:
+    import json
+    try:
+        return json.loads(desc).get("arch")
+    except (ValueError, AttributeError):
+        return None
 
 
 def hybridize(fn, target: str = "cpu", dynamic=(), selector=None, cache_dir=None):

@@ -19,7 +19,7 @@ from ..ir.graph import Graph, Node, Value, assign_names, canonicalize_unknown_di
 from ..ir.attrs import ConstantAttrs
 from ..ir.ops import attr_symbols, get_op
 from ..ir.shapes import ShapeError
-from ..ir.tree import tree_flatten, tree_unflatten
+from ..ir.tree import LEAF, num_leaves, tree_flatten, tree_unflatten
 from ..ir.types import TensorType, as_shape_dim, is_symbol
 
 _PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -311,6 +311,24 @@ def as_array(x) -> np.ndarray:
     return a.astype(np.float32) if a.dtype == np.float64 and not isinstance(x, np.generic) else a
 
 
+def _input_names(fn, in_spec, n: int) -> list:
+    """Default input names: the function's parameter names (``h_0``, ``h_1`` for the leaves of a nested
+    argument ``h``), else ``in0``, ``in1``, ... (`dyntvm run --input NAME=...` uses them)."""
+    import inspect
+    try:
+        params = [p.name for p in inspect.signature(fn).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        params = []
+    args = in_spec[1] if in_spec != LEAF else ()
+    if len(params) < len(args):
+        return [f"in{i}" for i in range(n)]
+    names = []
+    for p, a in zip(params, args):
+        names += [p] if a == LEAF else [f"{p}_{j}" for j in range(num_leaves(a))]
+    return names if len(names) == n and len(set(names)) == n else [f"in{i}" for i in range(n)]
+
+
 def trace(fn, *specs, name: str | None = None) -> Graph:
     """Trace `fn` into a Graph.
 
@@ -332,9 +350,9 @@ def trace(fn, *specs, name: str | None = None) -> Graph:
         values, out_spec = finish_outputs(b, out, "trace")
     g = b.graph(values, name=name or getattr(fn, "__name__", "main").strip("<>"))
     g.in_tree, g.out_tree = in_spec, out_spec
-    for i, v in enumerate(g.inputs):
+    for v, default in zip(g.inputs, _input_names(fn, in_spec, len(g.inputs))):
         if not v.name:
-            v.name = f"in{i}"
+            v.name = default
     canonicalize_unknown_dims(g)
     assign_names(g)
     return g.lint()

@@ -92,6 +92,8 @@ class OpDef:
         method: also a `Tensor` method (``x.sum(axis=0)``).
         operator: Python operator it implements (``"add"`` -> ``__add__``), reflected too if `reflected`.
         doc: docstring of the generated `F` function.
+        shape_only: the op reads only its inputs' shapes and dtypes, not their values (on a GPU the
+            executor then copies nothing to the host for it).
     """
     name: str
     attrs: type
@@ -107,6 +109,7 @@ class OpDef:
     operator: str | None = None
     reflected: bool = False
     doc: str = ""
+    shape_only: bool = False
 
     def map_dim_attrs(self, attrs, fn):
         """`attrs` with `fn` applied to every symbolic (string) dim of its `dim_attrs` fields."""
@@ -542,7 +545,7 @@ def _arange_dyn(ts, a):
 
 register("arange_dyn", DtypeAttrs, _arange_dyn, kind=DYNAMIC_SHAPE, num_inputs=3)
 register("shape_of", NoAttrs, lambda ts, a: [TensorType((ts[0].ndim,), "int64")], kind=DYNAMIC_SHAPE,
-         num_inputs=1, api="shape_of", doc="The shape of `x` as an int64 vector.")
+         num_inputs=1, api="shape_of", shape_only=True, doc="The shape of `x` as an int64 vector.")
 
 
 def _reshape_dyn(ts, a):

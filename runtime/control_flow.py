@@ -215,13 +215,15 @@ def foreach(body, data: list, states: list, consts: list, body_types, *, rows=No
 
 
 def while_loop(cond_run, body, loop_vars: list, consts: list, max_iterations, body_types, *, truth=_truth,
-               to_array=np.asarray) -> tuple[list, list]:
+               to_array=np.asarray, stack=None) -> tuple[list, list]:
     """Loop while ``cond_run(vars + consts)`` holds, at most `max_iterations` times (None, an int or a
-    0-d integer array); returns (per-step outputs stacked to the iterations run, final vars).
+    0-d integer array on the host); returns (per-step outputs stacked to the iterations run, final vars).
 
-    ``body(vars + consts) -> step_outputs + new_vars``; `body_types` as for `foreach`.
+    ``body(vars + consts) -> step_outputs + new_vars``; `body_types` as for `foreach`. `stack` (values on a
+    device, `placement.DevicePlacement.stack_rows`): ``stack(lists of step outputs, kinds)`` stacks them at
+    the end instead of numpy buffers.
     """
-    limit = iteration_limit(max_iterations, to_array)
+    limit = iteration_limit(max_iterations, to_array if stack is None else np.asarray)
     nv = len(loop_vars)
     accs = bufs = None
     it = n = 0              # iterations run; rows already in `bufs`
@@ -231,13 +233,13 @@ def while_loop(cond_run, body, loop_vars: list, consts: list, max_iterations, bo
             if accs is None:
                 n_out = len(res) - nv
                 kinds = [(r.shape, r.dtype) for r in map(to_array, res[:n_out])]
-                step_bytes = sum(np.dtype(dtype).itemsize * math.prod(shape) for shape, dtype in kinds)
-                every = max(1, min(_CHUNK, _CHUNK_BYTES // max(1, step_bytes)))
+                step_bytes = 0 if stack else sum(np.dtype(dtype).itemsize * math.prod(shape) for shape, dtype in kinds)
+                every = max(1, min(_CHUNK, _CHUNK_BYTES // max(1, step_bytes))) if stack is None else 0
                 accs = [[] for _ in range(n_out)]
             _append("while_loop", accs, kinds, res, to_array)
             loop_vars = res[n_out:]
             it += 1
-            if not it % every:
+            if every and not it % every:
                 bufs, n = _flush(bufs, accs, kinds, n)
     except ExecutionError as e:
         e.iteration = it
@@ -246,6 +248,8 @@ def while_loop(cond_run, body, loop_vars: list, consts: list, max_iterations, bo
         g = _graph_of(body_types)
         shapes = [np.shape(to_array(x)) for x in loop_vars + consts]
         return empty_steps(g, shapes, len(g.outputs) - nv), loop_vars
+    if stack is not None:
+        return stack(accs, kinds), loop_vars
     if bufs is None:                        # a short loop: one copy
         return [np.array(acc) for acc in accs], loop_vars
     bufs, n = _flush(bufs, accs, kinds, n)

@@ -25,7 +25,7 @@ from .control_flow import bind_symbols
 from .interpreter import Interpreter, last_uses
 from .kernels import KERNELS
 from .node_errors import node_failure, note_within
-from .tensors import aligned_empty, aligned_rows, to_numpy, to_tvm
+from .tensors import aligned_empty, aligned_rows, host_array, to_numpy, to_tvm
 
 
 class Plan:
@@ -67,11 +67,14 @@ class Executor:
         profile: collect wall time per node into `self.profile` (name -> [calls, seconds]).
         constants: the graph's constants already converted to TVM tensors (node id -> tensor), shared
             read-only between the executors of one model; filled here when empty.
+        placement: a `placement.DevicePlacement` when the kernels run on a device (a GPU): values stay
+            there, and what crosses to the host is counted. None: the CPU (zero-copy numpy <-> TVM).
     """
 
     def __init__(self, graph: Graph, vm=None, validate: bool = False, profile: bool = False,
-                 constants: dict | None = None):
+                 constants: dict | None = None, placement=None):
         self.graph, self.vm = graph, vm
+        self.pl = placement                 # a DevicePlacement when the kernels run on a device, else None
         self.validate, self.profiling = validate, profile
         self.profile: dict = defaultdict(lambda: [0, 0.0])
         self.calls = [0]                    # region calls (a list: read by the model after this executor dies)
@@ -112,7 +115,7 @@ class Executor:
                 # converted once per model: constants then cross into regions without per-call copies
                 t = self.constants.get(id(n))
                 if t is None:
-                    t = self.constants[id(n)] = to_tvm(n.attrs.value)
+                    t = self.constants[id(n)] = (self.pl.to_device if self.pl else to_tvm)(n.attrs.value)
                 p.template[slot[n.outputs[0]]] = t
                 self.constant_ids.add(id(t))
                 continue
@@ -173,6 +176,8 @@ class Executor:
         sub = n.subgraphs[0]
         validate = self.validate
         calls = self.calls
+        if self.pl is not None:
+            return self._device_region(n, fn, sub, ins, outs)
 
         def run(slots):
             res = fn(*[to_tvm(slots[i]) for i in ins])
@@ -183,20 +188,43 @@ class Executor:
                 _check_region(n, sub, [slots[i] for i in ins], [slots[o] for o in outs])
         return run
 
+    def _device_region(self, n: Node, fn, sub, ins, outs):
+        """A region on a device: inputs moved there once (kept in their slots), outputs left there."""
+        pl, validate, calls = self.pl, self.validate, self.calls
+        on_device, to_device = pl.on_device, pl.to_device
+
+        def run(slots):
+            args = []
+            for i in ins:
+                x = slots[i]
+                if not on_device(x):
+                    x = slots[i] = to_device(x)
+                args.append(x)
+            res = fn(*args)
+            calls[0] += 1
+            for k, o in enumerate(outs):
+                slots[o] = res[k]
+            if validate:
+                _check_region(n, sub, [slots[i] for i in ins], [slots[o] for o in outs])
+        return run
+
     def _make_kernel(self, n: Node, ins, outs, g):
         kern = KERNELS[n.op]
         attrs = n.attrs
+        host = self.pl.to_host if self.pl else to_numpy      # dynamic-shape ops run in numpy, on the host
+        if self.pl is not None and n.opdef.shape_only:
+            host = self.pl.shape_stub                        # e.g. shape_of: no copy at all
         if n.opdef.dim_attrs:
             env_slot = len(dict.fromkeys(g.values()))     # see Plan.env_slot
 
             def run(slots):
-                res = kern(attrs, *[to_numpy(slots[i]) for i in ins], env=slots[env_slot])
+                res = kern(attrs, *[host(slots[i]) for i in ins], env=slots[env_slot])
                 for o, r in zip(outs, res):
                     slots[o] = r
             return run
 
         def run(slots):
-            res = kern(attrs, *[to_numpy(slots[i]) for i in ins])
+            res = kern(attrs, *[host(slots[i]) for i in ins])
             for o, r in zip(outs, res):
                 slots[o] = r
         return run
@@ -204,9 +232,11 @@ class Executor:
     # ------------------------------------------------------- control flow (the shared runner)
     def _make_cond(self, n: Node, ins, outs, g):
         then_run, else_run = (self._plan(s).run for s in n.subgraphs)
+        truth = self.pl.truth if self.pl else _truth
+        args_of = self._branch_args(ins[1:])
 
         def run(slots):
-            res = cf.cond(slots[ins[0]], then_run, else_run, [slots[i] for i in ins[1:]], truth=_truth)
+            res = cf.cond(slots[ins[0]], then_run, else_run, args_of(slots), truth=truth)
             for o, r in zip(outs, res):
                 slots[o] = r
         return run
@@ -214,18 +244,46 @@ class Executor:
     def _make_case(self, n: Node, ins, outs, g):
         runs = [self._plan(s).run for s in n.subgraphs]
         preds, branches = runs[0:-1:2], runs[1::2] + runs[-1:]
+        truth = self.pl.first_truth if self.pl else _first_truth
+        args_of = self._branch_args(ins)
 
         def run(slots):
-            res = cf.case(preds, branches, [slots[i] for i in ins], truth=_first_truth)
+            res = cf.case(preds, branches, args_of(slots), truth=truth)
             for o, r in zip(outs, res):
                 slots[o] = r
         return run
+
+    def _branch_args(self, ins):
+        """The values a control-flow node hands to its subgraphs. On a device they move there first, once (a
+        subgraph cannot keep a moved value in its caller's slots, so each subgraph would copy it again)."""
+        if self.pl is None:
+            return lambda slots: [slots[i] for i in ins]
+        to_device = self.pl.to_device
+
+        def args_of(slots):
+            for i in ins:
+                slots[i] = to_device(slots[i])
+            return [slots[i] for i in ins]
+        return args_of
 
     def _make_foreach(self, n: Node, ins, outs, g):
         a = n.attrs
         body = n.subgraphs[0]
         body_run = self._plan(body).run
         nd, ns = a.num_data, a.num_states
+        if self.pl is not None:
+            pl = self.pl
+
+            args_of = self._branch_args(ins)
+
+            def run_on_device(slots):
+                args = args_of(slots)
+                data, states, caps = args[:nd], args[nd:nd + ns], args[nd + ns:]
+                stacked, states = cf.foreach(body_run, data, states, caps, body, rows=pl.rows, to_array=pl.value,
+                                             alloc=pl.alloc)
+                for o, r in zip(outs, pl.stacked(stacked) + list(states)):
+                    slots[o] = r
+            return run_on_device
 
         def run(slots):
             data = [to_numpy(slots[i]) for i in ins[:nd]]
@@ -244,6 +302,19 @@ class Executor:
         cond_run, body_run = self._plan(cond_g).run, self._plan(body).run
         nv = a.num_vars
         has_t, static_max = a.has_max_tensor, a.max_iterations
+        if self.pl is not None:
+            pl = self.pl
+
+            vars_of = self._branch_args(ins[:nv] + ins[nv + (1 if has_t else 0):])
+
+            def run_on_device(slots):
+                limit = pl.to_host(slots[ins[nv]]) if has_t else static_max
+                args = vars_of(slots)
+                stacked, vars_ = cf.while_loop(cond_run, body_run, args[:nv], args[nv:], limit, body,
+                                               truth=pl.first_truth, to_array=pl.value, stack=pl.stack_rows)
+                for o, r in zip(outs, stacked + list(vars_)):
+                    slots[o] = r
+            return run_on_device
 
         def run(slots):
             limit = slots[ins[nv]] if has_t else static_max
@@ -271,7 +342,7 @@ def region_failure(node: Node, ins: list, cause: BaseException) -> ExecutionErro
     if isinstance(cause, MemoryError) or "bad_alloc" in str(cause):
         return _memory_failure(node, ins, cause)
     try:
-        Interpreter(node.subgraphs[0]).run(*[to_numpy(x) for x in ins])
+        Interpreter(node.subgraphs[0]).run(*[host_array(x) for x in ins])
     except ExecutionError as inner:
         err = ExecutionError(inner.args[0], op=inner.op, node=inner.node, source=inner.source)
         err.within = inner.within + [f"in region node {node.name!r}, whose compiled code raised: "
@@ -292,7 +363,7 @@ def _memory_failure(node: Node, ins: list, cause: BaseException) -> ExecutionErr
     sub = node.subgraphs[0]
     env: dict = {}
     for v, x in zip(sub.inputs, ins):
-        bind_symbols(v.type, to_numpy(x).shape, env)
+        bind_symbols(v.type, tuple(x.shape), env)
     biggest = None
     for m in sub.nodes:
         for v in m.outputs:
@@ -319,9 +390,9 @@ def _bytes(n: int) -> str:
 
 
 def _check_region(n: Node, sub: Graph, ins, outs):
-    want = Interpreter(sub).run(*[to_numpy(x) for x in ins])
+    want = Interpreter(sub).run(*[host_array(x) for x in ins])
     for k, (w, o) in enumerate(zip(want, outs)):
-        got = to_numpy(o)
+        got = host_array(o)
         if got.shape != np.shape(w) or got.dtype != np.asarray(w).dtype or not np.allclose(
                 got, w, rtol=1e-4, atol=1e-5, equal_nan=True):
             diff = "shape/dtype " + f"{got.dtype}{list(got.shape)} vs {np.asarray(w).dtype}{list(np.shape(w))}" \

@@ -44,6 +44,8 @@ def _load_folder(folder: str, label: str, device) -> CompiledModel:
         import tvm
         if device not in ("cpu", "cuda"):
             raise ArtifactError(f"{label}: unknown device {device!r} (expected cpu or cuda)")
+        if device == "cuda":
+            ensure_cuda_runtime()
         if device == "cuda" and not tvm.cuda(0).exist:
             raise ArtifactError(f"{label}: this is a CUDA artifact but no CUDA GPU is available here; "
                                 "compile with --target cpu for this machine")
@@ -82,6 +84,25 @@ def _load_folder(folder: str, label: str, device) -> CompiledModel:
     if lib is not None:
         model.lib_bytes = blob
     return model
+
+
+def ensure_cuda_runtime() -> None:
+    """Load TVM's CUDA runtime (`libtvm_runtime_cuda.so`) if it is not loaded yet. A runtime-only TVM (no
+    compiler library, e.g. a `dyntvm bundle`) loads no device backend by itself, so without this a CUDA
+    artifact would find no GPU even on a GPU host. Without a CUDA driver the library cannot load: nothing
+    happens, and the caller reports that no GPU is available."""
+    from pathlib import Path
+
+    from tvm.base import _LOADED_LIBS
+    if "tvm_runtime_cuda" in _LOADED_LIBS:
+        return
+    try:
+        from tvm_ffi.libinfo import load_lib_ctypes
+        folder = Path(_LOADED_LIBS["tvm_runtime"]._name).resolve().parent
+        _LOADED_LIBS["tvm_runtime_cuda"] = load_lib_ctypes(package="tvm", target_name="tvm_runtime_cuda",
+                                                           extra_lib_paths=[folder], mode="RTLD_LOCAL")
+    except (OSError, RuntimeError, ImportError, KeyError, AttributeError):
+        pass
 
 
 def library_binding(vm) -> str | None:

@@ -10,7 +10,7 @@ import weakref
 
 import numpy as np
 
-from dyntvm.errors import InputError
+from dyntvm.errors import CompileError, InputError
 
 from ..ir.graph import Graph
 from ..ir.ops import OpKind
@@ -18,14 +18,18 @@ from ..ir.tree import LEAF, tree_flatten, tree_str, tree_unflatten
 from ..ir.types import expression_dim_errors, is_symbol
 from .artifact import save as save_artifact
 from .executor import Executor
+from .placement import DevicePlacement
 from .tensors import to_numpy
 
 
 def virtual_machine(lib, device: str = "cpu"):
-    """A Relax VM over a kernel library (built, or loaded from a file) on "cpu" or "cuda"."""
+    """A Relax VM over a kernel library (built, or loaded from a file) on "cpu" or "cuda".
+
+    TVM's runtime VM (`tvm.runtime.vm`), not `tvm.relax`: importing relax needs TVM's compiler library,
+    which a deployment (`dt.load`, `dyntvm run`) must not (see `tests/test_runtime_only.py`)."""
     import tvm
-    from tvm import relax
-    return relax.VirtualMachine(lib, tvm.cpu() if device == "cpu" else tvm.cuda())
+    from tvm.runtime.vm import VirtualMachine
+    return VirtualMachine(lib, tvm.cpu() if device == "cpu" else tvm.cuda())
 
 
 def signature(graph: Graph) -> str:
@@ -195,6 +199,7 @@ class CompiledModel:
         regions: names of the compiled region functions.
         target: "cpu" or "cuda".
         last_profile: node -> (calls, seconds) of the latest call made with ``profile=True`` (any thread).
+        last_copies: host<->device copies (counts and bytes) of that call, for kernels on a device (a GPU).
     """
 
     def __init__(self, graph: Graph, vm=None, target: str = "cpu", lib=None, info: dict | None = None):
@@ -208,7 +213,18 @@ class CompiledModel:
         self._calls_retired = [0]      # region calls of executors whose thread has ended
         self._threads = threading.local()
         self._constants: dict = {}     # filled by the first executor, then shared read-only by all
-        self._executor = self._new_executor(vm)      # this thread's; other threads make theirs
+        self.not_runnable = None       # why this model cannot run here (CUDA kernels built without a GPU)
+        self.last_copies: dict = {}    # host<->device copies of the latest profile=True call (device targets)
+        self._device = None            # the TVM device values live on, for kernels that run on a device
+        if target == "cuda" and vm is not None:
+            import tvm
+            self._device = tvm.cuda(0)
+        if vm is None and self.regions and target == "cuda":
+            self.not_runnable = ("this model was compiled for CUDA on a machine without a GPU: it cannot run here; "
+                                 "save it (model.save) and run it on a GPU host with dt.load / dyntvm run")
+            self._executor = None
+        else:
+            self._executor = self._new_executor(vm)      # this thread's; other threads make theirs
         self._check = InputChecker(graph)
         tree = graph.out_tree
         self._out_kind = ("leaf" if tree == "*" else "tuple" if tree and tree[0] == "tuple" and
@@ -216,7 +232,7 @@ class CompiledModel:
 
     def _new_executor(self, vm) -> Executor:
         """This thread's executor: a Relax VM keeps per-call frames, so threads must not share one."""
-        ex = Executor(self.graph, vm, constants=self._constants)
+        ex = Executor(self.graph, vm, constants=self._constants, placement=self._placement())
         key = id(ex)
         with self._lock:
             self._calls[key] = ex.calls
@@ -224,7 +240,20 @@ class CompiledModel:
         self._threads.executor = ex
         return ex
 
+    def _placement(self):
+        return None if self._device is None else DevicePlacement(self._device)
+
+    def _use_device_path(self, device) -> None:
+        """Run as if the kernels were on a device: values in TVM tensors on `device`, every host crossing an
+        explicit, counted copy (tests run the GPU path on `tvm.cpu()` this way)."""
+        self._device = device
+        self._threads = threading.local()
+        self._constants.clear()
+        self._executor = self._new_executor(self.vm)
+
     def _thread_executor(self) -> Executor:
+        if self.not_runnable:
+            raise CompileError(self.not_runnable)
         ex = getattr(self._threads, "executor", None)
         if ex is None:
             ex = self._new_executor(virtual_machine(self.lib, self.target) if self.vm is not None else None)
@@ -237,11 +266,18 @@ class CompiledModel:
         arrays = self._check(args)
         ex = self._thread_executor()
         if validate or profile:
-            ex = Executor(self.graph, ex.vm, validate=validate, profile=profile, constants=self._constants)
-        consts = ex.constant_ids
-        outs = [np.array(to_numpy(o)) if id(o) in consts else to_numpy(o) for o in ex.run(arrays)]
+            ex = Executor(self.graph, ex.vm, validate=validate, profile=profile, constants=self._constants,
+                          placement=self._placement())
+        if ex.pl is not None:                 # values on a device: the outputs are copied to the host
+            outs = [ex.pl.to_host(o) for o in ex.run(arrays)]
+        else:
+            consts = ex.constant_ids
+            outs = [np.array(to_numpy(o)) if id(o) in consts else to_numpy(o) for o in ex.run(arrays)]
         if profile:
             self.last_profile = {k: tuple(v) for k, v in ex.profile.items()}
+            pl = ex.pl
+            self.last_copies = {"host_to_device": pl.h2d, "device_to_host": pl.d2h, "host_to_device_bytes":
+                                pl.h2d_bytes, "device_to_host_bytes": pl.d2h_bytes} if pl is not None else {}
         kind = self._out_kind
         if kind == "leaf":
             return outs[0]

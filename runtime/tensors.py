@@ -47,6 +47,13 @@ def to_numpy(x) -> np.ndarray:
     return np.asarray(x)
 
 
+def host_array(x) -> np.ndarray:
+    """`x` as numpy wherever it lives (a copy for a device tensor): for error paths and validation."""
+    if type(x) is _TvmTensor and x.device.dlpack_device_type() != 1:       # kDLCPU
+        return x.numpy()
+    return to_numpy(x)
+
+
 def is_tvm(x) -> bool:
     return type(x) is _TvmTensor
 

@@ -334,9 +334,9 @@ def test_interpreter_input_errors():
     x = np.ones((2, 4), np.float32)
     with pytest.raises(dt.InputError, match="takes 2 inputs, got 1"):
         dt.run_reference(g, x)
-    with pytest.raises(dt.InputError, match=re.escape("input 1 (%in1) must be float32[N,4], got float64[2, 4]")):
+    with pytest.raises(dt.InputError, match=re.escape("input 1 (%y) must be float32[N,4], got float64[2, 4]")):
         dt.run_reference(g, x, x.astype(np.float64))
-    with pytest.raises(dt.InputError, match=re.escape("input 1 (%in1) must be float32[N,4], got float32[3, 4] "
+    with pytest.raises(dt.InputError, match=re.escape("input 1 (%y) must be float32[N,4], got float32[3, 4] "
                                                       "(symbols so far: {'N': 2})")):
         dt.run_reference(g, x, np.ones((3, 4), np.float32))
 

@@ -92,7 +92,7 @@ def test_lint_subgraph_using_an_outer_value_without_capture():
     then = cond.subgraphs[0]
     mul = then.nodes[-1]
     mul.inputs = (g.inputs[0],) + mul.inputs[1:]          # the outer x, not the captured input
-    with pytest.raises(GraphError, match=r"lint\(lambda/cond_\d+/then\): .* uses %in0: float32\[N,4\] before "
+    with pytest.raises(GraphError, match=r"lint\(lambda/cond_\d+/then\): .* uses %x: float32\[N,4\] before "
                                          r"it is defined \(or from outside this graph: subgraphs must capture"):
         g.lint()
 
@@ -241,11 +241,11 @@ def test_printer_is_readable():
         return F.cond(F.sum(x) > 0, lambda: F.softmax(x), lambda: x)
     g = dt.trace(f, X)
     assert str(g) == """\
-graph f(%in0: float32[N,4]) {
-  %v0: float32[] = sum(%in0; axis=None, keepdims=False)
+graph f(%x: float32[N,4]) {
+  %v0: float32[] = sum(%x; axis=None, keepdims=False)
   %v2: float32[] = constant(; value=0.)
   %v4: bool[] = greater(%v0, %v2)
-  %v6: float32[N,4] = cond(%v4, %in0; num_outputs=1)
+  %v6: float32[N,4] = cond(%v4, %x; num_outputs=1)
     graph then(%v8: float32[N,4]) {
       %v9: float32[N,4] = softmax(%v8; axis=-1)
       return %v9

@@ -10,7 +10,8 @@ from tvm.relax import op as R
 from dyntvm.errors import CompileError
 from ...ir.ops import get_op
 from ..dims import I64, ConvertContext, is_one
-from ..te_kernels import te_broadcast, te_empty_guard
+from ..te_kernels import (EMPTY_REDUCE, NEGATIVE_POWER, TAKE_OUT_OF_RANGE, pass_if_zero_primfunc, te_broadcast,
+                          te_check_device, te_empty_guard)
 
 
 # ------------------------------------------------------------------------------ expressions
@@ -63,12 +64,22 @@ def primfunc_once(bb, name: str, make):
     return gv if gv is not None else bb.add_func(make(), name)
 
 
-def checked(bb, ctx, name: str, make, x, n, dtype: str):
+def checked(bb, ctx, name: str, make, x, n, dtype: str, kind: str):
     """``x`` (any shape) through the flat run-time check PrimFunc `name` (``make()``: (x, n) -> out of
-    `dtype`), given the int64 extent `n`: the checked values, in x's shape."""
+    `dtype`), given the int64 extent `n`: the checked values, in x's shape. For a GPU
+    (`ctx.device_checks`) the check `kind` is done with `te_check_device` instead (no asserts in kernels)."""
     shape = shape_of(x)
     size = ctx.analyzer.simplify(prod(shape)) if shape else tirx.IntImm(I64, 1)
     flat = emit(bb, R.reshape(x, [size]))
+    if ctx.device_checks:
+        res = bb.emit_te(te_check_device, flat, n, kind, primfunc_name_hint=f"dt_check_{kind}")
+        out, bad = emit(bb, relax.TupleGetItem(res, 0)), emit(bb, relax.TupleGetItem(res, 1))
+        k = tirx.Var("dt_bad", I64)
+        bb.match_cast(emit(bb, R.tensor_to_shape(bad)), relax.ShapeType([k]))
+        message = {"take_index": TAKE_OUT_OF_RANGE, "nonnegative": NEGATIVE_POWER, "nonempty": EMPTY_REDUCE}[kind]
+        gv = primfunc_once(bb, f"dt_pass_{kind}_{dtype}", lambda: pass_if_zero_primfunc(dtype, message))
+        out = emit(bb, R.call_tir(gv, [out, relax.prim_value(k)], relax.TensorType([size], dtype)))
+        return R.reshape(out, shape)
     out = emit(bb, R.call_tir(primfunc_once(bb, name, make), [flat, relax.prim_value(n)],
                               relax.TensorType([size], dtype)))
     return R.reshape(out, shape)

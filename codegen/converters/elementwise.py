@@ -162,7 +162,7 @@ def _int_power(bb, ctx, a, b):
     if np.dtype(dt).kind == "i" and (known is None or (known < 0).any()):
         # numpy raises on a negative exponent (of the broadcast result: none if it is empty)
         flat[1] = emit(bb, checked(bb, ctx, f"dt_check_nonnegative_{dt}", lambda: nonnegative_primfunc(dt),
-                                   flat[1], tirx.IntImm("int64", 0), dt))
+                                   flat[1], tirx.IntImm("int64", 0), dt, "nonnegative"))
     t = relax.TensorType([size], dt)
     r = emit(bb, R.call_tir(gv, flat, [t, t, t]))
     return R.reshape(emit(bb, relax.TupleGetItem(r, 0)), shape)

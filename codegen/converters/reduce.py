@@ -66,7 +66,8 @@ def _nonempty(bb, ctx, r, extents, dtype):
     n = ctx.analyzer.simplify(prod(extents))
     if ctx.positive(n):
         return r
-    return checked(bb, ctx, f"dt_check_nonempty_{dtype}", partial(nonempty_primfunc, dtype), r, n, dtype)
+    return checked(bb, ctx, f"dt_check_nonempty_{dtype}", partial(nonempty_primfunc, dtype), r, n, dtype,
+                   "nonempty")
 
 
 for _name in ops_in(Group.REDUCE):

@@ -208,7 +208,8 @@ def _take(bb, node, args, ctx):
             known.size == 0 or (known.min() >= -int(n.value) and known.max() < int(n.value))):
         return [bb.emit_te(te_take, x, idx, ax, n, primfunc_name_hint="dt_take")]
     dt = dtype_of(idx)
-    idx = emit(bb, checked(bb, ctx, f"dt_take_index_{dt}", lambda: take_index_primfunc(dt), idx, n, I64))
+    idx = emit(bb, checked(bb, ctx, f"dt_take_index_{dt}", lambda: take_index_primfunc(dt), idx, n, I64,
+                                 "take_index"))
     return [bb.emit_te(te_take, x, idx, ax, n, True, primfunc_name_hint="dt_take")]
 
 

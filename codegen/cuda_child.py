@@ -1,0 +1,37 @@
+"""The child process of a CUDA build on a machine without a GPU (`gpu.py`): ``python -m
+dyntvm.codegen.cuda_child WORKDIR`` with the stub `libcuda.so.1` first on `LD_LIBRARY_PATH`. Reads the regions
+(`job.json`, `params.npz`) from WORKDIR, builds them for the job's arch and exports `kernels.so` there.
+Nothing imports this module: it is only run."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from ..ir.serialize import graph_from_dict
+from .build import build_executable
+from .gpu import cuda_target, gpu_present
+
+
+def main(work: str) -> None:
+    import numpy as np
+
+    with open(os.path.join(work, "job.json")) as f:
+        job = json.load(f)
+    with np.load(os.path.join(work, "params.npz")) as z:
+        params = {k: z[k] for k in z.files}
+    if not gpu_present() and not cuda_runtime_loaded():
+        raise SystemExit("dyntvm: TVM's CUDA runtime did not load in the build process (the stub libcuda.so.1 "
+                         "was not picked up?)")
+    regions = [(name, graph_from_dict(d, params)) for name, d in job["regions"]]
+    ex = build_executable(regions, "cuda", job["binding"], cuda_target(job["arch"]))
+    ex.export_library(os.path.join(work, "kernels.so"))
+
+
+def cuda_runtime_loaded() -> bool:
+    with open("/proc/self/maps") as f:
+        return "libtvm_runtime_cuda" in f.read()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

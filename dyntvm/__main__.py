@@ -1,0 +1,6 @@
+"""`python -m dyntvm ...`: the `dyntvm` command (works from a runtime-only bundle too)."""
+import sys
+
+from dyntvm.cli import main
+
+sys.exit(main())

@@ -1,0 +1,131 @@
+"""Where the executor keeps values when the kernels run on a device (a GPU): `DevicePlacement`.
+
+On the CPU target values cross between numpy and TVM zero-copy (`tensors.py`) and nothing here is used.
+On a device, every value a region produces stays a TVM tensor on the device: regions take device tensors,
+loops step through device tensors (each row of a `foreach` input is a device-to-device copy; per-step
+outputs are copied device-to-device into one device buffer), and only what the host must read crosses:
+a loop or branch condition (one scalar), a `max_iterations` tensor, the inputs of the dynamic-shape ops
+that run in numpy, and the model's outputs. Each crossing is counted (`h2d`, `d2h`), reported by
+``model(..., profile=True)`` in `model.last_profile` and asserted on by tests. The same class runs on
+`tvm.cpu()` too (with explicit copies): tests check the device path's results and counts without a GPU.
+"""
+from __future__ import annotations
+
+import numpy as np
+import tvm
+
+_Tensor = tvm.runtime.Tensor
+
+
+class DevicePlacement:
+    """Values on TVM device `device`; `h2d` / `d2h`: host<->device copies made so far (bytes in `*_bytes`)."""
+
+    def __init__(self, device):
+        self.device = device
+        self.h2d = self.d2h = self.h2d_bytes = self.d2h_bytes = 0
+
+    def on_device(self, x) -> bool:
+        return type(x) is _Tensor and x.device == self.device
+
+    def to_device(self, x) -> _Tensor:
+        """`x` as a tensor on the device (a host array is copied there: counted)."""
+        if type(x) is _Tensor:
+            if x.device == self.device:
+                return x
+            x = x.numpy()
+        a = np.asarray(x, order="C")        # not ascontiguousarray: it makes a 0-d array 1-d
+        if not a.flags.c_contiguous:
+            a = a.copy()
+        t = tvm.runtime.empty(a.shape, a.dtype.name, self.device)
+        if a.size:
+            t.copyfrom(a)
+            self.h2d += 1
+            self.h2d_bytes += a.nbytes
+        return t
+
+    def to_host(self, x) -> np.ndarray:
+        """`x` as a numpy array (a device tensor is copied to the host: counted)."""
+        if type(x) is not _Tensor:
+            return np.asarray(x)
+        if x.device.dlpack_device_type() == 1 and self.device.dlpack_device_type() != 1:    # on the host: a view
+            return np.from_dlpack(x)
+        out = x.numpy()
+        if out.size:
+            self.d2h += 1
+            self.d2h_bytes += out.nbytes
+        return out
+
+    @staticmethod
+    def shape_stub(x) -> np.ndarray:
+        """An array with `x`'s shape and dtype and no data (zero strides): for ops that read only those."""
+        if type(x) is not _Tensor:
+            return np.asarray(x)
+        shape = tuple(x.shape)
+        return np.lib.stride_tricks.as_strided(np.zeros(1, str(x.dtype)), shape, (0,) * len(shape))
+
+    def truth(self, x) -> bool:
+        """A condition's value: one scalar to the host."""
+        return bool(self.to_host(x))
+
+    def first_truth(self, res: list) -> bool:
+        return bool(self.to_host(res[0]))
+
+    # -------------------------------------------------------------------------------- loops
+    def rows(self, x):
+        """Row t of device tensor `x` (axis 0), each a fresh device tensor (device-to-device copy; kernels
+        may assume aligned data, which a view at an arbitrary row offset is not)."""
+        return _Rows(self.to_device(x), self.device)
+
+    def value(self, x):
+        """A loop's per-step output as a device tensor (shape and dtype read by the loop driver)."""
+        return x if type(x) is _Tensor and x.device == self.device else self.to_device(x)
+
+    def alloc(self, shape, dtype) -> "DeviceStack":
+        return DeviceStack(shape, str(dtype), self.device)
+
+    def stacked(self, bufs: list) -> list:
+        return [b.tensor if isinstance(b, DeviceStack) else b for b in bufs]
+
+    def stack_rows(self, rows: list, kinds: list) -> list:
+        """While-loop outputs: the list of per-step device tensors of each output -> one device tensor each."""
+        out = []
+        for acc, (shape, dtype) in zip(rows, kinds):
+            buf = DeviceStack((len(acc),) + tuple(shape), str(dtype), self.device)
+            for t, r in enumerate(acc):
+                buf[t] = r
+            out.append(buf.tensor)
+        return out
+
+
+class _Rows:
+    __slots__ = ("x", "device", "row_shape", "row_bytes")
+
+    def __init__(self, x: _Tensor, device):
+        self.x, self.device = x, device
+        self.row_shape = tuple(x.shape)[1:]
+        self.row_bytes = int(np.prod(self.row_shape, dtype=np.int64)) * np.dtype(str(x.dtype)).itemsize
+
+    def __getitem__(self, t: int) -> _Tensor:
+        dtype = str(self.x.dtype)
+        row = tvm.runtime.empty(self.row_shape, dtype, self.device)
+        if self.row_bytes:
+            row.copyfrom(self.x._create_view(self.row_shape, dtype, t * self.row_bytes))
+        return row
+
+
+class DeviceStack:
+    """A device buffer of stacked rows; ``buf[t] = r`` copies device tensor `r` into row t on the device."""
+    __slots__ = ("tensor", "shape", "dtype", "row_shape", "row_bytes")
+
+    def __init__(self, shape, dtype: str, device):
+        self.tensor = tvm.runtime.empty(tuple(shape), dtype, device)
+        self.shape, self.dtype = tuple(shape), dtype
+        self.row_shape = self.shape[1:]
+        self.row_bytes = int(np.prod(self.row_shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+
+    def __len__(self):
+        return self.shape[0]
+
+    def __setitem__(self, t: int, r: _Tensor) -> None:
+        if self.row_bytes:
+            r.copyto(self.tensor._create_view(self.row_shape, self.dtype, t * self.row_bytes))
