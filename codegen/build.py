@@ -39,6 +39,29 @@ def check_target(target: str) -> str:
     return kind
 
 
+def mask_gathers(graph: Graph) -> list:
+    """(name, subgraph) of a ``take`` kernel per kind (dtype, rank, axis) of `boolean_mask` in `graph`: on a
+    device the executor computes the mask's indices on the host and gathers the data on the device with it
+    (`ir.ops.mask_gather_name`)."""
+    from ..ir.graph import Node, Value
+    from ..ir.ops import get_op, mask_gather_name
+    from ..ir.types import TensorType
+    kinds = sorted({(t.dtype, t.ndim, n.attrs.axis % t.ndim) for n in graph.walk() if n.op == "boolean_mask"
+                    for t in [n.inputs[0].type] if t.ndim})
+    take = get_op("take")
+    out = []
+    for dtype, rank, axis in kinds:
+        data = Value(TensorType(tuple(f"G{i}" for i in range(rank)), dtype), "data")
+        idx = Value(TensorType(("K",), "int64"), "idx")
+        attrs = take.attrs(axis)
+        node = Node("take", (data, idx), attrs, name="take")
+        (t,) = take.infer_type([data.type, idx.type], attrs)
+        node.outputs = (Value(t, "out", node, 0),)
+        name = mask_gather_name(dtype, rank, axis)
+        out.append((name, Graph([data, idx], [node], list(node.outputs), name=name)))
+    return out
+
+
 def check_compiler() -> None:
     """TVM's compiler library must be loadable (not a runtime-only TVM, nor `TVM_USE_RUNTIME_LIB=1`)."""
     try:
@@ -133,6 +156,7 @@ def build(graph: Graph, target: str = "cpu", cache_dir: str | None = None, use_c
     regions = collect_regions(graph)
     if not regions:
         return None
+    regions += mask_gathers(graph)
     check_compiler()
     tvm_target = concrete_target(target)
     desc = str(tvm_target)

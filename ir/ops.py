@@ -514,6 +514,13 @@ def _boolean_mask(ts, a):
 
 
 register("boolean_mask", AxisAttrs, _boolean_mask, kind=DYNAMIC_SHAPE, num_inputs=2)
+
+
+def mask_gather_name(dtype: str, rank: int, axis: int) -> str:
+    """The compiled helper of `boolean_mask` on a device: ``take(data, indices, axis)`` for data of this dtype
+    and rank (`codegen.build.mask_gathers` builds it, the executor calls it: on a GPU only the mask crosses
+    to the host, never the data)."""
+    return f"dt_mask_gather_{dtype}_{rank}_{axis % rank}"
 register("nonzero", NoAttrs, lambda ts, a: [TensorType((ts[0].ndim, fresh_dim()), "int64")],
          kind=DYNAMIC_SHAPE, num_inputs=1, api="nonzero",
          doc="int64 indices of the non-zero entries, shape (x.ndim, n): `np.stack(np.nonzero(x))`.")

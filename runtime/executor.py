@@ -19,6 +19,7 @@ import numpy as np
 from dyntvm.errors import CompileError, ExecutionError
 
 from ..ir.graph import Graph, Node
+from ..ir.ops import mask_gather_name
 from ..ir.types import eval_dim
 from . import control_flow as cf
 from .control_flow import bind_symbols
@@ -211,6 +212,10 @@ class Executor:
     def _make_kernel(self, n: Node, ins, outs, g):
         kern = KERNELS[n.op]
         attrs = n.attrs
+        if self.pl is not None and n.op == "boolean_mask":
+            step = self._device_boolean_mask(n, kern, ins, outs)
+            if step is not None:
+                return step
         host = self.pl.to_host if self.pl else to_numpy      # dynamic-shape ops run in numpy, on the host
         if self.pl is not None and n.opdef.shape_only:
             host = self.pl.shape_stub                        # e.g. shape_of: no copy at all
@@ -227,6 +232,30 @@ class Executor:
             res = kern(attrs, *[host(slots[i]) for i in ins])
             for o, r in zip(outs, res):
                 slots[o] = r
+        return run
+
+    def _device_boolean_mask(self, n: Node, kern, ins, outs):
+        """boolean_mask on a device: only the mask crosses to the host; its indices come back and the library's
+        gather kernel (`ir.ops.mask_gather_name`) takes the rows on the device. None when the library has no
+        such kernel (a graph without compiled regions): the numpy kernel runs instead."""
+        t = n.inputs[0].type
+        if self.vm is None or not t.ndim:
+            return None
+        try:
+            gather = self.vm[mask_gather_name(t.dtype, t.ndim, n.attrs.axis)]
+        except Exception:  # noqa: BLE001 - AttributeError from the VM: not in this library
+            return None
+        pl, attrs, axis = self.pl, n.attrs, n.attrs.axis % t.ndim
+        out = outs[0]
+
+        def run(slots):
+            data, mask = slots[ins[0]], pl.to_host(slots[ins[1]])
+            if mask.ndim != 1 or tuple(data.shape)[axis] != mask.shape[0]:     # the kernel's error, as eager
+                slots[out] = kern(attrs, pl.to_host(data), mask)[0]
+                return
+            if not pl.on_device(data):
+                data = slots[ins[0]] = pl.to_device(data)
+            slots[out] = gather(data, pl.to_device(np.flatnonzero(mask).astype(np.int64)))[0]
         return run
 
     # ------------------------------------------------------- control flow (the shared runner)

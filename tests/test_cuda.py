@@ -268,3 +268,22 @@ def test_only_inputs_outputs_and_conditions_cross_to_the_host(cache_dir):
         _same(fe(x, profile=True), rowwise(x))
         # one branch decision per row, and the outputs (zero rows: only the total is on the device)
         assert fe.last_copies["device_to_host"] == n + (2 if n else 1)
+
+
+def test_boolean_mask_on_the_device_copies_only_the_mask(cache_dir):
+    """On a device boolean_mask sends its mask to the host and its indices back; the data is gathered on the
+    device by the library's `take` kernel (`ir.ops.mask_gather_name`), never copied."""
+    from dyntvm.ir.ops import mask_gather_name
+
+    def masked(x):
+        return F.boolean_mask(F.tanh(x), F.sum(x, axis=1) > 0) * 2.0
+
+    model = _on_device_path(dt.compile(masked, dt.TensorSpec(("N", 64)), cache_dir=cache_dir))
+    assert model.vm[mask_gather_name("float32", 2, 0)] is not None
+    for n in (1, 2, 9, 200):
+        x = np.random.default_rng(n).standard_normal((n, 64)).astype(np.float32)
+        _same(model(x, profile=True), masked(x))
+        c, kept = model.last_copies, int((x.sum(axis=1) > 0).sum())
+        # in: x, and the indices unless none is kept; out: the mask, and the result unless it is empty
+        assert (c["host_to_device"], c["device_to_host"]) == (1 + (kept > 0), 1 + (kept > 0)), c
+        assert c["device_to_host_bytes"] == n + 4 * 64 * kept
