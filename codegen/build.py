@@ -72,6 +72,21 @@ def check_compiler() -> None:
                            "and run with dt.load") from None
 
 
+def check_host_compiler() -> None:
+    """TVM links every kernel library with the host's C/C++ compiler ($CXX, $CC, else g++, gcc, clang, cc on
+    PATH): say so before building instead of failing with a raw error when the library is written."""
+    import shutil
+
+    from tvm.support.cc import get_cc
+    cc = get_cc()
+    if cc is None:
+        raise CompileError("compile: linking the kernel library needs a C/C++ compiler (g++, gcc, clang or cc on "
+                           "PATH, or $CXX / $CC); none was found")
+    if shutil.which(cc) is None:
+        raise CompileError(f"compile: $CXX / $CC names {cc!r}, which is not an executable; the kernel library is "
+                           "linked with it")
+
+
 def collect_regions(graph: Graph) -> list:
     """(name, subgraph) of every region node, control-flow bodies included (depth first)."""
     return [(n.attrs.name, n.subgraphs[0]) for n in graph.walk() if n.op == "region"]
@@ -117,6 +132,7 @@ def build_executable(regions: list, target: str, binding: str | None = None, tvm
     """Build one TVM executable holding every region function (no caching), plus the binding
     function when `binding` is given. `target` is "cpu" or "cuda" (`tvm_target`: the concrete one)."""
     from .relax_builder import build_module, unsupported_ops
+    check_host_compiler()
     missing = sorted({op for _, g in regions for op in unsupported_ops(g)})
     if missing:
         raise UnsupportedOpError(f"compile: no Relax converter for op(s) {', '.join(missing)}")
@@ -164,7 +180,7 @@ def build(graph: Graph, target: str = "cpu", cache_dir: str | None = None, use_c
     cdir = (cache_dir or _cache.default_cache_dir()) if use_cache else None
     loadable = kind == "cpu" or _gpu_present()
     if cdir is not None:
-        hit = _cached(cdir, key, binding, loadable)
+        hit = _cached(cdir, key, binding, loadable, _arch_of(tvm_target) if kind == "cuda" else None)
         if hit is not None:
             stats.cache_hits += 1
             lib, entry = hit
@@ -187,6 +203,11 @@ def build(graph: Graph, target: str = "cpu", cache_dir: str | None = None, use_c
             warnings.warn(f"dyntvm compile cache: cannot load {entry.path} just stored ({type(e).__name__}: {e}); "
                           "using the kernels built in memory", _cache.CacheWarning, stacklevel=3)
     return Built(ex, None, False, desc)
+
+
+def _arch_of(tvm_target) -> str:
+    from .gpu import target_arch
+    return target_arch(tvm_target)
 
 
 def _gpu_present() -> bool:
@@ -227,7 +248,7 @@ def _build_cuda(regions, tvm_target, binding, cdir, key, desc) -> Built:
             os.remove(path)
 
 
-def _cached(cdir: str, key: str, binding: str | None, loadable: bool = True):
+def _cached(cdir: str, key: str, binding: str | None, loadable: bool = True, arch: str | None = None):
     """(loaded library, cache.Entry) of a sound cache entry, or None (a miss; a bad entry is discarded).
     `loadable` False (CUDA kernels on a machine without a GPU): the entry is checked, not loaded."""
     try:
@@ -243,6 +264,13 @@ def _cached(cdir: str, key: str, binding: str | None, loadable: bool = True):
         _cache.discard(cdir, key, f"{_cache.LIBRARY} is not a loadable shared library: {why}")
         return None
     if not loadable:
+        if arch is not None:                   # a CUDA library must hold device code for its arch
+            from .gpu import check_device_code
+            try:
+                check_device_code(entry.path, arch)
+            except CompileError as e:
+                _cache.discard(cdir, key, str(e).replace("compile: ", ""))
+                return None
         return None, entry
     import tvm
     try:

@@ -19,6 +19,7 @@ library holds a fatbin for the arch before it is used or cached.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -30,14 +31,16 @@ import tempfile
 
 from dyntvm.errors import CompileError
 
-DEFAULT_ARCH = os.environ.get("DYNTVM_CUDA_ARCH", "sm_90")
+from ..native import shared_object_problem
+
+DEFAULT_ARCH = "sm_90"                    # $DYNTVM_CUDA_ARCH overrides it (`default_arch`)
 FATBIN_MAGIC = bytes.fromhex("50ed55ba")          # a fatbin's header (fatBinaryHeader.magic, little endian)
 #: driver functions `libtvm_runtime_cuda.so` (TVM 0.27) links against; the stub also adds any other `cu*`
 #: symbol that `nm` finds undefined in the installed library
 DRIVER_SYMBOLS = ("cuDeviceGetName", "cuFuncSetAttribute", "cuGetErrorName", "cuGetErrorString", "cuLaunchKernelEx",
                   "cuModuleGetFunction", "cuModuleLoadData", "cuModuleUnload", "cuTensorMapEncodeTiled")
 CUDA_HOMES = ("/usr/local/cuda",)         # where nvcc is looked for after PATH, $CUDA_HOME and $CUDA_PATH
-_ARCH = re.compile(r"sm_\d+[a-z]?")
+_ARCH = re.compile(r"sm_[1-9]\d[a-z]?|sm_1\d\d[a-z]?")     # sm_50 ... sm_121a: what nvcc 13 may accept
 
 
 def parse_arch(target: str) -> str | None:
@@ -50,6 +53,16 @@ def parse_arch(target: str) -> str | None:
     return arch
 
 
+def default_arch() -> str:
+    """$DYNTVM_CUDA_ARCH (checked) or sm_90."""
+    env = os.environ.get("DYNTVM_CUDA_ARCH", "").strip()
+    if not env:
+        return DEFAULT_ARCH
+    if not _ARCH.fullmatch(env):
+        raise CompileError(f"compile: DYNTVM_CUDA_ARCH must look like sm_90 or sm_90a, got {env!r}")
+    return env
+
+
 def gpu_present() -> bool:
     import tvm
     try:
@@ -59,15 +72,15 @@ def gpu_present() -> bool:
 
 
 def cuda_target(arch: str | None = None):
-    """The TVM target: `arch`, else the local GPU's, else `DEFAULT_ARCH` ($DYNTVM_CUDA_ARCH or sm_90)."""
+    """The TVM target: `arch`, else the local GPU's, else `default_arch()` ($DYNTVM_CUDA_ARCH or sm_90)."""
     import tvm
     if arch is None and gpu_present():
         return tvm.target.Target.from_device(tvm.cuda(0))
-    return tvm.target.Target({"kind": "cuda", "arch": arch or DEFAULT_ARCH})
+    return tvm.target.Target({"kind": "cuda", "arch": arch or default_arch()})
 
 
 def target_arch(target) -> str:
-    return str(target.attrs.get("arch", "")) or DEFAULT_ARCH
+    return str(target.attrs.get("arch", "")) or default_arch()
 
 
 def find_nvcc() -> str:
@@ -154,8 +167,7 @@ def _build_in_child(regions: list, arch: str, binding: str | None):
         env["TVM_CUDA_COMPILE_MODE"] = "nvcc"
         env["PATH"] = os.path.dirname(find_nvcc()) + os.pathsep + env.get("PATH", "")
         env.pop("TVM_USE_RUNTIME_LIB", None)
-        r = subprocess.run([sys.executable, "-m", "dyntvm.codegen.cuda_child", work], env=env, capture_output=True,
-                           text=True)
+        r = _run_child([sys.executable, "-m", "dyntvm.codegen.cuda_child", work], env)
         if r.returncode != 0:
             lines = (r.stderr or r.stdout).strip().splitlines()
             err = next((ln for ln in reversed(lines) if ln.strip()), f"exit status {r.returncode}")
@@ -172,6 +184,34 @@ def _build_in_child(regions: list, arch: str, binding: str | None):
             print(f"dyntvm: CUDA build folder kept: {work}", file=sys.stderr)
         else:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def build_timeout() -> float:
+    """Seconds a CUDA build may take ($DYNTVM_CUDA_BUILD_TIMEOUT, default 1800)."""
+    try:
+        return float(os.environ.get("DYNTVM_CUDA_BUILD_TIMEOUT", "") or 1800)
+    except ValueError:
+        raise CompileError("compile: DYNTVM_CUDA_BUILD_TIMEOUT must be a number of seconds") from None
+
+
+def _run_child(cmd: list, env: dict):
+    """Run the build child in its own process group: a timeout or an interrupt (Ctrl-C, SIGTERM turned into
+    an exception by the caller) kills it and the nvcc it started, instead of leaving them running."""
+    import signal
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=build_timeout())
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise CompileError(f"compile: the CUDA build took more than {build_timeout():.0f} s (nvcc hanging?); "
+                           "stopped (DYNTVM_CUDA_BUILD_TIMEOUT sets the limit)") from None
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 # ----------------------------------------------------------------------------------- the driver stub
@@ -198,7 +238,10 @@ def stub_dir() -> str:
         folder = os.path.join(base, f"cuda-stub-{digest}")
         lib = os.path.join(folder, "libcuda.so.1")
         if os.path.isfile(lib):
-            return folder
+            if shared_object_problem(lib) is None:
+                return folder
+            with contextlib.suppress(OSError):          # truncated or overwritten: build it again
+                os.remove(lib)
         try:
             os.makedirs(folder, exist_ok=True)
             cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
@@ -211,10 +254,13 @@ def stub_dir() -> str:
             r = subprocess.run([cc, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o",
                                 os.path.join(tmp, "libcuda.so.1"), os.path.join(tmp, "stub.c")],
                                capture_output=True, text=True)
-            if r.returncode != 0:
-                raise CompileError(f"compile: building the stub CUDA driver library failed: {r.stderr.strip()}")
-            os.replace(os.path.join(tmp, "libcuda.so.1"), lib)
-            shutil.rmtree(tmp, ignore_errors=True)
+            try:
+                if r.returncode != 0:
+                    why = (r.stderr or r.stdout).strip() or f"{cc} exited with status {r.returncode}"
+                    raise CompileError(f"compile: building the stub CUDA driver library with {cc} failed: {why}")
+                os.replace(os.path.join(tmp, "libcuda.so.1"), lib)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
             return folder
         except OSError:
             continue

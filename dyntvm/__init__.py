@@ -35,12 +35,19 @@ _LAZY = {
 
 def __getattr__(name):
     import importlib
+    import importlib.util
     try:
         mod, attr = _LAZY[name]
     except KeyError:
         raise AttributeError(f"module 'dyntvm' has no attribute {name!r}") from None
     try:
         m = importlib.import_module(mod)
+    except ModuleNotFoundError as e:
+        if e.name and e.name.startswith("dyntvm.") and importlib.util.find_spec("dyntvm.frontend") is None:
+            raise ImportError(f"dyntvm.{name} is not in this runtime-only dyntvm (made by `dyntvm bundle`): it "
+                              "loads and runs artifacts (dt.load); tracing and compiling need the full install "
+                              "(pip install dyntvm)") from None
+        raise
     except AttributeError as e:     # an AttributeError here would read as "no attribute F": show the real one
         raise ImportError(f"importing {mod} for dyntvm.{name} failed: {e!r}") from e
     val = m if attr is None else getattr(m, attr)

@@ -21,6 +21,7 @@ import os
 import shutil
 import sys
 import tarfile
+import tempfile
 
 from dyntvm.errors import DyntvmError
 
@@ -70,11 +71,15 @@ def bundle(out: str) -> dict:
     import tvm
     import dyntvm
     as_tar = out.endswith((".tar.gz", ".tgz"))
-    folder = out[:-len(".tar.gz") if out.endswith(".tar.gz") else -len(".tgz")] + ".tmp" if as_tar else out
-    if os.path.exists(out) or os.path.exists(folder):
+    if not as_tar and out.lower().endswith((".tar", ".zip", ".gz", ".tgz", ".bz2", ".xz", ".whl")):
+        raise DyntvmError(f"bundle: {out}: write a folder, or a file ending in .tar.gz or .tgz")
+    if os.path.lexists(out):
         raise DyntvmError(f"bundle: {out} already exists; remove it or pick another name")
+    folder = tempfile.mkdtemp(prefix=".dyntvm-bundle-", dir=os.path.dirname(os.path.abspath(out))) if as_tar \
+        else out
     try:
-        os.makedirs(folder)
+        if not as_tar:
+            os.makedirs(folder)
         for pkg, sub in DYNTVM_PACKAGES.items():
             dst = os.path.join(folder, "dyntvm", sub) if sub else os.path.join(folder, "dyntvm")
             _copy_tree(package_dir(pkg), dst, set(), None if sub else DYNTVM_MODULES)

@@ -161,10 +161,15 @@ def _run(args) -> int:
             raise InputError(f"--input {item!r}: expected NAME=FILE.npy; inputs are {', '.join(names)}")
         if name not in names:
             raise InputError(f"--input {item!r}: the model has no input {name!r}; inputs are {', '.join(names)}")
+        if name in given:
+            raise InputError(f"--input {item!r}: input {name!r} is given twice")
         try:
             given[name] = np.load(path, allow_pickle=False)
         except (OSError, ValueError) as e:
             raise InputError(f"--input {item!r}: cannot read {path} as a .npy array: {e}") from e
+        if not isinstance(given[name], np.ndarray):          # an .npz archive
+            given[name].close()
+            raise InputError(f"--input {item!r}: {path} is an .npz archive; give one array as a .npy file")
     missing = [n for n in names if n not in given]
     if missing and not args.random:
         raise InputError(f"no --input for {', '.join(missing)} (give NAME=FILE.npy, or --random)")
@@ -329,21 +334,27 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _check_full_install(cmd: str) -> None:
-    """A runtime-only install (`dyntvm bundle`) runs artifacts; the other commands need the compiler."""
+def _check_full_install(cmd: str, args=None) -> None:
+    """A runtime-only install (`dyntvm bundle`) runs and inspects artifacts; the rest needs the compiler."""
     import importlib.util
 
     from dyntvm.errors import DyntvmError
-    if cmd != "run" and importlib.util.find_spec("dyntvm.frontend") is None:
-        raise DyntvmError(f"this is a runtime-only dyntvm (made by `dyntvm bundle`): it runs artifacts with "
-                          f"`dyntvm run`; `dyntvm {cmd}` needs the full install (pip install dyntvm)")
+    if importlib.util.find_spec("dyntvm.frontend") is not None or cmd == "run":
+        return
+    if cmd == "inspect" and args is not None and args.model and not args.svg and not args.example:
+        from dyntvm.loader import is_artifact
+        if is_artifact(args.model):           # reading an artifact needs only the runtime
+            return
+    raise DyntvmError(f"this is a runtime-only dyntvm (made by `dyntvm bundle`): it runs and inspects artifacts "
+                      f"(`dyntvm run`, `dyntvm inspect ART`); `dyntvm {cmd}` here needs the full install "
+                      "(pip install dyntvm)")
 
 
 def main(argv=None) -> int:
     from dyntvm.errors import DyntvmError
     args = build_parser().parse_args(argv)
     try:
-        _check_full_install(args.cmd)
+        _check_full_install(args.cmd, args)
         return args.func(args)
     except BrokenPipeError:                            # `dyntvm inspect ... | head`: not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -20,6 +20,23 @@ def shared_object_problem(path: str) -> str | None:
     return None
 
 
+#: CPU flags (/proc/cpuinfo names) whose instructions compiled kernels may use
+VECTOR_FEATURES = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_bf16",
+                   "avx512_vnni", "amx_tile")
+
+
+def cpu_features() -> set:
+    """The VECTOR_FEATURES this CPU has (empty where /proc/cpuinfo cannot be read)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split()) & set(VECTOR_FEATURES)
+    except OSError:
+        pass
+    return set()
+
+
 class _Bad(Exception):
     pass
 

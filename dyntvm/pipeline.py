@@ -11,6 +11,7 @@ This is the only module that imports every stage; the stages import only the lay
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -76,6 +77,9 @@ def compile(fn_or_graph, *specs, target: str = "cpu", selector=None, cache_dir: 
             "cache": "hit" if built and built.cached else "miss"}
     if built:
         info["built_for"] = built.target_desc      # recorded in artifacts: the CPU the kernels target
+        if kind == "cpu":                          # dt.load refuses a CPU lacking one of these
+            from .native import cpu_features
+            info["cpu_features"] = sorted(cpu_features())
     if kind == "cuda" and built:
         info["cuda_arch"] = _arch_of(built.target_desc)
     model = CompiledModel(pg, vm, kind, built.lib if built else None, info)
@@ -84,6 +88,9 @@ def compile(fn_or_graph, *specs, target: str = "cpu", selector=None, cache_dir: 
     if built and built.path:        # `save` writes these bytes: the cache entry may be removed meanwhile
         with open(built.path, "rb") as f:
             model.lib_bytes = f.read()
+        if os.path.basename(os.path.dirname(built.path)).startswith("dyntvm-uncached-"):   # uncached CUDA build
+            os.remove(built.path)
+            model.lib_path = None
     return model
 
 

@@ -340,6 +340,11 @@ def trace(fn, *specs, name: str | None = None) -> Graph:
         >>> g = dt.trace(lambda x: F.tanh(x) * 2, dt.TensorSpec(("N", 4)))
     """
     leaves, in_spec = tree_flatten(list(specs), is_leaf=lambda s: isinstance(s, (TensorSpec, TensorType)))
+    named = [s.name for s in leaves if isinstance(s, TensorSpec) and s.name]
+    if len(set(named)) != len(named):
+        dup = sorted({n for n in named if named.count(n) > 1})
+        raise trace_error(f"trace: input name(s) {', '.join(map(repr, dup))} given to more than one TensorSpec; "
+                          "input names must be unique")
     with Builder() as b:
         tensors = []
         for i, s in enumerate(leaves):

@@ -102,23 +102,33 @@ class Graph:
         return format_graph(self)
 
 
-def assign_names(graph: Graph, counter=None) -> Graph:
-    """Give every unnamed value and node a unique, deterministic name (whole tree)."""
+def assign_names(graph: Graph, counter=None, reserved: set | None = None) -> Graph:
+    """Give every unnamed value and node a unique, deterministic name (whole tree). Generated names
+    (``v0``, ``v1``, ...) skip every name already given in the tree (a parameter may be called ``v2``)."""
     counter = counter if counter is not None else itertools.count()
+    if reserved is None:
+        reserved = {v.name for g in [graph] + [s for n in graph.walk() for s in n.subgraphs] for v in g.values()
+                    if v.name}
+
+    def fresh() -> str:
+        while True:
+            name = f"v{next(counter)}"
+            if name not in reserved:
+                return name
     taken = set()
     for v in graph.inputs:
         if not v.name or v.name in taken:
-            v.name = f"v{next(counter)}"
+            v.name = fresh()
         taken.add(v.name)
     for n in graph.nodes:
         for v in n.outputs:
             if not v.name or v.name in taken:
-                v.name = f"v{next(counter)}"
+                v.name = fresh()
             taken.add(v.name)
         if not n.name:
             n.name = f"{n.op}_{next(counter)}"
         for sg in n.subgraphs:
-            assign_names(sg, counter)
+            assign_names(sg, counter, reserved)
     return graph
 
 

@@ -204,7 +204,8 @@ def _write_files(model, folder: str) -> list:
     np.savez(os.path.join(folder, "params.npz"), **{k: np.asarray(v, order="C") for k, v in params.items()})
     files = ["graph.json", "params.npz"]
     digests = {fn: _sha256(os.path.join(folder, fn)) for fn in files}
-    if model.lib is not None or getattr(model, "lib_path", None):   # lib None: CUDA kernels built without a GPU
+    if model.lib is not None or getattr(model, "lib_path", None) or getattr(model, "lib_bytes", None) is not None:
+        # (lib None: CUDA kernels built without a GPU, kept as their bytes)
         src = getattr(model, "lib_path", None)
         blob = getattr(model, "lib_bytes", None)
         dst = os.path.join(folder, KERNELS)

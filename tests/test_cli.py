@@ -241,3 +241,22 @@ def test_parse_input_spec():
         with pytest.raises(InputError, match=msg):
             parse_input_spec(bad)
     assert parse_sizes(["T=16", "B=2"]) == {"T": 16, "B": 2}
+
+
+def test_run_refuses_npz_and_repeated_inputs(env, work, detection_art):
+    """Found by the hostile review: an .npz gave a raw AttributeError, a repeated --input went unnoticed."""
+    np.savez(work / "two.npz", a=np.zeros(3), b=np.ones(3))
+    r = dyntvm(env, "run", detection_art, "--input", f"scores={work / 'two.npz'}", "--random", ok=False)
+    assert r.returncode == 1 and "is an .npz archive; give one array as a .npy file" in r.stderr, r.stderr
+    np.save(work / "s.npy", np.zeros((2, 16), np.float32))
+    r = dyntvm(env, "run", detection_art, "--input", f"scores={work / 's.npy'}", "--input",
+               f"scores={work / 's.npy'}", "--random", ok=False)
+    assert r.returncode == 1 and "input 'scores' is given twice" in r.stderr, r.stderr
+
+
+def test_compile_without_a_c_compiler_is_a_clear_error(env, work):
+    r = dyntvm({**env, "CXX": "/nonexistent/g++", "DYNTVM_CACHE_DIR": str(work / "nocc-cache")}, "compile",
+               "--example", "branchy", "-o", work / "nocc.dtvm", ok=False)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "$CXX / $CC names '/nonexistent/g++', which is not an executable" in r.stderr, r.stderr
+    assert not (work / "nocc.dtvm").exists()

@@ -287,3 +287,72 @@ def test_boolean_mask_on_the_device_copies_only_the_mask(cache_dir):
         # in: x, and the indices unless none is kept; out: the mask, and the result unless it is empty
         assert (c["host_to_device"], c["device_to_host"]) == (1 + (kept > 0), 1 + (kept > 0)), c
         assert c["device_to_host_bytes"] == n + 4 * 64 * kept
+
+
+# ------------------------------------------------------------------ found by the hostile review of issue 9
+def test_bad_cuda_arch_in_the_environment_is_a_compile_error(monkeypatch):
+    for value in ("garbage", "compute_80", "sm_1"):
+        monkeypatch.setenv("DYNTVM_CUDA_ARCH", value)
+        with pytest.raises(dt.CompileError, match="DYNTVM_CUDA_ARCH must look like sm_90"):
+            gpu.cuda_target() if not HAS_GPU else gpu.default_arch()
+    monkeypatch.setenv("DYNTVM_CUDA_ARCH", "")
+    assert gpu.default_arch() == "sm_90"
+
+
+@needs_nvcc
+def test_a_corrupt_stub_driver_is_rebuilt(tmp_path, monkeypatch):
+    monkeypatch.setenv("DYNTVM_CACHE_DIR", str(tmp_path))
+    folder = gpu.stub_dir()
+    lib = os.path.join(folder, "libcuda.so.1")
+    with open(lib, "r+b") as f:
+        f.truncate(100)
+    assert gpu.stub_dir() == folder
+    from dyntvm.native import shared_object_problem
+    assert shared_object_problem(lib) is None
+
+
+@needs_nvcc
+def test_a_hanging_nvcc_times_out(tmp_path, monkeypatch):
+    if HAS_GPU:
+        pytest.skip("on a GPU host the build runs in this process")
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "nvcc").write_text("#!/bin/sh\nsleep 600\n")
+    (fake / "nvcc").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("DYNTVM_CUDA_BUILD_TIMEOUT", "20")
+    with pytest.raises(dt.CompileError, match=r"the CUDA build took more than 20 s"):
+        dt.compile(lambda x: F.exp(x) * 3.0, dt.TensorSpec(("N", 3)), target="cuda", use_cache=False)
+    r = subprocess.run(["pgrep", "-f", "dyntvm.codegen.cuda_child"], capture_output=True, text=True)
+    assert r.stdout.strip() == "", "the build child was left running"
+
+
+@needs_nvcc
+def test_a_cuda_cache_entry_without_device_code_is_rebuilt(tmp_path):
+    import json as _json
+    from dyntvm.codegen import cache as c
+    fn = lambda x: F.exp(x) * 5.0 + 1.0          # noqa: E731
+    cpu = dt.compile(fn, dt.TensorSpec(("N", 3)), use_cache=False)
+    dt.compile(fn, dt.TensorSpec(("N", 3)), target="cuda", cache_dir=str(tmp_path))
+    (key,) = [k for k in os.listdir(tmp_path) if not k.startswith(".") and not k.startswith("cuda-stub")]
+    lib = os.path.join(tmp_path, key, c.LIBRARY)
+    cpu.lib.export_library(lib)                  # a CPU library, the sidecar re-fixed to match it
+    side = os.path.join(tmp_path, key, c.SIDECAR)
+    meta = _json.load(open(side))
+    meta["sha256"], meta["size"] = c.file_digest(lib)
+    _json.dump(meta, open(side, "w"))
+    with pytest.warns(c.CacheWarning, match="no device code"):
+        again = dt.compile(fn, dt.TensorSpec(("N", 3)), target="cuda", cache_dir=str(tmp_path))
+    assert again.info["cache"] == "miss"
+    assert FATBIN in again.lib_bytes
+
+
+def test_uncached_cuda_builds_leave_no_files(tmp_path):
+    try:
+        gpu.find_nvcc()
+    except dt.CompileError:
+        pytest.skip("needs nvcc")
+    model = dt.compile(lambda x: F.exp(x) - 2.0, dt.TensorSpec(("N", 3)), target="cuda", use_cache=False)
+    assert model.lib_path is None and FATBIN in model.lib_bytes
+    model.save(str(tmp_path / "m.dtvm"))
+    assert_device_code(str(tmp_path / "m.dtvm" / "kernels.so"), model.info["cuda_arch"])

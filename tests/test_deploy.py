@@ -167,3 +167,40 @@ def test_a_runtime_only_load_of_a_cuda_artifact_loads_tvms_cuda_runtime(deploy, 
     assert r.returncode == 0, r.stdout + r.stderr
     assert "this is a CUDA artifact but no CUDA GPU is available here" in r.stdout
     assert "cuda runtime loaded: True" in r.stdout and "compiler loaded: False" in r.stdout
+
+
+# ------------------------------------------------------------------ found by the hostile review of issue 9
+def test_the_python_compile_api_in_a_bundle_says_it_is_runtime_only(deploy):
+    code = "import dyntvm as dt\ntry:\n    dt.compile\nexcept ImportError as e:\n    print('ImportError:', e)\n"
+    r = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=300,
+                       env=_bundle_env(deploy), cwd=deploy["root"])
+    assert "ImportError: dyntvm.compile is not in this runtime-only dyntvm" in r.stdout, r.stdout + r.stderr
+
+
+def test_inspect_of_an_artifact_works_in_a_bundle(deploy):
+    r = subprocess.run([sys.executable, "-S", "-m", "dyntvm", "inspect", os.path.join(deploy["root"], "m.dtvm")],
+                       capture_output=True, text=True, timeout=300, env=_bundle_env(deploy), cwd=deploy["root"])
+    assert r.returncode == 0 and "target cpu" in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("name", ["out.tar", "out.zip", "out.TAR.GZ"])
+def test_bundle_refuses_archive_names_it_would_not_write(tmp_path, name):
+    from dyntvm.bundle import bundle
+    with pytest.raises(dt.DyntvmError, match="write a folder, or a file ending in .tar.gz or .tgz"):
+        bundle(str(tmp_path / name))
+    assert os.listdir(tmp_path) == []
+
+
+def test_an_artifact_for_other_cpu_features_or_device_is_refused(deploy, tmp_path):
+    import json
+    import shutil
+    art = str(tmp_path / "m.dtvm")
+    shutil.copytree(os.path.join(deploy["root"], "m.dtvm"), art)
+    with pytest.raises(dt.ArtifactError, match=r"this is a CPU artifact: its kernels run on cpu, not cuda"):
+        dt.load(art, device="cuda")
+    manifest = json.load(open(os.path.join(art, "manifest.json")))
+    assert "avx2" in manifest["info"]["cpu_features"] or not manifest["info"]["cpu_features"]
+    manifest["info"]["cpu_features"].append("amx_tile_from_the_future")
+    json.dump(manifest, open(os.path.join(art, "manifest.json"), "w"))
+    with pytest.raises(dt.ArtifactError, match=r"uses? CPU instructions this CPU lacks \(amx_tile_from_the_future\)"):
+        dt.load(art)

@@ -401,3 +401,17 @@ def test_nested_inputs_and_outputs():
     from helpers import assert_same
     assert_same(dt.run_reference(g, *args), f(*args))
     assert_same(dt.run_reference(round_trip(g), *args), f(*args))
+
+
+def test_parameters_named_like_internal_values():
+    """Found by the hostile review: inputs are named after parameters, and a parameter called v0 / v2 clashed
+    with the generated value names (GraphError 'value name used twice')."""
+    S = dt.TensorSpec
+    g = dt.trace(lambda x, v2: F.tanh(x) * 2.0 + v2, S((3,)), S((3,)))
+    assert [v.name for v in g.inputs] == ["x", "v2"]
+    names = [v.name for v in g.values()]
+    assert len(names) == len(set(names))
+    model = dt.compile(lambda v0: v0 * 2.0, S((3,)))
+    np.testing.assert_array_equal(model(np.ones(3, np.float32)), np.full(3, 2.0, np.float32))
+    with pytest.raises(dt.TraceError, match=r"input name\(s\) 'a' given to more than one TensorSpec"):
+        dt.trace(lambda a, b: a + b, S((3,), name="a"), S((3,), name="a"))
