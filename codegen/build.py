@@ -188,13 +188,7 @@ def build(graph: Graph, target: str = "cpu", cache_dir: str | None = None, use_c
     if kind == "cuda":
         return _build_cuda(regions, tvm_target, binding, cdir, key, desc)
     ex = build_executable(regions, target, binding, tvm_target)
-    entry = None
-    if cdir is not None:
-        try:
-            entry = _cache.store(cdir, key, ex, binding)
-        except OSError as e:
-            warnings.warn(f"dyntvm compile cache: cannot write to {cdir} ({type(e).__name__}: {e}); "
-                          "the kernels were built without the cache", _cache.CacheWarning, stacklevel=3)
+    entry = _store(cdir, key, ex, binding)
     if entry is not None:           # run what a later hit loads: the stored library
         import tvm
         try:
@@ -203,6 +197,18 @@ def build(graph: Graph, target: str = "cpu", cache_dir: str | None = None, use_c
             warnings.warn(f"dyntvm compile cache: cannot load {entry.path} just stored ({type(e).__name__}: {e}); "
                           "using the kernels built in memory", _cache.CacheWarning, stacklevel=3)
     return Built(ex, None, False, desc)
+
+
+def _store(cdir, key, lib, binding):
+    """The cache entry `lib` was stored as, or None (no cache; or it cannot be written: a CacheWarning)."""
+    if cdir is None:
+        return None
+    try:
+        return _cache.store(cdir, key, lib, binding)
+    except OSError as e:
+        warnings.warn(f"dyntvm compile cache: cannot write to {cdir} ({type(e).__name__}: {e}); the kernels were "
+                      "built without the cache", _cache.CacheWarning, stacklevel=4)
+        return None
 
 
 def _arch_of(tvm_target) -> str:
@@ -226,13 +232,7 @@ def _build_cuda(regions, tvm_target, binding, cdir, key, desc) -> Built:
     if path is not None:
         stats.builds += 1                   # built in a child process (in this one, build_executable counts)
     try:
-        entry = None
-        if cdir is not None:
-            try:
-                entry = _cache.store(cdir, key, lib, binding)
-            except OSError as e:
-                warnings.warn(f"dyntvm compile cache: cannot write to {cdir} ({type(e).__name__}: {e}); the "
-                              "kernels were built without the cache", _cache.CacheWarning, stacklevel=4)
+        entry = _store(cdir, key, lib, binding)
         if path is None:                                  # built in this process (a GPU host): runnable
             if entry is not None:
                 return Built(tvm.runtime.load_module(entry.path), entry.path, False, desc, entry.sha256, entry.size)
