@@ -29,6 +29,19 @@ from ..ir.ops import CONTROL_FLOW, STATIC
 MAY_RAISE = frozenset({"take", "argmax", "argmin", "max", "min"})
 
 
+def _take_in_range(n: Node) -> bool:
+    """A take whose indices are a constant within a static axis: it cannot raise (TVM's passes fail on such a
+    take of a statically empty tensor, found by the fuzzer: take([1, 0] tensor, 0, axis=0))."""
+    if n.op != "take":
+        return False
+    idx, t = n.inputs[1].producer, n.inputs[0].type
+    if idx is None or idx.op != "constant" or not t.ndim:
+        return False
+    size = t.shape[n.attrs.axis % t.ndim]
+    value = np.asarray(idx.attrs.value)
+    return isinstance(size, int) and (value.size == 0 or (int(value.min()) >= -size and int(value.max()) < size))
+
+
 def is_static_empty(t) -> bool:
     """`t` (a TensorType) has a static 0 dim: no elements whatever the symbols are."""
     return any(isinstance(d, int) and d == 0 for d in t.shape)
@@ -102,7 +115,8 @@ def _replaced(g: Graph) -> set:
 
 
 def _replaceable(n: Node) -> bool:
-    if n.opdef.kind != STATIC or n.op in MAY_RAISE or n.op == "constant" or not n.outputs:
+    if n.opdef.kind != STATIC or (n.op in MAY_RAISE and not _take_in_range(n)) or n.op == "constant" or \
+            not n.outputs:
         return False
     if n.op == "full" and not all(isinstance(d, int) for d in n.outputs[0].type.shape):
         return False                   # already what it would become

@@ -309,3 +309,14 @@ def test_where_scalar_takes_the_dtype_of_the_other_value():
         assert F.where(c, x, y).dtype == np.where(c, x, y).dtype == dtype
         g = dt.trace(lambda c, x: F.where(c, x, y), dt.TensorSpec(("N",), "bool"), dt.TensorSpec(("N",)))
         assert g.outputs[0].type.dtype == dtype
+
+
+def test_take_of_a_static_empty_tensor_with_a_constant_index():
+    """Found by the fuzzer (DYNTVM_FUZZ=400, seed 3): take of a [1, 0] tensor at a constant in-range index
+    failed in TVM's passes with a raw ValueError (reshape [1, 0] -> [1]); such a take cannot raise, so its
+    empty result is now a constant. An out-of-range constant index still raises like numpy."""
+    idx = np.array(0, "int32")
+    _compile_and_compare(lambda v: F.take(v, idx, axis=0), dt.TensorSpec((1, 0)), np.zeros((1, 0), np.float32))
+    model = dt.compile(lambda v: F.take(v, np.array(3, "int32"), axis=0), dt.TensorSpec((1, 0)), use_cache=False)
+    with pytest.raises(dt.ExecutionError, match="index out of range"):
+        model(np.zeros((1, 0), np.float32))
