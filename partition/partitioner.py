@@ -181,6 +181,14 @@ def _symbol_carriers(g: Graph, members: list, producer: dict) -> list:
     return out
 
 
+def _embeddable(const: Node) -> bool:
+    """Whether a constant may be copied into a region. Not an empty one (a 0 dim): TVM writes it into the
+    kernel library as a 0-byte tensor that it cannot load back ("Invalid DLTensor file format": the compile
+    cache and dt.load failed), so it stays outside and is passed in (found by the fuzzer)."""
+    value = const.attrs.value
+    return getattr(value, "ndim", 0) == 0 or getattr(value, "size", 1) > 0
+
+
 def _region_node(g, members, producer, used_outside, name, carriers=()) -> Node:
     inner = [g.nodes[i] for i in members]
     member_set = set(members)
@@ -191,7 +199,7 @@ def _region_node(g, members, producer, used_outside, name, carriers=()) -> Node:
         for v in n.inputs:
             p = producer.get(v)
             if (p is None or p not in member_set) and v not in mapping:
-                if p is not None and g.nodes[p].op == "constant":
+                if p is not None and g.nodes[p].op == "constant" and _embeddable(g.nodes[p]):
                     c = Node("constant", (), g.nodes[p].attrs, name=g.nodes[p].name)
                     c.outputs = (Value(v.type, v.name, c, 0),)
                     consts.append(c)

@@ -320,3 +320,20 @@ def test_take_of_a_static_empty_tensor_with_a_constant_index():
     model = dt.compile(lambda v: F.take(v, np.array(3, "int32"), axis=0), dt.TensorSpec((1, 0)), use_cache=False)
     with pytest.raises(dt.ExecutionError, match="index out of range"):
         model(np.zeros((1, 0), np.float32))
+
+
+def test_an_empty_constant_read_by_a_region_survives_the_cache_and_artifacts(tmp_path):
+    """Found by the fuzzer (DYNTVM_FUZZ=400, seed 3, as a CacheWarning): a region holding an empty constant
+    made TVM write a 0-byte tensor into the library that it could not load back ('Invalid DLTensor file
+    format'): never cached, and `dt.load` of the saved artifact failed. Empty constants now stay outside
+    regions and are passed in."""
+    import warnings
+    f = lambda x: F.concat([x, F.exp(x[:, :0])], axis=1) * 2.0        # noqa: E731
+    x = np.ones((2, 3), np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model = dt.compile(f, dt.TensorSpec((2, 3)), cache_dir=str(tmp_path / "cache"))
+        again = dt.compile(f, dt.TensorSpec((2, 3)), cache_dir=str(tmp_path / "cache"))
+    assert again.info["cache"] == "hit"
+    model.save(str(tmp_path / "m.dtvm"))
+    np.testing.assert_array_equal(dt.load(str(tmp_path / "m.dtvm"))(x), f(x))
