@@ -337,3 +337,24 @@ def test_an_empty_constant_read_by_a_region_survives_the_cache_and_artifacts(tmp
     assert again.info["cache"] == "hit"
     model.save(str(tmp_path / "m.dtvm"))
     np.testing.assert_array_equal(dt.load(str(tmp_path / "m.dtvm"))(x), f(x))
+
+
+def _empty_expression_in_a_loop_body(v0, v1):
+    v3 = v0[:, ::2]                                  # float32[0, ((N + 1) // 2)]: static 0, expression dim
+
+    def body(row, states):
+        return [F.exp(v3) * 2.0 + row], []
+    (ys,), _ = F.foreach(body, v1, [])
+    return ys
+
+
+@pytest.mark.xfail(strict=True, reason="partition/empty.py: a statically empty value whose other dim is an "
+                                       "expression ((N + 1) // 2) inside a loop body becomes a `full` node whose "
+                                       "shape attrs use N, and no value of the body has N as a plain dim, so "
+                                       "lint refuses the region (GraphError 'attrs use symbol(s) [N]'); found by "
+                                       "the fuzzer (DYNTVM_FUZZ=300, seed 9). Eager and the reference are fine")
+def test_a_static_empty_expression_dim_inside_a_loop_body():
+    model = dt.compile(_empty_expression_in_a_loop_body, dt.TensorSpec((0, "N")), dt.TensorSpec((3,)),
+                       use_cache=False)
+    x, y = np.zeros((0, 5), np.float32), np.ones(3, np.float32)
+    np.testing.assert_array_equal(model(x, y), _empty_expression_in_a_loop_body(x, y))
