@@ -19,7 +19,8 @@ from dyntvm.errors import CompileError
 
 from ..ir.attrs import RegionAttrs
 from ..ir.graph import Graph, Node, Value
-from ..ir.ops import CONTROL_FLOW, attr_symbols
+from ..ir.dims import parse_dim
+from ..ir.ops import CONTROL_FLOW, attr_dims, attr_symbols
 from ..ir.serialize import graph_from_dict, graph_to_dict
 from ..ir.types import is_symbol
 from .empty import fold_empty_values
@@ -174,6 +175,14 @@ def _symbol_carriers(g: Graph, members: list, producer: dict) -> list:
     first = min(members)
     candidates = list(g.inputs) + [v for i, n in enumerate(g.nodes[:first]) if i not in member_set
                                    and n.op != "constant" for v in n.outputs]
+    # an expression dim of the attrs (``((N + 1) // 2)``) that a value has as a dim binds as a whole
+    for d in sorted({d for i in members for d in attr_dims(g.nodes[i].op, g.nodes[i].attrs)}):
+        syms = parse_dim(d).free_symbols() & need
+        v = next((c for c in candidates if d in c.type.shape), None) if syms and not is_symbol(d) else None
+        if v is not None:
+            if v not in out:
+                out.append(v)
+            need -= syms
     for sym in sorted(need):
         v = next((c for c in candidates if sym in c.type.shape), None)
         if v is not None and v not in out:
