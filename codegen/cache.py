@@ -47,12 +47,22 @@ def default_cache_dir() -> str:
     return platformdirs.user_cache_dir("dyntvm")
 
 
+def _uncached_path() -> str:
+    return os.path.join(tempfile.gettempdir(), f"dyntvm-uncached-{os.getuid() if hasattr(os, 'getuid') else 0}")
+
+
 def uncached_dir() -> str:
     """A private folder for libraries built with use_cache=False that cannot be loaded in this process
-    (CUDA kernels on a machine without a GPU): the model keeps the file's path to save it."""
-    folder = os.path.join(tempfile.gettempdir(), f"dyntvm-uncached-{os.getuid() if hasattr(os, 'getuid') else 0}")
+    (CUDA kernels on a machine without a GPU): the compiler reads the file into the model, then removes it
+    (`is_uncached`)."""
+    folder = _uncached_path()
     os.makedirs(folder, mode=0o700, exist_ok=True)
     return folder
+
+
+def is_uncached(path: str) -> bool:
+    """Whether `path` is such a private file (not a cache entry)."""
+    return os.path.dirname(os.path.abspath(path)) == _uncached_path()
 
 
 def cache_key(regions: list, target_desc: str, extra: str = "") -> str:

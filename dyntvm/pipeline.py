@@ -18,6 +18,7 @@ import time
 import numpy as np
 
 from .codegen.build import build, check_target
+from .codegen.cache import is_uncached
 from .errors import CompileError, InputError
 from .frontend.tracer import TensorSpec, trace
 from .ir.graph import Graph
@@ -88,7 +89,7 @@ def compile(fn_or_graph, *specs, target: str = "cpu", selector=None, cache_dir: 
     if built and built.path:        # `save` writes these bytes: the cache entry may be removed meanwhile
         with open(built.path, "rb") as f:
             model.lib_bytes = f.read()
-        if os.path.basename(os.path.dirname(built.path)).startswith("dyntvm-uncached-"):   # uncached CUDA build
+        if is_uncached(built.path):            # a private copy (uncached CUDA build without a GPU): not kept
             os.remove(built.path)
             model.lib_path = None
     return model

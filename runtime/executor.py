@@ -308,7 +308,7 @@ class Executor:
             def run_on_device(slots):
                 args = args_of(slots)
                 data, states, caps = args[:nd], args[nd:nd + ns], args[nd + ns:]
-                stacked, states = cf.foreach(body_run, data, states, caps, body, rows=pl.rows, to_array=pl.value,
+                stacked, states = cf.foreach(body_run, data, states, caps, body, rows=pl.rows, to_array=pl.to_device,
                                              alloc=pl.alloc)
                 for o, r in zip(outs, pl.stacked(stacked) + list(states)):
                     slots[o] = r
@@ -340,7 +340,7 @@ class Executor:
                 limit = pl.to_host(slots[ins[nv]]) if has_t else static_max
                 args = vars_of(slots)
                 stacked, vars_ = cf.while_loop(cond_run, body_run, args[:nv], args[nv:], limit, body,
-                                               truth=pl.first_truth, to_array=pl.value, stack=pl.stack_rows)
+                                               truth=pl.first_truth, to_array=pl.to_device, stack=pl.stack_rows)
                 for o, r in zip(outs, stacked + list(vars_)):
                     slots[o] = r
             return run_on_device

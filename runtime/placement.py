@@ -76,10 +76,6 @@ class DevicePlacement:
         may assume aligned data, which a view at an arbitrary row offset is not)."""
         return _Rows(self.to_device(x), self.device)
 
-    def value(self, x):
-        """A loop's per-step output as a device tensor (shape and dtype read by the loop driver)."""
-        return x if type(x) is _Tensor and x.device == self.device else self.to_device(x)
-
     def alloc(self, shape, dtype) -> "DeviceStack":
         return DeviceStack(shape, str(dtype), self.device)
 

@@ -13,7 +13,7 @@ import pytest
 import dyntvm as dt
 from dyntvm import F, examples
 from dyntvm.codegen import gpu
-from dyntvm.ir.tree import tree_flatten
+from helpers import assert_same
 
 FATBIN = bytes.fromhex("50ed55ba")
 HAS_GPU = gpu.gpu_present()
@@ -104,13 +104,7 @@ def test_cuda_build_without_nvcc_is_a_clear_error(monkeypatch, tmp_path):
 
 # ---------------------------------------------------------------------------------- execution (a GPU)
 def _same(got, want):
-    g, gs = tree_flatten(got)
-    w, ws = tree_flatten(want)
-    assert gs == ws
-    for a, b in zip(g, w):
-        a, b = np.asarray(a), np.asarray(b)
-        assert a.shape == b.shape and a.dtype == b.dtype, (a.shape, b.shape, a.dtype, b.dtype)
-        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+    assert_same(got, want, rtol=1e-4, atol=1e-4)
 
 
 @needs_gpu
