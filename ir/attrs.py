@@ -267,6 +267,7 @@ class WhileAttrs:
     num_outputs: int
     max_iterations: int | None = None   # static bound; a tensor bound is input[num_vars]
     has_max_tensor: bool = False
+    cond_in_body: bool = False          # the body's last output is the condition on its new vars (partition.loops)
 
 
 @dataclass(frozen=True)

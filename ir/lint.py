@@ -123,4 +123,4 @@ def _lint_subgraphs(n, label, where):
         carried = ins[:nv] + ins[nv + (1 if a.has_max_tensor else 0):]
         check_io(subs[0], carried, [TensorType((), "bool")], "cond")
         body_out = [TensorType(t.shape[1:], t.dtype) for t in outs[:a.num_outputs]] + outs[a.num_outputs:]
-        check_io(subs[1], carried, body_out, "body")
+        check_io(subs[1], carried, body_out + [TensorType((), "bool")] * a.cond_in_body, "body")

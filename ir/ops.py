@@ -25,6 +25,7 @@ from .attrs import (check_fill, ArangeAttrs, ArgReduceAttrs, AxesAttrs, AxisAttr
                     PadAttrs, ReduceAttrs, RegionAttrs, ShapeAttrs, SliceAttrs, SplitAttrs, TileAttrs, TopkAttrs,
                     TransposeAttrs, UniqueAttrs, WhileAttrs)
 from .dims import parse_dim
+from .lift import lift_all_axis, lift_axis, lift_elementwise, lift_matmul, lift_reduce
 from .dtypes import arith_dtype, float_dtype, reduce_dtype
 from .shapes import (ShapeError, arange_length, broadcast_shapes, infer_reshape, norm_axis, reduce_shape, slice_length,
                      unify_dims)
@@ -94,6 +95,7 @@ class OpDef:
         doc: docstring of the generated `F` function.
         shape_only: the op reads only its inputs' shapes and dtypes, not their values (on a GPU the
             executor then copies nothing to the host for it).
+        lift: how the op runs over a whole sequence at once (loop hoisting); see `ir.lift`.
     """
     name: str
     attrs: type
@@ -110,6 +112,7 @@ class OpDef:
     reflected: bool = False
     doc: str = ""
     shape_only: bool = False
+    lift: Callable | None = None
 
     def map_dim_attrs(self, attrs, fn):
         """`attrs` with `fn` applied to every symbolic (string) dim of its `dim_attrs` fields."""
@@ -209,11 +212,15 @@ def _register_group(group, attrs, arity, make_rule, dtype_of):
         op, refl = _OPERATORS.get(name, (None, False))
         dtype_rule = dtype_of(name)
         register(name, attrs, make_rule(dtype_rule), num_inputs=arity, group=group, result_dtype=dtype_rule,
-                 api=name, promote_scalars=(0, 1) if arity == 2 else (), operator=op, reflected=refl,
+                 lift=None if name in _NO_LIFT else _GROUP_LIFT.get(group), api=name,
+                 promote_scalars=(0, 1) if arity == 2 else (), operator=op, reflected=refl,
                  method=group in (Group.REDUCE, Group.ARG_REDUCE),
                  doc=_GROUP_DOCS[group].format(fn=_NUMPY_NAMES.get(name, f"np.{name}")))
 
 
+_NO_LIFT = frozenset({"max", "min", "power"})   # may raise: an empty axis, integer power of a negative exponent
+_GROUP_LIFT = {g: lift_elementwise for g in GROUPS if g not in (Group.REDUCE, Group.ARG_REDUCE)} | {
+    Group.REDUCE: lift_reduce}
 _unary_rule = lambda dtype_rule: lambda ts, a: _elementwise(ts, a, dtype_rule)   # noqa: E731
 _register_group(Group.FLOAT_UNARY, NoAttrs, 1, _unary_rule, lambda n: float_dtype)
 _register_group(Group.UNARY, NoAttrs, 1, _unary_rule, lambda n: lambda dts, a=None: dts[0])
@@ -232,7 +239,7 @@ def _clip(ts, a):
     return [ts[0]]
 
 
-register("clip", ClipAttrs, _clip, num_inputs=1, api="clip", method=True,
+register("clip", ClipAttrs, _clip, num_inputs=1, api="clip", method=True, lift=lift_elementwise,
          doc="`np.clip(x, a_min, a_max)` with scalar bounds (None: open on that side; NaN refused). The result "
              "keeps x's dtype: on integer x the bounds round inward and saturate to the dtype's range. NaN in x "
              "stays NaN; a_min > a_max gives a_max everywhere, like numpy.")
@@ -245,15 +252,11 @@ def _where(ts, a):
     return [TensorType(shape, np.result_type(ts[1].dtype, ts[2].dtype).name)]
 
 
-register("where", NoAttrs, _where, num_inputs=3, api="where", promote_scalars=(1, 2),
+register("where", NoAttrs, _where, num_inputs=3, api="where", promote_scalars=(1, 2), lift=lift_elementwise,
          doc="`np.where(cond, x, y)`; `cond` must be bool.")
 
 
-def _constant(ts, a):
-    return [TensorType(a.value.shape, a.value.dtype.name)]
-
-
-register("constant", ConstantAttrs, _constant, num_inputs=0)
+register("constant", ConstantAttrs, lambda ts, a: [TensorType(a.value.shape, a.value.dtype.name)], num_inputs=0)
 
 
 def _matmul(ts, a):
@@ -271,7 +274,7 @@ def _matmul(ts, a):
 
 
 register("matmul", NoAttrs, _matmul, num_inputs=2, api="matmul", promote_scalars=(0, 1), operator="matmul",
-         reflected=True, doc="`np.matmul`: batched and broadcasting.")
+         reflected=True, lift=lift_matmul, doc="`np.matmul`: batched and broadcasting.")
 
 
 def _reshape(ts, a):
@@ -302,7 +305,7 @@ def _expand_dims(ts, a):
     return [TensorType(t.shape[:ax] + (1,) + t.shape[ax:], t.dtype)]
 
 
-register("expand_dims", AxisAttrs, _expand_dims, num_inputs=1, api="expand_dims",
+register("expand_dims", AxisAttrs, _expand_dims, num_inputs=1, api="expand_dims", lift=lift_axis,
          doc="`np.expand_dims` with one axis.")
 
 
@@ -345,7 +348,7 @@ def _concat(ts, a):
     return [TensorType(tuple(out), dt)]
 
 
-register("concat", AxisAttrs, _concat)
+register("concat", AxisAttrs, _concat, lift=lift_all_axis)
 
 
 def _stack(ts, a):
@@ -379,7 +382,7 @@ def _split(ts, a):
     return [TensorType(t.shape[:ax] + (s,) + t.shape[ax + 1:], t.dtype) for s in sizes]
 
 
-register("split", SplitAttrs, _split, num_inputs=1)
+register("split", SplitAttrs, _split, num_inputs=1, lift=lift_axis)
 
 
 def _slice(ts, a):
@@ -442,7 +445,7 @@ def _pad(ts, a):
 
 register("pad", PadAttrs, _pad, num_inputs=1)
 register("cast", DtypeAttrs, lambda ts, a: [TensorType(ts[0].shape, a.dtype)], num_inputs=1, api="cast",
-         doc="`x.astype(dtype)`.")
+         lift=lift_elementwise, doc="`x.astype(dtype)`.")
 
 
 def _softmax(ts, a):
@@ -450,8 +453,8 @@ def _softmax(ts, a):
     return _elementwise(ts, a, float_dtype)
 
 
-register("softmax", AxisAttrs, _softmax, num_inputs=1, result_dtype=float_dtype)
-register("log_softmax", AxisAttrs, _softmax, num_inputs=1, result_dtype=float_dtype)
+register("softmax", AxisAttrs, _softmax, num_inputs=1, result_dtype=float_dtype, lift=lift_axis)
+register("log_softmax", AxisAttrs, _softmax, num_inputs=1, result_dtype=float_dtype, lift=lift_axis)
 
 
 def _layer_norm(ts, a):

@@ -24,6 +24,7 @@ from ..ir.ops import CONTROL_FLOW, attr_dims, attr_symbols
 from ..ir.serialize import graph_from_dict, graph_to_dict
 from ..ir.types import is_symbol
 from .empty import fold_empty_values
+from .loops import rewrite_loops
 from .selector import Selector, StaticRegionSelector
 
 log = logging.getLogger("dyntvm.partition")
@@ -42,6 +43,7 @@ def partition(graph: Graph, selector: Selector | None = None) -> Graph:
     g = graph_from_dict(d, params)            # a private copy: the caller's graph stays untouched
     g.in_tree, g.out_tree = graph.in_tree, graph.out_tree
     fold_empty_values(g)                      # values with a static 0 dim: no kernels (see empty.py)
+    rewrite_loops(g)                          # hoisting out of loop bodies (see loops.py)
     out = _partition(g, selector, _ident(g.name or "main"))
     out.lint()
     return out
@@ -98,7 +100,46 @@ def find_regions(g: Graph, selector: Selector) -> list[list[int]]:
             continue
         assigned.update(kept)
         regions.append(kept)
-    return regions
+    if not selector.merge_independent:
+        return regions
+    producer = {v: i for i, n in enumerate(g.nodes) for v in n.outputs}
+    return _merge_independent(regions, desc, anc, lambda m: not _symbol_carriers(g, sorted(m), producer, True),
+                              lambda m: _inputless(g, m, producer))
+
+
+def _merge_independent(regions: list, desc: dict, anc: dict, bindable, inputless) -> list[list[int]]:
+    """Regions that no path joins through other nodes become one: one compiled call instead of several (in a
+    loop body: per step). Each merge keeps the union convex, which keeps the contracted graph acyclic, and
+    the symbols its ops' attrs use bindable (`bindable(members)`). Regions without inputs stay apart: they
+    are folded into constants at compile time (`runtime.fold`)."""
+    groups: list = []            # [members, descendants, ancestors]
+    for members in regions:
+        if inputless(members):
+            groups.append([set(members), set(), set(), True])
+            continue
+        d = set().union(*(desc[i] for i in members))
+        a = set().union(*(anc[i] for i in members))
+        for gr in groups:
+            if gr[3]:
+                continue
+            m, nd, na = gr[0] | set(members), gr[1] | d, gr[2] | a
+            if not (nd & na) - m and bindable(m):
+                gr[:3] = [m, nd, na]
+                break
+        else:
+            groups.append([set(members), d, a, False])
+    return [sorted(gr[0]) for gr in groups]
+
+
+def _inputless(g: Graph, members: list, producer: dict) -> bool:
+    """The region reads nothing but its own values and constants (and binds no symbol of its attrs from outside)."""
+    inside = set(members)
+    for i in members:
+        for v in g.nodes[i].inputs:
+            p = producer.get(v)
+            if p is None or (p not in inside and g.nodes[p].op != "constant"):
+                return False
+    return not _symbol_carriers(g, sorted(members), producer)
 
 
 def _filtered(selector, g, members) -> list[int]:
@@ -159,10 +200,11 @@ def contract(g: Graph, regions: list[list[int]], prefix: str) -> Graph:
     return Graph(g.inputs, nodes, g.outputs, g.name, g.in_tree, g.out_tree)
 
 
-def _symbol_carriers(g: Graph, members: list, producer: dict) -> list:
+def _symbol_carriers(g: Graph, members: list, producer: dict, unbound: bool = False):
     """Values outside the region that must become region inputs only to bind symbolic dims its ops' attrs
     use (``F.arange(x.shape[0])`` alone in a region: the compiled function needs a tensor whose shape holds
-    ``N``). Graph inputs first, else the earliest value defined before the region."""
+    ``N``). Graph inputs first, else the earliest value defined before the region. With `unbound`: the
+    symbols no such value binds instead."""
     member_set = set(members)
     bound: set = set()
     for i in members:
@@ -183,11 +225,14 @@ def _symbol_carriers(g: Graph, members: list, producer: dict) -> list:
             if v not in out:
                 out.append(v)
             need -= syms
+    missing = set()
     for sym in sorted(need):
         v = next((c for c in candidates if sym in c.type.shape), None)
-        if v is not None and v not in out:
+        if v is None:
+            missing.add(sym)
+        elif v not in out:
             out.append(v)
-    return out
+    return missing if unbound else out
 
 
 def _embeddable(const: Node) -> bool:

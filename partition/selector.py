@@ -12,7 +12,11 @@ class Selector:
     * `select_input(node, producer)`: grow from `node` (in the region) to the node producing its input?
     * `select_output(node, consumer)`: grow from `node` to a node consuming its output?
     * `filter(nodes)`: prune a finished candidate region (return the nodes to keep).
+    * `merge_independent`: finished regions that no path joins (through other nodes) become one region,
+      so they cost one compiled call instead of several (set False to keep them apart).
     """
+
+    merge_independent = True
 
     def select(self, node: Node) -> bool:
         raise NotImplementedError

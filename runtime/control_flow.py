@@ -215,23 +215,28 @@ def foreach(body, data: list, states: list, consts: list, body_types, *, rows=No
 
 
 def while_loop(cond_run, body, loop_vars: list, consts: list, max_iterations, body_types, *, truth=_truth,
-               to_array=np.asarray, stack=None) -> tuple[list, list]:
+               to_array=np.asarray, stack=None, cond_in_body: bool = False) -> tuple[list, list]:
     """Loop while ``cond_run(vars + consts)`` holds, at most `max_iterations` times (None, an int or a
     0-d integer array on the host); returns (per-step outputs stacked to the iterations run, final vars).
 
     ``body(vars + consts) -> step_outputs + new_vars``; `body_types` as for `foreach`. `stack` (values on a
     device, `placement.DevicePlacement.stack_rows`): ``stack(lists of step outputs, kinds)`` stacks them at
-    the end instead of numpy buffers.
+    the end instead of numpy buffers. `cond_in_body`: the body returns one more value, the condition on its
+    new vars (``[pred]`` is what `truth` reads): `cond_run` only decides the first iteration.
     """
     limit = iteration_limit(max_iterations, to_array if stack is None else np.asarray)
-    nv = len(loop_vars)
+    nv = len(loop_vars) + cond_in_body      # the body's trailing outputs that are not step outputs
     accs = bufs = None
     it = n = 0              # iterations run; rows already in `bufs`
+    go = None               # the condition the body computed (cond_in_body), from the second iteration on
     try:
-        while (limit is None or it < limit) and truth(cond_run(loop_vars + consts)):
+        while (limit is None or it < limit) and (truth(cond_run(loop_vars + consts)) if go is None else go):
             res = body(loop_vars + consts)
+            if cond_in_body:
+                go = truth(res[-1:])
+                res = res[:-1]
             if accs is None:
-                n_out = len(res) - nv
+                n_out = len(res) - len(loop_vars)
                 kinds = [(r.shape, r.dtype) for r in map(to_array, res[:n_out])]
                 step_bytes = 0 if stack else sum(np.dtype(dtype).itemsize * math.prod(shape) for shape, dtype in kinds)
                 every = max(1, min(_CHUNK, _CHUNK_BYTES // max(1, step_bytes))) if stack is None else 0

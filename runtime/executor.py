@@ -330,7 +330,7 @@ class Executor:
         cond_g, body = n.subgraphs
         cond_run, body_run = self._plan(cond_g).run, self._plan(body).run
         nv = a.num_vars
-        has_t, static_max = a.has_max_tensor, a.max_iterations
+        has_t, static_max, in_body = a.has_max_tensor, a.max_iterations, a.cond_in_body
         if self.pl is not None:
             pl = self.pl
 
@@ -340,7 +340,8 @@ class Executor:
                 limit = pl.to_host(slots[ins[nv]]) if has_t else static_max
                 args = vars_of(slots)
                 stacked, vars_ = cf.while_loop(cond_run, body_run, args[:nv], args[nv:], limit, body,
-                                               truth=pl.first_truth, to_array=pl.to_device, stack=pl.stack_rows)
+                                               truth=pl.first_truth, to_array=pl.to_device, stack=pl.stack_rows,
+                                               cond_in_body=in_body)
                 for o, r in zip(outs, stacked + list(vars_)):
                     slots[o] = r
             return run_on_device
@@ -349,7 +350,7 @@ class Executor:
             limit = slots[ins[nv]] if has_t else static_max
             caps = [slots[i] for i in ins[nv + (1 if has_t else 0):]]
             stacked, vars_ = cf.while_loop(cond_run, body_run, [slots[i] for i in ins[:nv]], caps, limit, body,
-                                           truth=_first_truth, to_array=to_numpy)
+                                           truth=_first_truth, to_array=to_numpy, cond_in_body=in_body)
             for o, r in zip(outs, stacked + list(vars_)):
                 slots[o] = r
         return run

@@ -131,7 +131,7 @@ class Interpreter:
         limit = ins[nv] if a.has_max_tensor else a.max_iterations
         caps = ins[nv + (1 if a.has_max_tensor else 0):]
         outs, loop_vars = cf.while_loop(self._runner(cond_g), self._runner(body), ins[:nv], caps, limit, body,
-                                        truth=_first_truth)
+                                        truth=_first_truth, cond_in_body=a.cond_in_body)
         return outs + loop_vars
 
 

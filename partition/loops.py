@@ -1,0 +1,233 @@
+"""Loop rewrites before partitioning: hoisting out of loop bodies, and while_loop's condition in its body.
+
+Both run on the partitioner's private copy of the graph (`partition.partition`), recursively (innermost
+loops first, so what leaves an inner loop may leave the outer one too).
+
+**Hoisting.** A node of a `foreach` body whose inputs are all data slices (the step's rows), captures,
+constants or results of such nodes runs once over the whole sequence instead of once per step: its op's
+lift rule (`OpDef.lift`) gives the attrs computing every step's result at once, stacked on a new axis 0
+(the LSTM's ``x_t @ W`` becomes one GEMM ``xs @ W`` over all steps). The values the remaining body reads
+become new data inputs of the loop, sliced per step like the others. A node of a `foreach` or
+`while_loop` body that depends on captures and constants only (loop-invariant) moves out unchanged and
+becomes a capture. Only ops with a lift rule move: they never raise on values, so running them when the
+loop would not have run (zero steps) changes nothing but time.
+
+**while_loop's condition in its body.** The condition is computed on the new loop vars at the end of the
+body (``WhileAttrs.cond_in_body``: one more, bool output), so once partitioned the condition and the body
+run as one region call per iteration instead of two; the condition graph still decides the first
+iteration. Only where the condition is made of ops with lift rules (ops that cannot raise: computing it
+after the last iteration, which eager mode would not do, then cannot fail).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from ..ir.graph import Graph, Node, Value
+from ..ir.ops import STATIC
+from ..ir.types import TensorType
+
+
+def rewrite_loops(g: Graph) -> Graph:
+    """Hoist out of every loop body of `g` (in place, whole tree) and move while_loop conditions into their
+    bodies. Returns `g`."""
+    names = _all_names(g)
+    _rewrite(g, names)
+    return g
+
+
+def _rewrite(g: Graph, names: set) -> None:
+    nodes = []
+    for n in g.nodes:
+        for s in n.subgraphs:
+            _rewrite(s, names)
+        if n.op == "foreach":
+            nodes += _hoist_foreach(n, names)
+        elif n.op == "while_loop":
+            nodes += _hoist_while(n, names)
+            _condition_into_body(n, names)
+        nodes.append(n)
+    g.nodes = nodes
+
+
+def _all_names(g: Graph) -> set:
+    out = {v.name for v in g.values()}
+    for n in g.walk():
+        for s in n.subgraphs:
+            out.update(v.name for v in s.values())
+    return out
+
+
+def _fresh(names: set, base: str) -> str:
+    name, k = base, 0
+    while name in names:
+        k += 1
+        name = f"{base}_{k}"
+    names.add(name)
+    return name
+
+
+def _movable(n: Node) -> bool:
+    return n.opdef.kind == STATIC and n.opdef.lift is not None
+
+
+# --------------------------------------------------------------------------------------- foreach
+def _hoist_foreach(loop: Node, names: set) -> list:
+    """Move the hoistable nodes of `loop`'s body before it; returns the moved nodes (now of the caller)."""
+    a = loop.attrs
+    body = loop.subgraphs[0]
+    nd, ns = a.num_data, a.num_states
+    if not nd:
+        return []
+    length = loop.inputs[0].type.shape[0]
+    # body value -> (outer value, lifted?) for the values that can be computed outside
+    outer: dict = {}
+    for v, o in zip(body.inputs[:nd], loop.inputs[:nd]):
+        outer[v] = (o, True)
+    for v, o in zip(body.inputs[nd + ns:], loop.inputs[nd + ns:]):
+        outer[v] = (o, False)
+    moved, kept = [], []
+    for n in body.nodes:
+        if n.op == "constant":
+            outer[n.outputs[0]] = (None, False)         # copied out when a moved node reads it
+            kept.append(n)
+            continue
+        if not _movable(n) or not all(v in outer for v in n.inputs):
+            kept.append(n)
+            continue
+        lifted = [outer[v][1] for v in n.inputs]
+        attrs = n.attrs
+        if any(lifted):
+            attrs = n.opdef.lift(n.attrs, [v.type.ndim for v in n.inputs], lifted)
+            if attrs is None:
+                kept.append(n)
+                continue
+        up = any(lifted)
+        ins = [_outer_value(v, outer, moved, names) for v in n.inputs]
+        outs = tuple(Value(TensorType(((length,) if up else ()) + tuple(v.type.shape), v.type.dtype),
+                           _fresh(names, v.name + ("_all" if up else "_inv"))) for v in n.outputs)
+        m = Node(n.op, tuple(ins), attrs, outs, name=n.name, source=n.source)
+        for k, o in enumerate(outs):
+            o.producer, o.index = m, k
+        moved.append(m)
+        for v, o in zip(n.outputs, outs):
+            outer[v] = (o, up)
+    if not any(m.op != "constant" for m in moved):
+        return []
+    # the body keeps the nodes not moved; the moved values it still reads become new inputs
+    used = _used(kept, body.outputs)
+    new_data, new_caps = [], []
+    replace: dict = {}
+    for m_body_value, (o, up) in list(outer.items()):
+        if m_body_value in replace or o is None or m_body_value not in used or m_body_value in body.inputs or \
+                _is_constant(m_body_value):
+            continue
+        v = Value(m_body_value.type, _fresh(names, m_body_value.name + ("_t" if up else "_c")))
+        replace[m_body_value] = v
+        (new_data if up else new_caps).append((v, o))
+    body.nodes = [_renamed(n, replace) for n in kept]
+    body.outputs = [replace.get(v, v) for v in body.outputs]
+    data_in = [(v, o) for v, o in zip(body.inputs[:nd], loop.inputs[:nd]) if v in used] + new_data
+    if not data_in:                      # keep one sequence: it gives the number of steps
+        data_in = [(body.inputs[0], loop.inputs[0])]
+    caps_in = [(v, o) for v, o in zip(body.inputs[nd + ns:], loop.inputs[nd + ns:]) if v in used] + new_caps
+    states = list(zip(body.inputs[nd:nd + ns], loop.inputs[nd:nd + ns]))
+    body.inputs = [v for v, _ in data_in + states + caps_in]
+    loop.inputs = tuple(o for _, o in data_in + states + caps_in)
+    loop.attrs = dataclasses.replace(a, num_data=len(data_in))
+    return moved
+
+
+def _outer_value(v: Value, outer: dict, moved: list, names: set) -> Value:
+    """The outer value standing for body value `v`; a body constant is copied out on first use."""
+    o, up = outer[v]
+    if o is None:
+        c = v.producer
+        o = Value(v.type, _fresh(names, v.name + "_out"))
+        m = Node("constant", (), c.attrs, (o,), name=c.name + "_out", source=c.source)
+        o.producer, o.index = m, 0
+        moved.append(m)
+        outer[v] = (o, up)
+    return o
+
+
+def _is_constant(v: Value) -> bool:
+    return v.producer is not None and v.producer.op == "constant"
+
+
+def _used(nodes: list, outputs: list) -> set:
+    out = set(outputs)
+    for n in nodes:
+        out.update(n.inputs)
+    return out
+
+
+def _renamed(n: Node, replace: dict) -> Node:
+    if any(v in replace for v in n.inputs):
+        n.inputs = tuple(replace.get(v, v) for v in n.inputs)
+    return n
+
+
+# ------------------------------------------------------------------------------------ while_loop
+def _hoist_while(loop: Node, names: set) -> list:
+    """Move loop-invariant nodes (captures and constants only) of the body before the loop."""
+    a = loop.attrs
+    cond, body = loop.subgraphs
+    nv = a.num_vars
+    first_cap = nv + (1 if a.has_max_tensor else 0)
+    outer: dict = {v: (o, False) for v, o in zip(body.inputs[nv:], loop.inputs[first_cap:])}
+    moved, kept = [], []
+    for n in body.nodes:
+        if n.op == "constant":
+            outer[n.outputs[0]] = (None, False)
+            kept.append(n)
+            continue
+        if not _movable(n) or not all(v in outer for v in n.inputs):
+            kept.append(n)
+            continue
+        ins = [_outer_value(v, outer, moved, names) for v in n.inputs]
+        outs = tuple(Value(v.type, _fresh(names, v.name + "_inv")) for v in n.outputs)
+        m = Node(n.op, tuple(ins), n.attrs, outs, name=n.name, source=n.source)
+        for k, o in enumerate(outs):
+            o.producer, o.index = m, k
+        moved.append(m)
+        for v, o in zip(n.outputs, outs):
+            outer[v] = (o, False)
+    if not any(m.op != "constant" for m in moved):
+        return []
+    used = _used(kept, body.outputs)
+    replace, new_caps = {}, []
+    for bv, (o, _) in list(outer.items()):
+        if o is None or bv not in used or bv in body.inputs or _is_constant(bv):
+            continue
+        v = Value(bv.type, _fresh(names, bv.name + "_c"))
+        replace[bv] = v
+        new_caps.append((v, o))
+    body.nodes = [_renamed(n, replace) for n in kept]
+    body.outputs = [replace.get(v, v) for v in body.outputs]
+    # captures are shared by the condition and the body: both get the new ones (the condition ignores them)
+    body.inputs = body.inputs + [v for v, _ in new_caps]
+    cond.inputs = cond.inputs + [Value(v.type, _fresh(names, v.name + "_unused")) for v, _ in new_caps]
+    loop.inputs = loop.inputs + tuple(o for _, o in new_caps)
+    return moved
+
+
+def _condition_into_body(loop: Node, names: set) -> None:
+    """Append the condition, computed on the new loop vars, to the body's outputs (see the module doc)."""
+    a = loop.attrs
+    if a.cond_in_body:
+        return
+    cond, body = loop.subgraphs
+    if not all(n.op == "constant" or _movable(n) for n in cond.nodes):
+        return
+    nv = a.num_vars
+    new_vars = body.outputs[len(body.outputs) - nv:]
+    env = dict(zip(cond.inputs, list(new_vars) + list(body.inputs[nv:])))
+    for n in cond.nodes:
+        outs = tuple(Value(v.type, _fresh(names, v.name + "_next")) for v in n.outputs)
+        m = Node(n.op, tuple(env[v] for v in n.inputs), n.attrs, outs, name=n.name + "_next", source=n.source)
+        for k, o in enumerate(outs):
+            o.producer, o.index = m, k
+            env[n.outputs[k]] = o
+        body.nodes.append(m)
+    body.outputs = list(body.outputs) + [env[cond.outputs[0]]]
+    loop.attrs = dataclasses.replace(a, cond_in_body=True)

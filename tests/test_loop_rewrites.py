@@ -1,0 +1,218 @@
+"""Loop rewrites (partition/loops.py): hoisting out of foreach / while_loop bodies, and while_loop's condition
+computed in its body. The graph before / after, then compiled == eager at several sizes incl. 0 and 1 steps."""
+import numpy as np
+import pytest
+
+import dyntvm as dt
+from dyntvm import F, examples
+from dyntvm.codegen.build import stats
+from dyntvm.partition.partitioner import partition
+
+from helpers import assert_same
+
+RNG = np.random.default_rng(5)
+W = (RNG.standard_normal((8, 16)) * 0.3).astype("float32")
+U = (RNG.standard_normal((16, 16)) * 0.3).astype("float32")
+V3 = (RNG.standard_normal((2, 8, 16)) * 0.3).astype("float32")
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("dyntvm-cache"))
+
+
+def ops_of(g):
+    return [n.op for n in g.nodes]
+
+
+def region_ops(g):
+    """Ops computed by `g` (a partitioned graph), looking into its regions but not into loop bodies."""
+    out = []
+    for n in g.nodes:
+        out += [m.op for m in n.subgraphs[0].nodes] if n.op == "region" else [n.op]
+    return out
+
+
+def body_of(pg, op="foreach"):
+    (loop,) = [n for n in pg.nodes if n.op == op]
+    return loop, loop.subgraphs[-1]
+
+
+def compiled(fn, *specs, cache_dir):
+    before = stats.builds
+    model = dt.compile(fn, *specs, cache_dir=cache_dir)
+    assert stats.builds - before <= 1
+    return model
+
+
+# ------------------------------------------------------------------------------------ foreach
+def test_lstm_input_projection_becomes_one_gemm_over_all_steps():
+    ex = examples.get("lstm")
+    g = dt.trace(ex.fn, *ex.specs)
+    (fe,) = [n for n in g.nodes if n.op == "foreach"]
+    assert ops_of(fe.subgraphs[0]).count("matmul") == 2            # before: x_t @ W and h @ U per step
+    pg = partition(g)
+    assert ops_of(pg) == ["region", "foreach"]
+    gemm = pg.nodes[0].subgraphs[0]
+    (mm,) = [n for n in gemm.nodes if n.op == "matmul"]
+    assert mm.outputs[0].type.shape == ("T", "B", 1024)             # xs @ W: [T, B, 128] @ [128, 1024]
+    loop, body = body_of(pg)
+    assert loop.attrs.num_data == 1 and loop.inputs[0].name == mm.outputs[0].name   # the body reads its rows
+    assert [n.op for n in body.nodes[0].subgraphs[0].nodes].count("matmul") == 1   # only h @ U is left
+    assert body.inputs[0].type.shape == ("B", 1024)
+
+
+def step_ops(x, states):
+    """Every liftable kind of node on the data slice x[B, 8], plus one that is not (rank-growing broadcast)."""
+    (h,) = states
+    xw = F.matmul(x, W)                              # lifted: [T, B, 8] @ [8, 16]
+    s = F.sum(xw, axis=1, keepdims=True)             # lifted reduce, axis shifted
+    p = F.softmax(xw, axis=-1)                       # lifted, negative axis
+    a, b = F.split(F.concat([xw, p], axis=1), 2, axis=1)     # lifted concat (both inputs lifted) and split
+    m = F.mean(x)                                    # full reduce: axes of the step, 0-d per step
+    e = F.expand_dims(F.cast(x > 0, "float32"), 0)   # [1, B, 8]
+    h = F.tanh(a + b * 0.5 + F.matmul(h, U) + s * 0.01 + m)
+    return [h, F.sum(e, axis=(0, 2))], [h]
+
+
+@pytest.mark.parametrize("T,B", [(0, 2), (1, 1), (5, 3)])
+def test_lifted_ops_equal_eager(T, B, cache_dir):
+    def model(xs, h0):
+        return F.foreach(step_ops, xs, [h0])
+    specs = (dt.TensorSpec(("T", "B", 8)), dt.TensorSpec(("B", 16)))
+    pg = partition(dt.trace(model, *specs))
+    moved = region_ops(pg)[:-1]
+    assert {"matmul", "sum", "softmax", "concat", "split", "mean", "cast", "greater", "expand_dims"} <= set(moved)
+    m = compiled(model, *specs, cache_dir=cache_dir)
+    xs = RNG.standard_normal((T, B, 8)).astype("float32")
+    h0 = RNG.standard_normal((B, 16)).astype("float32")
+    assert_same(m(xs, h0), model(xs, h0), rtol=1e-4, atol=1e-5)
+
+
+def test_not_liftable_nodes_stay_in_the_body(cache_dir):
+    def model(xs, v, h0):
+        def step(x, states):
+            (h,) = states
+            y = F.matmul(x, V3)                 # rhs rank 3: [2, B, 16] per step; lifted would broadcast T vs 2
+            z = x[0] + v                        # slice: no lift rule; v is a capture
+            w = F.max(x, axis=0)                # may raise on an empty axis: never moved
+            r = F.sum(y, axis=0) + h + F.sum(z) + F.sum(w)
+            return r, [r]
+        return F.foreach(step, xs, [h0])
+    specs = (dt.TensorSpec(("T", "B", 8)), dt.TensorSpec((8,)), dt.TensorSpec(("B", 16)))
+    pg = partition(dt.trace(model, *specs))
+    assert ops_of(pg) == ["foreach"]            # nothing moved out
+    m = compiled(model, *specs, cache_dir=cache_dir)
+    for T, B in [(0, 1), (3, 2)]:
+        xs = RNG.standard_normal((T, B, 8)).astype("float32")
+        v = RNG.standard_normal(8).astype("float32")
+        h0 = np.zeros((B, 16), "float32")
+        assert_same(m(xs, v, h0), model(xs, v, h0), rtol=1e-4, atol=1e-5)
+
+
+def test_rank_growing_broadcast_is_not_lifted():
+    """x_t is a scalar per step; x_t + v broadcasts to [4]. Lifted, [T] + [4] would be wrong: not moved."""
+    v = np.arange(4, dtype="float32")
+
+    def model(xs):
+        return F.foreach(lambda x, s: (x + v, s), xs, [F.zeros(())])
+    pg = partition(dt.trace(model, dt.TensorSpec(("T",))))
+    assert "add" not in region_ops(pg)
+    xs = np.arange(3, dtype="float32")
+    assert_same(dt.run_reference(pg, xs), model(xs))
+
+
+def test_invariant_nodes_of_a_foreach_body_move_out(cache_dir):
+    def model(xs, w, h0):
+        def step(x, states):
+            (h,) = states
+            w2 = F.tanh(w) * 2.0                  # captures only: computed once
+            h = h + F.matmul(x, w2)
+            return h, [h]
+        return F.foreach(step, xs, [h0])
+    specs = (dt.TensorSpec(("T", 3)), dt.TensorSpec((3, 5)), dt.TensorSpec((5,)))
+    pg = partition(dt.trace(model, *specs))
+    assert ops_of(pg) == ["region", "foreach"]
+    outside = region_ops(pg)
+    assert "tanh" in outside and "matmul" in outside      # w2 is computed outside, so x @ w2 is lifted too
+    loop, body = body_of(pg)
+    assert [m.op for n in body.nodes if n.op == "region" for m in n.subgraphs[0].nodes] == ["add"]
+    m = compiled(model, *specs, cache_dir=cache_dir)
+    for T in (0, 1, 4):
+        args = (RNG.standard_normal((T, 3)).astype("float32"), RNG.standard_normal((3, 5)).astype("float32"),
+                np.zeros(5, "float32"))
+        assert_same(m(*args), model(*args), rtol=1e-4, atol=1e-5)
+
+
+def test_hoisting_out_of_nested_loops():
+    def model(xss, h0):
+        def outer(xs, states):
+            (h,) = states
+            ys, (h,) = F.foreach(lambda x, s: (F.matmul(x, W), [s[0] + F.sum(F.matmul(x, W))]), xs, [h])
+            return ys, [h]
+        return F.foreach(outer, xss, [h0])
+    specs = (dt.TensorSpec(("S", "T", 8)), dt.TensorSpec(()))
+    pg = partition(dt.trace(model, *specs))
+    assert ops_of(pg)[0] == "region"         # the inner x @ W left both loops: one GEMM over [S, T, 8]
+    mms = [n for n in pg.nodes[0].subgraphs[0].nodes if n.op == "matmul"]
+    assert mms and all(mm.outputs[0].type.shape == ("S", "T", 16) for mm in mms)
+    xss = RNG.standard_normal((3, 4, 8)).astype("float32")
+    assert_same(dt.run_reference(pg, xss, np.float32(0)), model(xss, np.float32(0)), rtol=1e-5, atol=1e-5)
+
+
+# --------------------------------------------------------------------------------- while_loop
+def test_while_loop_invariants_and_condition_in_the_body(cache_dir):
+    def model(x, w, n):
+        def body(i, h):
+            w2 = F.sigmoid(w) * 0.5               # invariant: moves out
+            h = F.tanh(F.matmul(h, w2))
+            return F.sum(h), [i + 1, h]
+        return F.while_loop(lambda i, h: i < n, body, [F.zeros((), "int64"), x], max_iterations=6)
+    specs = (dt.TensorSpec(("B", 4)), dt.TensorSpec((4, 4)), dt.TensorSpec((), "int64"))
+    g = dt.trace(model, *specs)
+    pg = partition(g)
+    loop, body = body_of(pg, "while_loop")
+    assert loop.attrs.cond_in_body
+    assert ops_of(pg)[:1] == ["region"] and "sigmoid" in region_ops(pg)
+    (r,) = [n for n in body.nodes if n.op == "region"]                   # body and next condition: one call
+    assert "less" in [m.op for m in r.subgraphs[0].nodes] and body.outputs[-1].type.dtype == "bool"
+    m = compiled(model, *specs, cache_dir=cache_dir)
+    w = RNG.standard_normal((4, 4)).astype("float32")
+    for B, n in [(1, 0), (2, 1), (3, 3), (1, 6), (2, 50)]:       # zero iterations, ..., the iteration limit
+        x = RNG.standard_normal((B, 4)).astype("float32")
+        before = m.kernel_calls
+        got = m(x, w, np.int64(n))
+        assert_same(got, model(x, w, np.int64(n)), rtol=1e-4, atol=1e-5)
+        steps = min(n, 6)
+        # the invariant region, the first condition, then one call per iteration (body + next condition)
+        assert m.kernel_calls - before == 2 + steps
+
+
+def test_a_condition_that_may_raise_stays_separate():
+    def model(x, idx):
+        return F.while_loop(lambda s: F.take(x, idx) > s, lambda s: ([], [s + 1.0]), [F.zeros(())],
+                            max_iterations=3)
+    pg = partition(dt.trace(model, dt.TensorSpec(("N",)), dt.TensorSpec((), "int64")))
+    loop, _ = body_of(pg, "while_loop")
+    assert not loop.attrs.cond_in_body
+
+
+def test_decoder_condition_runs_in_the_body_region():
+    ex = examples.get("decoder")
+    pg = partition(dt.trace(ex.fn, *ex.specs))
+    loop, body = body_of(pg, "while_loop")
+    assert loop.attrs.cond_in_body
+    assert [n.op for n in body.nodes] == ["shape_of", "region"]
+
+
+def test_rewritten_graph_round_trips_an_artifact(tmp_path, cache_dir):
+    def model(x, w, n):
+        return F.while_loop(lambda i, h: i < n, lambda i, h: ([], [i + 1, F.tanh(F.matmul(h, F.exp(w)))]),
+                            [F.zeros((), "int64"), x], max_iterations=None)
+    specs = (dt.TensorSpec((2, 4)), dt.TensorSpec((4, 4)), dt.TensorSpec((), "int64"))
+    m = compiled(model, *specs, cache_dir=cache_dir)
+    m.save(str(tmp_path / "art"))
+    loaded = dt.load(str(tmp_path / "art"))
+    x, w = RNG.standard_normal((2, 4)).astype("float32"), (RNG.standard_normal((4, 4)) * 0.1).astype("float32")
+    for n in (0, 4):
+        assert_same(loaded(x, w, np.int64(n)), model(x, w, np.int64(n)), rtol=1e-4, atol=1e-5)
