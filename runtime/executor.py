@@ -16,6 +16,8 @@ from collections import defaultdict
 
 import numpy as np
 
+from tvm_ffi._ffi_api import ArrayGetItem
+
 from dyntvm.errors import CompileError, ExecutionError
 
 from ..ir.graph import Graph, Node
@@ -27,6 +29,8 @@ from .interpreter import Interpreter, last_uses
 from .kernels import KERNELS
 from .node_errors import node_failure, note_within
 from .tensors import aligned_empty, aligned_rows, host_array, to_numpy, to_tvm
+
+_item = ArrayGetItem            # res[k] of a region's result tuple: one FFI call (Array.__getitem__ makes two)
 
 
 class Plan:
@@ -184,7 +188,7 @@ class Executor:
             res = fn(*[to_tvm(slots[i]) for i in ins])
             calls[0] += 1
             for k, o in enumerate(outs):
-                slots[o] = res[k]
+                slots[o] = _item(res, k)
             if validate:
                 _check_region(n, sub, [slots[i] for i in ins], [slots[o] for o in outs])
         return run
@@ -314,13 +318,19 @@ class Executor:
                     slots[o] = r
             return run_on_device
 
+        direct = self._direct_body(body)
+
         def run(slots):
             data = [to_numpy(slots[i]) for i in ins[:nd]]
             states = [slots[i] for i in ins[nd:nd + ns]]
             # constants cross into regions once, not once per step
             caps = [to_tvm(slots[i]) if isinstance(slots[i], np.ndarray) else slots[i] for i in ins[nd + ns:]]
-            stacked, states = cf.foreach(body_run, data, states, caps, body, rows=aligned_rows, to_array=to_numpy,
-                                         alloc=aligned_empty)     # zero-copy 64-byte aligned rows into regions
+            if direct is not None:
+                stacked, states = cf.foreach(direct, data, [to_tvm(x) for x in states], caps, body, rows=_direct_rows,
+                                             to_array=to_numpy, alloc=aligned_empty)
+            else:
+                stacked, states = cf.foreach(body_run, data, states, caps, body, rows=aligned_rows, to_array=to_numpy,
+                                             alloc=aligned_empty)     # zero-copy 64-byte aligned rows into regions
             for o, r in zip(outs, stacked + list(states)):
                 slots[o] = r
         return run
@@ -346,14 +356,53 @@ class Executor:
                     slots[o] = r
             return run_on_device
 
+        direct = self._direct_body(body) if in_body else None
+
         def run(slots):
             limit = slots[ins[nv]] if has_t else static_max
             caps = [slots[i] for i in ins[nv + (1 if has_t else 0):]]
-            stacked, vars_ = cf.while_loop(cond_run, body_run, [slots[i] for i in ins[:nv]], caps, limit, body,
+            vars_ = [slots[i] for i in ins[:nv]]
+            if direct is not None:
+                vars_, caps = [to_tvm(x) for x in vars_], [to_tvm(x) for x in caps]
+            stacked, vars_ = cf.while_loop(cond_run, direct or body_run, vars_, caps, limit, body,
                                            truth=_first_truth, to_array=to_numpy, cond_in_body=in_body)
             for o, r in zip(outs, stacked + list(vars_)):
                 slots[o] = r
         return run
+
+
+    def _direct_body(self, g: Graph):
+        """A loop body that is one region and nothing else, run without a plan: ``run(args) -> outputs``, where
+        the args are TVM tensors or numpy arrays that may cross as they are (64-byte aligned, contiguous,
+        writeable: `_direct_rows`). A step then costs the region call and little more. None for other bodies,
+        on a device, and while validating or profiling (the plan does those)."""
+        if self.validate or self.profiling or self.pl is not None or self.vm is None or len(g.nodes) != 1 or \
+                g.nodes[0].op != "region":
+            return None
+        region = g.nodes[0]
+        pos = {v: k for k, v in enumerate(g.inputs)}
+        made = {v: k for k, v in enumerate(region.outputs)}
+        if not all(v in pos for v in region.inputs) or not all(v in made or v in pos for v in g.outputs):
+            return None
+        arg_idx = [pos[v] for v in region.inputs]
+        out_map = [made[v] if v in made else ~pos[v] for v in g.outputs]
+        fn, calls = self.vm[region.attrs.name], self.calls
+
+        def run(args):
+            ins = [args[i] for i in arg_idx]
+            try:
+                res = fn(*ins)
+            except Exception as e:
+                raise region_failure(region, ins, e) from e
+            calls[0] += 1
+            return [_item(res, j) if j >= 0 else args[~j] for j in out_map]
+        return run
+
+
+def _direct_rows(a: np.ndarray) -> list:
+    """`aligned_rows`, which a direct body (`Executor._direct_body`) takes as they are; empty rows as TVM tensors."""
+    rows = aligned_rows(a)
+    return [to_tvm(r) for r in rows] if rows and not rows[0].size else rows
 
 
 def _truth(x) -> bool:

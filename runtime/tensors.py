@@ -59,12 +59,13 @@ def is_tvm(x) -> bool:
 
 
 def aligned_rows(a: np.ndarray) -> list:
-    """The rows `a[0], a[1], ...` as arrays that each start on a 64-byte boundary: one bulk copy into
-    a buffer with padded rows when the row size is not a multiple of 64 bytes, else plain views."""
+    """The rows `a[0], a[1], ...` as writeable, contiguous arrays that each start on a 64-byte boundary: one
+    bulk copy into a buffer with padded rows when the row size is not a multiple of 64 bytes (or `a` is not
+    writeable: DLPack cannot export it), else plain views."""
     a = np.asarray(a)
     row_shape = a.shape[1:]
     row_bytes = math.prod(row_shape) * a.itemsize
-    if row_bytes % ALIGN == 0 and a.flags.c_contiguous and a.ctypes.data % ALIGN == 0:
+    if row_bytes % ALIGN == 0 and a.flags.c_contiguous and a.flags.writeable and a.ctypes.data % ALIGN == 0:
         return list(a)
     if row_bytes == 0:
         return [a[t] for t in range(a.shape[0])]

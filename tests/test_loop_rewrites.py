@@ -216,3 +216,35 @@ def test_rewritten_graph_round_trips_an_artifact(tmp_path, cache_dir):
     x, w = RNG.standard_normal((2, 4)).astype("float32"), (RNG.standard_normal((4, 4)) * 0.1).astype("float32")
     for n in (0, 4):
         assert_same(loaded(x, w, np.int64(n)), model(x, w, np.int64(n)), rtol=1e-4, atol=1e-5)
+
+
+# ------------------------------------------------------------------- loops without a plan per step
+def test_single_region_bodies_run_without_a_plan_per_step(monkeypatch, cache_dir):
+    """A body that is one region is called directly (executor `_direct_body`): the plan machinery runs once
+    per model call, not once per step; results equal eager, also for read-only and misaligned data."""
+    from dyntvm.runtime import executor
+
+    runs = [0]
+    real = executor.Plan.run
+
+    def counted(self, args):
+        runs[0] += 1
+        return real(self, args)
+    monkeypatch.setattr(executor.Plan, "run", counted)
+
+    def model(xs, h0, n):
+        hs, (h,) = F.foreach(lambda x, s: (F.tanh(F.matmul(s[0], U) + x), [F.tanh(F.matmul(s[0], U) + x)]), xs, [h0])
+        _, (i, g) = F.while_loop(lambda i, g: i < n, lambda i, g: ([], [i + 1, g * 0.5 + 1.0]),
+                                 [F.zeros((), "int64"), h])
+        return hs, g
+    specs = (dt.TensorSpec(("T", 16)), dt.TensorSpec((16,)), dt.TensorSpec((), "int64"))
+    m = compiled(model, *specs, cache_dir=cache_dir)
+    base = np.zeros(41 * 16 + 1, "float32")
+    xs = base[1:].reshape(41, 16)                 # misaligned (4-byte offset) ...
+    xs[:] = RNG.standard_normal((41, 16))
+    xs.flags.writeable = False                    # ... and read-only
+    h0 = np.zeros(16, "float32")
+    for T, n in [(0, 0), (1, 1), (41, 30)]:
+        runs[0] = 0
+        assert_same(m(xs[:T], h0, np.int64(n)), model(np.array(xs[:T]), h0, np.int64(n)), rtol=1e-4, atol=1e-5)
+        assert runs[0] <= 2                   # the model's plan and while_loop's first condition
