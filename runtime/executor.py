@@ -362,8 +362,9 @@ class Executor:
             limit = slots[ins[nv]] if has_t else static_max
             caps = [slots[i] for i in ins[nv + (1 if has_t else 0):]]
             vars_ = [slots[i] for i in ins[:nv]]
+            caps = [to_tvm(x) if isinstance(x, np.ndarray) else x for x in caps]    # once, not once per step
             if direct is not None:
-                vars_, caps = [to_tvm(x) for x in vars_], [to_tvm(x) for x in caps]
+                vars_ = [to_tvm(x) for x in vars_]
             stacked, vars_ = cf.while_loop(cond_run, direct or body_run, vars_, caps, limit, body,
                                            truth=_first_truth, to_array=to_numpy, cond_in_body=in_body)
             for o, r in zip(outs, stacked + list(vars_)):

@@ -10,10 +10,12 @@ import math
 
 import numpy as np
 import tvm
+import tvm_ffi
 
 ALIGN = 64
 _TvmTensor = tvm.runtime.Tensor
 _from_dlpack = tvm.runtime.from_dlpack
+_ffi_from_dlpack = tvm_ffi.from_dlpack
 
 
 def aligned_empty(shape, dtype) -> np.ndarray:
@@ -31,6 +33,12 @@ def to_tvm(x):
         return x
     if not isinstance(x, np.ndarray):
         x = np.asarray(x)
+    if x.size and x.flags.c_contiguous and x.flags.writeable:
+        # the alignment is read from the DLPack view (0.4 us): numpy's `ctypes.data` costs 1.4 us, and
+        # TVM's own check raises on a misaligned array (an exception: 19 us)
+        t = _ffi_from_dlpack(x, require_alignment=0, require_contiguous=True)
+        if not t.data_ptr() % ALIGN:
+            return t
     if x.size == 0 or x.ctypes.data % ALIGN or not x.flags.c_contiguous or not x.flags.writeable:
         if x.size == 0:
             return tvm.runtime.empty(x.shape, x.dtype.name)
