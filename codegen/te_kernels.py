@@ -164,6 +164,16 @@ def te_first_index(x, m, axis, keepdims):
     return te.compute(shape, f, name="arg_index")
 
 
+def te_shape_vector(*dims):
+    """The int64 vector of `dims` (PrimExprs: a value's symbolic shape), for shape_of in a region."""
+    def at(i):
+        v = tirx.IntImm("int64", 0)
+        for k in reversed(range(len(dims))):
+            v = tirx.Select(i == k, tirx.Cast("int64", dims[k]), v)
+        return v
+    return te.compute([len(dims)], at, name="shape_of")
+
+
 def te_arange(start, step, length, dtype):
     """start + i * step for i < length, cast to `dtype` (symbolic integer bounds)."""
     return te.compute([length], lambda i: (start + i * step).astype(dtype), name="arange")

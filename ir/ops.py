@@ -554,8 +554,8 @@ def _arange_dyn(ts, a):
 
 
 register("arange_dyn", DtypeAttrs, _arange_dyn, kind=DYNAMIC_SHAPE, num_inputs=3)
-register("shape_of", NoAttrs, lambda ts, a: [TensorType((ts[0].ndim,), "int64")], kind=DYNAMIC_SHAPE,
-         num_inputs=1, api="shape_of", shape_only=True, doc="The shape of `x` as an int64 vector.")
+register("shape_of", NoAttrs, lambda ts, a: [TensorType((ts[0].ndim,), "int64")], num_inputs=1, api="shape_of",
+         shape_only=True, doc="The shape of `x` as an int64 vector.")
 
 
 def _reshape_dyn(ts, a):

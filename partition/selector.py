@@ -36,9 +36,9 @@ class StaticRegionSelector(Selector):
     and control-flow nodes are never inside a region (their subgraphs are partitioned recursively).
     Constants are not seeds: each region gets its own copy of the constants it reads."""
 
-    # Ops numpy runs as views (no data movement): a region of nothing else would only add a VM call
-    # and copies, so it is left to the executor's numpy kernels.
-    VIEW_OPS = frozenset({"reshape", "squeeze", "expand_dims", "slice", "transpose"})
+    # Ops numpy runs as views (no data movement), and shape_of: a region of nothing else would only add a
+    # VM call and copies, so it is left to the executor's numpy kernels.
+    VIEW_OPS = frozenset({"reshape", "squeeze", "expand_dims", "slice", "transpose", "shape_of"})
 
     def select(self, node: Node) -> bool:
         return node.opdef.kind == STATIC and node.op != "constant"

@@ -271,6 +271,8 @@ case("full_inf", S(("N", 2)))(lambda x: (F.full((x.shape[0], 2), -np.inf), F.ful
 case("topk_short_axis", S(("N",)), sizes=(3, 4, 7), gen=with_specials)(lambda x: (F.topk(x, 3), F.topk(x, 2, largest=False)))
 case("arange", S(("N",)))(lambda x: (F.arange(5) + x[:1].astype("int64") * 0, F.arange(0.0, 1.0, 0.1),
                                      F.arange(2, 300, 3), F.arange(3, -4, -2, dtype="float32")))
+case("shape_of", S(("N", 3, "M")), S(())) (lambda x, s: (F.shape_of(x) * 2 + 1, F.cast(F.shape_of(x), "float32") * F.sum(x),
+                                               F.shape_of(s) + 0, F.shape_of(x[:, 1:]) + 0))
 case("arange_sym", S(("N",)))(lambda x: (F.arange(x.shape[0]), x * F.arange(x.shape[0], dtype="float32"),
                                          F.arange(1, x.shape[0] + 1)))
 case("topk", S(("N", 6)), gen=_ties)(lambda x: (F.topk(x, 3), F.topk(x, 2, largest=False), F.topk(x, 1, axis=0)))

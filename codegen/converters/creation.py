@@ -1,4 +1,4 @@
-"""Converters of ops that create tensors: constant, full, full_like, arange."""
+"""Converters of ops that create tensors: constant, full, full_like, arange, shape_of."""
 from __future__ import annotations
 
 import numpy as np
@@ -6,7 +6,7 @@ from tvm import relax, tirx
 from tvm.relax import op as R
 
 from ..dims import I64
-from ..te_kernels import te_arange
+from ..te_kernels import te_arange, te_shape_vector
 from .registry import converter
 from .common import full_expr, is_int, out_type, shape_of
 
@@ -45,3 +45,11 @@ def _arange(bb, node, args, ctx):
     # float arange: numpy's fill (start + i * delta in the output dtype) is reproduced exactly by
     # embedding the values; small int ranges too.
     return [relax.const(ref, dt)]
+
+
+@converter("shape_of")
+def _shape_of(bb, node, args, ctx):
+    dims = shape_of(args[0])
+    if all(isinstance(d, tirx.IntImm) for d in dims):
+        return [relax.const(np.array([int(d) for d in dims], np.int64), "int64")]
+    return [bb.emit_te(te_shape_vector, *dims, primfunc_name_hint="dt_shape_of")]
