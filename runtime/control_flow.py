@@ -337,9 +337,11 @@ def _type_of(x) -> TensorType:
 
 
 def _gather(a: np.ndarray, idx: np.ndarray, alloc, axis: int = 0) -> np.ndarray:
-    """Rows `idx` of `a` along `axis`, into a new buffer from `alloc` (aligned for compiled kernels)."""
+    """Rows `idx` (in range) of `a` along `axis`, into a new buffer from `alloc` (aligned for compiled kernels).
+    mode="clip": with ``out``, numpy's default mode="raise" copies through a temporary buffer (measured 3-9 ms
+    instead of 0.18 ms for a float32[64, 64, 256] array)."""
     shape = a.shape[:axis] + (len(idx),) + a.shape[axis + 1:]
-    return np.take(a, idx, axis=axis, out=alloc(shape, a.dtype))
+    return np.take(a, idx, axis=axis, out=alloc(shape, a.dtype), mode="clip")
 
 
 def _check_state_shapes(arrays: list, init_shapes: list, k: int, to_array) -> list:
