@@ -308,3 +308,16 @@ def test_nested_valid_length_gets_its_own_rows_symbol():
     args = (rng.standard_normal((4, 3, 2)).astype(np.float32), rng.standard_normal((3, 2)).astype(np.float32),
             np.array([4, 0, 2]))
     assert_same(dt.run_reference(graph, *args), f(*args))
+
+
+def test_lint_checks_the_valid_length_input(models):
+    from dyntvm.errors import GraphError
+    from dyntvm.ir.attrs import ForeachAttrs
+    graph = round_trip(models[0])
+    node = next(n for n in graph.nodes if n.op == "foreach")
+    node.attrs = ForeachAttrs(1, 2, 2)                 # valid_length would be passed to the body as a capture
+    with pytest.raises(GraphError, match="body inputs"):
+        graph.lint()
+    node.attrs = ForeachAttrs(1, 1, 2, True)           # input 2 (the state c) is not a 1-d integer tensor
+    with pytest.raises(GraphError, match="valid_length must be a 1-d integer tensor, got float32"):
+        graph.lint()
