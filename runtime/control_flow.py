@@ -287,7 +287,7 @@ def foreach_valid_length(body, data: list, states: list, consts: list, body_type
         return _foreach_prefixes(body, data, states, consts, body_types, lens, batch, length, init_shapes, rows,
                                  to_array, alloc)
     order = np.argsort(-lens, kind="stable")         # longest first: the active rows are a prefix
-    data = [_gather(d, order, alloc, axis=1) for d in data]
+    data = [_gather(d[:int(lens.max())], order, alloc, axis=1) for d in data]     # the steps some row runs
     states = [_gather(to_array(x), order, alloc) for x in states]
     stacked, states = _foreach_prefixes(body, data, states, consts, body_types, lens[order], batch, length,
                                         init_shapes, rows, to_array, alloc)
