@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from dyntvm.errors import TraceError
+
 from ..ir import attrs as A
 from ..ir.graph import Graph, Node, Value
 from ..ir.shapes import ShapeError, unify_dims
 from ..ir.tree import tree_flatten, tree_str, tree_unflatten
-from ..ir.types import TensorType, dim_symbols, fresh_dim, join_types
+from ..ir.types import TensorType, dim_symbols, fresh_dim, is_symbol, is_unknown, join_types
 from ..runtime import control_flow as runner
 from ..runtime.control_flow import RuleError
 from .tracer import Builder, Tensor, as_array, current, finish_outputs, trace_error, tracing, user_source
@@ -222,7 +224,7 @@ def _stacked_type(lead, t: TensorType, varying: set) -> TensorType:
     return TensorType((lead,) + dims, t.dtype)
 
 
-def foreach(body, data, init_states):
+def foreach(body, data, init_states, valid_length=None):
     """Loop over axis 0 of `data`, threading states.
 
     Python equivalent::
@@ -236,6 +238,24 @@ def foreach(body, data, init_states):
     `data` is a tensor or a list of tensors of equal length; `init_states` a (possibly empty) list
     of tensors. Per-step outputs are stacked on a new axis 0; zero-length data gives zero-length
     outputs and the initial states. States keep their dtype and rank.
+
+    **Variable-length batches.** `valid_length` (an integer tensor or array of shape ``[B]``) gives each batch
+    row its number of steps. The batch is axis 1 of every data tensor (``[T, B, ...]``) and axis 0 of every
+    state and of every per-step output. Per row ``b``, it computes::
+
+        states_b = [s[b:b+1] for s in init_states]
+        for t in range(valid_length[b]):             # 0 <= valid_length[b] <= T
+            out, states_b = body(data[t][b:b+1], states_b)
+            outputs[t][b] = out[0]                   # outputs[t][b] = 0 for t >= valid_length[b]
+        final_states[b] = states_b                   # the initial state when valid_length[b] == 0
+
+    Each step runs the body once, on a batch of the rows still active (``valid_length > t``): the body must
+    treat rows independently and gets a batch of any size (axis 0 of its data slices and states is a symbol of
+    its own, so it compiles once). Values the body captures are not sliced. States keep their shape. No row is
+    computed past its length: the whole batch runs while all rows are active, a prefix of it (views) when the
+    lengths are sorted in descending order, other orders are sorted first (a gather of the data and states, a
+    scatter of the results); steps past ``max(valid_length)`` do not run. A wrong size or a length outside
+    ``[0, T]`` raises (`ExecutionError` when compiled).
     """
     data_list = isinstance(data, (list, tuple))
     data_leaves = list(data) if data_list else [data]
@@ -254,6 +274,10 @@ def foreach(body, data, init_states):
     except ShapeError:       # symbols that cannot agree: the runner's rule and text
         _rule(runner.data_length, lengths)
     slice_types = [TensorType(t.shape[1:], t.dtype) for t in d_types]
+    st_types = [_leaf_type(s) for s in st_leaves]
+    rows = None               # with valid_length: the symbol of the active rows, axis 0 in the body
+    if valid_length is not None:
+        batch = _batch_dim(_rule(runner.check_valid_length_types, d_types, st_types, _leaf_type(valid_length)))
 
     def call(f, args):
         xs, states = args[:len(data_leaves)], args[len(data_leaves):]
@@ -263,24 +287,92 @@ def foreach(body, data, init_states):
         return tuple(res)
 
     if not tracing():
-        return _foreach_eager(body, data_leaves, st_leaves, st_spec, call, slice_types)
+        return _foreach_eager(body, data_leaves, st_leaves, st_spec, call, slice_types, valid_length)
+    if valid_length is not None:
+        rows = _rows_symbol(batch)
+        slice_types = [TensorType((rows,) + t.shape[2:], t.dtype) for t in d_types]
+        st_types = [TensorType((rows,) + t.shape[1:], t.dtype) for t in st_types]
 
     def body_trace(state_types):
-        sub = trace_sub(body, slice_types + state_types, None, "foreach", call=call)
+        try:
+            sub = trace_sub(body, slice_types + state_types, None, "foreach", call=call)
+        except TraceError as e:
+            if rows is None or rows not in str(e):
+                raise
+            raise _with_rows_note(e, rows) from None
         _check_pair_spec("foreach", sub, st_spec, "new_states", "init_states")
         n_out = len(sub.outputs) - len(state_types)
-        return sub, [v.type for v in sub.outputs[n_out:]]
+        new_types = [v.type for v in sub.outputs[n_out:]]
+        if rows is not None:
+            _check_rows(rows, [v.type for v in sub.outputs[:n_out]], state_types, new_types)
+        return sub, new_types
 
-    sub, st_types, varying = _state_types_fixpoint("foreach", body_trace, [_leaf_type(s) for s in st_leaves],
-                                                   _FOREACH_RULE, "states")
+    sub, st_types, varying = _state_types_fixpoint("foreach", body_trace, st_types, _FOREACH_RULE, "states")
     n_out = len(sub.outputs) - len(st_types)
     caps = union_captures([sub])
     b = current()
-    ins = _flat_values(b, data_leaves) + _flat_values(b, st_leaves) + caps
-    out_types = [_stacked_type(length, v.type, varying) for v in sub.outputs[:n_out]] + st_types
-    outs = _emit("foreach", A.ForeachAttrs(len(data_leaves), len(st_leaves), n_out), ins, out_types,
-                 [sub.graph(caps, "body")])
+    ins = _flat_values(b, data_leaves) + _flat_values(b, st_leaves)
+    if rows is None:
+        out_types = [_stacked_type(length, v.type, varying) for v in sub.outputs[:n_out]] + st_types
+    else:                     # the body's active rows are the whole batch outside
+        ins += _flat_values(b, [valid_length])
+        out_types = [TensorType((length, batch) + v.type.shape[1:], v.type.dtype) for v in sub.outputs[:n_out]] + \
+            [TensorType((batch,) + t.shape[1:], t.dtype) for t in st_types]
+    outs = _emit("foreach", A.ForeachAttrs(len(data_leaves), len(st_leaves), n_out, rows is not None),
+                 ins + caps, out_types, [sub.graph(caps, "body")])
     return _split_result(sub.spec, outs, n_out)
+
+
+def _batch_dim(dims: list):
+    """The one batch dim of a foreach with valid_length (see `runner.check_valid_length_types`)."""
+    batch = dims[0][1]
+    try:                     # unknown dims may agree at run time; the runner checks
+        for _, d in dims[1:]:
+            batch = unify_dims(batch, d, "foreach")
+    except ShapeError:       # dims that cannot agree: the runner's rule and text
+        _rule(runner.batch_size, dims)
+    return batch
+
+
+def _rows_symbol(batch) -> str:
+    """Axis 0 of a valid_length foreach body's data slices and states: the rows still active, a symbol of the body
+    (so one compiled body serves every number of rows), named after the batch and unused in enclosing scopes."""
+    base = f"{batch}_active" if is_symbol(batch) and not is_unknown(batch) else "active_rows"
+    seen, b = set(), current()
+    while b is not None:
+        seen |= set(b.sym_values)
+        b = b.parent
+    name, i = base, 1
+    while name in seen:
+        i += 1
+        name = f"{base}{i}"
+    return name
+
+
+def _with_rows_note(e: TraceError, rows: str) -> TraceError:
+    """A trace error in a valid_length body that names its rows symbol: say what that symbol is."""
+    head, at, tail = str(e).rpartition("\n    at ")
+    if not at:
+        head, tail = str(e), ""
+    return TraceError(f"{head}\n    ({rows} is the batch of rows still active at a step of foreach with valid_length; "
+                      f"values the body captures are not sliced){at}{tail}")
+
+
+def _check_rows(rows: str, out_types: list, old_types: list, new_types: list) -> None:
+    """A valid_length body works on rows: its per-step outputs have them as axis 0 (and only there), its states
+    keep their shape (rows of finished sequences are set aside and scattered back)."""
+    _check_carried("foreach", _FOREACH_RULE, "states", old_types, new_types)
+    hint = " (values the body captures are not sliced: a captured [B, ...] tensor does not match the active rows)"
+    for i, (a, b) in enumerate(zip(old_types, new_types)):
+        if a != b:
+            raise trace_error(f"foreach: with valid_length, new_states must keep the shape of init_states, with the "
+                              f"active rows ({rows}) as axis 0; states[{i}] is {a} in and {b} out" +
+                              (hint if b.shape[0] != rows else ""))
+    for j, t in enumerate(out_types):
+        if not t.ndim or t.shape[0] != rows or any(rows in dim_symbols(d) for d in t.shape[1:]):
+            raise trace_error(f"foreach: with valid_length, per-step outputs must have the active rows ({rows}) as "
+                              f"axis 0, and only there; output {j} is {t}" + (hint if t.ndim and t.shape[0] != rows
+                                                                              else ""))
 
 
 _FOREACH_RULE = "body must return states of the same dtype and rank"
@@ -338,12 +430,13 @@ class _EagerBody:
                                for t in self.in_types])
 
 
-def _foreach_eager(body, data_leaves, st_leaves, st_spec, call, slice_types):
+def _foreach_eager(body, data_leaves, st_leaves, st_spec, call, slice_types, valid_length):
     data = [as_array(d) for d in data_leaves]
     states = [as_array(s) for s in st_leaves]
     step = _EagerBody("foreach", body, call, st_spec, slice_types + [_leaf_type(s) for s in states],
                       ("new_states", "init_states", _FOREACH_RULE, "states"))
-    stacked, states = _rule(runner.foreach, step, data, states, [], step.types)
+    stacked, states = _rule(lambda: runner.foreach(step, data, states, [], step.types, valid_length=None if
+                                                   valid_length is None else as_array(valid_length)))
     return tree_unflatten(step.out_spec, stacked), tree_unflatten(st_spec, states)
 
 

@@ -259,6 +259,7 @@ class ForeachAttrs:
     num_data: int
     num_states: int
     num_outputs: int          # stacked per-step outputs
+    has_valid_length: bool = False      # input[num_data + num_states] is valid_length (lengths of the batch rows)
 
 
 @dataclass(frozen=True)

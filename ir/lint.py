@@ -1,6 +1,8 @@
 """`lint(graph)`: the single verifier. Topological order, ownership, unique names, types, closed subgraphs."""
 from __future__ import annotations
 
+import numpy as np
+
 from dyntvm.errors import GraphError
 
 from .ops import CONTROL_FLOW, REGION, attr_symbols, get_op
@@ -114,9 +116,12 @@ def _lint_subgraphs(n, label, where):
             is_pred = i < 2 * a.num_cases and i % 2 == 0
             check_io(g, ins, [TensorType((), "bool")] if is_pred else outs, g.name)
     elif n.op == "foreach":
-        d = ins[:a.num_data]
-        body_in = [TensorType(t.shape[1:], t.dtype) for t in d] + ins[a.num_data:]
+        nd, ns = a.num_data, a.num_states
+        d = ins[:nd]
+        body_in = [TensorType(t.shape[1:], t.dtype) for t in d] + ins[nd:]
         body_out = [TensorType(t.shape[1:], t.dtype) for t in outs[:a.num_outputs]] + outs[a.num_outputs:]
+        if a.has_valid_length:
+            body_in = _lint_valid_length(n, label, where, subs[0], ins, body_in)
         check_io(subs[0], body_in, body_out, "body")
     elif n.op == "while_loop":
         nv = a.num_vars
@@ -124,3 +129,18 @@ def _lint_subgraphs(n, label, where):
         check_io(subs[0], carried, [TensorType((), "bool")], "cond")
         body_out = [TensorType(t.shape[1:], t.dtype) for t in outs[:a.num_outputs]] + outs[a.num_outputs:]
         check_io(subs[1], carried, body_out + [TensorType((), "bool")] * a.cond_in_body, "body")
+
+
+def _lint_valid_length(n, label, where, body, ins, body_in) -> list:
+    """foreach with valid_length: input nd + ns is a 1-d integer tensor, not passed to the body; the body runs on
+    the active rows, so axis 0 of its data slices and states is one symbol of its own (the active batch)."""
+    nd, ns = n.attrs.num_data, n.attrs.num_states
+    vl = ins[nd + ns] if len(ins) > nd + ns else None
+    if vl is None or vl.ndim != 1 or np.dtype(vl.dtype).kind not in "iu":
+        raise GraphError(f"lint({where}): {label} valid_length must be a 1-d integer tensor, got {vl}")
+    body_in = body_in[:nd + ns] + body_in[nd + ns + 1:]
+    rows = body.inputs[0].type.shape[0] if body.inputs and body.inputs[0].type.ndim else None
+    if not is_symbol(rows):
+        raise GraphError(f"lint({where}): {label} with valid_length: axis 0 of the body's inputs must be a symbol "
+                         f"(the active rows), got {body.inputs[0].type if body.inputs else 'no inputs'}")
+    return [TensorType((rows,) + t.shape[1:], t.dtype) if i < nd + ns and t.ndim else t for i, t in enumerate(body_in)]

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..ir.dims import parse_dim
 from ..ir.graph import Graph, Node, Value
 from ..ir.ops import STATIC
 from ..ir.types import TensorType
@@ -78,12 +79,16 @@ def _hoist_foreach(loop: Node, names: set) -> list:
     nd, ns = a.num_data, a.num_states
     if not nd:
         return []
+    first_cap = nd + ns + a.has_valid_length        # valid_length (an input after the states) is not the body's
     length = loop.inputs[0].type.shape[0]
+    # with valid_length the body's rows have a symbol of their own (the active rows): lifted, they are the batch
+    rows = body.inputs[0].type.shape[0] if a.has_valid_length else None
+    batch = loop.inputs[0].type.shape[1] if a.has_valid_length else None
     # body value -> (outer value, lifted?) for the values that can be computed outside
     outer: dict = {}
     for v, o in zip(body.inputs[:nd], loop.inputs[:nd]):
         outer[v] = (o, True)
-    for v, o in zip(body.inputs[nd + ns:], loop.inputs[nd + ns:]):
+    for v, o in zip(body.inputs[nd + ns:], loop.inputs[first_cap:]):
         outer[v] = (o, False)
     moved, kept = [], []
     for n in body.nodes:
@@ -102,9 +107,15 @@ def _hoist_foreach(loop: Node, names: set) -> list:
                 kept.append(n)
                 continue
         up = any(lifted)
+        shapes = [tuple(v.type.shape) for v in n.outputs]
+        if rows is not None and up:
+            if not _row_wise(n, rows):
+                kept.append(n)
+                continue
+            shapes = [tuple(batch if d == rows else d for d in sh) for sh in shapes]
         ins = [_outer_value(v, outer, moved, names) for v in n.inputs]
-        outs = tuple(Value(TensorType(((length,) if up else ()) + tuple(v.type.shape), v.type.dtype),
-                           _fresh(names, v.name + ("_all" if up else "_inv"))) for v in n.outputs)
+        outs = tuple(Value(TensorType(((length,) if up else ()) + sh, v.type.dtype),
+                           _fresh(names, v.name + ("_all" if up else "_inv"))) for v, sh in zip(n.outputs, shapes))
         m = Node(n.op, tuple(ins), attrs, outs, name=n.name, source=n.source)
         for k, o in enumerate(outs):
             o.producer, o.index = m, k
@@ -129,12 +140,28 @@ def _hoist_foreach(loop: Node, names: set) -> list:
     data_in = [(v, o) for v, o in zip(body.inputs[:nd], loop.inputs[:nd]) if v in used] + new_data
     if not data_in:                      # keep one sequence: it gives the number of steps
         data_in = [(body.inputs[0], loop.inputs[0])]
-    caps_in = [(v, o) for v, o in zip(body.inputs[nd + ns:], loop.inputs[nd + ns:]) if v in used] + new_caps
+    caps_in = [(v, o) for v, o in zip(body.inputs[nd + ns:], loop.inputs[first_cap:]) if v in used] + new_caps
     states = list(zip(body.inputs[nd:nd + ns], loop.inputs[nd:nd + ns]))
     body.inputs = [v for v, _ in data_in + states + caps_in]
-    loop.inputs = tuple(o for _, o in data_in + states + caps_in)
+    loop.inputs = tuple(o for _, o in data_in + states) + loop.inputs[nd + ns:first_cap] + \
+        tuple(o for _, o in caps_in)
     loop.attrs = dataclasses.replace(a, num_data=len(data_in))
     return moved
+
+
+def _row_wise(n: Node, rows: str) -> bool:
+    """With valid_length, a lifted node must compute each batch row from that row alone, keeping the rows as
+    axis 0 (the runner gathers the active rows of its result per step): no op along axis 0, no expression of
+    the active rows."""
+    if any(not v.type.ndim or v.type.shape[0] != rows or
+           any(isinstance(d, str) and d != rows and rows in parse_dim(d).symbols for d in v.type.shape)
+           for v in n.outputs):
+        return False
+    if not hasattr(n.attrs, "axis"):           # elementwise ops, matmul (rows @ weights), cast
+        return True
+    axis, rank = n.attrs.axis, n.inputs[0].type.ndim
+    axes = range(rank) if axis is None else axis if isinstance(axis, tuple) else (axis,)
+    return all(x % rank != 0 for x in axes)
 
 
 def _outer_value(v: Value, outer: dict, moved: list, names: set) -> Value:

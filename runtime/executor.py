@@ -304,6 +304,8 @@ class Executor:
         body = n.subgraphs[0]
         body_run = self._plan(body).run
         nd, ns = a.num_data, a.num_states
+        if a.has_valid_length:
+            return self._foreach_valid_length(n, ins, outs, body, body_run)
         if self.pl is not None:
             pl = self.pl
 
@@ -331,6 +333,24 @@ class Executor:
             else:
                 stacked, states = cf.foreach(body_run, data, states, caps, body, rows=aligned_rows, to_array=to_numpy,
                                              alloc=aligned_empty)     # zero-copy 64-byte aligned rows into regions
+            for o, r in zip(outs, stacked + list(states)):
+                slots[o] = r
+        return run
+
+    def _foreach_valid_length(self, n: Node, ins, outs, body, body_run):
+        """foreach with valid_length (`control_flow.foreach_valid_length`): the rows of each step are gathered,
+        scattered and zero-filled in host buffers; on a device its values cross to the host for that (correct,
+        not fast), the captures move to the device once."""
+        nd, ns = n.attrs.num_data, n.attrs.num_states
+        to_array = self.pl.to_host if self.pl else to_numpy
+        caps_of = self._branch_args(ins[nd + ns + 1:]) if self.pl else (
+            lambda slots: [to_tvm(slots[i]) if isinstance(slots[i], np.ndarray) else slots[i] for i in ins[nd + ns + 1:]])
+
+        def run(slots):
+            stacked, states = cf.foreach(body_run, [to_array(slots[i]) for i in ins[:nd]],
+                                         [slots[i] for i in ins[nd:nd + ns]], caps_of(slots), body,
+                                         rows=aligned_rows, to_array=to_array, alloc=aligned_empty,
+                                         valid_length=to_array(slots[ins[nd + ns]]))
             for o, r in zip(outs, stacked + list(states)):
                 slots[o] = r
         return run

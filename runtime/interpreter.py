@@ -119,9 +119,10 @@ class Interpreter:
     def run_foreach(self, node: Node, ins: list, env: dict):
         a = node.attrs
         (body,) = node.subgraphs
-        nd, ns = a.num_data, a.num_states
+        nd, ns, nv = a.num_data, a.num_states, int(a.has_valid_length)
         data = [np.asarray(d) for d in ins[:nd]]
-        outs, states = cf.foreach(self._runner(body), data, ins[nd:nd + ns], ins[nd + ns:], body)
+        outs, states = cf.foreach(self._runner(body), data, ins[nd:nd + ns], ins[nd + ns + nv:], body,
+                                  valid_length=np.asarray(ins[nd + ns]) if nv else None)
         return outs + states
 
     def run_while_loop(self, node: Node, ins: list, env: dict):
