@@ -248,3 +248,24 @@ def test_single_region_bodies_run_without_a_plan_per_step(monkeypatch, cache_dir
         runs[0] = 0
         assert_same(m(xs[:T], h0, np.int64(n)), model(np.array(xs[:T]), h0, np.int64(n)), rtol=1e-4, atol=1e-5)
         assert runs[0] <= 2                   # the model's plan and while_loop's first condition
+
+
+def test_hoisting_with_valid_length_lifts_only_row_wise_nodes(cache_dir):
+    """With valid_length the body sees the active rows only: x @ W (row-wise) is lifted, a softmax or a sum over
+    the rows is not (over all rows it would differ)."""
+    def model(xs, h0, lens):
+        def step(x, states):
+            (h,) = states
+            h = F.tanh(F.matmul(x, W) + F.softmax(x, axis=0)[:, :1] + F.sum(x, axis=0)[:1] + F.matmul(h, U))
+            return h, [h]
+        return F.foreach(step, xs, [h0], valid_length=lens)
+    specs = (dt.TensorSpec(("T", "B", 8)), dt.TensorSpec(("B", 16)), dt.TensorSpec(("B",), "int64"))
+    pg = partition(dt.trace(model, *specs))
+    outside = region_ops(pg)
+    assert "matmul" in outside and "softmax" not in outside and "sum" not in outside
+    m = compiled(model, *specs, cache_dir=cache_dir)
+    for T, lens in [(0, [0]), (4, [4, 1, 0, 3]), (3, [3, 3])]:
+        xs = RNG.standard_normal((T, len(lens), 8)).astype("float32")
+        h0 = RNG.standard_normal((len(lens), 16)).astype("float32")
+        L = np.array(lens, np.int64)
+        assert_same(m(xs, h0, L), model(xs, h0, L), rtol=1e-4, atol=1e-5)
