@@ -4,7 +4,7 @@
 
 Checks out REV (any git revision) into a temporary worktree and measures, in alternating fresh processes
 (base, this tree, base, this tree, ...), the compiled latency of every case in `bench_models.CASES` plus the
-per-iteration overhead of a trivial foreach. Each process imports dyntvm from its own source tree (this
+per-iteration overhead of a trivial foreach and while_loop. Each process imports dyntvm from its own source tree (this
 venv's packages, dyntvm's code from the tree). Prints per case the median over rounds of each side's
 median, and the ratio new / base (below 1 is faster). Not a test: run it before and after a change to the
 executor, codegen or schedules.
@@ -59,6 +59,12 @@ def child(root: str, repeat: int) -> None:
     T = 1000
     xs, s = np.ones((T, 4), "float32"), np.zeros(4, "float32")
     out["foreach overhead (us/iteration)"] = median_time(model, xs, s, repeat=repeat) / T * 1e6
+
+    def count(s, n):
+        return F.while_loop(lambda i, st: i < n, lambda i, st: ([], [i + 1, st * 0.5 + 1.0]),
+                            [F.zeros((), "int64"), s])
+    model = dt.compile(count, dt.TensorSpec((4,)), dt.TensorSpec((), "int64"), cache_dir=cache)
+    out["while_loop overhead (us/iteration)"] = median_time(model, s, np.int64(T), repeat=repeat) / T * 1e6
     print(json.dumps(out))
 
 
