@@ -36,6 +36,7 @@ from tvm import relax, s_tir, tirx
 from tvm.relax.backend.cpu_generic import pipeline as _cpu_pipeline
 from tvm.s_tir import SBlock, SBlockRealize
 
+from .fusion_guard import opaque_shape_scalar_kernels
 from .cpu_fast_math import FAST_MATH
 from .cpu_inline import inline_spatial
 from .cpu_sched_helpers import (child_blocks, is_column_reduction, is_contraction, iter_kinds, loop_extent,
@@ -133,7 +134,7 @@ def legalize_and_fuse(target=None) -> tvm.transform.Pass:
     del target
     return tvm.transform.Sequential([
         relax.transform.LegalizeOps(customize_legalize_map=FAST_MATH),
-        relax.transform.AnnotateTIROpPattern(), relax.transform.FoldConstant(),
+        relax.transform.AnnotateTIROpPattern(), opaque_shape_scalar_kernels, relax.transform.FoldConstant(),
         relax.transform.FuseOps(), relax.transform.FuseTIR()])
 
 

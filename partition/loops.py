@@ -80,7 +80,6 @@ def _hoist_foreach(loop: Node, names: set) -> list:
     if not nd:
         return []
     first_cap = nd + ns + a.has_valid_length        # valid_length (an input after the states) is not the body's
-    length = loop.inputs[0].type.shape[0]
     # with valid_length the body's rows have a symbol of their own (the active rows): lifted, they are the batch
     rows = body.inputs[0].type.shape[0] if a.has_valid_length else None
     batch = loop.inputs[0].type.shape[1] if a.has_valid_length else None
@@ -107,6 +106,12 @@ def _hoist_foreach(loop: Node, names: set) -> list:
                 kept.append(n)
                 continue
         up = any(lifted)
+        if up:
+            lengths = {outer[v][0].type.shape[0] for v, is_up in zip(n.inputs, lifted) if is_up}
+            if len(lengths) > 1:        # sequences not known to have one length (the runner checks them)
+                kept.append(n)
+                continue
+            (length,) = lengths
         shapes = [tuple(v.type.shape) for v in n.outputs]
         if rows is not None and up:
             if not _row_wise(n, rows):
@@ -138,8 +143,11 @@ def _hoist_foreach(loop: Node, names: set) -> list:
     body.nodes = [_renamed(n, replace) for n in kept]
     body.outputs = [replace.get(v, v) for v in body.outputs]
     data_in = [(v, o) for v, o in zip(body.inputs[:nd], loop.inputs[:nd]) if v in used] + new_data
-    if not data_in:                      # keep one sequence: it gives the number of steps
-        data_in = [(body.inputs[0], loop.inputs[0])]
+    # a sequence the body no longer reads still gives the number of steps, and the check that all have one
+    # length: it stays unless a kept one has the same length dim (then they agree by construction)
+    for v, o in zip(body.inputs[:nd], loop.inputs[:nd]):
+        if v not in used and o.type.shape[0] not in {d.type.shape[0] for _, d in data_in}:
+            data_in.append((v, o))
     caps_in = [(v, o) for v, o in zip(body.inputs[nd + ns:], loop.inputs[first_cap:]) if v in used] + new_caps
     states = list(zip(body.inputs[nd:nd + ns], loop.inputs[nd:nd + ns]))
     body.inputs = [v for v, _ in data_in + states + caps_in]

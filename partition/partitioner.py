@@ -103,8 +103,21 @@ def find_regions(g: Graph, selector: Selector) -> list[list[int]]:
     if not selector.merge_independent:
         return regions
     producer = {v: i for i, n in enumerate(g.nodes) for v in n.outputs}
-    return _merge_independent(regions, desc, anc, lambda m: not _symbol_carriers(g, sorted(m), producer, True),
-                              lambda m: _inputless(g, m, producer))
+    merged = _merge_independent(regions, desc, anc, lambda m: not _symbol_carriers(g, sorted(m), producer, True),
+                                lambda m: _inputless(g, m, producer))
+    # each group is convex, but two groups may still reach each other through other nodes (A -> x -> D and
+    # C -> y -> B merged as {A, B}, {C, D}): then keep the regions apart
+    return merged if _contracted_acyclic(dag, merged) else regions
+
+
+def _contracted_acyclic(dag, groups: list) -> bool:
+    label = {i: k for k, members in enumerate(groups) for i in members}
+    q = nx.DiGraph()
+    for u, v in dag.edges:
+        a, b = label.get(u, ("n", u)), label.get(v, ("n", v))
+        if a != b:
+            q.add_edge(a, b)
+    return nx.is_directed_acyclic_graph(q)
 
 
 def _merge_independent(regions: list, desc: dict, anc: dict, bindable, inputless) -> list[list[int]]:

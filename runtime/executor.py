@@ -471,6 +471,8 @@ def _memory_failure(node: Node, ins: list, cause: BaseException) -> ExecutionErr
                 shape = [eval_dim(d, env) for d in v.type.shape]
             except (KeyError, ValueError):
                 continue                # a size known only when it runs
+            if any(d < 0 for d in shape):       # TVM allocates a negative size as a huge one: name the dim
+                return node_failure(m, ValueError(f"a dim must be >= 0, got {v.type.dtype}{shape}"))
             size = math.prod(shape) * np.dtype(v.type.dtype).itemsize
             if biggest is None or size > biggest[0]:
                 biggest = (size, shape, v.type.dtype, m)

@@ -269,3 +269,58 @@ def test_hoisting_with_valid_length_lifts_only_row_wise_nodes(cache_dir):
         h0 = RNG.standard_normal((len(lens), 16)).astype("float32")
         L = np.array(lens, np.int64)
         assert_same(m(xs, h0, L), model(xs, h0, L), rtol=1e-4, atol=1e-5)
+
+
+# ------------------------------------------------------------------------- review regressions
+def test_sequences_of_unrelated_lengths_are_not_lifted_together_and_still_checked(cache_dir):
+    """Two data tensors with fresh length symbols: x + y is not lifted (its lengths may differ: the runner
+    raises), and a sequence the body does not read keeps its length check."""
+    def both(xs, ys):
+        return F.foreach(lambda inp, st: (inp[0] + inp[1], st), [xs, ys], [])[0]
+
+    def one(xs, ys):
+        return F.foreach(lambda inp, st: (inp[0] * 2.0, st), [xs, ys], [])[0]
+    specs = (dt.TensorSpec((None, 8)), dt.TensorSpec((None, 8)))
+    for fn in (both, one):
+        m = compiled(fn, *specs, cache_dir=cache_dir)
+        a, b = RNG.standard_normal((5, 8)).astype("float32"), RNG.standard_normal((5, 8)).astype("float32")
+        assert_same(m(a, b), fn(a, b))
+        with pytest.raises(dt.ExecutionError, match="data tensors must have the same length"):
+            m(a, b[:2])
+
+
+def test_merged_regions_never_make_the_partition_cyclic():
+    """{A, B} and {C, D} are each convex, but with A -> X -> D and C -> Y -> B merging both pairs is a cycle."""
+    def fn(x, m):
+        a = F.tanh(x) * 2.0
+        y = F.boolean_mask(x, m)
+        c = F.cast(F.arange(y.shape[0]), "float32") * 3.0
+        xx = F.nonzero(a > 0.0)
+        yy = F.boolean_mask(c, c > 2.0)
+        return F.sum(F.cast(xx, "float32")) + 1.0, F.sum(yy) * 2.0, y
+    specs = (dt.TensorSpec(("N", 4)), dt.TensorSpec(("N",), "bool"))
+    pg = partition(dt.trace(fn, *specs))
+    x, m = RNG.standard_normal((5, 4)).astype("float32"), RNG.random(5) > 0.3
+    assert_same(dt.run_reference(pg, x, m), fn(x, m), rtol=1e-5, atol=1e-5)
+
+
+def test_reduction_over_an_expression_dim_then_compare_compiles(cache_dir):
+    """less(sum(concat([v, v[:1]])), 3): the sum gets N as a scalar parameter (its length is N + min(N, 1));
+    TVM's FuseTIR segfaulted fusing it (codegen/fusion_guard.py). Also as a while_loop condition in the body."""
+    def fn(v):
+        c = F.less(F.sum(F.concat([v, v[:1]], 0)), 3.0)
+        out, (w,) = F.while_loop(lambda w: F.sum(w) < 3.0, lambda w: (F.sum(w), [F.concat([w, w[:1] + 1.0])]),
+                                 [v], max_iterations=4)
+        return c, out, w
+    m = compiled(fn, dt.TensorSpec(("N",)), cache_dir=cache_dir)
+    for v in (np.array([1, 2, -0.5], "float32"), np.zeros(0, "float32"), np.array([-1.0], "float32")):
+        assert_same(m(v), fn(v))
+
+
+def test_a_negative_symbolic_dim_names_its_node_not_out_of_memory(cache_dir):
+    def fn(x):
+        return F.tanh(x), F.full((x.shape[0] - 1, 2), 3.0)
+    m = compiled(fn, dt.TensorSpec(("N", 4)), cache_dir=cache_dir)
+    assert_same(m(np.ones((3, 4), "float32")), fn(np.ones((3, 4), "float32")))
+    with pytest.raises(dt.ExecutionError, match=r"full node '\w+' failed: a dim must be >= 0, got float32\[-1, 2\]"):
+        m(np.ones((0, 4), "float32"))
