@@ -547,8 +547,13 @@ def markdown(report: dict) -> str:
         for s in build_systems:
             res = r.get(s, {"status": NONE})
             b = res.get("build_s")
-            cells.append("—" if res.get("status") == NONE else f"{b:.2f}" if b is not None else
-                         res.get("status", ""))
+            if res.get("isolated_status"):             # the cold build failed where the timed one did not
+                notes.append(f"{LABELS[s]}, {w['label']}, cold build: {res['isolated_status']}: "
+                             f"{res.get('isolated_reason', '')}")
+                cells.append(f"{res['isolated_status']} [{len(notes)}]")
+            else:
+                cells.append("—" if res.get("status") == NONE else f"{b:.2f}" if b is not None else
+                             res.get("status", ""))
         lines.append(f"| {w['label']} | " + " | ".join(cells) + " |")
 
     if cold:

@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 
-from . import NotApplicable, Prepared
+from . import Prepared
 
 ONNX_OPSET = 18
 ONNX_IR_VERSION = 9           # what every onnxruntime since 1.15 reads
@@ -134,7 +134,6 @@ class OnnxGraph:
     _ids = itertools.count()
 
     def __init__(self):
-        import onnx  # noqa: F401  (NotApplicable path below handles a missing onnx earlier)
         self.nodes, self.inits = [], []
 
     def name(self, hint="v"):
@@ -202,8 +201,3 @@ def dyntvm_builder(fn, specs, inputs):
         return Prepared(lambda *a: as_tuple(model(*a)), tuple(inputs), keep=model)
     return build
 
-
-def not_applicable(reason):
-    def build(ctx):
-        raise NotApplicable(reason)
-    return build
