@@ -37,11 +37,19 @@ from tvm.relax.backend.cpu_generic import pipeline as _cpu_pipeline
 from tvm.s_tir import SBlock, SBlockRealize
 
 from .cpu_fast_math import FAST_MATH
+from .dims import is_one
 from .cpu_inline import inline_spatial
+from .cpu_schedule_fuse import CONTRACTION_GROUP, merge_contractions
 from .cpu_sched_helpers import (child_blocks, is_column_reduction, is_contraction, iter_kinds, loop_extent,
                                 loop_kinds, pick_tile, total_work, vector_lanes, vectorize_inner, vectorize_tile,
                                 writes_param)
-from .te_kernels import SERIAL_CHECK
+from .te_kernels import LANE_BLOCK, LANE_ROW, SERIAL_CHECK
+
+LANES_PREFIX = "dt_lanes_"  # blocks of `te_kernels.te_lane_reduce`
+# Full reductions of a 1-d input run in parallel from this many elements. Measured (2 threads vs 1, warm
+# thread pool): sum / max / argmax 0.3-0.6x at 8k-16k, 0.9x at 32k, 1.0-1.1x at 64k, 1.2x at 128k,
+# 1.3-1.5x at 256k-1M.
+LANES_PARALLEL_MIN = 1 << 17
 
 _LOG = logging.getLogger(__name__)
 
@@ -56,6 +64,9 @@ PARALLEL_MIN_WORK = 1 << 18
 _MATMUL_MR = 4
 _TILE_COLS = {1: 128, 2: 128, 3: 64, 4: 64, 6: 32}
 _K_SPLIT = 4
+#: Merge matmul kernels with their epilogue matmuls and consumers (`cpu_schedule_fuse`); a switch for A/B.
+FUSE_CONTRACTIONS = True
+TILE_OVERRIDE = None
 
 
 def _physical_cores() -> int:
@@ -110,8 +121,11 @@ def schedule_module(mod: tvm.IRModule, target) -> tvm.IRModule:
                        global_infos=mod.global_infos)
     for gvar, func in mod.functions_items():
         if (isinstance(func, tirx.PrimFunc) and not func.attrs.get("tirx.is_scheduled", False)
-                and not func.attrs.get(SERIAL_CHECK, False)):
-            new = _schedule_func(func, target)
+                and not func.attrs.get(SERIAL_CHECK, False)
+                # a pure reshape stays as written: RewriteDataflowReshape makes it a view (no kernel,
+                # no copy); scheduled, it was a copy kernel (e.g. around every run-time check)
+                and not relax.analysis.has_reshape_pattern(func)):
+            new = _schedule_func(func, target, gvar.name_hint)
             if new is not func:
                 out[gvar] = new.with_attr("tirx.is_scheduled", True)
     return out
@@ -125,16 +139,20 @@ def cpu_schedule_pass(target) -> tvm.transform.Pass:
 
 def legalize_and_fuse(target=None) -> tvm.transform.Pass:
     """Returns the "zero" pipeline (LegalizeOps, AnnotateTIROpPattern, FoldConstant, FuseOps,
-    FuseTIR) with fp32 exp/tanh/sigmoid/softmax/log_softmax legalized to vectorizable math.
+    FuseTIR) with fp32 exp/tanh/sigmoid/softmax/log_softmax legalized to vectorizable math and, after
+    FuseOps, matmul groups merged with the matmuls and the elementwise / slicing kernels around them
+    (`cpu_schedule_fuse`; off with ``FUSE_CONTRACTIONS = False``).
 
     Args:
-        target: Unused; the passes are the same for every CPU.
+        target: The LLVM target the merged kernels are checked against; ``cpu_target()`` when None.
     """
-    del target
+    target = cpu_target() if target is None else target
     return tvm.transform.Sequential([
         relax.transform.LegalizeOps(customize_legalize_map=FAST_MATH),
         relax.transform.AnnotateTIROpPattern(), relax.transform.FoldConstant(),
-        relax.transform.FuseOps(), relax.transform.FuseTIR()])
+        relax.transform.FuseOps()]
+        + ([merge_contractions(target)] if FUSE_CONTRACTIONS else [])
+        + [relax.transform.FuseTIR()])
 
 
 def build_cpu(mod: tvm.IRModule, target=None) -> relax.VMExecutable:
@@ -234,7 +252,9 @@ def _parallel_cands(work: tirx.PrimExpr, target, make: Callable[[bool], tirx.Pri
 # ---------------------------------------------------------------- rules (one variant each)
 
 
-def _sched_matmul(func, target, name: str, mr: int, parallel: bool) -> tirx.PrimFunc:
+def _sched_matmul(func, target, name: str, mr: int, parallel: bool, attach: bool = True) -> tirx.PrimFunc:
+    """`attach=False`: the result stays a buffer of its own (no epilogue per tile), for kernels with
+    several matmuls whose epilogues read all of them (`_sched_contraction_group`)."""
     sch = s_tir.Schedule(func)
     mm = sch.get_sblock(name)
     lanes = vector_lanes(target, sch.get(mm).body.buffer.dtype)
@@ -264,9 +284,10 @@ def _sched_matmul(func, target, name: str, mr: int, parallel: bool) -> tirx.Prim
     # Epilogue per tile: the accumulator tile (thread-local scratch) stays in registers and the
     # intermediate buffer shrinks to the tile (CompactBufferAllocation); a matmul writing the
     # output directly gets a cache tile.
-    epilogues = list(sch.get_consumers(mm))
+    epilogues = list(sch.get_consumers(mm)) if attach else []
     if not writes_param(func, sch, mm):
-        sch.set_scope(mm, 0, "local")
+        if attach:
+            sch.set_scope(mm, 0, "local")
     elif not epilogues:
         epilogues = [sch.cache_write(mm, 0, "local")]
     for pad in pads:
@@ -295,6 +316,167 @@ def _sched_matmul(func, target, name: str, mr: int, parallel: bool) -> tirx.Prim
                 vectorize_tile(sch, inner, nr, lanes, unroll=False)
     sch.decompose_reduction(mm, ko)  # only now: parallel/vectorize refuse a decomposed block
     return sch.mod["main"]
+
+
+def _group_parts(sch: s_tir.Schedule):
+    """(contractions, epilogues, S) of a merged contraction group (`cpu_schedule_fuse`): every reduction a
+    2-d matmul ``C[i, j] += A[i, k] * W[k, j]`` with the same (M, N), every other block spatial over
+    (M, S), S dividing N: the epilogue reads columns ``g * S + s`` of the matmuls (a split into N / S
+    gates, or S == N)."""
+    blocks = child_blocks(sch)
+    cons = [b for b in blocks if "R" in iter_kinds(sch, b)]
+    epis = [b for b in blocks if "R" not in iter_kinds(sch, b)]
+    if not cons or not epis or not all(is_contraction(sch, c) and len(sch.get_loops(c)) == 3 for c in cons):
+        raise ValueError("not a 2-d contraction group")
+    ana = tvm.sym.Analyzer()
+    m_ext, n = (sch.get(lp).extent for lp in sch.get_loops(cons[0])[:2])
+    if not isinstance(n, tirx.IntImm) or any(
+            not ana.can_prove_equal(sch.get(sch.get_loops(c)[0]).extent, m_ext)
+            or not ana.can_prove_equal(sch.get(sch.get_loops(c)[1]).extent, n) for c in cons):
+        raise ValueError("matmuls of different shapes")
+    ext = {loop_extent(sch, sch.get_loops(e)[-1]) for e in epis}
+    if len(ext) != 1 or any(len(sch.get_loops(e)) != 2 or not ana.can_prove_equal(
+            sch.get(sch.get_loops(e)[0]).extent, m_ext) for e in epis):
+        raise ValueError("epilogues of different shapes")
+    (s_ext,) = ext
+    if not isinstance(s_ext, int) or int(n.value) % s_ext:
+        raise ValueError("epilogue columns do not divide the matmul's")
+    return cons, epis, s_ext
+
+
+def _sched_group_tiles(func, target, parallel: bool) -> tirx.PrimFunc:
+    """A contraction group with few rows (M < 4; GEMV-like): per tile of t epilogue columns (the same t
+    columns of each of the G = N / S gates), every matmul's G x t accumulators in registers over k, then
+    the epilogues on that tile. Tiles run in parallel; each core reads the same weight columns every call
+    (its share of the weights stays in its L2)."""
+    sch = s_tir.Schedule(func)
+    cons, epis, s_ext = _group_parts(sch)
+    n = loop_extent(sch, sch.get_loops(cons[0])[1])
+    gates = n // s_ext
+    lanes = vector_lanes(target, sch.get(cons[0]).writes[0].source.dtype)
+    # 16 accumulator vectors per matmul (G x t floats): t = 64 for the 4 gates of an LSTM (1.1x faster than
+    # 32: longer contiguous weight rows); 128 columns for one gate, as the GEMV tile
+    want = TILE_OVERRIDE or (_TILE_COLS[1] if gates == 1 else 256 // gates)
+    t = next((c for c in (want, 64, 32, 16) if c >= lanes and s_ext % c == 0 and c % lanes == 0), None)
+    if t is None:
+        raise ValueError("no column tile")
+    outer = []
+    for c in cons:
+        # [M, N] -> [M, G, S]: each gate's tile is a box (the epilogue's gate index a constant)
+        sch.transform_block_layout(c, lambda i, j, k: (i, j // s_ext, j % s_ext, k))
+        sch.transform_layout(c, ("write", 0), lambda i, j: (i, j // s_ext, j % s_ext))
+        sch.set_scope(c, 0, "local")
+        i, g, col, k = sch.get_loops(c)
+        so, si = sch.split(col, [None, t])
+        ko, ki = sch.split(k, [None, _K_SPLIT]) if isinstance(loop_extent(sch, k), int) and \
+            loop_extent(sch, k) % _K_SPLIT == 0 else (k, None)
+        sch.reorder(so, i, ko, *([ki] if ki is not None else []), g, si)
+        outer.append((so, i))
+    so, row = (sch.merge(*lps) if len(lps) > 1 else lps[0] for lps in zip(*outer))
+    if parallel:
+        sch.parallel(so)
+    for c in cons:
+        loops = sch.get_loops(c)     # so, row, ko, [ki], g, si
+        for lp in loops[3:-1]:
+            sch.unroll(lp)
+        vectorize_tile(sch, loops[-1], t, lanes, unroll=True)
+        sch.decompose_reduction(c, loops[2])
+    # The epilogues go under the row loop by hand: reverse_compute_at cannot solve a constant (gate) index
+    # of the region they read.
+    return _move_epilogues(sch.mod["main"], [sch.get(e).name_hint for e in epis], sch.get(so).loop_var,
+                           sch.get(row).loop_var, t, lanes)
+
+
+def _move_epilogues(func, names, so_var, row_var, t: int, lanes: int) -> tirx.PrimFunc:
+    """Moves each root-level loop nest of a spatial block in `names` (loops (row, col)) under the loop of
+    `row_var` (below what is there), for columns ``so * t + [0, t)``, in order, vectorized."""
+    root = func.body.block
+    stmts = list(root.body.seq) if isinstance(root.body, tirx.SeqStmt) else [root.body]
+    realizes, keep = {}, []
+    for st in stmts:
+        found = []
+        tvm_ffi.structural_walk(st, (SBlockRealize, lambda r: found.append(r) if r.block.name_hint in names else None))
+        if found:
+            if len(found) != 1 or not isinstance(st, tirx.For):
+                raise ValueError("epilogue is not a loop nest of its own")
+            realizes[found[0].block.name_hint] = found[0]
+        else:
+            keep.append(st)
+    if set(realizes) != set(names):
+        raise ValueError("epilogue not found")
+    i64 = lambda v: tirx.IntImm("int64", v)  # noqa: E731
+    moved = []
+    for name in names:
+        outer, vec = tirx.Var("e_o", "int64"), tirx.Var("e_v", "int64")
+        realize = SBlockRealize([row_var, so_var * t + outer * lanes + vec], tirx.const(True, "bool"),
+                                realizes[name].block)
+        moved.append(tirx.For(outer, i64(0), i64(t // lanes), tirx.ForKind.SERIAL,
+                              tirx.For(vec, i64(0), i64(lanes), tirx.ForKind.VECTORIZED, realize)))
+    done = []
+
+    def under_row(loop, mutator):
+        if not loop.loop_var.same_as(row_var):
+            return mutator.default_mutate(loop)
+        done.append(loop)
+        seq = list(loop.body.seq) if isinstance(loop.body, tirx.SeqStmt) else [loop.body]
+        return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, tirx.SeqStmt(seq + moved),
+                        loop.thread_binding, loop.annotations)
+    keep = [tvm_ffi.structural_mutate(st, (tirx.For, under_row)) for st in keep]
+    if len(done) != 1:
+        raise ValueError("row loop not found")
+    new_root = SBlock(root.iter_vars, root.reads, root.writes, root.name_hint,
+                      tirx.SeqStmt(keep) if len(keep) > 1 else keep[0], root.init, root.alloc_buffers,
+                      root.match_buffers, root.annotations)
+    return func.with_body(SBlockRealize([], tirx.const(True, "bool"), new_root))
+
+
+def _sched_group_separate(func, target, parallel: bool) -> tirx.PrimFunc:
+    """A contraction group with many rows: each matmul with the 4-row matmul schedule into a buffer of
+    its own, then the epilogues, rows parallel (what the separate kernels did, in one launch)."""
+    sch = s_tir.Schedule(func)
+    cons, epis, _ = _group_parts(sch)
+    names = [sch.get(c).name_hint for c in cons]
+    epi_names = [sch.get(e).name_hint for e in epis]
+    for name in names:
+        func = _sched_matmul(func, target, name, _MATMUL_MR, parallel, attach=False)
+    sch = s_tir.Schedule(func)
+    for name in epi_names:
+        block = sch.get_sblock(name)
+        vectorize_inner(sch, block, target)
+        if parallel:
+            sch.parallel(sch.get_loops(block)[0])
+    return sch.mod["main"]
+
+
+def _group_select(func, target, work) -> tirx.PrimFunc:
+    """Row tiles (`_sched_group_tiles`) while M < 4, else `_sched_group_separate`; each serial below
+    PARALLEL_MIN_WORK."""
+    sch = s_tir.Schedule(func)
+    cons, _, _ = _group_parts(sch)
+    m_ext = sch.get(sch.get_loops(cons[0])[0]).extent
+    true = tirx.const(True, "bool")
+    if isinstance(m_ext, tirx.IntImm):
+        kinds = [(true, _sched_group_tiles if int(m_ext.value) < _MATMUL_MR else _sched_group_separate)]
+    else:
+        kinds = [(m_ext < tirx.IntImm(str(m_ext.ty), _MATMUL_MR), _sched_group_tiles), (true, _sched_group_separate)]
+    cands = []
+    for m_cond, sched in kinds:
+        for p_cond, make in _parallel_cands(work, target, lambda par, sched=sched: sched(func, target, par)):
+            cands.append((tirx.And(m_cond, p_cond), make))
+    return _select(func, cands)
+
+
+def contraction_group_schedulable(func: tirx.PrimFunc, target) -> bool:
+    """True if the contraction-group rule schedules `func` (a kernel `cpu_schedule_fuse` merged)."""
+    try:
+        sch = s_tir.Schedule(func)
+        inline_spatial(func, sch)
+        inlined = sch.mod["main"]
+        _group_select(inlined, target, total_work(sch, child_blocks(sch)))
+        return True
+    except Exception as err:  # pylint: disable=broad-except
+        _LOG.debug("cpu_schedule: no contraction-group schedule: %s", err)
+        return False
 
 
 def _sched_reduction(func, target, parallel: bool) -> tirx.PrimFunc:
@@ -367,6 +549,59 @@ def _sched_column_reduction(func, target, parallel: bool) -> tirx.PrimFunc:
     return sch.mod["main"]
 
 
+def _sched_lanes(func, target, parallel: bool) -> tirx.PrimFunc:
+    """`te_kernels.te_lane_reduce` (blocks ``dt_lanes_*``: full reductions of a 1-d input): in each block
+    the static lane loop goes innermost and becomes vectors, reductions run outside it; the blocks of
+    ``dt_lanes_block`` (its leading loop) run in parallel. Other blocks (a producer the inlining budget
+    kept, an epilogue of the result) stay loop nests of their own, vectorized."""
+    sch = s_tir.Schedule(func)
+    for block in child_blocks(sch):
+        loops = sch.get_loops(block)
+        if not loops:
+            continue
+        stmt = sch.get(block)
+        if not stmt.name_hint.startswith(LANES_PREFIX):
+            if "R" in iter_kinds(sch, block):
+                sch.decompose_reduction(block, loops[0])
+            else:
+                vectorize_inner(sch, block, target)
+            continue
+        kinds = loop_kinds(sch, block)
+        spatial = [lp for lp, k in zip(loops, kinds) if k == "S"]
+        red = [lp for lp, k in zip(loops, kinds) if k == "R"]
+        if spatial and red:
+            sch.reorder(*spatial[:-1], *red, spatial[-1])
+        if len(spatial) == 2:
+            # per block, the lane accumulators stay in registers (a global buffer: a store per row)
+            copy = sch.cache_write(block, 0, "local")
+            sch.reverse_compute_at(copy, spatial[0], preserve_unit_loops=True)
+            vectorize_inner(sch, copy, target)
+            if parallel:
+                sch.parallel(spatial[0])
+        if spatial:
+            ext = loop_extent(sch, spatial[-1])
+            lanes = vector_lanes(target, stmt.writes[0].source.dtype)
+            if isinstance(ext, int) and lanes > 1 and ext % lanes == 0:
+                vectorize_tile(sch, spatial[-1], ext, lanes, unroll=True)
+        if red:
+            sch.decompose_reduction(block, red[0])
+    return sch.mod["main"]
+
+
+def _lanes_select(func, target) -> tirx.PrimFunc:
+    """`_sched_lanes`, its blocks parallel from LANES_PARALLEL_MIN elements (``dt_lanes_block`` has one
+    iteration per LANE_BLOCK rows of LANE_ROW elements)."""
+    sch = s_tir.Schedule(func)
+    (part,) = [b for b in child_blocks(sch) if sch.get(b).name_hint == LANES_PREFIX + "block"]
+    nblk = sch.get(sch.get_loops(part)[0]).extent
+    true = tirx.const(True, "bool")
+    if int(target.attrs.get("num-cores", 1)) <= 1:
+        return _sched_lanes(func, target, False)
+    need = LANES_PARALLEL_MIN // (LANE_ROW * LANE_BLOCK)
+    return _select(func, [(nblk < tirx.IntImm(str(nblk.ty), need), lambda: _sched_lanes(func, target, False)),
+                          (true, lambda: _sched_lanes(func, target, True))])
+
+
 def _sched_decompose(func) -> tirx.PrimFunc:
     """Last resort for reductions: only hoist each init out of its loop nest. Unscheduled, the
     init runs at the first reduction step, so a reduction over an empty domain (sum of a
@@ -431,14 +666,18 @@ def _compute_producers_at(sch: s_tir.Schedule, block, loop, target) -> set:
 # ---------------------------------------------------------------- per-PrimFunc dispatch
 
 
-def _schedule_func(func: tirx.PrimFunc, target) -> tirx.PrimFunc:
+def _schedule_func(func: tirx.PrimFunc, target, name: str = "") -> tirx.PrimFunc:
     """Schedules one PrimFunc; returns it unchanged if no rule applies or every rule fails."""
     try:
         sch = s_tir.Schedule(func)
         inline_spatial(func, sch)
         inlined = sch.mod["main"]  # what every rule below schedules
         blocks = child_blocks(sch)
-        if not blocks or any(len(sch.get_loops(b)) != len(sch.get(b).iter_vars)
+        lanes = any(sch.get(b).name_hint.startswith(LANES_PREFIX) for b in blocks)
+
+        def scalar(b):  # a 0-d result (`te_lane_reduce`'s last step): no loop, unit iters
+            return not sch.get_loops(b) and all(is_one(iv.dom.extent) for iv in sch.get(b).iter_vars)
+        if not blocks or any((len(sch.get_loops(b)) != len(sch.get(b).iter_vars) and not (lanes and scalar(b)))
                              or "O" in iter_kinds(sch, b) for b in blocks):
             return func  # rules assume perfect loop nests, one loop per block iter
         reductions = [b for b in blocks if "R" in iter_kinds(sch, b)]
@@ -452,7 +691,11 @@ def _schedule_func(func: tirx.PrimFunc, target) -> tirx.PrimFunc:
                                                         lambda par: sched(inlined, target, par)))
 
     rules = []
-    if len(reductions) == 1 and is_contraction(sch, reductions[0]):
+    if name.startswith(CONTRACTION_GROUP):
+        rules.append(("contraction_group", lambda: _group_select(inlined, target, work)))
+    if lanes:
+        rules.append(("lanes", lambda: _lanes_select(inlined, target)))
+    elif len(reductions) == 1 and is_contraction(sch, reductions[0]):
         name = sch.get(reductions[0]).name_hint
         m_ext = sch.get(sch.get_loops(reductions[0])[-3]).extent
         rules.append(("matmul", lambda: _matmul_select(inlined, target, name, m_ext, work)))
