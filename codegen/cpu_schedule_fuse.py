@@ -20,6 +20,8 @@ import logging
 import tvm
 from tvm import relax, tirx
 
+from .cpu_schedule_matmul import contraction_group_schedulable
+
 _LOG = logging.getLogger(__name__)
 
 #: Name prefix of the merged kernels (their PrimFuncs keep it through FuseTIR; `cpu_schedule` dispatches on it).
@@ -52,6 +54,21 @@ def _callee_patterns(mod, call) -> list[int] | None:
                     return None
         return pats
     return None
+
+
+def _matmul_columns(mod, call) -> tirx.IntImm | None:
+    """The static column count of the matmul a contraction binding runs (its own result, or the result
+    of the pattern-4 call inside a FuseOps group), else None."""
+    if isinstance(call.op, tvm.ir.GlobalVar):
+        inner = [b.value for block in mod[call.op].body.blocks for b in block.bindings
+                 if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op)
+                 and b.value.op.name == "relax.call_tir"
+                 and int(mod[b.value.args[0]].attrs.get("op_pattern", 8)) == _CONTRACTION]
+        if len(inner) != 1:
+            return None
+        call = inner[0]
+    shape = _shape(call)
+    return shape[-1] if shape and isinstance(shape[-1], tirx.IntImm) else None
 
 
 def _args(call) -> list:
@@ -94,7 +111,7 @@ def _find_groups(mod, block, escaping: set) -> list[_Group]:
     def is_contraction(i):
         p = pats[i]
         return p is not None and p.count(_CONTRACTION) == 1 and all(
-            q == _CONTRACTION or q <= 1 for q in p)
+            q == _CONTRACTION or q <= _INJECTIVE for q in p)
 
     def escapes(i):
         return bindings[i].var.__chandle__() in escaping
@@ -104,8 +121,10 @@ def _find_groups(mod, block, escaping: set) -> list[_Group]:
         if c in taken or not is_contraction(c):
             continue
         out = _shape(bindings[c].var)
-        if not out or len(out) != 2:
+        n_cols = _matmul_columns(mod, bindings[c].value)
+        if not out or len(out) != 2 or n_cols is None:
             continue
+        out = [out[0], n_cols]      # the matmul's (rows, columns): the group may end in a slice of it
         group = _Group(c)
         for a in _args(bindings[c].value):    # matmuls whose only use is this epilogue
             p = index.get(a.__chandle__()) if isinstance(a, relax.Var) else None
@@ -287,7 +306,6 @@ def merge_contractions(target) -> tvm.transform.Pass:
         cands = _candidates(mod)
         if not cands:
             return mod
-        from .cpu_schedule import contraction_group_schedulable
         merged, made = _apply(mod, cands)
         fused = relax.transform.FuseTIR()(merged)
         prims = {gv.name_hint: f for gv, f in fused.functions_items() if isinstance(f, tirx.PrimFunc)}

@@ -171,7 +171,6 @@ LANE_ROW = 128
 LANE_BLOCK = 32
 LANE_FOLD = 16          # lanes -> LANE_FOLD partials (vectorized), then a short scalar loop
 _NAN_BITS = {16: 0x7C00, 32: 0x7F800000, 64: 0x7FF0000000000000}
-LANE_KINDS = ("sum", "prod", "max", "min", "argmax", "argmin")
 
 
 def isnan_bits(v, dtype: str):

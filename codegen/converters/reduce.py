@@ -21,9 +21,13 @@ from .registry import converter
 from .common import cast, checked, const, dtype_of, emit, full_expr, guard_empty, ndim_of, prod, shape_of
 
 
+#: Use `te_lane_reduce` for full reductions of 1-d inputs on the CPU (a switch for before/after benchmarks).
+LANE_REDUCE = True
+
+
 def _lanes(ctx, x, axes) -> bool:
     """True where `te_lane_reduce` computes the reduction: the CPU, a 1-d input reduced over its axis."""
-    return not ctx.device_checks and ndim_of(x) == 1 and list(axes) == [0]
+    return LANE_REDUCE and not ctx.device_checks and ndim_of(x) == 1 and list(axes) == [0]
 
 
 def _lane_reduce(bb, x, kind, keep):
@@ -44,7 +48,7 @@ def _reduce(name):
         shape = shape_of(x)
         extents = [shape[a] for a in axes]
         if _lanes(ctx, x, axes):
-            if name in ("sum", "prod", "mean"):   # the identity for an empty input: no guard
+            if name in ("sum", "prod") or name == "mean":   # the identity for an empty input: no guard
                 s = _lane_reduce(bb, emit(bb, cast(x, dt)), "prod" if name == "prod" else "sum", keep)
                 if name != "mean":
                     return [s]
