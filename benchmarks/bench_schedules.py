@@ -229,12 +229,11 @@ def small_cases(quick: bool):
 
     def lanes(before):
         red.LANE_REDUCE = not before
-    reductions = (("argmax", F.argmax, np.argmax, "int64"), ("argmin", F.argmin, np.argmin, "int64"),
-                  ("max", F.max, np.max, "float32"), ("sum", F.sum, np.sum, "float32"))
+    reductions = (("argmax", F.argmax), ("argmin", F.argmin), ("max", F.max), ("sum", F.sum))
     for n in ((1000, 1 << 20) if quick else (1000, 65536, 1 << 20)):
-        for name, fn, np_fn, odt in reductions:
+        for name, fn in reductions:     # numpy: the method (a.argmax()), its fastest call
             cases.append((f"{name} float32[{n}]", lambda fn=fn: _region(fn, S(("N",))), [_rand(n)],
-                          lambda a, np_fn=np_fn: np_fn(a), f"dt_lanes_{name}", [(n,), ()], lanes))
+                          lambda a, name=name: getattr(a, name)(), f"dt_lanes_{name}", [(n,), ()], lanes))
 
     saved = cs._reduced_axis
 
