@@ -3,12 +3,23 @@
 Run from the repository root:
 
     .venv/bin/python benchmarks/bench_schedules.py [--quick]
+    .venv/bin/python benchmarks/bench_schedules.py --small [--rounds 7]   # the small kernels only
 
 Prints latency (and GFLOP/s where the FLOP count is meaningful) per case: the median of 5
 time_evaluator repeats, best of --rounds rounds. The machine is shared, so every round first waits
 for an idle CPU (--no-wait skips that) and warms up (an idle core runs ~2x slower for ~0.2 s).
 TVM cases are all timed before numpy: OpenBLAS worker threads keep spinning after a numpy
 matmul and slow the next TVM parallel kernels ~50x for a few hundred ms.
+
+A second table ("small kernels", issue 10 item 4) times dyntvm's own lowering of small kernels
+(regions built from traced models) with and without each change of that item, and numpy, interleaved
+in rounds (before, after, numpy; a pause after numpy), and prints medians over rounds with their
+spread: the batch-1 LSTM step (before: FuseOps' four kernels, `cpu_schedule.FUSE_CONTRACTIONS`),
+argmax / argmin / max / sum of a float32[N] (before: the generic reduction computes,
+`converters.reduce.LANE_REDUCE`), softmax over a leading axis (before: no axis-reduction rule). "region"
+is a VM call of the region (what a compiled region costs without the executor); "kernel" is the one
+scheduled PrimFunc called directly. Also prints the launch cost of a trivial parallel loop. Every result
+is checked against numpy first (argmax: the same index).
 """
 
 from __future__ import annotations
@@ -166,13 +177,174 @@ def time_np(fn, args, budget=0.25):
     return float(np.median(res))
 
 
+# ------------------------------------------------------------------------------------- small kernels
+def _region(fn, *specs):
+    """(Relax module, region function name) of dyntvm's lowering of a one-region model."""
+    import dyntvm as dt
+    from dyntvm.codegen.build import collect_regions
+    from dyntvm.codegen.relax_builder import build_module
+    from dyntvm.pipeline import partition_graph
+    regions = collect_regions(partition_graph(dt.trace(fn, *specs)))
+    assert len(regions) == 1, [r[0] for r in regions]
+    return build_module(regions), regions[0][0]
+
+
+def _kernel_of(mod, target, prefix, shapes):
+    """The scheduled PrimFunc named `prefix`* of `mod`'s CPU build, compiled alone, and its arguments
+    (`shapes`: one per parameter, random data)."""
+    from dyntvm.codegen.cpu_schedule import legalize_and_fuse, schedule_module
+    sched = schedule_module(legalize_and_fuse(target)(mod), target)
+    (func,) = [f for gv, f in sched.functions_items() if gv.name_hint.startswith(prefix)]
+    lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=target)
+    args = [tvm.runtime.tensor(np.zeros(sh, str(p.dtype)) if "int" in str(p.dtype) else _rand(*sh))
+            for p, sh in zip(func.params, shapes)]
+    return lib.mod, args
+
+
+def small_cases(quick: bool):
+    """[(label, make(before: bool) -> (mod, fname), numpy args, numpy fn, kernel prefix, kernel shapes,
+    switch)] for the small-kernel table. `switch(before)` sets the module flags of the "before" build."""
+    from dyntvm import F
+    from dyntvm import TensorSpec as S
+    from dyntvm.codegen import cpu_schedule as cs
+    from dyntvm.codegen.converters import reduce as red
+    from dyntvm.examples.lstm import EXAMPLE, U, W, b
+    cases = []
+
+    def lstm_np(x, h, c):
+        z = x @ W + h @ U + b
+        i, f, g, o = np.split(z, 4, axis=-1)
+        sig = lambda v: 1 / (1 + np.exp(-v))  # noqa: E731
+        c = sig(f) * c + sig(i) * np.tanh(g)
+        return c, sig(o) * np.tanh(c)
+
+    def fuse(before):
+        cs.FUSE_CONTRACTIONS = not before
+    for bsz in ((1, 16) if quick else (1, 2, 16)):
+        args = [_rand(bsz, 128), _rand(bsz, 256), _rand(bsz, 256)]
+        cases.append((f"lstm step B={bsz} (x@W + h@U + b, gates)", lambda: _region(EXAMPLE.fn, *EXAMPLE.specs),
+                      args, lstm_np, "fused_contraction",
+                      [(bsz, 256), (256, 1024), (bsz, 128), (128, 1024), (1024,), (bsz, 256), (bsz, 256),
+                       (bsz, 256)], fuse))
+
+    def lanes(before):
+        red.LANE_REDUCE = not before
+    reductions = (("argmax", F.argmax), ("argmin", F.argmin), ("max", F.max), ("sum", F.sum))
+    for n in ((1000, 1 << 20) if quick else (1000, 65536, 1 << 20)):
+        for name, fn in reductions:     # numpy: the method (a.argmax()), its fastest call
+            cases.append((f"{name} float32[{n}]", lambda fn=fn: _region(fn, S(("N",))), [_rand(n)],
+                          lambda a, name=name: getattr(a, name)(), f"dt_lanes_{name}", [(n,), ()], lanes))
+
+    saved = cs._reduced_axis
+
+    def axis_rule(before):
+        cs._reduced_axis = (lambda sch: None) if before else saved
+    for shape, axis in (((1024, 64), 0), ((8, 512, 64), 1)):
+        spec = S(("N",) + shape[1:]) if axis == 0 else S((shape[0], "N", shape[2]))
+
+        def np_softmax(v, axis=axis):
+            e = np.exp(v - v.max(axis, keepdims=True))
+            return e / e.sum(axis, keepdims=True)
+        cases.append((f"softmax {shape} axis={axis}", lambda spec=spec, axis=axis: _region(
+            lambda x: F.softmax(x, axis=axis), spec), [_rand(*shape)], np_softmax, None, None, axis_rule))
+    return cases
+
+
+def _same(out, ref) -> bool:
+    outs = out if isinstance(ref, tuple) else (out,)
+    refs = ref if isinstance(ref, tuple) else (ref,)
+    return all(np.asarray(o).shape == np.shape(r) and (np.array_equal(o, r) if np.asarray(r).dtype.kind in "iu"
+               else np.allclose(o, r, rtol=1e-4, atol=1e-3)) for o, r in zip(outs, refs))
+
+
+def launch_cost(target, rounds: int) -> tuple[float, float]:
+    """Median us per call of a kernel adding 1 to a (2, 16) array: serial, and with its 2-row loop parallel."""
+    from tvm import te
+    from tvm.s_tir import Schedule
+    a = te.placeholder((2, 16), "float32", name="a")
+    out = te.compute((2, 16), lambda i, j: a[i, j] + 1.0, name="out")
+    func = te.create_prim_func([a, out]).with_attr("global_symbol", "main")
+    times = []
+    for parallel in (False, True):
+        sch = Schedule(func)
+        i, j = sch.get_loops(sch.get_sblock("out"))
+        if parallel:
+            sch.parallel(i)
+        sch.vectorize(j)
+        lib = tvm.compile(sch.mod, target=target).mod
+        args = [tvm.runtime.tensor(np.zeros((2, 16), "float32")) for _ in range(2)]
+        fe = lib.time_evaluator("main", tvm.cpu(), number=5000, repeat=rounds)
+        times.append(float(np.median(fe(*args).results)) * 1e6)
+    return times[0], times[1]
+
+
+def run_small(opts, target):
+    """The small-kernel table (module doc)."""
+    dev = tvm.cpu()
+    print("\nsmall kernels (issue 10 item 4): medians over rounds [min-max]; before = without the change")
+    ser, par = launch_cost(target, max(3, opts.rounds))
+    print(f"launch cost of a trivial loop: serial {ser:.2f} us, parallel (2 threads) {par:.2f} us")
+    rows = []
+    for label, make, args, np_fn, prefix, kshapes, switch in small_cases(opts.quick):
+        built = {}
+        for before in (True, False):
+            switch(before)
+            mod, fname = make()
+            vm = relax.VirtualMachine(build_cpu(mod, target), dev)
+            kernel = _kernel_of(mod, target, prefix, kshapes) if prefix and not before else None
+            built[before] = (vm, fname, kernel)
+        switch(False)
+        targs = [tvm.runtime.tensor(a) for a in args]
+        ref = np_fn(*args)
+        ok = True
+        for vm, fname, _ in built.values():
+            out = vm[fname](*targs)
+            got = tuple(o.numpy() for o in out)
+            ok = ok and _same(got if len(got) > 1 else got[0], ref)
+        times = {"before": [], "after": [], "kernel": [], "numpy": []}
+        for r in range(opts.rounds):
+            if not opts.no_wait:
+                wait_idle()
+            order = (True, False) if r % 2 == 0 else (False, True)
+            for before in order:
+                vm, fname, _ = built[before]
+                times["before" if before else "after"].append(time_vm(vm, fname, targs, 0.1))
+            kernel = built[False][2]
+            if kernel is not None:
+                lib, kargs = kernel
+                fe = lib.time_evaluator("main", dev, number=max(10, int(2e5 // max(1, args[0].size))), repeat=5)
+                times["kernel"].append(float(np.median(fe(*kargs).results)))
+            times["numpy"].append(time_np(np_fn, args, 0.1))
+            time.sleep(0.5)     # OpenBLAS threads spin after numpy's matmul
+        rows.append((label, times, ok))
+
+    def fmt(v):
+        if not v:
+            return f"{'-':>22s}"
+        v = np.array(v) * 1e6
+        return f"{np.median(v):9.2f} [{v.min():.2f}-{v.max():.2f}]".rjust(22)
+    print(f"{'case':42s} {'before region us':>22s} {'after region us':>22s} {'after kernel us':>22s} "
+          f"{'numpy us':>22s} {'before/after':>12s} {'numpy/after':>11s} {'np/kernel':>9s}  ok")
+    for label, t, ok in rows:
+        b, a, n = (float(np.median(t[k])) for k in ("before", "after", "numpy"))
+        k = float(np.median(t["kernel"])) if t["kernel"] else None
+        print(f"{label:42s} {fmt(t['before'])} {fmt(t['after'])} {fmt(t['kernel'])} {fmt(t['numpy'])} "
+              f"{b / a:12.2f} {n / a:11.2f} {(n / k if k else float('nan')):9.2f}  {'ok' if ok else 'MISMATCH'}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer sizes, shorter timing")
     parser.add_argument("--no-wait", action="store_true",
                         help="do not wait for an idle machine before each measurement")
     parser.add_argument("--rounds", type=int, default=3, help="best of this many rounds")
+    parser.add_argument("--small", action="store_true", help="only the small-kernel table")
     opts = parser.parse_args()
+    if opts.small:
+        target = cpu_target()
+        print(f"target: {target}\nTVM threads: {tvm.runtime.num_threads()}  numpy: {np.__version__}  "
+              f"load average: {os.getloadavg()[0]:.2f}")
+        return run_small(opts, target)
     budget = 0.1 if opts.quick else 0.25
     target = cpu_target()
     dev = tvm.cpu()
@@ -227,6 +399,7 @@ def main():
     print()
     print("build seconds (default / ours):",
           ", ".join(f"{b:.2f}/{o:.2f}" for _, _, b, o in built.values()))
+    run_small(opts, target)
 
 
 if __name__ == "__main__":

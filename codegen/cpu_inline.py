@@ -171,12 +171,26 @@ def _fits_budget(sch: s_tir.Schedule, block, sizes: dict) -> bool:
         return sizes[key][2]
 
     produced, _ = size(block)
-    buffer = _store(sch, block).buffer if _store(sch, block) is not None else None
+    store = _store(sch, block)
+    buffer = store.buffer if store is not None else None
+    has_let = store is not None and _has_let_or_lazy(store.value)
     for consumer in sch.get_consumers(block):
         nodes, reads = size(consumer, buffer)
         if nodes + reads * (produced - 1) > INLINE_BUDGET:
             return False
+        if has_let and reads > 1:
+            # copied to several reads (those of a reduction's update are not bound: a NaN-exact max reads
+            # its operand three times), a Let defines its variable twice (ill-formed TIR) and an
+            # if_then_else made TVM's CSE reuse a value computed in one branch elsewhere (LLVM rejected it)
+            return False
     return True
+
+
+def _has_let_or_lazy(expr) -> bool:
+    found = []
+    tvm_ffi.structural_walk(expr, [(tirx.Let, found.append),
+                                   (tvm.ir.expr.Call, lambda c: found.append(c) if _is_lazy(c) else None)])
+    return bool(found)
 
 
 def inline_spatial(func: tirx.PrimFunc, sch: s_tir.Schedule) -> None:

@@ -28,35 +28,27 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
 
 import tvm
-import tvm_ffi
 from tvm import relax, s_tir, tirx
 from tvm.relax.backend.cpu_generic import pipeline as _cpu_pipeline
-from tvm.s_tir import SBlock, SBlockRealize
 
 from .fusion_guard import opaque_shape_scalar_kernels
 from .cpu_fast_math import FAST_MATH
 from .cpu_inline import inline_spatial
+from .cpu_schedule_dispatch import _parallel_cands, _select
+from .cpu_schedule_fuse import CONTRACTION_GROUP, merge_contractions
+from .cpu_schedule_matmul import _MATMUL_MR, _group_select, _sched_matmul
+from .cpu_schedule_reduce import LANES_PREFIX, _lanes_select, _reduced_axis, _sched_axis_reduction
+from .dims import is_one
 from .cpu_sched_helpers import (child_blocks, is_column_reduction, is_contraction, iter_kinds, loop_extent,
-                                loop_kinds, pick_tile, total_work, vector_lanes, vectorize_inner, vectorize_tile,
-                                writes_param)
+                                loop_kinds, total_work, vector_lanes, vectorize_inner)
 from .te_kernels import SERIAL_CHECK
 
 _LOG = logging.getLogger(__name__)
 
-# Work below which a kernel stays serial: loop iterations x arithmetic ops per iteration
-# (`cpu_sched_helpers.total_work`). Measured on the 2-core Zen box, 2 threads vs 1
-# (a launch costs ~1 us): x*(x+b) (2 ops) gains from 2 threads from ~128k elements, the
-# vectorized tanh (~60 ops) and softmax rows from ~8k, matmul (2 ops per MAC) from ~128k MACs;
-# below that the serial kernel is up to 1.4x faster.
-PARALLEL_MIN_WORK = 1 << 18
-# Matmul register tile, rows x fp32 columns: 4x64 (16 zmm accumulators) measured best for M >= 4
-# (~400 GFLOP/s on 2 cores, numpy ~200); 1x128 for M < 4, the batch-1 GEMV.
-_MATMUL_MR = 4
-_TILE_COLS = {1: 128, 2: 128, 3: 64, 4: 64, 6: 32}
-_K_SPLIT = 4
+#: Merge matmul kernels with their epilogue matmuls and consumers (`cpu_schedule_fuse`); a switch for A/B.
+FUSE_CONTRACTIONS = True
 
 
 def _physical_cores() -> int:
@@ -111,8 +103,11 @@ def schedule_module(mod: tvm.IRModule, target) -> tvm.IRModule:
                        global_infos=mod.global_infos)
     for gvar, func in mod.functions_items():
         if (isinstance(func, tirx.PrimFunc) and not func.attrs.get("tirx.is_scheduled", False)
-                and not func.attrs.get(SERIAL_CHECK, False)):
-            new = _schedule_func(func, target)
+                and not func.attrs.get(SERIAL_CHECK, False)
+                # a pure reshape stays as written: RewriteDataflowReshape makes it a view (no kernel,
+                # no copy); scheduled, it was a copy kernel (e.g. around every run-time check)
+                and not relax.analysis.has_reshape_pattern(func)):
+            new = _schedule_func(func, target, gvar.name_hint)
             if new is not func:
                 out[gvar] = new.with_attr("tirx.is_scheduled", True)
     return out
@@ -126,16 +121,20 @@ def cpu_schedule_pass(target) -> tvm.transform.Pass:
 
 def legalize_and_fuse(target=None) -> tvm.transform.Pass:
     """Returns the "zero" pipeline (LegalizeOps, AnnotateTIROpPattern, FoldConstant, FuseOps,
-    FuseTIR) with fp32 exp/tanh/sigmoid/softmax/log_softmax legalized to vectorizable math.
+    FuseTIR) with fp32 exp/tanh/sigmoid/softmax/log_softmax legalized to vectorizable math and, after
+    FuseOps, matmul groups merged with the matmuls and the elementwise / slicing kernels around them
+    (`cpu_schedule_fuse`; off with ``FUSE_CONTRACTIONS = False``).
 
     Args:
-        target: Unused; the passes are the same for every CPU.
+        target: The LLVM target the merged kernels are checked against; ``cpu_target()`` when None.
     """
-    del target
+    target = cpu_target() if target is None else target
     return tvm.transform.Sequential([
         relax.transform.LegalizeOps(customize_legalize_map=FAST_MATH),
         relax.transform.AnnotateTIROpPattern(), opaque_shape_scalar_kernels, relax.transform.FoldConstant(),
-        relax.transform.FuseOps(), relax.transform.FuseTIR()])
+        relax.transform.FuseOps()]
+        + ([merge_contractions(target)] if FUSE_CONTRACTIONS else [])
+        + [relax.transform.FuseTIR()])
 
 
 def build_cpu(mod: tvm.IRModule, target=None) -> relax.VMExecutable:
@@ -170,132 +169,7 @@ def build_cpu(mod: tvm.IRModule, target=None) -> relax.VMExecutable:
     return tvm.compile(mod, target=target, relax_pipeline=None)
 
 
-# ---------------------------------------------------------------- runtime dispatch
-
-
-def _combine(then_func: tirx.PrimFunc, else_func: tirx.PrimFunc, cond) -> tirx.PrimFunc:
-    """One PrimFunc running then_func's body if ``cond`` holds at run time, else else_func's.
-    Both schedule the same PrimFunc: same params. Each branch keeps its own intermediate buffers
-    (in an opaque block of its own): a buffer shared by both would be allocated at the root at its
-    full size, where one branch alone computes it per row / tile (a few registers)."""
-    blk_a, blk_b = then_func.body.block, else_func.body.block
-
-    def allocs(blk) -> dict:     # buffers allocated in `blk` or any block inside it (nested variants)
-        found = {b.__chandle__(): b for b in blk.alloc_buffers}
-        tvm_ffi.structural_walk(blk.body, (SBlock, lambda x: found.update(
-            {b.__chandle__(): b for b in x.alloc_buffers})))
-        return found
-    in_a = allocs(blk_a)
-    shared = {h: tirx.decl_buffer(b.shape, b.dtype, name=b.name, scope=b.scope())
-              for h, b in allocs(blk_b).items() if h in in_a}
-    if shared:     # the else branch gets copies
-        blk_b = tvm_ffi.structural_mutate(blk_b, (tvm.ir.expr.Var, lambda v, m: shared.get(v.__chandle__(), v)))
-
-    def branch(blk, name):
-        return SBlockRealize([], True, SBlock([], [], [], name, blk.body, alloc_buffers=list(blk.alloc_buffers)))
-    root = SBlock([], [], [], "root", tirx.IfThenElse(cond, branch(blk_a, "then"), branch(blk_b, "else")),
-                  match_buffers=list(blk_a.match_buffers), annotations=dict(blk_a.annotations))
-    func = then_func.with_body(SBlockRealize([], True, root))
-    # Vars (loop vars, buffers) that appear in both branches: lowering rejects a var bound twice
-    # with different ranges, so every definition gets its own var.
-    return s_tir.transform.ConvertSSA()(tvm.IRModule({"main": func}))["main"]
-
-
-def _select(func: tirx.PrimFunc, cands) -> tirx.PrimFunc:
-    """Builds [(condition, make_variant)] as a runtime if-chain: the first true condition wins.
-    Conditions provably false (every symbolic dim >= 1) are dropped, and a provably true one
-    ends the chain; the last remaining variant is the default."""
-    ana = tvm.sym.Analyzer()
-    for param in func.params:
-        for dim in getattr(param, "shape", []):
-            if isinstance(dim, tirx.Var):
-                ana.update(dim, tvm.sym.ConstIntBound(1, 1 << 40), override=True)
-    live = []
-    for cond, make in cands:
-        cond = ana.simplify(cond)
-        if not (isinstance(cond, tirx.IntImm) and not cond.value):
-            live.append((cond, make))
-            if isinstance(cond, tirx.IntImm):
-                break
-    result = live[-1][1]()
-    for cond, make in reversed(live[:-1]):
-        result = _combine(make(), result, cond)
-    return result
-
-
-def _parallel_cands(work: tirx.PrimExpr, target, make: Callable[[bool], tirx.PrimFunc]):
-    """Serial variant below PARALLEL_MIN_WORK, parallel one above (none on one core)."""
-    true = tirx.const(True, "bool")
-    if int(target.attrs.get("num-cores", 1)) <= 1:
-        return [(true, lambda: make(False))]
-    return [(work < tirx.IntImm("int64", PARALLEL_MIN_WORK), lambda: make(False)),
-            (true, lambda: make(True))]
-
-
 # ---------------------------------------------------------------- rules (one variant each)
-
-
-def _sched_matmul(func, target, name: str, mr: int, parallel: bool) -> tirx.PrimFunc:
-    sch = s_tir.Schedule(func)
-    mm = sch.get_sblock(name)
-    lanes = vector_lanes(target, sch.get(mm).body.buffer.dtype)
-    loops = sch.get_loops(mm)
-    m_ext, pads = loop_extent(sch, loops[-3]), []
-    if mr > 1 and not (isinstance(m_ext, int) and m_ext % mr == 0):
-        # A ragged row tile puts an `i < M` test inside the k loop (1.8x slower at M = 16 than
-        # padding): pad M to the tile instead.
-        # Input rows are copied per tile (K floats per mr*nr*K MACs) and the padded result is
-        # written back under the `i < M` predicate, outside the k loop.
-        sch.pad_einsum(mm, [1] * (len(loops) - 3) + [mr, 1, 1])
-        pads = [b for b in sch.get_producers(mm) if sch.get(b).name_hint.endswith("_pad")]
-        for copy in sch.get_consumers(mm):
-            if not writes_param(func, sch, copy):
-                sch.compute_inline(copy)  # the epilogue reads the padded tile directly
-    *batch, i, j, k = sch.get_loops(mm)
-    nr = pick_tile(loop_extent(sch, j), max(lanes, _TILE_COLS[mr]), lanes)
-    io, ii = (i, None) if mr == 1 else sch.split(i, [None, mr])
-    jo, ji = (None, j) if nr is None else sch.split(j, [None, nr])
-    k_ext = loop_extent(sch, k)
-    ko, ki = (sch.split(k, [None, _K_SPLIT]) if isinstance(k_ext, int)
-              and k_ext % _K_SPLIT == 0 and k_ext > _K_SPLIT else (k, None))
-    # Column tiles outside row tiles: a weight panel (K x nr) is reused by every row tile while
-    # it sits in L1/L2 (1.15-1.2x faster at 64x256x1024 and 256x512x512 than rows outside).
-    outer = [*batch] + ([jo] if jo is not None else []) + [io]
-    sch.reorder(*outer, ko, *[lp for lp in (ki, ii) if lp is not None], ji)
-    # Epilogue per tile: the accumulator tile (thread-local scratch) stays in registers and the
-    # intermediate buffer shrinks to the tile (CompactBufferAllocation); a matmul writing the
-    # output directly gets a cache tile.
-    epilogues = list(sch.get_consumers(mm))
-    if not writes_param(func, sch, mm):
-        sch.set_scope(mm, 0, "local")
-    elif not epilogues:
-        epilogues = [sch.cache_write(mm, 0, "local")]
-    for pad in pads:
-        sch.compute_at(pad, outer[-1], preserve_unit_loops=True)
-        vectorize_inner(sch, pad, target)
-    attached = []
-    while epilogues:  # and their consumers: an epilogue chain the inlining budget split
-        epi = epilogues.pop(0)
-        try:
-            sch.reverse_compute_at(epi, outer[-1], preserve_unit_loops=True)
-        except Exception:  # pylint: disable=broad-except
-            continue  # stays a separate loop nest after the matmul
-        attached.append(epi)
-        epilogues += [c for c in sch.get_consumers(epi)
-                      if not any(sch.get(c).same_as(sch.get(e)) for e in attached + epilogues)]
-    if parallel:
-        sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
-    for lp in (ki, ii):  # explicit, rather than left to LLVM's unrolling heuristics
-        if lp is not None:
-            sch.unroll(lp)
-    if nr is not None:
-        vectorize_tile(sch, ji, nr, lanes, unroll=True)
-        for epi in attached:  # the epilogue stays a loop: unrolling it only costs compile time
-            inner = sch.get_loops(epi)[-1]
-            if loop_extent(sch, inner) == nr:
-                vectorize_tile(sch, inner, nr, lanes, unroll=False)
-    sch.decompose_reduction(mm, ko)  # only now: parallel/vectorize refuse a decomposed block
-    return sch.mod["main"]
 
 
 def _sched_reduction(func, target, parallel: bool) -> tirx.PrimFunc:
@@ -432,14 +306,18 @@ def _compute_producers_at(sch: s_tir.Schedule, block, loop, target) -> set:
 # ---------------------------------------------------------------- per-PrimFunc dispatch
 
 
-def _schedule_func(func: tirx.PrimFunc, target) -> tirx.PrimFunc:
+def _schedule_func(func: tirx.PrimFunc, target, name: str = "") -> tirx.PrimFunc:
     """Schedules one PrimFunc; returns it unchanged if no rule applies or every rule fails."""
     try:
         sch = s_tir.Schedule(func)
         inline_spatial(func, sch)
         inlined = sch.mod["main"]  # what every rule below schedules
         blocks = child_blocks(sch)
-        if not blocks or any(len(sch.get_loops(b)) != len(sch.get(b).iter_vars)
+        lanes = any(sch.get(b).name_hint.startswith(LANES_PREFIX) for b in blocks)
+
+        def scalar(b):  # a 0-d result (`te_lane_reduce`'s last step): no loop, unit iters
+            return not sch.get_loops(b) and all(is_one(iv.dom.extent) for iv in sch.get(b).iter_vars)
+        if not blocks or any((len(sch.get_loops(b)) != len(sch.get(b).iter_vars) and not (lanes and scalar(b)))
                              or "O" in iter_kinds(sch, b) for b in blocks):
             return func  # rules assume perfect loop nests, one loop per block iter
         reductions = [b for b in blocks if "R" in iter_kinds(sch, b)]
@@ -453,12 +331,18 @@ def _schedule_func(func: tirx.PrimFunc, target) -> tirx.PrimFunc:
                                                         lambda par: sched(inlined, target, par)))
 
     rules = []
-    if len(reductions) == 1 and is_contraction(sch, reductions[0]):
+    if name.startswith(CONTRACTION_GROUP):
+        rules.append(("contraction_group", lambda: _group_select(inlined, target, work)))
+    if lanes:
+        rules.append(("lanes", lambda: _lanes_select(inlined, target)))
+    elif len(reductions) == 1 and is_contraction(sch, reductions[0]):
         name = sch.get(reductions[0]).name_hint
         m_ext = sch.get(sch.get_loops(reductions[0])[-3]).extent
         rules.append(("matmul", lambda: _matmul_select(inlined, target, name, m_ext, work)))
     if len(reductions) == 1 and is_column_reduction(sch, reductions[0]):
         rules.append(("column_reduction", by_size(_sched_column_reduction)))
+    if reductions and not lanes and _reduced_axis(sch) is not None:
+        rules.append(("axis_reduction", by_size(_sched_axis_reduction)))
     rules.append(("row_reduction", by_size(_sched_reduction)) if reductions
                  else ("injective", by_size(_sched_injective)))
     if reductions:

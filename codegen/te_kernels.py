@@ -15,6 +15,7 @@ Each TE function takes TE tensors / PrimExprs and is emitted with ``bb.emit_te(f
 from __future__ import annotations
 
 import numpy as np
+import tvm
 from tvm import te, tirx
 from tvm.sym import Analyzer
 
@@ -172,6 +173,157 @@ def te_shape_vector(*dims):
             v = tirx.Select(i == k, tirx.Cast("int64", dims[k]), v)
         return v
     return te.compute([len(dims)], at, name="shape_of")
+
+
+#: `te_lane_reduce`: a 1-d input is read as rows of LANE_ROW elements (the lanes), LANE_BLOCK rows per
+#: block (4096 elements: the unit of parallel work, and what argmax searches again for the first index).
+LANE_ROW = 128
+LANE_BLOCK = 32
+LANE_FOLD = 16          # lanes -> LANE_FOLD partials (vectorized), then a short scalar loop
+_NAN_BITS = {16: 0x7C00, 32: 0x7F800000, 64: 0x7FF0000000000000}
+
+
+def isnan_bits(v, dtype: str):
+    """isnan(v) (`v` of float `dtype`) on the bits (|v| > inf as an integer): TVM's vectorizer scalarizes
+    ``tirx.isnan`` (a scalar loop LLVM does not re-vectorize when it updates a reduction's accumulator in
+    memory)."""
+    bits = tvm.DataType(dtype).bits
+    it = f"int{bits}"
+    mag = tirx.reinterpret(it, v) & tirx.const((1 << (bits - 1)) - 1, it)
+    return mag > tirx.const(_NAN_BITS[bits], it)
+
+
+def _lane_combine(kind: str, dtype: str):
+    """(binary combine, identity) of sum / prod / max / min in `dtype`; float max / min propagate NaN."""
+    is_f = is_float(dtype)
+    if kind == "sum":
+        return (lambda a, b: a + b), tirx.const(0, dtype)
+    if kind == "prod":
+        return (lambda a, b: a * b), tirx.const(1, dtype)
+    is_max = kind == "max"
+    ident = (-tirx.infinity(dtype) if is_max else tirx.infinity(dtype)) if is_f else (
+        tirx.min_value(dtype) if is_max else tirx.max_value(dtype))
+    if not is_f:
+        pick = tirx.max if is_max else tirx.min
+        return (lambda a, b: pick(a, b)), ident
+
+    def combine(acc, b):
+        """NaN-propagating: `b` if NaN, else the extreme; a NaN `acc` stays (ordered compares are false)."""
+        better = b > acc if is_max else b < acc
+        return tirx.Select(isnan_bits(b, dtype), b, tirx.Select(better, b, acc))
+    return combine, ident
+
+
+def _halve(vec, combine, name):
+    """A 0-d tensor: `vec` (a power-of-2 length) combined pairwise in halves (a tree: log2 steps of latency,
+    where a loop over it would chain every step)."""
+    def step(v, h):
+        return te.compute((tirx.IntImm(I64, h),), lambda l: combine(v[l], v[l + h]), name=f"{name}_{h}")
+    while int(vec.shape[0]) > 1:
+        vec = step(vec, int(vec.shape[0]) // 2)
+    return te.compute((), lambda: vec[0], name=name)
+
+
+def te_lane_reduce(x, kind: str):
+    """numpy's sum / prod / max / min / argmax / argmin of a 1-d tensor `x` (any length, 0 included) as a
+    0-d tensor, in a form the CPU schedules vectorize and parallelize (`cpu_schedule`, blocks ``dt_lanes_*``):
+
+    * ``dt_lanes_block[b, l]``: the reduction of lane ``l`` (every LANE_ROW-th element) over the LANE_BLOCK
+      rows of block ``b`` (full rows only); blocks run in parallel, lanes are vectors;
+    * ``dt_lanes_lane[l]`` over the blocks, ``dt_lanes_tail[l]`` with the last N % LANE_ROW elements,
+      ``dt_lanes_fold`` to LANE_FOLD lanes and ``dt_lanes_value`` to the result;
+    * argmax / argmin: that extreme m (NaN if any element is NaN), then the first block holding m
+      (``dt_lanes_bpos*``, from the block partials), then the first index of m in that block or in the
+      tail (``dt_lanes_pos*``): numpy's first occurrence / first NaN, reading the data once more only
+      for one block.
+
+    Integer sums wrap like numpy's in the accumulator dtype (the converter casts first). Empty input:
+    the identity (sum 0, prod 1, max -inf, ...), argmax INT64_MAX (the converter checks emptiness)."""
+    n = x.shape[0]
+    dtype = str(x.dtype)
+    arg = kind in ("argmax", "argmin")
+    combine, ident = _lane_combine({"argmax": "max", "argmin": "min"}.get(kind, kind), dtype)
+    red = te.comm_reducer(combine, lambda t: ident, name="lane_" + kind)
+    i64 = lambda v: tirx.IntImm(I64, v)  # noqa: E731
+    row, blk, fold = i64(LANE_ROW), i64(LANE_BLOCK), i64(LANE_FOLD)
+    nrows = tirx.floordiv(n, row)
+    nblk = tirx.floordiv(nrows + blk - 1, blk)
+    tail0 = nrows * row
+    zero = i64(0)
+
+    # The last n % LANE_ROW elements: lane l holds element tail_at(l) of the last LANE_ROW (a contiguous
+    # vector load; for n < LANE_ROW, element l, the index clamped and an empty `x` never read), the identity
+    # where that element is not in the tail. A block of its own, so its if_then_else is never copied into
+    # another expression (TVM's CSE then reused a value computed in one copy's branch in the other: LLVM
+    # rejected the module).
+    def tail_at(l):
+        return tirx.Select(n >= row, n - row + l, l)
+
+    def in_tail(l):
+        return tirx.And(tail_at(l) >= tail0, tail_at(l) < n)
+    tail = te.compute((row,), lambda l: tirx.Select(in_tail(l), tirx.if_then_else(
+        n >= row, x[n - row + l], tirx.if_then_else(n > zero, x[tirx.max(tirx.min(l, n - 1), zero)], ident)),
+        ident), name="dt_lanes_tailv")
+
+    # rows per block: LANE_BLOCK, fewer when there are fewer rows (the last block's rows past the end are
+    # skipped by a test per row, the same for every lane)
+    # Every reduction domain has at least one step, the steps past the data read the identity: unscheduled,
+    # TVM initializes a reduction inside its loop, so an empty domain left the result uninitialized.
+    one = i64(1)
+    rows_per_blk = tirx.max(tirx.min(blk, nrows), one)
+    r = te.reduce_axis((zero, rows_per_blk), "r")
+    part = te.compute((nblk, row), lambda b, l: red(tirx.if_then_else(
+        b * blk + r < nrows, x[(b * blk + r) * row + l], ident), axis=r), name="dt_lanes_block")
+    b = te.reduce_axis((zero, tirx.max(nblk, one)), "b")
+    lane = te.compute((row,), lambda l: red(tirx.if_then_else(b < nblk, part[b, l], ident), axis=b),
+                      name="dt_lanes_lane")
+
+    merged = te.compute((row,), lambda l: combine(lane[l], tail[l]), name="dt_lanes_tail")
+    j = te.reduce_axis((zero, row // fold), "j")
+    folded = te.compute((fold,), lambda l: red(merged[j * fold + l], axis=j), name="dt_lanes_fold")
+    value = _halve(folded, combine, "dt_lanes_value")
+    if not arg:
+        return value
+
+    big = i64(INT64_MAX)
+    is_f = is_float(dtype)
+
+    def match(v):
+        """v is m, or NaN where m is NaN (numpy: the first NaN)."""
+        hit = v == value[()]
+        return tirx.Or(hit, tirx.And(isnan_bits(v, dtype), isnan_bits(value[()], dtype))) if is_f else hit
+
+    bb_ = te.reduce_axis((zero, tirx.max(nblk, one)), "b")
+    pv = tirx.Var("v", dtype)       # bound once: an if_then_else copied into an expression broke TVM's CSE
+    bpos_lane = te.compute((row,), lambda l: te.min(tirx.Let(pv, tirx.if_then_else(bb_ < nblk, part[bb_, l], ident),
+                                                             tirx.Select(tirx.And(bb_ < nblk, match(pv)), bb_, big)),
+                                                    axis=bb_), name="dt_lanes_bpos_lane")
+    j2 = te.reduce_axis((zero, row // fold), "j")
+    bpos_fold = te.compute((fold,), lambda l: te.min(bpos_lane[j2 * fold + l], axis=j2), name="dt_lanes_bpos_fold")
+    bpos = _halve(bpos_fold, tirx.min, "dt_lanes_bpos")
+    r2 = te.reduce_axis((zero, rows_per_blk), "r")
+    i32 = lambda v: tirx.IntImm("int32", v)  # noqa: E731
+    big32 = i32((1 << 31) - 1)
+    first_row = tirx.min(bpos[()], nblk - 1) * blk       # of the block holding m (where bpos < INT64_MAX)
+
+    def in_block(l):
+        """First row (in the block) where lane l holds m: the row number is the same for every lane (no
+        per-lane index arithmetic in the loop)."""
+        rr = first_row + r2
+        ok = tirx.And(bpos[()] < big, rr < nrows)         # the same for every lane: loads stay vectors
+        v = tirx.Var("v", dtype)
+        return te.min(tirx.Let(v, tirx.if_then_else(ok, x[rr * row + l], ident), tirx.Select(
+            tirx.And(ok, match(v)), tirx.Cast("int32", r2), big32)), axis=r2, where=ok)
+    pos_lane = te.compute((row,), in_block, name="dt_lanes_pos_lane")
+
+    def with_tail_pos(l):
+        r_hit = pos_lane[l]
+        in_blk = tirx.Select(r_hit < big32, (first_row + tirx.Cast(I64, r_hit)) * row + l, big)
+        return tirx.min(in_blk, tirx.Select(tirx.And(in_tail(l), match(tail[l])), tail_at(l), big))
+    pos_tail = te.compute((row,), with_tail_pos, name="dt_lanes_pos_tail")
+    j3 = te.reduce_axis((zero, row // fold), "j")
+    pos_fold = te.compute((fold,), lambda l: te.min(pos_tail[j3 * fold + l], axis=j3), name="dt_lanes_pos_fold")
+    return _halve(pos_fold, tirx.min, "dt_lanes_index")
 
 
 def te_arange(start, step, length, dtype):

@@ -2,7 +2,9 @@
 
 Sum/prod/mean over a symbolic axis get the empty-axis guard (`common.guard_empty`); max/min and
 argmax/argmin of an empty axis raise at run time like numpy (`_nonempty`); float max/min and
-argmax/argmin use the NaN-propagating TE computes of `te_kernels`."""
+argmax/argmin use the NaN-propagating TE computes of `te_kernels`. On the CPU, a 1-d input reduced to a
+scalar (argmax/argmin with ``axis=None`` after flattening) uses `te_kernels.te_lane_reduce`, which the CPU
+schedules vectorize and parallelize (the generic computes are scalar loops there)."""
 from __future__ import annotations
 
 from functools import partial
@@ -14,9 +16,23 @@ from ...ir.dtypes import is_float
 from ...ir.ops import Group, get_op, ops_in
 from ...ir.shapes import norm_axes, norm_axis
 from ..dims import I64
-from ..te_kernels import nonempty_primfunc, te_first_index, te_mean_div, te_nan_reduce
+from ..te_kernels import nonempty_primfunc, te_first_index, te_lane_reduce, te_mean_div, te_nan_reduce
 from .registry import converter
 from .common import cast, checked, const, dtype_of, emit, full_expr, guard_empty, ndim_of, prod, shape_of
+
+
+#: Use `te_lane_reduce` for full reductions of 1-d inputs on the CPU (a switch for before/after benchmarks).
+LANE_REDUCE = True
+
+
+def _lanes(ctx, x, axes) -> bool:
+    """True where `te_lane_reduce` computes the reduction: the CPU, a 1-d input reduced over its axis."""
+    return LANE_REDUCE and not ctx.device_checks and ndim_of(x) == 1 and list(axes) == [0]
+
+
+def _lane_reduce(bb, x, kind, keep):
+    r = bb.emit_te(te_lane_reduce, emit(bb, x), kind, primfunc_name_hint=f"dt_lanes_{kind}")
+    return emit(bb, R.reshape(r, [tirx.IntImm(I64, 1)])) if keep else r
 
 
 def _reduce(name):
@@ -31,6 +47,20 @@ def _reduce(name):
         dt = dtype_rule([dtype_of(x)], node.attrs)       # numpy's accumulator dtype
         shape = shape_of(x)
         extents = [shape[a] for a in axes]
+        if _lanes(ctx, x, axes):
+            if name in ("sum", "prod") or name == "mean":   # the identity for an empty input: no guard
+                s = _lane_reduce(bb, emit(bb, cast(x, dt)), "prod" if name == "prod" else "sum", keep)
+                if name != "mean":
+                    return [s]
+                count = extents[0]
+                if isinstance(count, tirx.IntImm) and int(count.value) > 0:
+                    return [R.divide(s, const(int(count.value), dt))]
+                if isinstance(count, tirx.IntImm):
+                    return [full_expr(shape_of(s), float("nan"), dt)]
+                return [bb.emit_te(te_mean_div, s, x, count, primfunc_name_hint="dt_mean_div")]
+            xe = emit(bb, R.astype(x, "int8")) if dt == "bool" else x
+            r = _nonempty(bb, ctx, _lane_reduce(bb, xe, name, keep), extents, "int8" if dt == "bool" else dt)
+            return [R.astype(r, "bool") if dt == "bool" else r]
         if name in ("sum", "prod"):
             x = emit(bb, cast(x, dt))
             fn = R.sum if name == "sum" else R.prod
@@ -77,6 +107,9 @@ for _name in ops_in(Group.REDUCE):
 def _argreduce_expr(bb, ctx, x, axis, keepdims, is_max):
     """numpy argmax/argmin along `axis`: the extreme (NaN-propagating for floats), then the first
     index holding it; an empty axis raises at run time like numpy (unless provably non-empty)."""
+    if _lanes(ctx, x, [axis]):
+        r = _lane_reduce(bb, x, "argmax" if is_max else "argmin", keepdims)
+        return _nonempty(bb, ctx, r, [shape_of(x)[axis]], I64)
     if is_float(dtype_of(x)):
         m = bb.emit_te(te_nan_reduce, x, [axis], True, is_max, primfunc_name_hint="dt_" + ("max" if is_max else "min"))
     else:
@@ -96,7 +129,7 @@ def _argreduce(bb, node, args, ctx):
         x = R.astype(x, "int8")
     x = emit(bb, x)
     if node.attrs.axis is None:            # flattened, like numpy
-        flat = emit(bb, R.reshape(x, [prod(shape_of(x)) if nd else tirx.IntImm(I64, 1)]))
+        flat = x if nd == 1 else emit(bb, R.reshape(x, [prod(shape_of(x)) if nd else tirx.IntImm(I64, 1)]))
         r = _argreduce_expr(bb, ctx, flat, 0, False, is_max)
         if keep:
             r = R.reshape(r, [tirx.IntImm(I64, 1)] * nd)

@@ -1,0 +1,259 @@
+"""CPU schedules of matmul kernels (`cpu_schedule`): register tiles with the epilogue per tile
+(`_sched_matmul`), and the kernels `cpu_schedule_fuse` merges (several matmuls and the elementwise /
+split kernels around them: `contraction_group_schedulable`, `_group_select`)."""
+
+from __future__ import annotations
+
+import logging
+
+import tvm
+import tvm_ffi
+from tvm import s_tir, tirx
+from tvm.s_tir import SBlock, SBlockRealize
+
+from .cpu_inline import inline_spatial
+from .cpu_schedule_dispatch import _parallel_cands, _select
+from .cpu_sched_helpers import (child_blocks, is_contraction, iter_kinds, loop_extent, pick_tile, total_work,
+                                vector_lanes, vectorize_inner, vectorize_tile, writes_param)
+
+_LOG = logging.getLogger("dyntvm.codegen.cpu_schedule")
+
+# Matmul register tile, rows x fp32 columns: 4x64 (16 zmm accumulators) measured best for M >= 4
+# (~400 GFLOP/s on 2 cores, numpy ~200); 1x128 for M < 4, the batch-1 GEMV.
+_MATMUL_MR = 4
+_TILE_COLS = {1: 128, 2: 128, 3: 64, 4: 64, 6: 32}
+_K_SPLIT = 4
+#: Column tile of the contraction-group tiles (None: chosen by gate count); for experiments.
+TILE_OVERRIDE = None
+
+
+def _sched_matmul(func, target, name: str, mr: int, parallel: bool, attach: bool = True) -> tirx.PrimFunc:
+    """`attach=False`: the result stays a buffer of its own (no epilogue per tile), for kernels with
+    several matmuls whose epilogues read all of them (`_sched_contraction_group`)."""
+    sch = s_tir.Schedule(func)
+    mm = sch.get_sblock(name)
+    lanes = vector_lanes(target, sch.get(mm).body.buffer.dtype)
+    loops = sch.get_loops(mm)
+    m_ext, pads = loop_extent(sch, loops[-3]), []
+    if mr > 1 and not (isinstance(m_ext, int) and m_ext % mr == 0):
+        # A ragged row tile puts an `i < M` test inside the k loop (1.8x slower at M = 16 than
+        # padding): pad M to the tile instead.
+        # Input rows are copied per tile (K floats per mr*nr*K MACs) and the padded result is
+        # written back under the `i < M` predicate, outside the k loop.
+        sch.pad_einsum(mm, [1] * (len(loops) - 3) + [mr, 1, 1])
+        pads = [b for b in sch.get_producers(mm) if sch.get(b).name_hint.endswith("_pad")]
+        for copy in sch.get_consumers(mm):
+            if not writes_param(func, sch, copy):
+                sch.compute_inline(copy)  # the epilogue reads the padded tile directly
+    *batch, i, j, k = sch.get_loops(mm)
+    nr = pick_tile(loop_extent(sch, j), max(lanes, _TILE_COLS[mr]), lanes)
+    io, ii = (i, None) if mr == 1 else sch.split(i, [None, mr])
+    jo, ji = (None, j) if nr is None else sch.split(j, [None, nr])
+    k_ext = loop_extent(sch, k)
+    ko, ki = (sch.split(k, [None, _K_SPLIT]) if isinstance(k_ext, int)
+              and k_ext % _K_SPLIT == 0 and k_ext > _K_SPLIT else (k, None))
+    # Column tiles outside row tiles: a weight panel (K x nr) is reused by every row tile while
+    # it sits in L1/L2 (1.15-1.2x faster at 64x256x1024 and 256x512x512 than rows outside).
+    outer = [*batch] + ([jo] if jo is not None else []) + [io]
+    sch.reorder(*outer, ko, *[lp for lp in (ki, ii) if lp is not None], ji)
+    # Epilogue per tile: the accumulator tile (thread-local scratch) stays in registers and the
+    # intermediate buffer shrinks to the tile (CompactBufferAllocation); a matmul writing the
+    # output directly gets a cache tile.
+    epilogues = list(sch.get_consumers(mm)) if attach else []
+    if not writes_param(func, sch, mm):
+        if attach:
+            sch.set_scope(mm, 0, "local")
+    elif not epilogues:
+        epilogues = [sch.cache_write(mm, 0, "local")]
+    for pad in pads:
+        sch.compute_at(pad, outer[-1], preserve_unit_loops=True)
+        vectorize_inner(sch, pad, target)
+    attached = []
+    while epilogues:  # and their consumers: an epilogue chain the inlining budget split
+        epi = epilogues.pop(0)
+        try:
+            sch.reverse_compute_at(epi, outer[-1], preserve_unit_loops=True)
+        except Exception:  # pylint: disable=broad-except
+            continue  # stays a separate loop nest after the matmul
+        attached.append(epi)
+        epilogues += [c for c in sch.get_consumers(epi)
+                      if not any(sch.get(c).same_as(sch.get(e)) for e in attached + epilogues)]
+    if parallel:
+        if attach:
+            sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
+        else:
+            # the result is a whole buffer: with the row tiles fused in, CompactBufferAllocation sized it
+            # with a division by the row-tile count (hoisted to the function's entry: SIGFPE for M = 0)
+            sch.parallel(outer[0])
+    for lp in (ki, ii):  # explicit, rather than left to LLVM's unrolling heuristics
+        if lp is not None:
+            sch.unroll(lp)
+    if nr is not None:
+        vectorize_tile(sch, ji, nr, lanes, unroll=True)
+        for epi in attached:  # the epilogue stays a loop: unrolling it only costs compile time
+            inner = sch.get_loops(epi)[-1]
+            if loop_extent(sch, inner) == nr:
+                vectorize_tile(sch, inner, nr, lanes, unroll=False)
+    sch.decompose_reduction(mm, ko)  # only now: parallel/vectorize refuse a decomposed block
+    return sch.mod["main"]
+
+
+def _group_parts(sch: s_tir.Schedule):
+    """(contractions, epilogues, S) of a merged contraction group (`cpu_schedule_fuse`): every reduction a
+    2-d matmul ``C[i, j] += A[i, k] * W[k, j]`` with the same (M, N), every other block spatial over
+    (M, S), S dividing N: the epilogue reads columns ``g * S + s`` of the matmuls (a split into N / S
+    gates, or S == N)."""
+    blocks = child_blocks(sch)
+    cons = [b for b in blocks if "R" in iter_kinds(sch, b)]
+    epis = [b for b in blocks if "R" not in iter_kinds(sch, b)]
+    if not cons or not epis or not all(is_contraction(sch, c) and len(sch.get_loops(c)) == 3 for c in cons):
+        raise ValueError("not a 2-d contraction group")
+    ana = tvm.sym.Analyzer()
+    m_ext, n = (sch.get(lp).extent for lp in sch.get_loops(cons[0])[:2])
+    if not isinstance(n, tirx.IntImm) or any(
+            not ana.can_prove_equal(sch.get(sch.get_loops(c)[0]).extent, m_ext)
+            or not ana.can_prove_equal(sch.get(sch.get_loops(c)[1]).extent, n) for c in cons):
+        raise ValueError("matmuls of different shapes")
+    ext = {loop_extent(sch, sch.get_loops(e)[-1]) for e in epis}
+    if len(ext) != 1 or any(len(sch.get_loops(e)) != 2 or not ana.can_prove_equal(
+            sch.get(sch.get_loops(e)[0]).extent, m_ext) for e in epis):
+        raise ValueError("epilogues of different shapes")
+    (s_ext,) = ext
+    if not isinstance(s_ext, int) or int(n.value) % s_ext:
+        raise ValueError("epilogue columns do not divide the matmul's")
+    return cons, epis, s_ext
+
+
+def _sched_group_tiles(func, target, parallel: bool) -> tirx.PrimFunc:
+    """A contraction group with few rows (M < 4; GEMV-like): per tile of t epilogue columns (the same t
+    columns of each of the G = N / S gates), every matmul's G x t accumulators in registers over k, then
+    the epilogues on that tile. Tiles run in parallel; each core reads the same weight columns every call
+    (its share of the weights stays in its L2)."""
+    sch = s_tir.Schedule(func)
+    cons, epis, s_ext = _group_parts(sch)
+    n = loop_extent(sch, sch.get_loops(cons[0])[1])
+    gates = n // s_ext
+    lanes = vector_lanes(target, sch.get(cons[0]).writes[0].source.dtype)
+    # 16 accumulator vectors per matmul (G x t floats): t = 64 for the 4 gates of an LSTM (1.1x faster than
+    # 32: longer contiguous weight rows); 128 columns for one gate, as the GEMV tile
+    want = TILE_OVERRIDE or (_TILE_COLS[1] if gates == 1 else 256 // gates)
+    t = next((c for c in (want, 64, 32, 16) if c >= lanes and s_ext % c == 0 and c % lanes == 0), None)
+    if t is None:
+        raise ValueError("no column tile")
+    outer = []
+    for c in cons:
+        # [M, N] -> [M, G, S]: each gate's tile is a box (the epilogue's gate index a constant)
+        sch.transform_block_layout(c, lambda i, j, k: (i, j // s_ext, j % s_ext, k))
+        sch.transform_layout(c, ("write", 0), lambda i, j: (i, j // s_ext, j % s_ext))
+        sch.set_scope(c, 0, "local")
+        i, g, col, k = sch.get_loops(c)
+        so, si = sch.split(col, [None, t])
+        ko, ki = sch.split(k, [None, _K_SPLIT]) if isinstance(loop_extent(sch, k), int) and \
+            loop_extent(sch, k) % _K_SPLIT == 0 else (k, None)
+        sch.reorder(so, i, ko, *([ki] if ki is not None else []), g, si)
+        outer.append((so, i))
+    so, row = (sch.merge(*lps) if len(lps) > 1 else lps[0] for lps in zip(*outer))
+    if parallel:
+        sch.parallel(so)
+    for c in cons:
+        loops = sch.get_loops(c)     # so, row, ko, [ki], g, si
+        for lp in loops[3:-1]:
+            sch.unroll(lp)
+        vectorize_tile(sch, loops[-1], t, lanes, unroll=True)
+        sch.decompose_reduction(c, loops[2])
+    # The epilogues go under the row loop by hand: reverse_compute_at cannot solve a constant (gate) index
+    # of the region they read.
+    return _move_epilogues(sch.mod["main"], [sch.get(e).name_hint for e in epis], sch.get(so).loop_var,
+                           sch.get(row).loop_var, t, lanes)
+
+
+def _move_epilogues(func, names, so_var, row_var, t: int, lanes: int) -> tirx.PrimFunc:
+    """Moves each root-level loop nest of a spatial block in `names` (loops (row, col)) under the loop of
+    `row_var` (below what is there), for columns ``so * t + [0, t)``, in order, vectorized."""
+    root = func.body.block
+    stmts = list(root.body.seq) if isinstance(root.body, tirx.SeqStmt) else [root.body]
+    realizes, keep = {}, []
+    for st in stmts:
+        found = []
+        tvm_ffi.structural_walk(st, (SBlockRealize, lambda r: found.append(r) if r.block.name_hint in names else None))
+        if found:
+            if len(found) != 1 or not isinstance(st, tirx.For):
+                raise ValueError("epilogue is not a loop nest of its own")
+            realizes[found[0].block.name_hint] = found[0]
+        else:
+            keep.append(st)
+    if set(realizes) != set(names):
+        raise ValueError("epilogue not found")
+    i64 = lambda v: tirx.IntImm("int64", v)  # noqa: E731
+    moved = []
+    for name in names:
+        outer, vec = tirx.Var("e_o", "int64"), tirx.Var("e_v", "int64")
+        realize = SBlockRealize([row_var, so_var * t + outer * lanes + vec], tirx.const(True, "bool"),
+                                realizes[name].block)
+        moved.append(tirx.For(outer, i64(0), i64(t // lanes), tirx.ForKind.SERIAL,
+                              tirx.For(vec, i64(0), i64(lanes), tirx.ForKind.VECTORIZED, realize)))
+    done = []
+
+    def under_row(loop, mutator):
+        if not loop.loop_var.same_as(row_var):
+            return mutator.default_mutate(loop)
+        done.append(loop)
+        seq = list(loop.body.seq) if isinstance(loop.body, tirx.SeqStmt) else [loop.body]
+        return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, tirx.SeqStmt(seq + moved),
+                        loop.thread_binding, loop.annotations)
+    keep = [tvm_ffi.structural_mutate(st, (tirx.For, under_row)) for st in keep]
+    if len(done) != 1:
+        raise ValueError("row loop not found")
+    new_root = SBlock(root.iter_vars, root.reads, root.writes, root.name_hint,
+                      tirx.SeqStmt(keep) if len(keep) > 1 else keep[0], root.init, root.alloc_buffers,
+                      root.match_buffers, root.annotations)
+    return func.with_body(SBlockRealize([], tirx.const(True, "bool"), new_root))
+
+
+def _sched_group_separate(func, target, parallel: bool) -> tirx.PrimFunc:
+    """A contraction group with many rows: each matmul with the 4-row matmul schedule into a buffer of
+    its own, then the epilogues, rows parallel (what the separate kernels did, in one launch)."""
+    sch = s_tir.Schedule(func)
+    cons, epis, _ = _group_parts(sch)
+    names = [sch.get(c).name_hint for c in cons]
+    epi_names = [sch.get(e).name_hint for e in epis]
+    for name in names:
+        func = _sched_matmul(func, target, name, _MATMUL_MR, parallel, attach=False)
+    sch = s_tir.Schedule(func)
+    for name in epi_names:
+        block = sch.get_sblock(name)
+        vectorize_inner(sch, block, target)
+        if parallel:
+            sch.parallel(sch.get_loops(block)[0])
+    return sch.mod["main"]
+
+
+def _group_select(func, target, work) -> tirx.PrimFunc:
+    """Row tiles (`_sched_group_tiles`) while M < 4, else `_sched_group_separate`; each serial below
+    PARALLEL_MIN_WORK."""
+    sch = s_tir.Schedule(func)
+    cons, _, _ = _group_parts(sch)
+    m_ext = sch.get(sch.get_loops(cons[0])[0]).extent
+    true = tirx.const(True, "bool")
+    if isinstance(m_ext, tirx.IntImm):
+        kinds = [(true, _sched_group_tiles if int(m_ext.value) < _MATMUL_MR else _sched_group_separate)]
+    else:
+        kinds = [(m_ext < tirx.IntImm(str(m_ext.ty), _MATMUL_MR), _sched_group_tiles), (true, _sched_group_separate)]
+    cands = []
+    for m_cond, sched in kinds:
+        for p_cond, make in _parallel_cands(work, target, lambda par, sched=sched: sched(func, target, par)):
+            cands.append((tirx.And(m_cond, p_cond), make))
+    return _select(func, cands)
+
+
+def contraction_group_schedulable(func: tirx.PrimFunc, target) -> bool:
+    """True if the contraction-group rule schedules `func` (a kernel `cpu_schedule_fuse` merged)."""
+    try:
+        sch = s_tir.Schedule(func)
+        inline_spatial(func, sch)
+        inlined = sch.mod["main"]
+        _group_select(inlined, target, total_work(sch, child_blocks(sch)))
+        return True
+    except Exception as err:  # pylint: disable=broad-except
+        _LOG.debug("cpu_schedule: no contraction-group schedule: %s", err)
+        return False
