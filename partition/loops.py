@@ -118,15 +118,7 @@ def _hoist_foreach(loop: Node, names: set) -> list:
                 kept.append(n)
                 continue
             shapes = [tuple(batch if d == rows else d for d in sh) for sh in shapes]
-        ins = [_outer_value(v, outer, moved, names) for v in n.inputs]
-        outs = tuple(Value(TensorType(((length,) if up else ()) + sh, v.type.dtype),
-                           _fresh(names, v.name + ("_all" if up else "_inv"))) for v, sh in zip(n.outputs, shapes))
-        m = Node(n.op, tuple(ins), attrs, outs, name=n.name, source=n.source)
-        for k, o in enumerate(outs):
-            o.producer, o.index = m, k
-        moved.append(m)
-        for v, o in zip(n.outputs, outs):
-            outer[v] = (o, up)
+        _move_out(n, attrs, [((length,) if up else ()) + sh for sh in shapes], up, outer, moved, names)
     if not any(m.op != "constant" for m in moved):
         return []
     # the body keeps the nodes not moved; the moved values it still reads become new inputs
@@ -155,6 +147,19 @@ def _hoist_foreach(loop: Node, names: set) -> list:
         tuple(o for _, o in caps_in)
     loop.attrs = dataclasses.replace(a, num_data=len(data_in))
     return moved
+
+
+def _move_out(n: Node, attrs, shapes: list, lifted: bool, outer: dict, moved: list, names: set) -> None:
+    """The copy of body node `n` outside the loop (outputs of `shapes`, lifted or not), appended to `moved`;
+    `outer` then maps its body outputs to the new values."""
+    ins = [_outer_value(v, outer, moved, names) for v in n.inputs]
+    outs = tuple(Value(TensorType(sh, v.type.dtype), _fresh(names, v.name + ("_all" if lifted else "_inv")))
+                 for v, sh in zip(n.outputs, shapes))
+    m = Node(n.op, tuple(ins), attrs, outs, name=n.name, source=n.source)
+    for k, o in enumerate(outs):
+        o.producer, o.index = m, k
+        outer[n.outputs[k]] = (o, lifted)
+    moved.append(m)
 
 
 def _row_wise(n: Node, rows: str) -> bool:
@@ -219,14 +224,7 @@ def _hoist_while(loop: Node, names: set) -> list:
         if not _movable(n) or not all(v in outer for v in n.inputs):
             kept.append(n)
             continue
-        ins = [_outer_value(v, outer, moved, names) for v in n.inputs]
-        outs = tuple(Value(v.type, _fresh(names, v.name + "_inv")) for v in n.outputs)
-        m = Node(n.op, tuple(ins), n.attrs, outs, name=n.name, source=n.source)
-        for k, o in enumerate(outs):
-            o.producer, o.index = m, k
-        moved.append(m)
-        for v, o in zip(n.outputs, outs):
-            outer[v] = (o, False)
+        _move_out(n, n.attrs, [tuple(v.type.shape) for v in n.outputs], False, outer, moved, names)
     if not any(m.op != "constant" for m in moved):
         return []
     used = _used(kept, body.outputs)
