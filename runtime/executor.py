@@ -208,7 +208,7 @@ class Executor:
             res = fn(*args)
             calls[0] += 1
             for k, o in enumerate(outs):
-                slots[o] = res[k]
+                slots[o] = _item(res, k)
             if validate:
                 _check_region(n, sub, [slots[i] for i in ins], [slots[o] for o in outs])
         return run
@@ -299,6 +299,12 @@ class Executor:
             return [slots[i] for i in ins]
         return args_of
 
+    def _loop_consts(self, ins):
+        """A loop's captures, made tensors of the kernels' device once per loop, not once per step."""
+        if self.pl is not None:
+            return self._branch_args(ins)
+        return lambda slots: [to_tvm(slots[i]) for i in ins]
+
     def _make_foreach(self, n: Node, ins, outs, g):
         a = n.attrs
         body = n.subgraphs[0]
@@ -321,12 +327,12 @@ class Executor:
             return run_on_device
 
         direct = self._direct_body(body)
+        caps_of = self._loop_consts(ins[nd + ns:])
 
         def run(slots):
             data = [to_numpy(slots[i]) for i in ins[:nd]]
             states = [slots[i] for i in ins[nd:nd + ns]]
-            # constants cross into regions once, not once per step
-            caps = [to_tvm(slots[i]) if isinstance(slots[i], np.ndarray) else slots[i] for i in ins[nd + ns:]]
+            caps = caps_of(slots)
             if direct is not None:
                 stacked, states = cf.foreach(direct, data, [to_tvm(x) for x in states], caps, body, rows=_direct_rows,
                                              to_array=to_numpy, alloc=aligned_empty)
@@ -343,8 +349,7 @@ class Executor:
         not fast), the captures move to the device once."""
         nd, ns = n.attrs.num_data, n.attrs.num_states
         to_array = self.pl.to_host if self.pl else to_numpy
-        caps_of = self._branch_args(ins[nd + ns + 1:]) if self.pl else (
-            lambda slots: [to_tvm(slots[i]) if isinstance(slots[i], np.ndarray) else slots[i] for i in ins[nd + ns + 1:]])
+        caps_of = self._loop_consts(ins[nd + ns + 1:])
 
         def run(slots):
             stacked, states = cf.foreach(body_run, [to_array(slots[i]) for i in ins[:nd]],
@@ -377,12 +382,12 @@ class Executor:
             return run_on_device
 
         direct = self._direct_body(body) if in_body else None
+        caps_of = self._loop_consts(ins[nv + (1 if has_t else 0):])
 
         def run(slots):
             limit = slots[ins[nv]] if has_t else static_max
-            caps = [slots[i] for i in ins[nv + (1 if has_t else 0):]]
+            caps = caps_of(slots)
             vars_ = [slots[i] for i in ins[:nv]]
-            caps = [to_tvm(x) if isinstance(x, np.ndarray) else x for x in caps]    # once, not once per step
             if direct is not None:
                 vars_ = [to_tvm(x) for x in vars_]
             stacked, vars_ = cf.while_loop(cond_run, direct or body_run, vars_, caps, limit, body,
@@ -390,7 +395,6 @@ class Executor:
             for o, r in zip(outs, stacked + list(vars_)):
                 slots[o] = r
         return run
-
 
     def _direct_body(self, g: Graph):
         """A loop body that is one region and nothing else, run without a plan: ``run(args) -> outputs``, where
