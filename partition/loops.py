@@ -122,18 +122,7 @@ def _hoist_foreach(loop: Node, names: set) -> list:
     if not any(m.op != "constant" for m in moved):
         return []
     # the body keeps the nodes not moved; the moved values it still reads become new inputs
-    used = _used(kept, body.outputs)
-    new_data, new_caps = [], []
-    replace: dict = {}
-    for m_body_value, (o, up) in list(outer.items()):
-        if m_body_value in replace or o is None or m_body_value not in used or m_body_value in body.inputs or \
-                _is_constant(m_body_value):
-            continue
-        v = Value(m_body_value.type, _fresh(names, m_body_value.name + ("_t" if up else "_c")))
-        replace[m_body_value] = v
-        (new_data if up else new_caps).append((v, o))
-    body.nodes = [_renamed(n, replace) for n in kept]
-    body.outputs = [replace.get(v, v) for v in body.outputs]
+    new_data, new_caps, used = _rewire(body, kept, outer, names)
     data_in = [(v, o) for v, o in zip(body.inputs[:nd], loop.inputs[:nd]) if v in used] + new_data
     # a sequence the body no longer reads still gives the number of steps, and the check that all have one
     # length: it stays unless a kept one has the same length dim (then they agree by construction)
@@ -147,6 +136,23 @@ def _hoist_foreach(loop: Node, names: set) -> list:
         tuple(o for _, o in caps_in)
     loop.attrs = dataclasses.replace(a, num_data=len(data_in))
     return moved
+
+
+def _rewire(body: Graph, kept: list, outer: dict, names: set) -> tuple[list, list, set]:
+    """The body keeps the nodes not moved; the moved values they (or the body's outputs) still read become
+    new inputs: (new data [(body input, outer value)] for lifted values, new captures likewise, the body values
+    still read)."""
+    used = _used(kept, body.outputs)
+    new_data, new_caps, replace = [], [], {}
+    for bv, (o, up) in outer.items():
+        if o is None or bv not in used or bv in body.inputs or _is_constant(bv):
+            continue
+        v = Value(bv.type, _fresh(names, bv.name + ("_t" if up else "_c")))
+        replace[bv] = v
+        (new_data if up else new_caps).append((v, o))
+    body.nodes = [_renamed(n, replace) for n in kept]
+    body.outputs = [replace.get(v, v) for v in body.outputs]
+    return new_data, new_caps, used
 
 
 def _move_out(n: Node, attrs, shapes: list, lifted: bool, outer: dict, moved: list, names: set) -> None:
@@ -227,16 +233,7 @@ def _hoist_while(loop: Node, names: set) -> list:
         _move_out(n, n.attrs, [tuple(v.type.shape) for v in n.outputs], False, outer, moved, names)
     if not any(m.op != "constant" for m in moved):
         return []
-    used = _used(kept, body.outputs)
-    replace, new_caps = {}, []
-    for bv, (o, _) in list(outer.items()):
-        if o is None or bv not in used or bv in body.inputs or _is_constant(bv):
-            continue
-        v = Value(bv.type, _fresh(names, bv.name + "_c"))
-        replace[bv] = v
-        new_caps.append((v, o))
-    body.nodes = [_renamed(n, replace) for n in kept]
-    body.outputs = [replace.get(v, v) for v in body.outputs]
+    _, new_caps, _ = _rewire(body, kept, outer, names)
     # captures are shared by the condition and the body: both get the new ones (the condition ignores them)
     body.inputs = body.inputs + [v for v, _ in new_caps]
     cond.inputs = cond.inputs + [Value(v.type, _fresh(names, v.name + "_unused")) for v, _ in new_caps]
