@@ -77,8 +77,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
-from peers import (LABELS, NO_COMPILE_STEP, REQUIRES, SYSTEMS, BuildContext, NotApplicable,  # noqa: E402
-                   all_workloads)
+from peers import (GPU_SYSTEMS, LABELS, NO_COMPILE_STEP, REQUIRES, SYSTEMS, BuildContext,  # noqa: E402
+                   NotApplicable, all_workloads)
 from peers.common import as_tuple  # noqa: E402
 
 OK, NA, MISSING, ERROR, MISMATCH, NONE = "ok", "n/a", "not installed", "error", "mismatch", "-"
@@ -132,6 +132,19 @@ def versions() -> dict:
     except Exception:                                  # pragma: no cover
         pass
     return out
+
+
+def gpu_name(wanted: bool) -> str | None:
+    """The CUDA GPU torch sees (None when --gpu is not given)."""
+    if not wanted:
+        return None
+    try:
+        import torch
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_name(0)
+    except Exception:                                  # pragma: no cover
+        pass
+    return "none found"
 
 
 def machine() -> dict:
@@ -271,6 +284,19 @@ def warm_up(system: str, cache_dir: str) -> float | None:
         import dyntvm as dt
         from dyntvm import F
         dt.compile(lambda x: F.tanh(x) + 1.0, dt.TensorSpec(("N", 4)), cache_dir=cache_dir)(np.ones((2, 4), "float32"))
+    elif system == "dyntvm_cuda":
+        import dyntvm as dt
+        from dyntvm import F
+        from dyntvm.codegen.gpu import gpu_present
+        if not gpu_present():
+            return None
+        dt.compile(lambda x: F.tanh(x) + 1.0, dt.TensorSpec(("N", 4)), cache_dir=cache_dir,
+                   target="cuda")(np.ones((2, 4), "float32"))
+    elif system in ("torch_cuda", "torch_lstm_cuda"):
+        import torch
+        if not torch.cuda.is_available():
+            return None
+        (torch.ones(4, 4, device="cuda") @ torch.ones(4, 4, device="cuda")).cpu()
     elif system in ("ort", "ort_lstm"):
         import onnxruntime  # noqa: F401
     elif system in ("torch", "torch_lstm"):
@@ -294,7 +320,7 @@ def context(cache_root: str, w, threads: int) -> BuildContext:
 def child_main(args) -> None:
     system = args.child
     configure(args.threads, [system])
-    workloads = select(all_workloads(args.quick), args.only)
+    workloads = select(all_workloads(args.quick, gpu=args.gpu), args.only)
     out = {"system": system, "warmup_s": None, "base_rss_mb": None, "workloads": {}}
 
     def dump():
@@ -335,6 +361,8 @@ def run_children(args, systems, cache_root) -> dict:
                "--cache-root", cache_root, "--threads", str(args.threads), "--build-limit", str(args.build_limit)]
         if args.quick:
             cmd.append("--quick")
+        if args.gpu:
+            cmd.append("--gpu")
         if args.only:
             cmd += ["--only", args.only]
         t0 = time.perf_counter()
@@ -398,13 +426,14 @@ def select(workloads, only):
 
 def run(args) -> dict:
     t_start = time.perf_counter()
-    systems = [s for s, _ in SYSTEMS if not args.systems or s in args.systems.split(",")]
-    workloads = select(all_workloads(args.quick), args.only)
+    every = SYSTEMS + (GPU_SYSTEMS if args.gpu else ())
+    systems = [s for s, _ in every if not args.systems or s in args.systems.split(",")]
+    workloads = select(all_workloads(args.quick, gpu=args.gpu), args.only)
     cache_root = tempfile.mkdtemp(prefix="bench-peers-")
     os.environ["DYNTVM_CACHE_DIR"] = os.path.join(cache_root, "dyntvm", "_default")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cache_root, "inductor")
     isolate = args.isolate if args.isolate is not None else not args.quick
-    report = {"machine": machine(), "versions": versions(), "threads": args.threads,
+    report = {"machine": machine(), "versions": versions(), "threads": args.threads, "gpu": gpu_name(args.gpu),
               "settings": {"quick": args.quick, "rounds": args.rounds, "block_s": args.block,
                            "pause_s": args.pause, "isolated_builds": isolate},
               "systems": {s: {"label": LABELS[s], "installed": not missing_modules(s)} for s in systems},
@@ -465,14 +494,21 @@ def run_workload(w, systems, children, cache_root, args) -> dict:
     for s in systems:
         forget(s)
     row = {"key": w.key, "label": w.label, "group": w.group, "note": w.note, "results": results}
-    peers = {s: r["median_ms"] for s, r in results.items() if s != "dyntvm" and "median_ms" in r}
+    peers = {s: r["median_ms"] for s, r in results.items() if not s.startswith("dyntvm") and "median_ms" in r}
     if peers:
         best = min(peers, key=peers.get)
         row["best_peer"] = best
         if "median_ms" in results.get("dyntvm", {}):
             row["dyntvm_over_best_peer"] = results["dyntvm"]["median_ms"] / peers[best]
+    gpu_peers = {s: t for s, t in peers.items() if s.endswith("_cuda")}
+    if gpu_peers and "median_ms" in results.get("dyntvm_cuda", {}):
+        best = min(gpu_peers, key=gpu_peers.get)
+        row["best_gpu_peer"] = best
+        row["dyntvm_cuda_over_best_gpu_peer"] = results["dyntvm_cuda"]["median_ms"] / gpu_peers[best]
     log("    " + "  ".join(f"{LABELS[s]} {r['median_ms']:.3f} ms" for s, r in results.items() if "median_ms" in r)
-        + (f"  -> dyntvm / best peer {row['dyntvm_over_best_peer']:.2f}" if "dyntvm_over_best_peer" in row else ""))
+        + (f"  -> dyntvm / best peer {row['dyntvm_over_best_peer']:.2f}" if "dyntvm_over_best_peer" in row else "")
+        + (f"  dyntvm CUDA / best GPU peer {row['dyntvm_cuda_over_best_gpu_peer']:.2f}"
+           if "dyntvm_cuda_over_best_gpu_peer" in row else ""))
     return row
 
 
@@ -498,7 +534,8 @@ def markdown(report: dict) -> str:
     systems = [s for s in report["systems"]
                if any(w["results"].get(s, {}).get("status") not in (NONE, None) for w in report["workloads"])]
     m, v = report["machine"], report["versions"]
-    lines = [f"Machine: {m['cpu']}, {m['cores']} cores; load average {m['loadavg'][0]:.2f} at the start, "
+    gpu_line = f"GPU: {report['gpu']}; " if report.get("gpu") else ""
+    lines = [f"Machine: {gpu_line}{m['cpu']}, {m['cores']} cores; load average {m['loadavg'][0]:.2f} at the start, "
              f"{m.get('loadavg_end', [0])[0]:.2f} at the end; {report['threads']} threads per system.",
              "Versions: " + ", ".join(f"{k} {x}" for k, x in v.items()) + ".",
              f"Settings: {report['settings']['rounds']} rounds x {report['settings']['block_s']} s blocks per "
@@ -506,9 +543,11 @@ def markdown(report: dict) -> str:
              "block medians. "
              f"Total run time {report.get('total_s', 0):.0f} s.", ""]
     notes: list[str] = []
-    head = "| workload | " + " | ".join(LABELS[s] for s in systems) + " | dyntvm / best peer |"
+    gpu_col = any("dyntvm_cuda_over_best_gpu_peer" in w for w in report["workloads"])
+    head = ("| workload | " + " | ".join(LABELS[s] for s in systems) + " | dyntvm / best peer |"
+            + (" dyntvm CUDA / best GPU peer |" if gpu_col else ""))
     lines += ["Run time, median ms per call (lower is better; **bold**: fastest):", "", head,
-              "|---|" + "---:|" * (len(systems) + 1)]
+              "|---|" + "---:|" * (len(systems) + 1 + gpu_col)]
     for w in report["workloads"]:
         r = w["results"]
         fastest = min((r[s]["median_ms"] for s in systems if "median_ms" in r.get(s, {})), default=None)
@@ -521,6 +560,9 @@ def markdown(report: dict) -> str:
             cells.append(_cell(res, val, notes))
         ratio = w.get("dyntvm_over_best_peer")
         rtxt = f"{ratio:.2f} ({LABELS[w['best_peer']]})" if ratio is not None else "—"
+        if gpu_col:
+            g = w.get("dyntvm_cuda_over_best_gpu_peer")
+            rtxt += f" | {g:.2f} ({LABELS[w['best_gpu_peer']]})" if g is not None else " | —"
         lines.append(f"| {w['label']} | " + " | ".join(cells) + f" | {rtxt} |")
 
     lines += ["", "Fastest call, ms (on a busy machine the closest to what the system does alone):", "",
@@ -598,7 +640,7 @@ def chart(report: dict, path: str) -> bool:
     except ImportError:                                # pragma: no cover
         return False
     rows = [w for w in report["workloads"] if any("median_ms" in r for r in w["results"].values())]
-    systems = [s for s, _ in SYSTEMS if any("median_ms" in w["results"].get(s, {}) for w in rows)]
+    systems = [s for s, _ in SYSTEMS + GPU_SYSTEMS if any("median_ms" in w["results"].get(s, {}) for w in rows)]
     if not rows or not systems:
         return False
     fig, ax = plt.subplots(figsize=(max(9, 1.3 * len(rows) + 2), 5.5))
@@ -639,7 +681,9 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true", help="small sizes, fewer workloads and rounds (~2 min)")
     p.add_argument("--out", default=os.path.join(HERE, "results"), help="folder for peers.json / .md / .png")
     p.add_argument("--only", help="comma-separated substrings of workload keys (e.g. lstm,mask)")
-    p.add_argument("--systems", help="comma-separated: " + ",".join(s for s, _ in SYSTEMS))
+    p.add_argument("--systems", help="comma-separated: " + ",".join(s for s, _ in SYSTEMS + GPU_SYSTEMS))
+    p.add_argument("--gpu", action="store_true", help="add the CUDA systems (" + ", ".join(
+        LABELS[s] for s, _ in GPU_SYSTEMS) + "); writes peers_gpu.*")
     p.add_argument("--threads", type=int, default=THREADS)
     p.add_argument("--rounds", type=int)
     p.add_argument("--block", type=float, help="seconds per timing block")
@@ -659,7 +703,7 @@ def main(argv=None):
     args.block = args.block or (0.08 if args.quick else 0.25)
     report = run(args)
     os.makedirs(args.out, exist_ok=True)
-    stem = os.path.join(args.out, "peers_quick" if args.quick else "peers")
+    stem = os.path.join(args.out, "peers" + ("_gpu" if args.gpu else "") + ("_quick" if args.quick else ""))
     with open(stem + ".json", "w") as f:
         json.dump(report, f, indent=1)
     md = markdown(report)

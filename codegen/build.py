@@ -250,7 +250,8 @@ def _build_cuda(regions, tvm_target, binding, cdir, key, desc) -> Built:
 
 def _cached(cdir: str, key: str, binding: str | None, loadable: bool = True, arch: str | None = None):
     """(loaded library, cache.Entry) of a sound cache entry, or None (a miss; a bad entry is discarded).
-    `loadable` False (CUDA kernels on a machine without a GPU): the entry is checked, not loaded."""
+    `loadable` False (CUDA kernels on a machine without a GPU): the entry is checked, not loaded. `arch`: a
+    CUDA entry, which must hold device code for it (checked on a GPU host too, before it is loaded)."""
     try:
         entry = _cache.lookup(cdir, key, binding)
     except OSError as e:
@@ -263,14 +264,14 @@ def _cached(cdir: str, key: str, binding: str | None, loadable: bool = True, arc
     if why is not None:
         _cache.discard(cdir, key, f"{_cache.LIBRARY} is not a loadable shared library: {why}")
         return None
+    if arch is not None:                       # a CUDA library must hold device code for its arch
+        from .gpu import check_device_code
+        try:
+            check_device_code(entry.path, arch)
+        except CompileError as e:
+            _cache.discard(cdir, key, str(e).replace("compile: ", ""))
+            return None
     if not loadable:
-        if arch is not None:                   # a CUDA library must hold device code for its arch
-            from .gpu import check_device_code
-            try:
-                check_device_code(entry.path, arch)
-            except CompileError as e:
-                _cache.discard(cdir, key, str(e).replace("compile: ", ""))
-                return None
         return None, entry
     import tvm
     try:

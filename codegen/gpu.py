@@ -116,7 +116,8 @@ def build_cuda(mod, target=None):
     nvcc_dir = os.path.dirname(find_nvcc())
     if shutil.which("nvcc") is None:             # TVM calls "nvcc" by name
         os.environ["PATH"] = nvcc_dir + os.pathsep + os.environ.get("PATH", "")
-    with target:
+    from .launch_guard import with_launch_guards
+    with target, with_launch_guards():
         return tvm.compile(mod, target=target, relax_pipeline=relax.get_default_pipeline(target))
 
 

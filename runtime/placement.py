@@ -2,7 +2,8 @@
 
 On the CPU target values cross between numpy and TVM zero-copy (`tensors.py`) and nothing here is used.
 On a device, every value a region produces stays a TVM tensor on the device: regions take device tensors,
-loops step through device tensors (each row of a `foreach` input is a device-to-device copy; per-step
+loops step through device tensors (each row of a `foreach` input is a device-to-device copy into a reused
+buffer; per-step
 outputs are copied device-to-device into one device buffer), and only what the host must read crosses:
 a loop or branch condition (one scalar), a `max_iterations` tensor, the inputs of the dynamic-shape ops
 that run in numpy, and the model's outputs. Each crossing is counted (`h2d`, `d2h`), reported by
@@ -10,6 +11,8 @@ that run in numpy, and the model's outputs. Each crossing is counted (`h2d`, `d2
 `tvm.cpu()` too (with explicit copies): tests check the device path's results and counts without a GPU.
 """
 from __future__ import annotations
+
+import sys
 
 import numpy as np
 import tvm
@@ -94,16 +97,23 @@ class DevicePlacement:
 
 
 class _Rows:
-    __slots__ = ("x", "device", "row_shape", "row_bytes")
+    """Rows of a device tensor, copied into one reused device buffer: a fresh allocation per step measured
+    26 us on an H100 (cudaMalloc + cudaFree), more than the LSTM step's kernels. The buffer is reused only
+    when nothing but this object holds it (the previous step's body may have kept the row as a state or
+    returned it); the copy into it is ordered after the previous step's kernels on the same stream."""
+    __slots__ = ("x", "device", "row_shape", "row_bytes", "buf")
 
     def __init__(self, x: _Tensor, device):
         self.x, self.device = x, device
         self.row_shape = tuple(x.shape)[1:]
         self.row_bytes = int(np.prod(self.row_shape, dtype=np.int64)) * np.dtype(str(x.dtype)).itemsize
+        self.buf = None
 
     def __getitem__(self, t: int) -> _Tensor:
         dtype = str(self.x.dtype)
-        row = tvm.runtime.empty(self.row_shape, dtype, self.device)
+        if self.buf is None or sys.getrefcount(self.buf) > 2:      # self.buf + getrefcount's argument
+            self.buf = tvm.runtime.empty(self.row_shape, dtype, self.device)
+        row = self.buf
         if self.row_bytes:
             row.copyfrom(self.x._create_view(self.row_shape, dtype, t * self.row_bytes))
         return row

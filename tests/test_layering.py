@@ -211,3 +211,23 @@ def test_no_source_file_over_600_lines():
                                                             "runtime", "examples")
             for p in sorted((root / pkg).rglob("*.py")) if (n := len(p.read_text().splitlines())) > 600]
     assert not long, "source files over 600 lines:\n" + "\n".join(long)
+
+
+def test_every_subpackage_is_in_the_package_list():
+    """A non-editable `pip install .` installs only the packages pyproject.toml lists: a folder with an
+    __init__.py left out (dyntvm.codegen.converters was) breaks compiling there while the editable install
+    used by the tests works."""
+    import tomllib
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "pyproject.toml"), "rb") as f:
+        tool = tomllib.load(f)["tool"]["setuptools"]
+    listed, dirs = set(tool["packages"]), tool["package-dir"]
+    for pkg, folder in dirs.items():
+        for here, subdirs, files in os.walk(os.path.join(root, folder)):
+            subdirs[:] = [d for d in subdirs if not d.startswith((".", "__"))]
+            if "__init__.py" in files:
+                rel = os.path.relpath(here, os.path.join(root, folder))
+                name = pkg if rel == "." else pkg + "." + rel.replace(os.sep, ".")
+                assert name in listed, f"{name} ({here}) is missing from [tool.setuptools] packages"
+                if name != pkg and name in dirs:
+                    assert os.path.samefile(os.path.join(root, dirs[name]), here)

@@ -24,9 +24,16 @@ SYSTEMS = (
     ("ort_lstm", "ORT LSTM op"),
     ("dyntvm", "dyntvm"),
 )
-LABELS = dict(SYSTEMS)
+# on a CUDA GPU (`bench_peers.py --gpu`): the same builders with `BuildContext.device == "cuda"`
+GPU_SYSTEMS = (
+    ("torch_cuda", "PyTorch CUDA"),
+    ("torch_lstm_cuda", "nn.LSTM CUDA"),
+    ("dyntvm_cuda", "dyntvm CUDA"),
+)
+LABELS = dict(SYSTEMS + GPU_SYSTEMS)
 REQUIRES = {"numpy": (), "torch": ("torch",), "torch_lstm": ("torch",), "torch_compile": ("torch",),
-            "ort": ("onnx", "onnxruntime"), "ort_lstm": ("onnx", "onnxruntime"), "dyntvm": ()}
+            "ort": ("onnx", "onnxruntime"), "ort_lstm": ("onnx", "onnxruntime"), "dyntvm": (),
+            "torch_cuda": ("torch",), "torch_lstm_cuda": ("torch",), "dyntvm_cuda": ()}
 NO_COMPILE_STEP = ("numpy", "torch", "torch_lstm")      # their "build" only wraps weights
 
 
@@ -69,10 +76,25 @@ class BuildContext:
     threads: int = 2
     torch_backend: str = "inductor"    # torch.compile's backend ("eager": dynamo capture only, for the test)
     torch_cache_dir: str | None = None # inductor cache folder for this workload (None: torch's default)
+    device: str = "cpu"                # "cuda": torch tensors on the GPU, dyntvm compiled for CUDA
 
 
-def all_workloads(quick: bool = False, smallest: bool = False) -> list[Workload]:
-    """Every workload of the suite. `smallest`: tiny sizes for the correctness test (same code paths)."""
+def with_gpu_variants(w: Workload) -> Workload:
+    """Add the GPU systems: each one is its CPU builder run with `device="cuda"`."""
+    import dataclasses
+    for gpu_key, _ in GPU_SYSTEMS:
+        cpu_key = gpu_key[:-len("_cuda")]
+        if cpu_key in w.builders:
+            w.builders[gpu_key] = (lambda b: lambda ctx: b(dataclasses.replace(ctx, device="cuda")))(
+                w.builders[cpu_key])
+        elif cpu_key in w.na:
+            w.na[gpu_key] = w.na[cpu_key]
+    return w
+
+
+def all_workloads(quick: bool = False, smallest: bool = False, gpu: bool = False) -> list[Workload]:
+    """Every workload of the suite. `smallest`: tiny sizes for the correctness test (same code paths);
+    `gpu`: with the GPU systems' builders (`with_gpu_variants`)."""
     from . import branchy, decode, decoder, detection, lstm, mask, transformer
     out = []
     out += lstm.workloads(quick, smallest)
@@ -82,4 +104,4 @@ def all_workloads(quick: bool = False, smallest: bool = False) -> list[Workload]
     out += detection.workloads(quick, smallest)
     out += branchy.workloads(quick, smallest)
     out += transformer.workloads(quick, smallest)
-    return out
+    return [with_gpu_variants(w) for w in out] if gpu else out

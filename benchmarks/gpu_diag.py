@@ -1,0 +1,120 @@
+"""GPU diagnostics for benchmarks/gpu_host.sh: empty-input launches (one child each, CUDA_LAUNCH_BLOCKING=1), a kernel's CUDA
+source, per-node profiles and cProfile of the LSTM and decode loops on CUDA. `python3 -P benchmarks/gpu_diag.py STAGE...`"""
+import os, subprocess, sys, time
+import numpy as np
+
+CASES = {
+    "sum_gt": "lambda x: F.sum(x, axis=1) > 0",
+    "tanh": "lambda x: F.tanh(x) * 2.0",
+    "mask_only": "lambda x: F.boolean_mask(x, F.sum(x, axis=1) > 0)",
+    "nonzero": "lambda x: F.nonzero(F.sum(x, axis=1) > 0)",
+    "mask_tanh": "lambda x: F.tanh(F.boolean_mask(x, F.sum(x, axis=1) > 0)) * 2.0",
+}
+CHILD = r'''
+import sys, numpy as np, dyntvm as dt
+from dyntvm import F
+fn = eval(sys.argv[1]); n = int(sys.argv[2])
+m = dt.compile(fn, dt.TensorSpec(("N", 4)), target="cuda", use_cache=False)
+x = np.random.default_rng(n).standard_normal((n, 4)).astype(np.float32)
+try:
+    got = m(x, profile=True)
+    print("OK", [np.asarray(g).shape for g in (got if isinstance(got, tuple) else (got,))], m.last_copies)
+except Exception as e:
+    print("FAIL", type(e).__name__, str(e)[:300])
+    import tvm
+    from dyntvm.codegen.build import collect_regions
+    print([k for k in m.graph.nodes][:20] if hasattr(m.graph, "nodes") else "")
+'''
+def empties():
+    for name, src in CASES.items():
+        for n in (0, 1, 3):
+            env = dict(os.environ, CUDA_LAUNCH_BLOCKING="1")
+            r = subprocess.run([sys.executable, "-c", CHILD, src, str(n)], capture_output=True, text=True, env=env,
+                               timeout=120, cwd="/tmp")
+            out = (r.stdout.strip().splitlines() or [""])[-2:]
+            err = (r.stderr.strip().splitlines() or [""])[-1:]
+            print(f"{name:10s} n={n} rc={r.returncode} {out} {err if r.returncode else ''}", flush=True)
+
+def kernel_source():
+    import dyntvm as dt
+    global F
+    from dyntvm import F
+    from dyntvm.codegen.build import collect_regions
+    from dyntvm.codegen.relax_builder import build_module
+    from dyntvm.codegen import gpu
+    from dyntvm.pipeline import partition_graph
+    regions = collect_regions(partition_graph(dt.trace(eval(CASES[os.environ.get("KCASE", "sum_gt")]), dt.TensorSpec(("N", 4)))))
+    mod = build_module(regions, device_checks=True)
+    ex = gpu.build_cuda(mod)
+    def walk(m, d=0):
+        print("  " * d, m.kind if hasattr(m, "kind") else type(m).__name__)
+        if getattr(m, "kind", "") == "cuda":
+            try:
+                print(m.inspect_source()[:6000])
+            except Exception as e:
+                print("no source", e)
+        for i in m.imports:
+            walk(i, d + 1)
+    walk(ex.mod)
+
+def profiles():
+    import dyntvm as dt
+    sys.path.insert(0, "benchmarks")
+    from dyntvm import examples
+    from peers import decode
+    ex = examples.get("lstm")
+    for target in ("cuda", "cpu"):
+        m = dt.compile(ex.fn, *ex.specs, target=target)
+        inputs = ex.make_inputs(np.random.default_rng(0), T=64, B=1)
+        for _ in range(3):
+            m(*inputs)
+        t0 = time.perf_counter(); [m(*inputs) for _ in range(20)]; dt_ = (time.perf_counter() - t0) / 20
+        m(*inputs, profile=True)
+        print(f"== lstm T64 B1 {target}: {dt_*1e3:.3f} ms/call; copies {m.last_copies}")
+        for k, (c, s) in sorted(m.last_profile.items(), key=lambda kv: -kv[1][1])[:12]:
+            print(f"   {k:40s} calls {c:5d} total {s*1e3:8.3f} ms  per call {s/c*1e6:8.1f} us")
+    w = decode.workload()
+    m = dt.compile(decode.dyntvm_decode, *decode.SPECS, target="cuda") if hasattr(decode, "SPECS") else None
+    if m is None:
+        b = w.builders["dyntvm"]
+        from peers import BuildContext
+        p = b(BuildContext(device="cuda"))
+        m = p.keep
+        args = p.args
+    for _ in range(3):
+        m(*args)
+    t0 = time.perf_counter(); [m(*args) for _ in range(10)]; dt_ = (time.perf_counter() - t0) / 10
+    m(*args, profile=True)
+    print(f"== decode cuda: {dt_*1e3:.3f} ms/call; copies {m.last_copies}")
+    for k, (c, s) in sorted(m.last_profile.items(), key=lambda kv: -kv[1][1])[:12]:
+        print(f"   {k:40s} calls {c:5d} total {s*1e3:8.3f} ms  per call {s/c*1e6:8.1f} us")
+
+def cprof():
+    import cProfile, pstats, dyntvm as dt
+    sys.path.insert(0, "benchmarks")
+    from dyntvm import examples
+    from peers import decode, BuildContext
+    ex = examples.get("lstm")
+    m = dt.compile(ex.fn, *ex.specs, target="cuda")
+    inputs = ex.make_inputs(np.random.default_rng(0), T=64, B=1)
+    m(*inputs)
+    pr = cProfile.Profile(); pr.enable()
+    for _ in range(5):
+        m(*inputs)
+    pr.disable()
+    print("== cProfile lstm cuda x5"); pstats.Stats(pr).sort_stats("tottime").print_stats(14)
+    p = decode.workload().builders["dyntvm"](BuildContext(device="cuda"))
+    p.fn(*p.args)
+    pr = cProfile.Profile(); pr.enable()
+    for _ in range(5):
+        p.fn(*p.args)
+    pr.disable()
+    print("== cProfile decode cuda x5"); pstats.Stats(pr).sort_stats("tottime").print_stats(14)
+
+for stage in sys.argv[1:]:
+    print("#####", stage, flush=True)
+    try:
+        globals()[stage]()
+    except Exception:
+        import traceback
+        traceback.print_exc()
