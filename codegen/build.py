@@ -128,9 +128,10 @@ def add_binding(mod, binding: str):
     return bb.get()
 
 
-def build_executable(regions: list, target: str, binding: str | None = None, tvm_target=None):
+def build_executable(regions: list, target: str, binding: str | None = None, tvm_target=None, loops=()):
     """Build one TVM executable holding every region function (no caching), plus the binding
-    function when `binding` is given. `target` is "cpu" or "cuda" (`tvm_target`: the concrete one)."""
+    function when `binding` is given. `target` is "cpu" or "cuda" (`tvm_target`: the concrete one).
+    `loops`: foreach loops to compile end to end (`compiled_loops.loop_specs`; CPU only)."""
     from .relax_builder import build_module, unsupported_ops
     check_host_compiler()
     missing = sorted({op for _, g in regions for op in unsupported_ops(g)})
@@ -142,7 +143,7 @@ def build_executable(regions: list, target: str, binding: str | None = None, tvm
     stats.builds += 1
     if target == "cpu":
         from .cpu_schedule import build_cpu
-        return build_cpu(mod, tvm_target)
+        return build_cpu(mod, tvm_target, loops)
     from .gpu import build_cuda
     return build_cuda(mod, tvm_target)
 
@@ -176,7 +177,9 @@ def build(graph: Graph, target: str = "cpu", cache_dir: str | None = None, use_c
     check_compiler()
     tvm_target = concrete_target(target)
     desc = str(tvm_target)
-    key = _cache.cache_key(regions, desc, binding or "")
+    from .compiled_loops import loop_specs
+    loops = loop_specs(graph) if kind == "cpu" else []
+    key = _cache.cache_key(regions, desc, (binding or "") + (f"|loops:{loops!r}" if loops else ""))
     cdir = (cache_dir or _cache.default_cache_dir()) if use_cache else None
     loadable = kind == "cpu" or _gpu_present()
     if cdir is not None:
@@ -187,7 +190,7 @@ def build(graph: Graph, target: str = "cpu", cache_dir: str | None = None, use_c
             return Built(lib, entry.path, True, desc, entry.sha256, entry.size)
     if kind == "cuda":
         return _build_cuda(regions, tvm_target, binding, cdir, key, desc)
-    ex = build_executable(regions, target, binding, tvm_target)
+    ex = build_executable(regions, target, binding, tvm_target, loops)
     entry = _store(cdir, key, ex, binding)
     if entry is not None:           # run what a later hit loads: the stored library
         import tvm

@@ -33,6 +33,7 @@ import tvm
 from tvm import relax, s_tir, tirx
 from tvm.relax.backend.cpu_generic import pipeline as _cpu_pipeline
 
+from .compiled_loops import loop_pass
 from .fusion_guard import opaque_shape_scalar_kernels
 from .cpu_fast_math import FAST_MATH
 from .cpu_inline import inline_spatial
@@ -137,7 +138,7 @@ def legalize_and_fuse(target=None) -> tvm.transform.Pass:
         + [relax.transform.FuseTIR()])
 
 
-def build_cpu(mod: tvm.IRModule, target=None) -> relax.VMExecutable:
+def build_cpu(mod: tvm.IRModule, target=None, loops=()) -> relax.VMExecutable:
     """Compiles a Relax module for the CPU with fusion and the default schedules.
 
     Pipeline: DispatchSampling, DispatchSortScan -> ``legalize_and_fuse`` ->
@@ -147,6 +148,7 @@ def build_cpu(mod: tvm.IRModule, target=None) -> relax.VMExecutable:
     Args:
         mod: Relax module; may hold several public functions and symbolic dims.
         target: LLVM target; ``cpu_target()`` when None.
+        loops: foreach loops to compile end to end, added after scheduling (`compiled_loops.loop_pass`).
 
     Returns:
         The executable, for ``relax.VirtualMachine(ex, tvm.cpu())``.
@@ -155,6 +157,7 @@ def build_cpu(mod: tvm.IRModule, target=None) -> relax.VMExecutable:
     target = target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
     passes = (_cpu_pipeline.library_dispatch_passes(target)
               + [legalize_and_fuse(target), cpu_schedule_pass(target)]
+              + ([loop_pass(list(loops))] if loops else [])
               + _cpu_pipeline.dataflow_lower_passes(target)
               + _cpu_pipeline.finalize_passes(target))
     with target:

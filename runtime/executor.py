@@ -20,6 +20,7 @@ from tvm_ffi._ffi_api import ArrayGetItem
 
 from dyntvm.errors import CompileError, ExecutionError
 
+from ..ir.compiled_loop import compiled_loop_name, foreach_loop_plan
 from ..ir.graph import Graph, Node
 from ..ir.ops import mask_gather_name
 from ..ir.types import eval_dim
@@ -341,7 +342,7 @@ class Executor:
                                              alloc=aligned_empty)     # zero-copy 64-byte aligned rows into regions
             for o, r in zip(outs, stacked + list(states)):
                 slots[o] = r
-        return run
+        return self._compiled_foreach(n, ins, outs, run) or run
 
     def _foreach_valid_length(self, n: Node, ins, outs, body, body_run):
         """foreach with valid_length (`control_flow.foreach_valid_length`): the rows of each step are gathered,
@@ -394,6 +395,39 @@ class Executor:
                                            truth=_first_truth, to_array=to_numpy, cond_in_body=in_body)
             for o, r in zip(outs, stacked + list(vars_)):
                 slots[o] = r
+        return run
+
+    def _compiled_foreach(self, n: Node, ins, outs, stepwise):
+        """The foreach as one call of its compiled loop (`ir.compiled_loop`), if the library has one: no
+        Python per step. None while validating or profiling (the step-by-step plan does those), on a device,
+        or when codegen declined the loop. When the compiled loop fails, `stepwise` (the step-by-step run)
+        runs it again to raise the error a step-by-step run raises (the iteration, the op and its line)."""
+        if self.validate or self.profiling or self.pl is not None or self.vm is None:
+            return None
+        plan = foreach_loop_plan(n)
+        if plan is None:
+            return None
+        region, roles, _ = plan
+        try:
+            fn = self.vm[compiled_loop_name(region.attrs.name)]
+        except Exception:  # noqa: BLE001 - no such function: codegen declined this loop (or an older library)
+            return None
+        nd, ns = n.attrs.num_data, n.attrs.num_states
+        arg_idx = [ins[k if r == "data" else nd + k if r == "state" else nd + ns + k] for r, k in roles]
+        data_idx = ins[:nd]
+        calls = self.calls
+
+        def run(slots):
+            cf.data_length([slots[i].shape[0] for i in data_idx])
+            args = [to_tvm(slots[i]) for i in arg_idx]
+            try:
+                res = fn(*args)
+            except Exception as e:  # noqa: BLE001 - TVM raises many kinds: the step-by-step run names it
+                stepwise(slots)
+                raise region_failure(region, args, e) from e    # (only if the steps run where the loop failed)
+            calls[0] += 1
+            for k, o in enumerate(outs):
+                slots[o] = _item(res, k)
         return run
 
     def _direct_body(self, g: Graph):
