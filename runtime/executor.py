@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections import defaultdict
 
 import numpy as np
@@ -401,7 +402,8 @@ class Executor:
         """The foreach as one call of its compiled loop (`ir.compiled_loop`), if the library has one: no
         Python per step. None while validating or profiling (the step-by-step plan does those), on a device,
         or when codegen declined the loop. When the compiled loop fails, `stepwise` (the step-by-step run)
-        runs it again to raise the error a step-by-step run raises (the iteration, the op and its line)."""
+        runs it again to raise the error a step-by-step run raises (the iteration, the op and its line); should
+        the steps succeed, their result is used, with a RuntimeWarning."""
         if self.validate or self.profiling or self.pl is not None or self.vm is None:
             return None
         plan = foreach_loop_plan(n)
@@ -423,8 +425,11 @@ class Executor:
             try:
                 res = fn(*args)
             except Exception as e:  # noqa: BLE001 - TVM raises many kinds: the step-by-step run names it
-                stepwise(slots)
-                raise region_failure(region, args, e) from e    # (only if the steps run where the loop failed)
+                stepwise(slots)     # raises the step-by-step error; if the steps run, their result stands
+                warnings.warn(f"dyntvm: the compiled loop of foreach node {n.name!r} failed "
+                              f"({type(e).__name__}: {str(e).strip()[:200]}) where its steps run; the result "
+                              "comes from the step-by-step run", RuntimeWarning, stacklevel=2)
+                return
             calls[0] += 1
             for k, o in enumerate(outs):
                 slots[o] = _item(res, k)
