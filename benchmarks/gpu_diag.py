@@ -57,37 +57,32 @@ def kernel_source():
             walk(i, d + 1)
     walk(ex.mod)
 
+def _profile(label, m, args, calls):
+    """Mean time of `calls` calls, then one profiled call: its slowest nodes."""
+    for _ in range(3):
+        m(*args)
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        m(*args)
+    per = (time.perf_counter() - t0) / calls
+    m(*args, profile=True)
+    print(f"== {label}: {per * 1e3:.3f} ms/call; copies {m.last_copies}")
+    for k, (c, s) in sorted(m.last_profile.items(), key=lambda kv: -kv[1][1])[:12]:
+        print(f"   {k:40s} calls {c:5d} total {s*1e3:8.3f} ms  per call {s/c*1e6:8.1f} us")
+
+
 def profiles():
     import dyntvm as dt
     sys.path.insert(0, "benchmarks")
     from dyntvm import examples
-    from peers import decode
+    from peers import BuildContext, decode
     ex = examples.get("lstm")
+    inputs = ex.make_inputs(np.random.default_rng(0), T=64, B=1)
     for target in ("cuda", "cpu"):
-        m = dt.compile(ex.fn, *ex.specs, target=target)
-        inputs = ex.make_inputs(np.random.default_rng(0), T=64, B=1)
-        for _ in range(3):
-            m(*inputs)
-        t0 = time.perf_counter(); [m(*inputs) for _ in range(20)]; dt_ = (time.perf_counter() - t0) / 20
-        m(*inputs, profile=True)
-        print(f"== lstm T64 B1 {target}: {dt_*1e3:.3f} ms/call; copies {m.last_copies}")
-        for k, (c, s) in sorted(m.last_profile.items(), key=lambda kv: -kv[1][1])[:12]:
-            print(f"   {k:40s} calls {c:5d} total {s*1e3:8.3f} ms  per call {s/c*1e6:8.1f} us")
-    w = decode.workload()
-    m = dt.compile(decode.dyntvm_decode, *decode.SPECS, target="cuda") if hasattr(decode, "SPECS") else None
-    if m is None:
-        b = w.builders["dyntvm"]
-        from peers import BuildContext
-        p = b(BuildContext(device="cuda"))
-        m = p.keep
-        args = p.args
-    for _ in range(3):
-        m(*args)
-    t0 = time.perf_counter(); [m(*args) for _ in range(10)]; dt_ = (time.perf_counter() - t0) / 10
-    m(*args, profile=True)
-    print(f"== decode cuda: {dt_*1e3:.3f} ms/call; copies {m.last_copies}")
-    for k, (c, s) in sorted(m.last_profile.items(), key=lambda kv: -kv[1][1])[:12]:
-        print(f"   {k:40s} calls {c:5d} total {s*1e3:8.3f} ms  per call {s/c*1e6:8.1f} us")
+        _profile(f"lstm T64 B1 {target}", dt.compile(ex.fn, *ex.specs, target=target), inputs, 20)
+    p = decode.workload().builders["dyntvm"](BuildContext(device="cuda"))
+    _profile("decode cuda", p.keep, p.args, 10)
+
 
 def cprof():
     import cProfile, pstats, dyntvm as dt
