@@ -143,7 +143,14 @@ def build_executable(regions: list, target: str, binding: str | None = None, tvm
     stats.builds += 1
     if target == "cpu":
         from .cpu_schedule import build_cpu
-        return build_cpu(mod, tvm_target, loops)
+        if not loops:
+            return build_cpu(mod, tvm_target)
+        try:
+            return build_cpu(mod, tvm_target, loops)
+        except Exception as e:  # noqa: BLE001 - compiled loops are an optimization: never the reason a build fails
+            warnings.warn(f"dyntvm: building the compiled loops failed ({type(e).__name__}: {str(e)[:200]}); "
+                          "the loops run step by step", RuntimeWarning, stacklevel=2)
+            return build_cpu(mod, tvm_target)
     from .gpu import build_cuda
     return build_cuda(mod, tvm_target)
 

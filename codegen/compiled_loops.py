@@ -412,6 +412,8 @@ def loop_pass(specs: list):
                 stats.compiled.append(region)
             except Decline as e:
                 stats.declined.append((region, str(e)))
+            except Exception as e:  # noqa: BLE001 - an IR this generator did not foresee: the loop runs step by step
+                stats.declined.append((region, f"unexpected {type(e).__name__}: {str(e)[:200]}"))
         return mod
     return add_compiled_loops
 

@@ -229,3 +229,37 @@ def test_a_compiled_loop_failing_where_the_steps_run_falls_back_with_a_warning(l
         got = ex.run([xs, h0, c0])
     assert_same([np.asarray(g.numpy() if hasattr(g, "numpy") else g) for g in got], list(fn(xs, h0, c0)),
                 rtol=1e-4, atol=1e-5)
+
+
+def test_a_compiled_loop_never_breaks_a_build(monkeypatch):
+    """Compiled loops are an optimization: an IR the generator did not foresee declines the loop, and a
+    build that fails with the loops in it is redone without them (a RuntimeWarning says so)."""
+    import tvm
+
+    from dyntvm.codegen import cpu_schedule
+
+    def fn(xs, s):
+        ys, (s,) = F.foreach(lambda x, st: (F.tanh(x + st[0]), [st[0] * 0.5 + x]), xs, [s])
+        return ys, s
+    specs = (dt.TensorSpec(("T", 16)), dt.TensorSpec((16,)))
+    xs, s0 = np.random.default_rng(3).standard_normal((5, 16)).astype(np.float32), np.ones(16, np.float32)
+
+    def unforeseen(*a, **k):
+        raise KeyError("an unforeseen binding")
+    monkeypatch.setattr(compiled_loops, "build_loop", unforeseen)
+    compiled_loops.stats.declined.clear()
+    model = dt.compile(fn, *specs, use_cache=False)
+    assert not _has_loop(model) and "unexpected KeyError" in compiled_loops.stats.declined[0][1]
+    assert_same(model(xs, s0), fn(xs, s0))
+    monkeypatch.undo()
+
+    def failing_pass(specs):
+        @tvm.transform.module_pass(opt_level=0, name="broken")
+        def broken(mod, ctx):
+            raise RuntimeError("a loop function TVM cannot build")
+        return broken
+    monkeypatch.setattr(cpu_schedule, "loop_pass", failing_pass)
+    with pytest.warns(RuntimeWarning, match="building the compiled loops failed"):
+        model = dt.compile(fn, *specs, use_cache=False)
+    assert not _has_loop(model)
+    assert_same(model(xs, s0), fn(xs, s0))
