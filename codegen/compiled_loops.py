@@ -351,7 +351,9 @@ def build_loop(mod: tvm.IRModule, region: str, roles: tuple, outs: tuple, n_ys: 
     decls = [f"{nm} = T.int64()" for nm in [f"d{k}" for k in range(len(names.vars))] + ["n"]]
     text = ["# from tvm.script import tirx as T", "@T.prim_func", f"def {region}__loop_kernel("
             + ", ".join(lines_params) + "):"]
-    text += ["    " + ln for ln in decls + lines_match + lines_alloc + body]
+    # noalias (every buffer is its own tensor): a function without it in the LLVM module was seen to make LLVM
+    # keep matmul accumulators in memory (see cpu_schedule.build_cpu)
+    text += ["    " + ln for ln in ['T.func_attr({"tirx.noalias": True})'] + decls + lines_match + lines_alloc + body]
     return "\n".join(text) + "\n", consts, out_types, names, calls
 
 

@@ -23,7 +23,17 @@ def _matmul(bb, node, args, ctx):
         a, b = unify_broadcast(bb, ctx, [a, b], [ta, tb], skip_trailing=2)
     ka = shape_of(a)[-1]
     b = assert_dims(bb, ctx, b, {(ndim_of(b) - 2 if ndim_of(b) >= 2 else 0): ka})
-    r = emit(bb, R.matmul(a, b, out_dtype=work))
+    lead = shape_of(a)[:-1] if ndim_of(a) >= 3 and ndim_of(b) == 2 else None
+    if lead is not None and shape_of(b) is not None and all(d is not None for d in lead):
+        # [..., M, K] @ [K, N] as one [prod(...) * M, K] GEMM: Relax keeps the leading axes as a batch of
+        # small products (the LSTM's hoisted [T, 1, 128] @ [128, 1024] ran as 64 GEMVs, 2.7x numpy's time)
+        rows = lead[0]
+        for d in lead[1:]:
+            rows = rows * d
+        flat = emit(bb, R.reshape(a, [rows, ka]))
+        r = emit(bb, R.reshape(emit(bb, R.matmul(flat, b, out_dtype=work)), lead + [shape_of(b)[-1]]))
+    else:
+        r = emit(bb, R.matmul(a, b, out_dtype=work))
     r = guard_empty(bb, ctx, r, a, [ka], 0)          # K == 0: numpy gives zeros
     if dt == "bool":
         r = R.not_equal(r, const(0, work))
