@@ -14,7 +14,8 @@ adds two functions:
   ``call_tir``, allocating the stacked outputs ``[T, ...]`` and the final states.
 
 A step then costs its kernels and about a hundred nanoseconds of argument setup, against a region call from
-Python (~1.5 us), the executor's bookkeeping and a copy of each output row per step.
+Python and the executor's bookkeeping (the LSTM's B=1 step: 6.2 us in the loop, 9.1 us as a region call
+from Python plus 1.5-2 us of executor).
 
 Kernels assume 64-byte aligned data, so a loop is only compiled when every row it addresses (data and
 stacked outputs) is a provable multiple of 64 bytes; shapes must be products/sums of the body's dims. Any
