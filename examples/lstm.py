@@ -19,14 +19,16 @@ b = np.zeros(4 * HIDDEN, np.float32)
 b[HIDDEN:2 * HIDDEN] = 1.0                  # forget-gate bias 1 (the usual initialization)
 
 
-def lstm(xs, h0, c0):
-    def step(x, states):
-        h, c = states
-        i, f, g, o = F.split(F.matmul(x, W) + F.matmul(h, U) + b, 4, axis=-1)
-        c = F.sigmoid(f) * c + F.sigmoid(i) * F.tanh(g)
-        h = F.sigmoid(o) * F.tanh(c)
-        return h, [h, c]
+def step(x, states):
+    """One LSTM step: (x_t, [h, c]) -> (h, [h, c])."""
+    h, c = states
+    i, f, g, o = F.split(F.matmul(x, W) + F.matmul(h, U) + b, 4, axis=-1)
+    c = F.sigmoid(f) * c + F.sigmoid(i) * F.tanh(g)
+    h = F.sigmoid(o) * F.tanh(c)
+    return h, [h, c]
 
+
+def lstm(xs, h0, c0):
     hs, (h, _c) = F.foreach(step, xs, [h0, c0])
     return hs, h
 

@@ -44,14 +44,9 @@ def _has_loop(model) -> bool:
     return bool(_compiled(model))
 
 
-def lstm_with_c(xs, h, c, W, U, b):
-    def step(x, hc):
-        h, c = hc
-        i, f, g, o = F.split(F.matmul(x, W) + F.matmul(h, U) + b, 4, axis=-1)
-        c = F.sigmoid(f) * c + F.sigmoid(i) * F.tanh(g)
-        h = F.sigmoid(o) * F.tanh(c)
-        return h, [h, c]
-    hs, (h, c) = F.foreach(step, xs, [h, c])
+def lstm_with_c(xs, h, c):
+    """The example's LSTM, also returning the final cell state."""
+    hs, (h, c) = F.foreach(lstm_example.step, xs, [h, c])
     return hs, h, c
 
 
@@ -69,8 +64,7 @@ def two_kernels(xs, s):
 
 @pytest.fixture(scope="module")
 def lstm_c(cache_dir_module):
-    W, U, b = lstm_example.W, lstm_example.U, lstm_example.b
-    fn = lambda xs, h, c: lstm_with_c(xs, h, c, W, U, b)        # noqa: E731
+    fn = lstm_with_c
     model = dt.compile(fn, dt.TensorSpec(("T", "B", 128)), dt.TensorSpec(("B", 256)), dt.TensorSpec(("B", 256)),
                        cache_dir=cache_dir_module)
     return fn, model
