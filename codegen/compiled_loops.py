@@ -93,7 +93,7 @@ class _Loc:
     def __init__(self, buf: str, shape: list, dtype: str, row: bool):
         self.buf, self.shape, self.dtype, self.row = buf, shape, dtype, row
 
-    def addr(self, step: str, names: _Names) -> str:
+    def addr(self, step: str) -> str:
         zeros = ["T.int64(0)"] * len(self.shape)
         idx = ([step] if self.row else []) + zeros
         return f"T.address_of({self.buf}[{', '.join(idx)}])" if idx else f"T.address_of({self.buf}[()])"
@@ -101,7 +101,7 @@ class _Loc:
     def arg(self, step: str, names: _Names) -> str:
         dims = ", ".join(_expr(d, names) for d in self.shape)
         shape = f"T.tvm_stack_make_shape({dims})" if dims else "T.reinterpret(\"handle\", T.uint64(0))"
-        return (f"T.tvm_stack_make_array({self.addr(step, names)}, {shape}, "
+        return (f"T.tvm_stack_make_array({self.addr(step)}, {shape}, "
                 f"T.reinterpret(\"handle\", T.uint64(0)), {len(self.shape)}, {_dtype_hint(self.dtype)}, "
                 "T.int64(0))")
 
@@ -343,7 +343,6 @@ def build_loop(mod: tvm.IRModule, region: str, roles: tuple, outs: tuple, n_ys: 
             body += ["    " + ln for ln in copy_state(s, a, None)]
             body.append("else:")
             body += ["    " + ln for ln in copy_state(s, b, None)]
-    lines_alloc = []
     for nm, shape, dtype in scratch:
         lines_params.append(f"h_{nm}: T.handle")
         dims = ", ".join(_expr(d, names) for d in shape)
@@ -354,7 +353,7 @@ def build_loop(mod: tvm.IRModule, region: str, roles: tuple, outs: tuple, n_ys: 
             + ", ".join(lines_params) + "):"]
     # noalias (every buffer is its own tensor): a function without it in the LLVM module was seen to make LLVM
     # keep matmul accumulators in memory (see cpu_schedule.build_cpu)
-    text += ["    " + ln for ln in ['T.func_attr({"tirx.noalias": True})'] + decls + lines_match + lines_alloc + body]
+    text += ["    " + ln for ln in ['T.func_attr({"tirx.noalias": True})'] + decls + lines_match + body]
     return "\n".join(text) + "\n", consts, out_types, names, calls
 
 
