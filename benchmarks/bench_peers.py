@@ -530,6 +530,19 @@ def _cell(res: dict, value: str, notes: list) -> str:
     return f"{st} [{len(notes)}]"
 
 
+def _rows(report: dict, systems: list, cell) -> list[str]:
+    """One table row per workload: ``cell(workload, system, that system's result)`` per system."""
+    return [f"| {w['label']} | " + " | ".join(cell(w, s, w["results"].get(s, {"status": NONE})) for s in systems)
+            + " |" for w in report["workloads"]]
+
+
+def _value_cell(res: dict, key: str, fmt: str) -> str:
+    """`res[key]` formatted; "—" where the system has no variant; else its status."""
+    if res.get("status") == NONE:
+        return "—"
+    return fmt.format(res[key]) if res.get(key) is not None else res.get("status", "")
+
+
 def markdown(report: dict) -> str:
     systems = [s for s in report["systems"]
                if any(w["results"].get(s, {}).get("status") not in (NONE, None) for w in report["workloads"])]
@@ -567,11 +580,8 @@ def markdown(report: dict) -> str:
 
     lines += ["", "Fastest call, ms (on a busy machine the closest to what the system does alone):", "",
               "| workload | " + " | ".join(LABELS[s] for s in systems) + " |", "|---|" + "---:|" * len(systems)]
-    for w in report["workloads"]:
-        r = w["results"]
-        cells = [_fmt_ms(r[s]["min_ms"]) if "min_ms" in r.get(s, {}) else
-                 "—" if r.get(s, {}).get("status", NONE) == NONE else r[s]["status"] for s in systems]
-        lines.append(f"| {w['label']} | " + " | ".join(cells) + " |")
+    lines += _rows(report, systems, lambda w, s, res: _fmt_ms(res["min_ms"]) if "min_ms" in res else
+                   "—" if res.get("status", NONE) == NONE else res["status"])
 
     build_systems = [s for s in systems if s not in NO_COMPILE_STEP]
     cold = report["settings"]["isolated_builds"]
@@ -583,20 +593,13 @@ def markdown(report: dict) -> str:
               + ".", "",
               "| workload | " + " | ".join(LABELS[s] for s in build_systems) + " |",
               "|---|" + "---:|" * len(build_systems)]
-    for w in report["workloads"]:
-        r = w["results"]
-        cells = []
-        for s in build_systems:
-            res = r.get(s, {"status": NONE})
-            b = res.get("build_s")
-            if res.get("isolated_status"):             # the cold build failed where the timed one did not
-                notes.append(f"{LABELS[s]}, {w['label']}, cold build: {res['isolated_status']}: "
-                             f"{res.get('isolated_reason', '')}")
-                cells.append(f"{res['isolated_status']} [{len(notes)}]")
-            else:
-                cells.append("—" if res.get("status") == NONE else f"{b:.2f}" if b is not None else
-                             res.get("status", ""))
-        lines.append(f"| {w['label']} | " + " | ".join(cells) + " |")
+    def build_cell(w, s, res):
+        if res.get("isolated_status"):                 # the cold build failed where the timed one did not
+            notes.append(f"{LABELS[s]}, {w['label']}, cold build: {res['isolated_status']}: "
+                         f"{res.get('isolated_reason', '')}")
+            return f"{res['isolated_status']} [{len(notes)}]"
+        return _value_cell(res, "build_s", "{:.2f}")
+    lines += _rows(report, build_systems, build_cell)
 
     if cold:
         lines += ["", "Peak memory added by the build and 4 calls, MB (VmHWM minus RSS before the build, in the "
@@ -605,15 +608,7 @@ def markdown(report: dict) -> str:
                               if report["systems"][s].get("base_rss_mb") is not None) + ".", "",
                   "| workload | " + " | ".join(LABELS[s] for s in systems) + " |",
                   "|---|" + "---:|" * len(systems)]
-        for w in report["workloads"]:
-            r = w["results"]
-            cells = []
-            for s in systems:
-                res = r.get(s, {"status": NONE})
-                pm = res.get("peak_mb")
-                cells.append("—" if res.get("status") == NONE else f"{pm:.1f}" if pm is not None else
-                             res.get("status", ""))
-            lines.append(f"| {w['label']} | " + " | ".join(cells) + " |")
+        lines += _rows(report, systems, lambda w, s, res: _value_cell(res, "peak_mb", "{:.1f}"))
 
     tc = [(w, w["results"].get("torch_compile", {})) for w in report["workloads"]]
     tc = [(w, r) for w, r in tc if r.get("info")]

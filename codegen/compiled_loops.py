@@ -111,7 +111,8 @@ def _alias(region: str, kernel: str) -> str:
 
 
 def build_loop(mod: tvm.IRModule, region: str, roles: tuple, outs: tuple, n_ys: int):
-    """(PrimFunc, Relax wrapper pieces) for one loop, or raises Decline."""
+    """(TVMScript text of the loop PrimFunc, the Relax constants it takes, its output types, the kernel calls)
+    for one loop, or raises Decline."""
     func = mod[region]
     if not isinstance(func, relax.Function):
         raise Decline("the body is not a Relax function")
@@ -354,7 +355,7 @@ def build_loop(mod: tvm.IRModule, region: str, roles: tuple, outs: tuple, n_ys: 
     # noalias (every buffer is its own tensor): a function without it in the LLVM module was seen to make LLVM
     # keep matmul accumulators in memory (see cpu_schedule.build_cpu)
     text += ["    " + ln for ln in ['T.func_attr({"tirx.noalias": True})'] + decls + lines_match + body]
-    return "\n".join(text) + "\n", consts, out_types, names, calls
+    return "\n".join(text) + "\n", consts, out_types, calls
 
 
 def _parse(src: str):
@@ -363,7 +364,7 @@ def _parse(src: str):
 
 
 def add_loop(mod: tvm.IRModule, region: str, roles: tuple, outs: tuple, n_ys: int) -> tvm.IRModule:
-    src, consts, out_types, names, calls = build_loop(mod, region, roles, outs, n_ys)
+    src, consts, out_types, calls = build_loop(mod, region, roles, outs, n_ys)
     try:
         prim = _parse(src)
     except Exception as e:  # noqa: BLE001 - the generated text did not parse: decline, with the reason
@@ -377,16 +378,9 @@ def add_loop(mod: tvm.IRModule, region: str, roles: tuple, outs: tuple, n_ys: in
         bb.add_func(mod[gv_k].with_attr("global_symbol", _alias(region, kernel)), _alias(region, kernel))
     gv = bb.add_func(prim, f"{region}__loop_kernel")
     n = tvm.tirx.Var("n_steps", "int64")
-    sub = {}
-    for k, v in enumerate(names.vars):
-        sub[f"d{k}"] = v
-    sub["n"] = n
 
-    def shape_of(shape):
-        out = []
-        for d in shape:
-            out.append(sub[d] if isinstance(d, str) else d)
-        return out
+    def shape_of(shape):            # the body's dims as they are; "n" (the steps) becomes n_steps
+        return [n if isinstance(d, str) else d for d in shape]
     params = []
     for p, (role, _) in zip(func.params, roles):
         shape, dtype = _tensor_type(p.ty)

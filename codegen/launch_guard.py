@@ -40,7 +40,7 @@ def thread_extents(stmt, out: list) -> list:
             child = getattr(stmt, name)
         except AttributeError:
             continue
-        if isinstance(child, tirx.Stmt) or isinstance(child, tvm.runtime.Object) and hasattr(child, "body"):
+        if isinstance(child, tirx.Stmt):
             thread_extents(child, out)
     return out
 

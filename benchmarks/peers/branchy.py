@@ -13,8 +13,7 @@ import numpy as np
 from dyntvm.examples import branchy as ex
 
 from . import Workload
-from .common import (OnnxGraph, dyntvm_builder, numpy_builder, onnx_model, ort_builder, torch_builder,
-                     torch_compile_builder)
+from .common import (OnnxGraph, onnx_model, standard_builders)
 
 D, H = ex.D, ex.H
 
@@ -105,13 +104,7 @@ def onnx_scan_if():
 
 def workload(B):
     inputs = ex.make_inputs(np.random.default_rng(0), B=B)
-    builders = {
-        "numpy": numpy_builder(numpy_branchy, inputs),
-        "torch": torch_builder(torch_branchy, inputs),
-        "torch_compile": torch_compile_builder(torch_branchy, inputs),
-        "ort": ort_builder(onnx_scan_if, inputs),
-        "dyntvm": dyntvm_builder(ex.branchy, ex.EXAMPLE.specs, inputs),
-    }
+    builders = standard_builders(inputs, numpy_branchy, torch_branchy, onnx_scan_if, ex.branchy, ex.EXAMPLE.specs)
     width = numpy_branchy(*inputs)[0].shape[1]
     return Workload(f"ex_branchy_B{B}", f"ex. branchy B{B} (W={width})", "d", inputs, builders,
                     rtol=1e-4, atol=1e-4)

@@ -231,3 +231,14 @@ def dyntvm_builder(fn, specs, inputs):
         return Prepared(lambda *a: as_tuple(model(*a)), tuple(inputs), keep=model)
     return build
 
+
+def standard_builders(inputs, numpy_fn, torch_factory, onnx_factory, dyntvm_fn, specs) -> dict:
+    """The builders every workload has: numpy, PyTorch eager and torch.compile (the same torch function),
+    ONNX Runtime, dyntvm."""
+    return {
+        "numpy": numpy_builder(numpy_fn, inputs),
+        "torch": torch_builder(torch_factory, inputs),
+        "torch_compile": torch_compile_builder(torch_factory, inputs),
+        "ort": ort_builder(onnx_factory, inputs),
+        "dyntvm": dyntvm_builder(dyntvm_fn, specs, inputs),
+    }

@@ -13,8 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import Workload
-from .common import (OnnxGraph, dyntvm_builder, numpy_builder, onnx_model, ort_builder, torch_builder,
-                     torch_compile_builder)
+from .common import (OnnxGraph, onnx_model, standard_builders)
 
 V, H, END, START, SEED = 1000, 256, 0, 1, 17
 END_SLOPE = 0.0755                 # END's logit bias is END_SLOPE * step (step = 0, 1, ...)
@@ -109,13 +108,7 @@ def workload(max_steps=100):
     assert n == min(STEPS, max_steps), f"decode ran {n} steps, expected {STEPS}"
     specs = (dt.TensorSpec((), "int64", name="start"), dt.TensorSpec((H,), name="h0"),
              dt.TensorSpec((), "int64", name="max_steps"))
-    builders = {
-        "numpy": numpy_builder(numpy_decode, inputs),
-        "torch": torch_builder(torch_decode, inputs),
-        "torch_compile": torch_compile_builder(torch_decode, inputs),
-        "ort": ort_builder(onnx_loop, inputs),
-        "dyntvm": dyntvm_builder(dyntvm_decode, specs, inputs),
-    }
+    builders = standard_builders(inputs, numpy_decode, torch_decode, onnx_loop, dyntvm_decode, specs)
     label = f"greedy decode h{H} V{V} ({n} steps)"
     return Workload(f"decode_{n}", label, "b", inputs, builders, exact=(0,))
 

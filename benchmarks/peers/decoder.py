@@ -11,8 +11,7 @@ import numpy as np
 from dyntvm.examples import decoder as ex
 
 from . import Workload
-from .common import (OnnxGraph, dyntvm_builder, numpy_builder, onnx_model, ort_builder, torch_builder,
-                     torch_compile_builder)
+from .common import (OnnxGraph, onnx_model, standard_builders)
 
 V, EMB, H, END, BOS = ex.VOCAB, ex.EMBED, ex.HIDDEN, ex.END, ex.BOS
 
@@ -127,13 +126,7 @@ def onnx_scan_loop():
 
 def workload(P=3, max_steps=32):
     inputs = ex.make_inputs(np.random.default_rng(0), P=P, max_steps=max_steps)
-    builders = {
-        "numpy": numpy_builder(numpy_decoder, inputs),
-        "torch": torch_builder(torch_decoder, inputs),
-        "torch_compile": torch_compile_builder(torch_decoder, inputs),
-        "ort": ort_builder(onnx_scan_loop, inputs),
-        "dyntvm": dyntvm_builder(ex.decoder, ex.EXAMPLE.specs, inputs),
-    }
+    builders = standard_builders(inputs, numpy_decoder, torch_decoder, onnx_scan_loop, ex.decoder, ex.EXAMPLE.specs)
     n = len(numpy_decoder(*inputs)[1])
     return Workload(f"ex_decoder_P{P}", f"ex. decoder P{P} ({n} steps)", "d", inputs, builders, exact=(0,),
                     rtol=1e-4, atol=1e-4)

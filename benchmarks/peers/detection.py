@@ -11,8 +11,7 @@ import numpy as np
 from dyntvm.examples import detection as ex
 
 from . import Workload
-from .common import (OnnxGraph, dyntvm_builder, numpy_builder, onnx_model, ort_builder, torch_builder,
-                     torch_compile_builder)
+from .common import (OnnxGraph, onnx_model, standard_builders)
 
 C, TOP = ex.CLASSES, ex.TOP
 
@@ -54,7 +53,7 @@ def onnx_compress():
     """Compress for the mask, NonZero for the kept rows' indices, TopK with K computed in the graph."""
     from onnx import TensorProto as TP
     g = OnnxGraph()
-    i0, i1 = g.const(np.array([0], np.int64)), g.const(np.array([1], np.int64))
+    i1 = g.const(np.array([1], np.int64))
     best = g.op("ReduceMax", "scores", i1, keepdims=0)
     keep = g.op("Greater", best, g.const(np.array(ex.THRESHOLD, np.float32)))
     boxes, scores = g.op("Compress", "boxes", keep, axis=0), g.op("Compress", "scores", keep, axis=0)
@@ -79,13 +78,7 @@ def onnx_compress():
 
 def workload(N=200):
     inputs = ex.make_inputs(np.random.default_rng(0), N=N)
-    builders = {
-        "numpy": numpy_builder(numpy_detection, inputs),
-        "torch": torch_builder(torch_detection, inputs),
-        "torch_compile": torch_compile_builder(torch_detection, inputs),
-        "ort": ort_builder(onnx_compress, inputs),
-        "dyntvm": dyntvm_builder(ex.detection, ex.EXAMPLE.specs, inputs),
-    }
+    builders = standard_builders(inputs, numpy_detection, torch_detection, onnx_compress, ex.detection, ex.EXAMPLE.specs)
     kept = len(numpy_detection(*inputs)[1])
     return Workload(f"ex_detection_N{N}", f"ex. detection N{N} (K={kept})", "d", inputs, builders,
                     exact=(2, 4, 6), rtol=1e-4, atol=1e-4)

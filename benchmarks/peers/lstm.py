@@ -9,8 +9,7 @@ import numpy as np
 from dyntvm.examples import lstm as ex
 
 from . import Workload
-from .common import (OnnxGraph, dyntvm_builder, numpy_builder, onnx_model, ort_builder, torch_builder,
-                     torch_compile_builder)
+from .common import (OnnxGraph, onnx_model, ort_builder, standard_builders, torch_builder)
 
 IN, H = ex.INPUT, ex.HIDDEN
 W, U, b = ex.W, ex.U, ex.b                    # gates i, f, g, o along the 4H axis
@@ -107,15 +106,9 @@ def onnx_lstm_op():
 
 def workload(B, T):
     inputs = ex.make_inputs(np.random.default_rng(0), T=T, B=B)
-    builders = {
-        "numpy": numpy_builder(numpy_lstm, inputs),
-        "torch": torch_builder(torch_loop, inputs),
-        "torch_lstm": torch_builder(torch_nn_lstm, inputs),
-        "torch_compile": torch_compile_builder(torch_loop, inputs),
-        "ort": ort_builder(onnx_scan, inputs),
-        "ort_lstm": ort_builder(onnx_lstm_op, inputs),
-        "dyntvm": dyntvm_builder(ex.lstm, ex.EXAMPLE.specs, inputs),
-    }
+    builders = standard_builders(inputs, numpy_lstm, torch_loop, onnx_scan, ex.lstm, ex.EXAMPLE.specs)
+    builders["torch_lstm"] = torch_builder(torch_nn_lstm, inputs)
+    builders["ort_lstm"] = ort_builder(onnx_lstm_op, inputs)
     return Workload(f"lstm_B{B}_T{T}", f"LSTM B{B} T{T}", "a", inputs, builders, rtol=1e-3, atol=1e-4,
                     note="examples/lstm.py (also group d's lstm at batch 1 and 16)")
 

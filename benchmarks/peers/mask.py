@@ -7,8 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import Workload
-from .common import (OnnxGraph, dyntvm_builder, numpy_builder, onnx_model, ort_builder, torch_builder,
-                     torch_compile_builder)
+from .common import (OnnxGraph, onnx_model, standard_builders)
 
 D, H, O, SEED = 4, 256, 64, 5
 _rng = np.random.default_rng(SEED)
@@ -52,13 +51,7 @@ def onnx_compress():
 def workload(N):
     import dyntvm as dt
     inputs = (np.random.default_rng(0).standard_normal((N, D)).astype(np.float32),)
-    builders = {
-        "numpy": numpy_builder(numpy_mask_mlp, inputs),
-        "torch": torch_builder(torch_mask_mlp, inputs),
-        "torch_compile": torch_compile_builder(torch_mask_mlp, inputs),
-        "ort": ort_builder(onnx_compress, inputs),
-        "dyntvm": dyntvm_builder(dyntvm_mask_mlp, (dt.TensorSpec(("N", D), name="x"),), inputs),
-    }
+    builders = standard_builders(inputs, numpy_mask_mlp, torch_mask_mlp, onnx_compress, dyntvm_mask_mlp, (dt.TensorSpec(("N", D), name="x"),))
     kept = int((inputs[0].sum(axis=1) > 0).sum())
     return Workload(f"mask_N{N}", f"mask N{N} (K={kept}) -> MLP {D}x{H}x{O}", "c", inputs, builders,
                     rtol=1e-4, atol=1e-4)

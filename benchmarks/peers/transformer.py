@@ -10,8 +10,7 @@ import numpy as np
 from dyntvm.examples import transformer as ex
 
 from . import Workload
-from .common import (OnnxGraph, dyntvm_builder, numpy_builder, onnx_model, ort_builder, torch_builder,
-                     torch_compile_builder)
+from .common import (OnnxGraph, onnx_model, standard_builders)
 
 D, NH, DH, FF = ex.D_MODEL, ex.HEADS, ex.D_HEAD, ex.D_FF
 
@@ -91,13 +90,7 @@ def onnx_layer():
 
 def workload(B, S=128):
     inputs = ex.make_inputs(np.random.default_rng(0), B=B, S=S)
-    builders = {
-        "numpy": numpy_builder(numpy_encoder_layer, inputs),
-        "torch": torch_builder(torch_encoder_layer, inputs),
-        "torch_compile": torch_compile_builder(torch_encoder_layer, inputs),
-        "ort": ort_builder(onnx_layer, inputs),
-        "dyntvm": dyntvm_builder(ex.encoder_layer, ex.EXAMPLE.specs, inputs),
-    }
+    builders = standard_builders(inputs, numpy_encoder_layer, torch_encoder_layer, onnx_layer, ex.encoder_layer, ex.EXAMPLE.specs)
     return Workload(f"ex_transformer_B{B}_S{S}", f"ex. transformer B{B} S{S}", "d", inputs, builders,
                     rtol=1e-3, atol=1e-3)
 
