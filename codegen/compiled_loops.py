@@ -1,26 +1,29 @@
-"""Compiled `foreach` loops: one TIR function runs every step, calling the body's kernels directly.
+"""Compiled loops: one TIR function runs every step of a `foreach` or `while_loop`, calling the body's kernels.
 
-For each loop `ir.compiled_loop.foreach_loop_plan` accepts, the module pass `add_compiled_loops` reads the
-body region's Relax function after fusion and scheduling — a sequence of ``call_tir`` kernel calls — and
-adds two functions:
+For each loop `ir.compiled_loop.foreach_loop_plan` / `while_loop_plan` accepts, the module pass
+`add_compiled_loops` reads the body region's Relax function after fusion and scheduling — a sequence of
+``call_tir`` kernel calls — and adds two functions:
 
-* a PrimFunc ``<region>__loop_kernel`` with a serial loop over the steps whose body calls each kernel with
-  ``T.call_cpacked`` (a direct C call of the kernel's packed entry, no lookup), passing DLTensors built on
-  the stack: data rows are addresses inside the sequence (``&xs[t, 0, ...]``), per-step outputs are written
-  straight into their row of the stacked output, intermediates live in buffers allocated once per call, and
-  each new state is either the stacked-output row it was written to (read back at the next step) or one of
-  two buffers used alternately, so no step copies a state;
+* a PrimFunc ``<region>__loop_kernel`` with a serial loop over the steps (a foreach: ``for t in range(n)``; a
+  while_loop: ``while count < cap and condition``, the condition being the body's last output) whose body
+  calls each kernel with ``T.call_cpacked`` (a direct C call of the kernel's packed entry, no lookup), passing
+  DLTensors built on the stack: data rows are addresses inside the sequence (``&xs[t, 0, ...]``), per-step
+  outputs are written straight into their row of the stacked output, intermediates live in buffers allocated
+  once per call, and each new state is either the stacked-output row it was written to (read back at the next
+  step) or one of two buffers used alternately, so no step copies a state;
 * a public Relax function ``<region>__loop`` (the name the executor looks up) that calls it with
-  ``call_tir``, allocating the stacked outputs ``[T, ...]`` and the final states.
+  ``call_tir``, allocating the stacked outputs ``[n, ...]`` and the final states (a while_loop: also the
+  ``(count, go)`` pair; see `ir.compiled_loop`).
 
 A step then costs its kernels and about a hundred nanoseconds of argument setup, against a region call from
 Python and the executor's bookkeeping (the LSTM's B=1 step: 6.2 us in the loop, 9.1 us as a region call
 from Python plus 1.5-2 us of executor).
 
-Kernels assume 64-byte aligned data, so a loop is only compiled when every row it addresses (data and
-stacked outputs) is a provable multiple of 64 bytes; shapes must be products/sums of the body's dims. Any
-other pattern (a Relax op that is not a kernel call, a state that changes shape, a value returned twice)
-declines the loop: the executor then runs it step by step.
+Kernels assume 64-byte aligned data: a data row or per-step output that is not a provable multiple of 64 bytes
+(a 0-d token, a row of 4 floats) goes through a buffer of its own, copied in / out each step by the loop
+function. Shapes must be products/sums of the body's dims. Any other pattern (a Relax op that is not a kernel
+call, a state that changes shape, a value returned twice) declines the loop: the executor then runs it step
+by step.
 """
 from __future__ import annotations
 
@@ -87,52 +90,83 @@ def _is_aligned(shape, dtype: str) -> bool:
 
 
 class _Loc:
-    """Where a tensor value of the body lives at step t, as a TVMScript address: `buf[idx...]` with `t`
-    (or `t - 1`) standing for the step."""
+    """A tensor value of the body in a buffer of the loop function: the whole buffer, or (`row`) one row of a
+    stacked buffer, the row given when addressed (the step `t`, say)."""
 
     def __init__(self, buf: str, shape: list, dtype: str, row: bool):
         self.buf, self.shape, self.dtype, self.row = buf, shape, dtype, row
 
-    def addr(self, step: str) -> str:
-        zeros = ["T.int64(0)"] * len(self.shape)
-        idx = ([step] if self.row else []) + zeros
-        return f"T.address_of({self.buf}[{', '.join(idx)}])" if idx else f"T.address_of({self.buf}[()])"
+    def index(self, row, its: list, names: _Names) -> str:
+        idx = ([row] if self.row else []) + its
+        return ", ".join(idx) if idx else "()"
 
-    def arg(self, step: str, names: _Names) -> str:
+    def addr(self, row, names: _Names) -> str:
+        return f"T.address_of({self.buf}[{self.index(row, ['T.int64(0)'] * len(self.shape), names)}])"
+
+    def arg(self, row, names: _Names) -> str:
         dims = ", ".join(_expr(d, names) for d in self.shape)
         shape = f"T.tvm_stack_make_shape({dims})" if dims else "T.reinterpret(\"handle\", T.uint64(0))"
-        return (f"T.tvm_stack_make_array({self.addr(step)}, {shape}, "
+        return (f"T.tvm_stack_make_array({self.addr(row, names)}, {shape}, "
                 f"T.reinterpret(\"handle\", T.uint64(0)), {len(self.shape)}, {_dtype_hint(self.dtype)}, "
                 "T.int64(0))")
+
+
+class _Double(_Loc):
+    """A state's two values, in one flat buffer of two rows each padded to a multiple of 64 bytes (kernels
+    assume aligned data): row ``r % 2`` for a row expression r."""
+
+    def __init__(self, buf: str, shape: list, dtype: str, names: _Names):
+        super().__init__(buf, shape, dtype, row=True)
+        size = np.dtype(dtype).itemsize
+        elems = tvm.tirx.const(1, "int64")
+        for d in shape:
+            elems = elems * d
+        # elements per padded row: ceil(bytes / 64) * 64 / itemsize
+        self.stride = tvm.sym.Analyzer().simplify(
+            tvm.tirx.floordiv(elems * size + (ALIGN - 1), ALIGN) * (ALIGN // size))
+        self.names = names
+
+    def size(self, rows: int):
+        return tvm.sym.Analyzer().simplify(self.stride * rows)
+
+    def index(self, row, its: list, names: _Names) -> str:
+        flat = "T.int64(0)"
+        for d, i in zip(self.shape, its):
+            flat = f"({flat} * {_expr(d, names)} + {i})"
+        return f"({row}) % T.int64(2) * {_expr(self.stride, names)} + {flat}"
+
+
+def _element(loc: _Loc, row, its: list, names: _Names) -> str:
+    return f"{loc.buf}[{loc.index(row, its, names)}]"
+
+
+def _grid_copy(dst, dst_row, src, src_row, shape: list, names: _Names) -> list:
+    """TVMScript lines copying a tensor of `shape` from `src` to `dst` (each a _Loc, or the name of a buffer of
+    that shape, stacked when its row is given)."""
+    def loc(x, row):
+        return x if isinstance(x, _Loc) else _Loc(x, shape, "", row=row is not None)
+    dst, src = loc(dst, dst_row), loc(src, src_row)
+    its = [f"i{k}" for k in range(len(shape))]
+    line = f"{_element(dst, dst_row, its, names)} = {_element(src, src_row, its, names)}"
+    if not shape:
+        return [line]
+    rng = ", ".join(_expr(x, names) for x in shape)
+    return [f"for {', '.join(its)} in T.grid({rng}):", "    " + line]
 
 
 def _alias(region: str, kernel: str) -> str:
     return f"{region}__loop__{kernel}"
 
 
-def build_loop(mod: tvm.IRModule, region: str, roles: tuple, outs: tuple, n_ys: int):
-    """(TVMScript text of the loop PrimFunc, the Relax constants it takes, its output types, the kernel calls)
-    for one loop, or raises Decline."""
-    func = mod[region]
-    if not isinstance(func, relax.Function):
-        raise Decline("the body is not a Relax function")
-    names = _Names()
-    n_states = len(outs) - n_ys
-    params = list(func.params)
-    ptypes = [_tensor_type(p.ty) for p in params]
-    if any(not shape for shape, _ in ptypes):
-        raise Decline("a 0-d tensor in the body (scalar states are not compiled)")
+def _analyze(func, names: _Names):
+    """The body's kernel calls: ``(calls, value_of, consts, region_outs)``; `calls` are (kernel, [arg values],
+    [out types], [tir scalar args]); a value is ``("param", i)``, ``("call", k, j)``, ``("const", k)`` or
+    ``("scalar", expr)``."""
     seq = func.body
     if len(seq.blocks) != 1:
         raise Decline("more than one binding block")
-    bindings = list(seq.blocks[0].bindings)
-
-    # ---- the body: kernel calls, tuple projections, the output tuple
-    value_of = {}                                     # relax var -> ("param", i) | ("call", k, j) | ("tuple", [...])
-    calls = []                                        # (kernel name, [arg exprs], [out types], tir scalar args)
-    for i, p in enumerate(params):
-        value_of[p] = ("param", i)
-    consts = []                                       # relax constants passed to kernels
+    value_of = {p: ("param", i) for i, p in enumerate(func.params)}
+    calls, consts = [], []
 
     def resolve(x):
         if isinstance(x, relax.Var) and x in value_of:
@@ -151,22 +185,18 @@ def build_loop(mod: tvm.IRModule, region: str, roles: tuple, outs: tuple, n_ys: 
         raise Decline(f"an argument that is not a tensor of the body: {type(x).__name__}")
 
     call_tir = tvm.ir.Op.get("relax.call_tir")
-    for b in bindings:
+    for b in seq.blocks[0].bindings:
         if not isinstance(b, relax.VarBinding):
             raise Decline("a match_cast binding")
         v = b.value
         if isinstance(v, relax.Call) and v.op.same_as(call_tir):
-            gv = v.args[0]
             args = [resolve(x) for x in v.args[1].fields]
             scalars = list(v.args[2].values) if len(v.args) > 2 else []
             out_ty = v.ty
-            out_types = [_tensor_type(t) for t in out_ty.fields] if isinstance(out_ty, tvm.ir.TupleType) \
-                else [_tensor_type(out_ty)]
-            if any(not shape for shape, _ in out_types):
-                raise Decline("a kernel with a 0-d output")
-            calls.append((gv.name_hint, args, out_types, scalars))
-            k = len(calls) - 1
-            value_of[b.var] = ("call", k, None if isinstance(out_ty, tvm.ir.TupleType) else 0)
+            multi = isinstance(out_ty, tvm.ir.TupleType)
+            calls.append((v.args[0].name_hint, args, [_tensor_type(t) for t in (out_ty.fields if multi else [out_ty])],
+                          scalars))
+            value_of[b.var] = ("call", len(calls) - 1, None if multi else 0)
         elif isinstance(v, relax.TupleGetItem) and v.tuple_value in value_of:
             src = value_of[v.tuple_value]
             if src[0] != "call" or src[2] is not None:
@@ -187,38 +217,58 @@ def build_loop(mod: tvm.IRModule, region: str, roles: tuple, outs: tuple, n_ys: 
     region_outs = res[1] if res[0] == "tuple" else [res]
     if any(o[0] != "call" or o[2] is None for o in region_outs):
         raise Decline("a body output that is not a kernel output")
-    for o in region_outs:
-        if o[2] is None:
-            raise Decline("a whole multi-output kernel returned")
+    return calls, consts, region_outs
 
-    # ---- locations: per kernel output, where it is written
+
+def build_loop(mod: tvm.IRModule, region: str, roles: tuple, outs: tuple, n_ys: int, kind: str = "foreach"):
+    """(TVMScript text of the loop PrimFunc, the Relax constants it takes, its output types, the kernel calls)
+    for one loop, or raises Decline. `kind`: "foreach" (`n` = the data rows) or "while" (`outs` ends with the
+    condition; `n` = the capacity of the stacked outputs, see `ir.compiled_loop`)."""
+    func = mod[region]
+    if not isinstance(func, relax.Function):
+        raise Decline("the body is not a Relax function")
+    names = _Names()
+    is_while = kind == "while"
+    n_states = len(outs) - n_ys - is_while
+    params = list(func.params)
+    ptypes = [_tensor_type(p.ty) for p in params]
+    calls, consts, region_outs = _analyze(func, names)
+
+    # ---- which kernel output gives each per-step output, new state and the condition
     ys_of, state_of = {}, {}
-    for k in range(n_ys):
-        key = tuple(region_outs[outs[k]][1:])
+    for k in range(n_ys):                             # ("prev", s): state s as the step got it
+        key = tuple(region_outs[outs[k]][1:]) if outs[k] >= 0 else ("prev", ~outs[k])
         if key in ys_of.values():
             raise Decline("a value stacked twice")
         ys_of[k] = key
+    if any(o < 0 for o in outs[n_ys:]):
+        raise Decline("a state passed through unchanged")
     for s in range(n_states):
         key = tuple(region_outs[outs[n_ys + s]][1:])
         if key in state_of.values():
             raise Decline("one value as two states")
         state_of[s] = key
-    state_param = {}
-    for i, (role, k) in enumerate(roles):
-        if role == "state":
-            state_param[k] = i
+    cond_key = tuple(region_outs[outs[-1]][1:]) if is_while else None
+    if cond_key is not None and calls[cond_key[0]][2][cond_key[1]] != ([], "bool"):
+        raise Decline("the condition is not a 0-d bool")
+    state_param = {k: i for i, (role, k) in enumerate(roles) if role == "state"}
 
-    # ---- the PrimFunc's parameters
+    # ---- the PrimFunc's parameters; data rows and per-step outputs kernels cannot address in place (not
+    # 64-byte multiples: kernels assume aligned data) go through a buffer of their own, copied each step
     lines_params, lines_match = [], []
-    loc_param = {}
+    scratch = []                                      # (name, shape, dtype): allocated once per call by the VM
+    loc_param, copy_in = {}, []                       # param i -> _Loc; (scratch name, param i, shape)
     for i, ((role, _), (shape, dtype)) in enumerate(zip(roles, ptypes)):
         full = (["n"] if role == "data" else []) + [_expr(d, names) for d in shape]
         lines_params.append(f"h_p{i}: T.handle")
         lines_match.append(f"p{i} = T.match_buffer(h_p{i}, ({', '.join(full)},), \"{dtype}\")"
                            if full else f"p{i} = T.match_buffer(h_p{i}, (), \"{dtype}\")")
         if role == "data" and not _is_aligned(shape, dtype):
-            raise Decline(f"data rows of {shape} {dtype} are not 64-byte multiples")
-        loc_param[i] = _Loc(f"p{i}", shape, dtype, row=(role == "data"))
+            scratch.append((f"x{i}", shape, dtype))
+            copy_in.append((f"x{i}", i, shape))
+            loc_param[i] = _Loc(f"x{i}", shape, dtype, row=False)
+        else:
+            loc_param[i] = _Loc(f"p{i}", shape, dtype, row=(role == "data"))
     const_types = [_tensor_type(c.ty) for c in consts]
     for k, (shape, dtype) in enumerate(const_types):
         lines_params.append(f"h_k{k}: T.handle")
@@ -226,17 +276,6 @@ def build_loop(mod: tvm.IRModule, region: str, roles: tuple, outs: tuple, n_ys: 
         lines_match.append(f"k{k} = T.match_buffer(h_k{k}, ({dims},), \"{dtype}\")" if shape else
                            f"k{k} = T.match_buffer(h_k{k}, (), \"{dtype}\")")
     out_types = []
-    loc_out = {}                                      # (call, j) -> _Loc of its row in a stacked output
-    for k in range(n_ys):
-        c, j = ys_of[k]
-        shape, dtype = calls[c][2][j]
-        if not _is_aligned(shape, dtype):
-            raise Decline(f"per-step outputs of {shape} {dtype} are not 64-byte multiples")
-        lines_params.append(f"h_y{k}: T.handle")
-        dims = ", ".join(["n"] + [_expr(d, names) for d in shape])
-        lines_match.append(f"y{k} = T.match_buffer(h_y{k}, ({dims},), \"{dtype}\")")
-        loc_out[(c, j)] = _Loc(f"y{k}", shape, dtype, row=True)
-        out_types.append((["n"] + shape, dtype))
     for s in range(n_states):
         i = state_param[s]
         shape, dtype = ptypes[i]
@@ -246,108 +285,111 @@ def build_loop(mod: tvm.IRModule, region: str, roles: tuple, outs: tuple, n_ys: 
         if ndtype != dtype or len(nshape) != len(shape) or not all(
                 ana.can_prove_equal(a, b) for a, b in zip(nshape, shape)):
             raise Decline("a state whose new value has another shape or dtype")
+    state_key = {v: s for s, v in state_of.items()}
+    loc_out, copy_out = {}, []                        # (call, j) -> _Loc of its row; [(y name, (call, j), shape)]
+    for k in range(n_ys):
+        c, j = ys_of[k]
+        shape, dtype = ptypes[state_param[j]] if c == "prev" else calls[c][2][j]
+        lines_params.append(f"h_y{k}: T.handle")
+        dims = ", ".join(["n"] + [_expr(d, names) for d in shape])
+        lines_match.append(f"y{k} = T.match_buffer(h_y{k}, ({dims},), \"{dtype}\")")
+        if c != "prev" and _is_aligned(shape, dtype) and (c, j) not in state_key:
+            loc_out[(c, j)] = _Loc(f"y{k}", shape, dtype, row=True)
+        else:                                         # written elsewhere, copied into its row
+            copy_out.append((f"y{k}", (c, j), shape))
+        out_types.append((["n"] + shape, dtype))
+    for s in range(n_states):
+        shape, dtype = ptypes[state_param[s]]
         lines_params.append(f"h_f{s}: T.handle")
         dims = ", ".join(_expr(d, names) for d in shape)
         lines_match.append(f"f{s} = T.match_buffer(h_f{s}, ({dims},), \"{dtype}\")" if shape else
                            f"f{s} = T.match_buffer(h_f{s}, (), \"{dtype}\")")
         out_types.append((shape, dtype))
+    if is_while:                                      # (iterations run, condition after the last one)
+        lines_params.append("h_ctl: T.handle")
+        lines_match.append("ctl = T.match_buffer(h_ctl, (T.int64(2),), \"int64\")")
+        out_types.append(([2], "int64"))
 
-    # ---- buffers allocated once: intermediates and the two alternating buffers of each non-stacked state
-    # (buffers the VM allocates as extra outputs of the call: TIR allocations inside the loop function were
-    # seen to crash the kernels at small sizes)
-    scratch = []
-    loc_tmp, loc_state = {}, {}                       # (call, j) -> _Loc; state s -> (_Loc A, _Loc B)
+    # ---- buffers allocated once (by the VM, as extra outputs of the call: TIR allocations inside the loop
+    # function were seen to crash the kernels at small sizes): intermediates, and per state two rows, padded
+    # to 64 bytes, in one flat buffer: step t writes row t % 2 and reads the previous value in row (t + 1) % 2
+    # (row 1 starts as the initial state), so no step copies a state and every step has the same code
+    loc_tmp, loc_state = {}, {}                       # (call, j) -> _Loc; state s -> _Double
     for c, (_, _, otypes, _) in enumerate(calls):
         for j, (shape, dtype) in enumerate(otypes):
             key = (c, j)
             if key in loc_out:
                 continue
-            states_here = [s for s, v in state_of.items() if v == key]
-            if states_here:
-                s = states_here[0]
-                for half in "ab":
-                    scratch.append((f"s{s}{half}", shape, dtype))
-                loc_state[s] = tuple(_Loc(f"s{s}{half}", shape, dtype, row=False) for half in "ab")
+            if key in state_key:
+                st = _Double(f"s{state_key[key]}", shape, dtype, names)
+                scratch.append((st.buf, [st.size(2)], dtype))
+                loc_state[state_key[key]] = st
             else:
                 scratch.append((f"t{c}_{j}", shape, dtype))
                 loc_tmp[key] = _Loc(f"t{c}_{j}", shape, dtype, row=False)
 
-    def where(value, t, phase):
-        """Address of a body value at step `t` (a TVMScript expression); phase: 0 (t == 0), 1 (t odd), 2 (t
-        even, >= 2)."""
+    def written(key):
+        """Where a kernel output is written at step t: (_Loc-like, row expression or None); ("prev", s): where
+        state s's value before step t is."""
+        if key[0] == "prev":
+            return loc_state[key[1]], "(t + T.int64(1))"
+        if key in loc_out:
+            return loc_out[key], "t"
+        if key in loc_tmp:
+            return loc_tmp[key], None
+        return loc_state[state_key[key]], "t"
+
+    def arg_of(value):
         if value[0] == "scalar":
-            return None, _expr(value[1], names)
+            return _expr(value[1], names)
         if value[0] == "const":
             shape, dtype = const_types[value[1]]
-            return _Loc(f"k{value[1]}", shape, dtype, row=False), t
+            return _Loc(f"k{value[1]}", shape, dtype, row=False).arg(None, names)
         if value[0] == "param":
             i = value[1]
             role, k = roles[i]
-            if role != "state" or phase == 0:         # a data row, a capture, the initial state
-                return loc_param[i], t
-            return produced_at(state_of[k], True, phase, t)
-        return produced_at((value[1], value[2]), False, phase, t)
+            if role == "state":                       # the previous step's value
+                return loc_state[k].arg("(t + T.int64(1))", names)
+            return loc_param[i].arg("t", names)       # a data row (or its copy), a capture
+        loc, row = written((value[1], value[2]))
+        return loc.arg(row, names)
 
-    def produced_at(key, prev, phase, t):
-        """A kernel output: written at step t (`prev` False), or read from the previous step."""
-        if key in loc_out:
-            return loc_out[key], (f"({t} - T.int64(1))" if prev else t)
-        if key in loc_tmp:
-            return loc_tmp[key], t
-        s = next(s for s, v in state_of.items() if v == key)
-        a, b = loc_state[s]
-        # step t writes a if t is even, b if odd; the previous step wrote the other one
-        writes, reads = (a, b) if phase in (0, 2) else (b, a)
-        return (reads if prev else writes), t
+    step = []
+    for name, i, shape in copy_in:
+        step += _grid_copy(name, None, f"p{i}", "t", shape, names)
+    for c, (kernel, args, otypes, scalars) in enumerate(calls):
+        items = [arg_of(a) for a in args] + [arg_of(("call", c, j)) for j in range(len(otypes))]
+        items += [_expr(x, names) for x in scalars]
+        step.append(f"T.evaluate(T.call_cpacked(\"{_alias(region, kernel)}\", {', '.join(items)}))")
+    for name, key, shape in copy_out:
+        loc, row = written(key)
+        step += _grid_copy(name, "t", loc, row, shape, names)
+    if is_while:
+        loc, row = written(cond_key)
+        step += [f"ctl[1] = T.Cast(\"int64\", {_element(loc, row, [], names)})", "ctl[0] = t + T.int64(1)"]
 
-    def step_calls(phase, t):
-        out = []
-        for c, (kernel, args, otypes, scalars) in enumerate(calls):
-            items = []
-            for a in args:
-                loc, st = where(a, t, phase)
-                items.append(st if loc is None else loc.arg(st, names))
-            for j in range(len(otypes)):
-                loc, st = produced_at((c, j), False, phase, t)
-                items.append(loc.arg(st, names))
-            items += [_expr(x, names) for x in scalars]
-            out.append(f"T.evaluate(T.call_cpacked(\"{_alias(region, kernel)}\", {', '.join(items)}))")
-        return out
-
-    def copy_state(s, src: _Loc, step):
-        shape, _ = ptypes[state_param[s]]
-        its = [f"i{k}" for k in range(len(shape))]
-        rng = ", ".join(_expr(d, names) for d in shape)
-        idx = ([step] if src.row else []) + its
-        return [f"for {', '.join(its)} in T.grid({rng}):",
-                f"    f{s}[{', '.join(its)}] = {src.buf}[{', '.join(idx)}]"]
-
-    # ---- the function text: step 0 peeled (it reads the initial states), then odd / even steps
-    body = ["if n > T.int64(0):"]
-    body += ["    " + ln for ln in step_calls(0, "T.int64(0)")]
-    body.append("for t in range(T.int64(1), n):")
-    body.append("    if t % T.int64(2) == T.int64(1):")
-    body += ["        " + ln for ln in step_calls(1, "t")]
-    body.append("    else:")
-    body += ["        " + ln for ln in step_calls(2, "t")]
+    # ---- the function text: initial states into their row 1, the steps, the final states out of their rows
+    body = []
     for s in range(n_states):
-        i = state_param[s]
-        body.append("if n == T.int64(0):")
-        body += ["    " + ln for ln in copy_state(s, loc_param[i], None)]
-        key = state_of[s]
-        if key in loc_out:
-            body.append("else:")
-            body += ["    " + ln for ln in copy_state(s, loc_out[key], "n - T.int64(1)")]
-        else:
-            a, b = loc_state[s]
-            body.append("elif (n - T.int64(1)) % T.int64(2) == T.int64(0):")
-            body += ["    " + ln for ln in copy_state(s, a, None)]
-            body.append("else:")
-            body += ["    " + ln for ln in copy_state(s, b, None)]
+        shape = ptypes[state_param[s]][0]
+        body += _grid_copy(loc_state[s], "T.int64(1)", f"p{state_param[s]}", None, shape, names)
+    if is_while:
+        # the caller checked the condition for the first iteration; each step stores (t + 1, its condition)
+        body += ["ctl[0] = T.int64(0)", "ctl[1] = T.int64(1)", "while ctl[0] < n and ctl[1] != T.int64(0):",
+                 "    t: T.int64 = ctl[0]"]
+        count = "ctl[0]"
+    else:
+        body.append("for t in range(n):")
+        count = "n"
+    body += ["    " + ln for ln in step]
+    for s in range(n_states):
+        shape = ptypes[state_param[s]][0]
+        body += _grid_copy(f"f{s}", None, loc_state[s], f"({count} + T.int64(1))", shape, names)
     for nm, shape, dtype in scratch:
         lines_params.append(f"h_{nm}: T.handle")
         dims = ", ".join(_expr(d, names) for d in shape)
-        lines_match.append(f"{nm} = T.match_buffer(h_{nm}, ({dims},), \"{dtype}\")")
+        lines_match.append(f"{nm} = T.match_buffer(h_{nm}, ({dims},), \"{dtype}\")" if shape else
+                           f"{nm} = T.match_buffer(h_{nm}, (), \"{dtype}\")")
         out_types.append((shape, dtype))
     decls = [f"{nm} = T.int64()" for nm in [f"d{k}" for k in range(len(names.vars))] + ["n"]]
     text = ["# from tvm.script import tirx as T", "@T.prim_func", f"def {region}__loop_kernel("
@@ -363,8 +405,9 @@ def _parse(src: str):
     return tvm.script.from_source(src)
 
 
-def add_loop(mod: tvm.IRModule, region: str, roles: tuple, outs: tuple, n_ys: int) -> tvm.IRModule:
-    src, consts, out_types, calls = build_loop(mod, region, roles, outs, n_ys)
+def add_loop(mod: tvm.IRModule, region: str, roles: tuple, outs: tuple, n_ys: int, kind: str = "foreach") \
+        -> tvm.IRModule:
+    src, consts, out_types, calls = build_loop(mod, region, roles, outs, n_ys, kind)
     try:
         prim = _parse(src)
     except Exception as e:  # noqa: BLE001 - the generated text did not parse: decline, with the reason
@@ -373,9 +416,15 @@ def add_loop(mod: tvm.IRModule, region: str, roles: tuple, outs: tuple, n_ys: in
     bb = relax.BlockBuilder(mod)
     # each kernel the loop calls gets a copy under a name of this loop: `call_cpacked` calls a C symbol,
     # and a plain kernel name ("add") may resolve to another library's function of that name
+    # The region's own function calls the copies too, and an original no other function calls is dropped:
+    # LLVM then compiles each kernel once (the copies had added about a second to the decode model's build).
+    redirect = {}
     for kernel in sorted({c[0] for c in calls}):
         gv_k = mod.get_global_var(kernel)
-        bb.add_func(mod[gv_k].with_attr("global_symbol", _alias(region, kernel)), _alias(region, kernel))
+        redirect[gv_k] = bb.add_func(mod[gv_k].with_attr("global_symbol", _alias(region, kernel)),
+                                     _alias(region, kernel))
+    gv_region = mod.get_global_var(region)
+    bb.update_func(gv_region, _redirect_calls(func, redirect))
     gv = bb.add_func(prim, f"{region}__loop_kernel")
     n = tvm.tirx.Var("n_steps", "int64")
 
@@ -386,25 +435,57 @@ def add_loop(mod: tvm.IRModule, region: str, roles: tuple, outs: tuple, n_ys: in
         shape, dtype = _tensor_type(p.ty)
         shape = ([n] if role == "data" else []) + shape
         params.append(relax.Var(p.name, relax.TensorType(shape, dtype)))
+    tensors = list(params)
+    if kind == "while":                               # the capacity: a shape (cap,)
+        params.append(relax.Var("cap", relax.ShapeType([n])))
     out_ty = [relax.TensorType(shape_of(s), d) for s, d in out_types]
     name = compiled_loop_name(region)
     with bb.function(name, params):
+        args = relax.Tuple(tensors + list(consts))
         if len(out_ty) == 1:                          # always a tuple for the executor
-            res = bb.emit(relax.Tuple([bb.emit(relax.call_tir(gv, relax.Tuple(params + list(consts)), out_ty[0]))]))
+            res = bb.emit(relax.Tuple([bb.emit(relax.call_tir(gv, args, out_ty[0]))]))
         else:
-            res = bb.emit(relax.call_tir(gv, relax.Tuple(params + list(consts)), out_ty))
+            res = bb.emit(relax.call_tir(gv, args, out_ty))
         bb.emit_func_output(res)
-    return bb.get()
+    return _drop_unused(bb.get(), {gv.name_hint for gv in redirect})
+
+
+def _redirect_calls(func: relax.Function, redirect: dict) -> relax.Function:
+    """`func` with its ``call_tir`` calls of the kernels in `redirect` (GlobalVar -> GlobalVar) redirected."""
+    call_tir = tvm.ir.Op.get("relax.call_tir")
+
+    @relax.expr_functor.mutator
+    class Redirect(relax.PyExprMutator):
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            if call.op.same_as(call_tir) and call.args[0] in redirect:
+                return relax.Call(call.op, [redirect[call.args[0]]] + list(call.args[1:]), call.attrs,
+                                  call.ty_args if hasattr(call, "ty_args") else call.sinfo_args)
+            return call
+    return Redirect().visit_expr(func)
+
+
+def _drop_unused(mod: tvm.IRModule, candidates: set) -> tvm.IRModule:
+    """`mod` without those of the kernels named in `candidates` that no function calls any more (their copies
+    replaced them; loop kernels call only the copies)."""
+    used = set()
+    for _, f in mod.functions_items():
+        if isinstance(f, relax.Function):
+            relax.analysis.post_order_visit(f, lambda e: used.add(e.name_hint) if isinstance(e, tvm.ir.GlobalVar)
+                                            else None)
+    out = tvm.IRModule({gv: f for gv, f in mod.functions_items()
+                        if gv.name_hint not in candidates or gv.name_hint in used}, attrs=mod.attrs)
+    return out
 
 
 def loop_pass(specs: list):
-    """Module pass adding a compiled loop per spec ``(region, roles, outs, n_ys)``; a declined one is left
-    out (`declined` lists why, for tests and debugging)."""
+    """Module pass adding a compiled loop per spec ``(kind, region, roles, outs, n_ys)``; a declined one is
+    left out (`declined` lists why, for tests and debugging)."""
     @tvm.transform.module_pass(opt_level=0, name="dyntvm.CompiledLoops")
     def add_compiled_loops(mod: tvm.IRModule, ctx) -> tvm.IRModule:
-        for region, roles, outs, n_ys in specs:
+        for kind, region, roles, outs, n_ys in specs:
             try:
-                mod = add_loop(mod, region, roles, outs, n_ys)
+                mod = add_loop(mod, region, roles, outs, n_ys, kind)
                 stats.compiled.append(region)
             except Decline as e:
                 stats.declined.append((region, str(e)))
@@ -424,17 +505,25 @@ stats = _Stats()
 
 
 def loop_specs(graph) -> list:
-    """``(region, roles, outs, n_ys)`` for every foreach of `graph` (nested ones too) that
-    `ir.compiled_loop.foreach_loop_plan` accepts."""
-    from ..ir.compiled_loop import foreach_loop_plan
+    """``(kind, region, roles, outs, n_ys)`` for every foreach and while_loop of `graph` (nested ones too) that
+    `ir.compiled_loop.foreach_loop_plan` / `while_loop_plan` accepts."""
+    from ..ir.compiled_loop import foreach_loop_plan, while_loop_plan
     out = []
 
     def walk(g):
         for node in g.nodes:
-            plan = foreach_loop_plan(node) if node.op == "foreach" else None
-            if plan is not None:
-                region, roles, outs = plan
-                out.append((region.attrs.name, roles, outs, len(node.subgraphs[0].outputs) - node.attrs.num_states))
+            if node.op == "foreach":
+                plan = foreach_loop_plan(node)
+                if plan is not None:
+                    region, roles, outs = plan
+                    out.append(("foreach", region.attrs.name, roles, outs,
+                                len(node.subgraphs[0].outputs) - node.attrs.num_states))
+            elif node.op == "while_loop":
+                plan = while_loop_plan(node)
+                if plan is not None:
+                    region, roles, outs = plan
+                    out.append(("while", region.attrs.name, roles, outs,
+                                len(node.subgraphs[1].outputs) - node.attrs.num_vars - 1))
             for sub in node.subgraphs:
                 walk(sub)
     walk(graph)

@@ -1,12 +1,21 @@
-"""Which `foreach` loops run as one compiled function (codegen builds it, the executor calls it).
+"""Which `foreach` and `while_loop` loops run as one compiled function (codegen builds it, the executor calls it).
 
-A `foreach` whose body is a single region node, and whose body outputs (per-step outputs, then new states)
-are all outputs of that region, can run as compiled code end to end: codegen adds a function
-``compiled_loop_name(region)`` to the kernel library that loops over the steps in TIR and calls the body's
-kernels directly (`codegen/compiled_loops.py`). It takes the region's inputs in the region's order, with each
-data input whole (``[T, ...]`` instead of a row), and returns the foreach's outputs: the stacked per-step
-outputs, then the final states. Codegen may decline a body (a kernel pattern it does not handle); the
-executor then finds no such function and runs the loop step by step.
+A loop whose body is a single region node, and whose body outputs are all outputs of that region, can run as
+compiled code end to end: codegen adds a function ``compiled_loop_name(region)`` to the kernel library that
+loops over the steps in TIR and calls the body's kernels directly (`codegen/compiled_loops.py`). It takes the
+region's inputs in the region's order and returns the loop's outputs:
+
+* foreach: each data input whole (``[T, ...]`` instead of a row); returns the stacked per-step outputs, then
+  the final states.
+* while_loop (only with its condition in the body, ``WhileAttrs.cond_in_body``): one more argument, a shape
+  ``(cap,)``: run at most `cap` iterations, while the condition the body computes holds (the caller has checked
+  it for the first one). Returns the per-step outputs stacked to ``[cap, ...]`` (the first `count` rows
+  written), the final vars, then an int64 ``[2]`` tensor ``(count, go)``: the iterations run and whether the
+  condition still held after the last one. The caller continues with a larger `cap` from the final vars when
+  the loop stopped at `cap` with the condition holding.
+
+Codegen may decline a body (a kernel pattern it does not handle); the executor then finds no such function and
+runs the loop step by step.
 """
 from __future__ import annotations
 
@@ -19,29 +28,68 @@ def compiled_loop_name(region_name: str) -> str:
     return region_name + LOOP_SUFFIX
 
 
+def _single_region(body, n_ys: int, n_states: int, first_state: int):
+    """``(region, pos, outs)`` if `body` is one region node computing every body output from body inputs;
+    `outs` as the plans return it. A per-step output may also be a state as it came in (its value before the
+    step): ``~k`` for state k."""
+    if len(body.nodes) != 1 or body.nodes[0].op != "region":
+        return None
+    region = body.nodes[0]
+    pos = {v: k for k, v in enumerate(body.inputs)}
+    made = {v: k for k, v in enumerate(region.outputs)}
+    if not all(v in pos for v in region.inputs):
+        return None
+    outs = []
+    for j, v in enumerate(body.outputs):
+        if v in made:
+            outs.append(made[v])
+        elif j < n_ys and v in pos and first_state <= pos[v] < first_state + n_states:
+            outs.append(~(pos[v] - first_state))
+        else:
+            return None
+    # every state passed in (with zero steps the final states are the initial ones)
+    if sorted(pos[v] - first_state for v in region.inputs
+              if first_state <= pos[v] < first_state + n_states) != list(range(n_states)):
+        return None
+    return region, pos, tuple(outs)
+
+
 def foreach_loop_plan(node: Node):
     """For an eligible foreach node: ``(region node, roles, outs)``. `roles`, per region input:
     ``("data" | "state" | "const", k)`` (k-th of that kind among the foreach's body inputs); `outs`, per body
-    output (per-step outputs, then new states): the region output that gives it. None if not eligible."""
+    output (per-step outputs, then new states): the region output that gives it, or ``~k`` for a per-step
+    output that is state k as the step got it. None if not eligible."""
     a = node.attrs
     if node.op != "foreach" or getattr(a, "has_valid_length", False):
         return None
     g = node.subgraphs[0]
-    if len(g.nodes) != 1 or g.nodes[0].op != "region":
-        return None
-    region = g.nodes[0]
-    pos = {v: k for k, v in enumerate(g.inputs)}
-    made = {v: k for k, v in enumerate(region.outputs)}
-    if not all(v in pos for v in region.inputs) or not all(v in made for v in g.outputs):
-        return None
     nd, ns = a.num_data, a.num_states
-    if nd < 1:
+    found = _single_region(g, len(g.outputs) - ns, ns, nd) if nd >= 1 else None
+    if found is None:
         return None
+    region, pos, outs = found
     roles = []
     for v in region.inputs:
         k = pos[v]
         roles.append(("data", k) if k < nd else ("state", k - nd) if k < nd + ns else ("const", k - nd - ns))
-    # a data row to count the steps; every state passed in (with zero steps the final states are the initial)
-    if not any(r == "data" for r, _ in roles) or sorted(k for r, k in roles if r == "state") != list(range(ns)):
+    if not any(r == "data" for r, _ in roles):      # a data row counts the steps
         return None
-    return region, tuple(roles), tuple(made[v] for v in g.outputs)
+    return region, tuple(roles), outs
+
+
+def while_loop_plan(node: Node):
+    """For an eligible while_loop node (condition in its body): ``(region node, roles, outs)``. `roles`, per
+    region input: ``("state" | "const", k)`` (k-th loop var / capture); `outs`, per body output (per-step
+    outputs, new vars, the condition): the region output that gives it, or ``~k`` (a per-step output that is
+    var k as the iteration got it). None if not eligible."""
+    a = node.attrs
+    if node.op != "while_loop" or not a.cond_in_body:
+        return None
+    body = node.subgraphs[1]
+    nv = a.num_vars
+    found = _single_region(body, len(body.outputs) - nv - 1, nv, 0)
+    if found is None:
+        return None
+    region, pos, outs = found
+    roles = tuple(("state", pos[v]) if pos[v] < nv else ("const", pos[v] - nv) for v in region.inputs)
+    return region, roles, outs

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import time
-import warnings
 from collections import defaultdict
 
 import numpy as np
@@ -21,7 +20,6 @@ from tvm_ffi._ffi_api import ArrayGetItem
 
 from dyntvm.errors import CompileError, ExecutionError
 
-from ..ir.compiled_loop import compiled_loop_name, foreach_loop_plan
 from ..ir.graph import Graph, Node
 from ..ir.ops import mask_gather_name
 from ..ir.types import eval_dim
@@ -29,8 +27,9 @@ from . import control_flow as cf
 from .control_flow import bind_symbols
 from .interpreter import Interpreter, last_uses
 from .kernels import KERNELS
+from .loop_calls import compiled_foreach, compiled_while
 from .node_errors import node_failure, note_within
-from .tensors import aligned_empty, aligned_rows, host_array, to_numpy, to_tvm
+from .tensors import aligned_empty, aligned_rows, first_truth, host_array, to_numpy, to_tvm
 
 _item = ArrayGetItem            # res[k] of a region's result tuple: one FFI call (Array.__getitem__ makes two)
 
@@ -279,7 +278,7 @@ class Executor:
     def _make_case(self, n: Node, ins, outs, g):
         runs = [self._plan(s).run for s in n.subgraphs]
         preds, branches = runs[0:-1:2], runs[1::2] + runs[-1:]
-        truth = self.pl.first_truth if self.pl else _first_truth
+        truth = self.pl.first_truth if self.pl else first_truth
         args_of = self._branch_args(ins)
 
         def run(slots):
@@ -343,7 +342,7 @@ class Executor:
                                              alloc=aligned_empty)     # zero-copy 64-byte aligned rows into regions
             for o, r in zip(outs, stacked + list(states)):
                 slots[o] = r
-        return self._compiled_foreach(n, ins, outs, run) or run
+        return compiled_foreach(self, n, ins, outs, run) or run
 
     def _foreach_valid_length(self, n: Node, ins, outs, body, body_run):
         """foreach with valid_length (`control_flow.foreach_valid_length`): the rows of each step are gathered,
@@ -393,47 +392,10 @@ class Executor:
             if direct is not None:
                 vars_ = [to_tvm(x) for x in vars_]
             stacked, vars_ = cf.while_loop(cond_run, direct or body_run, vars_, caps, limit, body,
-                                           truth=_first_truth, to_array=to_numpy, cond_in_body=in_body)
+                                           truth=first_truth, to_array=to_numpy, cond_in_body=in_body)
             for o, r in zip(outs, stacked + list(vars_)):
                 slots[o] = r
-        return run
-
-    def _compiled_foreach(self, n: Node, ins, outs, stepwise):
-        """The foreach as one call of its compiled loop (`ir.compiled_loop`), if the library has one: no
-        Python per step. None while validating or profiling (the step-by-step plan does those), on a device,
-        or when codegen declined the loop. When the compiled loop fails, `stepwise` (the step-by-step run)
-        runs it again to raise the error a step-by-step run raises (the iteration, the op and its line); should
-        the steps succeed, their result is used, with a RuntimeWarning."""
-        if self.validate or self.profiling or self.pl is not None or self.vm is None:
-            return None
-        plan = foreach_loop_plan(n)
-        if plan is None:
-            return None
-        region, roles, _ = plan
-        try:
-            fn = self.vm[compiled_loop_name(region.attrs.name)]
-        except Exception:  # noqa: BLE001 - no such function: codegen declined this loop (or an older library)
-            return None
-        nd, ns = n.attrs.num_data, n.attrs.num_states
-        arg_idx = [ins[k if r == "data" else nd + k if r == "state" else nd + ns + k] for r, k in roles]
-        data_idx = ins[:nd]
-        calls = self.calls
-
-        def run(slots):
-            cf.data_length([slots[i].shape[0] for i in data_idx])
-            args = [to_tvm(slots[i]) for i in arg_idx]
-            try:
-                res = fn(*args)
-            except Exception as e:  # noqa: BLE001 - TVM raises many kinds: the step-by-step run names it
-                stepwise(slots)     # raises the step-by-step error; if the steps run, their result stands
-                warnings.warn(f"dyntvm: the compiled loop of foreach node {n.name!r} failed "
-                              f"({type(e).__name__}: {str(e).strip()[:200]}) where its steps run; the result "
-                              "comes from the step-by-step run", RuntimeWarning, stacklevel=2)
-                return
-            calls[0] += 1
-            for k, o in enumerate(outs):
-                slots[o] = _item(res, k)
-        return run
+        return compiled_while(self, n, ins, outs, run, cond_run, caps_of) or run
 
     def _direct_body(self, g: Graph):
         """A loop body that is one region and nothing else, run without a plan: ``run(args) -> outputs``, where
@@ -471,11 +433,6 @@ def _direct_rows(a: np.ndarray) -> list:
 
 def _truth(x) -> bool:
     return bool(to_numpy(x))
-
-
-def _first_truth(res: list) -> bool:
-    """A predicate subgraph's result (a one-value list) as a bool."""
-    return bool(to_numpy(res[0]))
 
 
 def region_failure(node: Node, ins: list, cause: BaseException) -> ExecutionError:

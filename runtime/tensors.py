@@ -58,6 +58,11 @@ def to_numpy(x) -> np.ndarray:
     return np.asarray(x)
 
 
+def first_truth(res: list) -> bool:
+    """A predicate subgraph's result (a one-value list) as a bool."""
+    return bool(to_numpy(res[0]))
+
+
 def host_array(x) -> np.ndarray:
     """`x` as numpy wherever it lives (a copy for a device tensor): for error paths and validation."""
     if type(x) is _TvmTensor and x.device.dlpack_device_type() != 1:       # kDLCPU

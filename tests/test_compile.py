@@ -131,7 +131,8 @@ def test_foreach_body_is_one_kernel_call_per_step(cache_dir):
         h0 = np.zeros((B, 8), "float32")
         before = model.kernel_calls
         assert_same(model(xs, h0), rnn(xs, h0))
-        assert model.kernel_calls - before == T + 1    # rows of 8 floats: not compiled (test_compiled_loops.py)
+        assert model.kernel_calls - before == 2        # the GEMM, then the compiled loop (test_compiled_loops.py)
+        assert_same(model(xs, h0, profile=True), rnn(xs, h0))     # step by step
 
 
 def test_while_loop_growing_state(cache_dir):

@@ -1,7 +1,7 @@
-"""foreach loops compiled end to end (`codegen/compiled_loops.py`): one TIR function runs every step and calls
-the body's kernels directly, so a step costs no Python. Each model is checked against numpy at several
-lengths (0, 1, odd and even: states alternate between two buffers) and against its own step-by-step run
-(``profile=True`` runs the plan, not the compiled loop)."""
+"""foreach and while_loop loops compiled end to end (`codegen/compiled_loops.py`): one TIR function runs every
+step and calls the body's kernels directly, so a step costs no Python. Each model is checked against numpy at
+several lengths (0, 1, odd and even: states alternate between two buffers) and against its own step-by-step run
+(``profile=True`` runs the plan, not the compiled loop); kernel-call counts show no call per step."""
 import threading
 
 import numpy as np
@@ -11,18 +11,18 @@ import dyntvm as dt
 from dyntvm import F
 from dyntvm.codegen import compiled_loops
 from dyntvm.examples import lstm as lstm_example
-from dyntvm.ir.compiled_loop import compiled_loop_name, foreach_loop_plan
+from dyntvm.ir.compiled_loop import compiled_loop_name, foreach_loop_plan, while_loop_plan
 from helpers import assert_same
 
 
 def _compiled(model) -> list:
-    """Names of the compiled loop functions the model's library has, for every foreach (nested too)."""
+    """Names of the compiled loop functions the model's library has, for every loop (nested too)."""
     found = []
 
     def walk(g):
         for n in g.nodes:
-            if n.op == "foreach":
-                plan = foreach_loop_plan(n)
+            if n.op in ("foreach", "while_loop"):
+                plan = foreach_loop_plan(n) if n.op == "foreach" else while_loop_plan(n)
                 if plan is not None:
                     try:
                         model.vm[compiled_loop_name(plan[0].attrs.name)]
@@ -103,32 +103,135 @@ def test_a_body_of_several_kernels_and_an_unstacked_state(cache_dir_module):
         assert model.kernel_calls - before == _top_regions(model) + 1
 
 
-def test_loops_it_cannot_compile_run_step_by_step(cache_dir_module):
-    def small_rows(xs, s):                            # 3 floats a row: not 64-byte aligned rows
+def test_small_rows_and_scalar_states_are_copied_through_aligned_buffers(cache_dir_module):
+    """Rows that are not 64-byte multiples (kernels assume aligned data) and 0-d states: the loop function
+    copies those rows in and out of buffers of their own each step."""
+    def small_rows(xs, s):                            # 3 floats a row
         def step(x, st):
             return F.tanh(x + st[0]), [st[0] + x]
         return F.foreach(step, xs, [s])
 
-    def counter(xs, n):                               # a 0-d state
+    def counter(xs, n):                               # a 0-d state, stacked too
         def step(x, st):
             y = x * st[0]
-            return y, [st[0] * 0.5 + F.sum(y)]
+            n = st[0] * 0.5 + F.sum(y)
+            return (y, n), [n]
         return F.foreach(step, xs, [n])
 
-    compiled_loops.stats.declined.clear()
     for fn, specs, make in (
             (small_rows, (dt.TensorSpec(("T", 3)), dt.TensorSpec((3,))),
-             lambda T: (np.ones((T, 3), np.float32), np.zeros(3, np.float32))),
+             lambda T: (np.linspace(-1, 1, 3 * T, dtype=np.float32).reshape(T, 3), np.full(3, 0.5, np.float32))),
             (counter, (dt.TensorSpec(("T", 16)), dt.TensorSpec(())),
-             lambda T: (np.ones((T, 16), np.float32), np.ones((), np.float32)))):
+             lambda T: (np.linspace(-1, 1, 16 * T, dtype=np.float32).reshape(T, 16) / 16, np.ones((), np.float32)))):
+        model = dt.compile(fn, *specs, cache_dir=cache_dir_module)
+        assert _has_loop(model)
+        for T in (0, 1, 2, 3, 8):
+            before = model.kernel_calls
+            got = model(*make(T))
+            assert_same(got, fn(*make(T)), rtol=1e-5, atol=1e-6)
+            assert model.kernel_calls - before == _top_regions(model) + 1
+            assert_same(model(*make(T), profile=True), got, rtol=1e-6, atol=1e-7)
+
+
+def test_bodies_it_cannot_compile_run_step_by_step():
+    def twice(xs, s):                                 # one value stacked as two per-step outputs
+        def step(x, st):
+            h = F.tanh(x + st[0])
+            return (h, h), [h]
+        return F.foreach(step, xs, [s])
+
+    def grow(x):                                      # a loop var whose shape changes
+        return F.while_loop(lambda s: F.sum(s) < 50.0, lambda s: (F.sum(s), [F.concat([s, s * 2.0])]), [x],
+                            max_iterations=10)
+
+    compiled_loops.stats.declined.clear()
+    for fn, specs, cases in (
+            (twice, (dt.TensorSpec(("T", 16)), dt.TensorSpec((16,))),
+             [(np.ones((T, 16), np.float32), np.zeros(16, np.float32)) for T in (0, 1, 4)]),
+            (grow, (dt.TensorSpec(("N",)),), [(np.ones(n, np.float32),) for n in (1, 2, 60)])):
         model = dt.compile(fn, *specs, use_cache=False)
         assert not _has_loop(model)
-        for T in (0, 1, 4):
-            before = model.kernel_calls
-            assert_same(model(*make(T)), fn(*make(T)))
-            assert model.kernel_calls - before == _top_regions(model) + T
+        for args in cases:
+            assert_same(model(*args), fn(*args))
     reasons = " ".join(r for _, r in compiled_loops.stats.declined)
-    assert "64-byte" in reasons and "0-d" in reasons
+    assert "stacked twice" in reasons and "another shape" in reasons
+
+
+END = 3
+
+
+def greedy(start, h0, limit):
+    """A decode loop: 0-d token and step states, the token stacked, the condition in the body."""
+    rng = np.random.default_rng(11)
+    E = rng.standard_normal((8, 16)).astype(np.float32)
+    W = (rng.standard_normal((16, 16)) / 4).astype(np.float32)
+    Wout = rng.standard_normal((16, 8)).astype(np.float32)
+    bias = np.where(np.arange(8) == END, 0.1, 0.0).astype(np.float32)
+
+    def body(tok, h, step):
+        h = F.tanh(F.take(E, tok) + F.matmul(h, W))
+        tok = F.argmax(F.matmul(h, Wout) + F.cast(step, "float32") * bias)
+        return tok, [tok, h, step + 1]
+    toks, (tok, h, steps) = F.while_loop(lambda tok, h, step: tok != END, body,
+                                         [start, h0, F.zeros((), "int64")], max_iterations=limit)
+    return toks, h, steps
+
+
+@pytest.fixture(scope="module")
+def greedy_c(cache_dir_module):
+    return dt.compile(greedy, dt.TensorSpec((), "int64"), dt.TensorSpec((16,)), dt.TensorSpec((), "int64"),
+                      cache_dir=cache_dir_module)
+
+
+def test_a_while_loop_runs_as_one_compiled_call(greedy_c):
+    model = greedy_c
+    assert _has_loop(model)
+    h0 = np.linspace(-1, 1, 16, dtype=np.float32)
+    lengths = set()
+    for start in (0, 4, END):
+        for limit in (0, 1, 2, 3, 7, 100):
+            args = (np.array(start, np.int64), h0, np.array(limit, np.int64))
+            want = greedy(*args)
+            before = model.kernel_calls
+            got = model(*args)
+            assert_same(got, want, rtol=1e-5, atol=1e-6)
+            runs = len(want[0])
+            lengths.add(runs)
+            # the condition's region for the first iteration (none with a limit of 0), then one call of the loop
+            assert model.kernel_calls - before == (limit > 0) + (runs > 0)
+            assert_same(model(*args, profile=True), got, rtol=1e-6, atol=1e-7)
+    assert 0 in lengths and 1 in lengths and max(lengths) == 17         # the stopping token was reached
+
+
+def test_a_long_while_loop_continues_in_growing_chunks(cache_dir_module):
+    def count(x, limit):
+        return F.while_loop(lambda i, s: i < limit, lambda i, s: ((s, i), [i + 1, s * 0.999 + 1.0]),
+                            [F.zeros((), "int64"), x])
+    model = dt.compile(count, dt.TensorSpec((4,)), dt.TensorSpec((), "int64"), cache_dir=cache_dir_module)
+    assert _has_loop(model)
+    x = np.arange(4, dtype=np.float32)
+    for n in (0, 1, 255, 256, 257, 1000, 3000):
+        before = model.kernel_calls
+        got = model(x, np.array(n, np.int64))
+        assert_same(got, count(x, np.array(n, np.int64)), rtol=1e-5, atol=1e-5)
+        assert got[0][0].shape == (n, 4) and got[0][1].shape == (n,)
+        # chunks of 256, 256, 512, 1024, ... iterations after the first condition
+        chunks, done = 0, 0
+        while done < n:
+            done += max(256, done)
+            chunks += 1
+        assert model.kernel_calls - before == 1 + chunks      # the first condition, then the chunks
+
+
+def test_a_compiled_while_loop_raises_the_step_by_step_error(greedy_c):
+    model = greedy_c
+    h0 = np.zeros(16, np.float32)
+    for bad in (np.array(9, np.int64), np.array(-9, np.int64)):      # out of the table: the first take fails
+        with pytest.raises(dt.ExecutionError, match="index out of range") as compiled:
+            model(bad, h0, np.array(5, np.int64))
+        with pytest.raises(dt.ExecutionError, match="index out of range") as stepwise:
+            model(bad, h0, np.array(5, np.int64), profile=True)
+        assert str(compiled.value) == str(stepwise.value)
 
 
 def test_errors_are_the_step_by_step_errors(cache_dir_module):

@@ -1,0 +1,144 @@
+"""The executor's calls of compiled loops (`ir.compiled_loop`, built by `codegen/compiled_loops.py`): a foreach
+or while_loop whose body codegen compiled into one loop function runs as one call of it (a while_loop: a few,
+in growing chunks) instead of a region call per step. Used by `executor.Executor` when it builds a loop's step;
+each returns None where the loop runs step by step instead (validating, profiling, on a device, a declined
+loop)."""
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+from tvm_ffi import Shape as ShapeTuple
+from tvm_ffi._ffi_api import ArrayGetItem
+
+from ..ir.compiled_loop import compiled_loop_name, foreach_loop_plan, while_loop_plan
+from ..ir.graph import Node
+from ..ir.types import eval_dim
+from . import control_flow as cf
+from .control_flow import bind_symbols
+from .tensors import first_truth, to_numpy, to_tvm
+
+_item = ArrayGetItem            # res[k] of a result tuple: one FFI call
+
+
+def compiled_foreach(ex, n: Node, ins, outs, stepwise):
+    """The foreach as one call of its compiled loop (`ir.compiled_loop`), if the library has one: no
+    Python per step. None while validating or profiling (the step-by-step plan does those), on a device,
+    or when codegen declined the loop. When the compiled loop fails, `stepwise` (the step-by-step run)
+    runs it again to raise the error a step-by-step run raises (the iteration, the op and its line); should
+    the steps succeed, their result is used, with a RuntimeWarning."""
+    plan = foreach_loop_plan(n)
+    fn = _loop_function(ex, plan)
+    if fn is None:
+        return None
+    _, roles, _ = plan
+    nd, ns = n.attrs.num_data, n.attrs.num_states
+    arg_idx = [ins[k if r == "data" else nd + k if r == "state" else nd + ns + k] for r, k in roles]
+    data_idx = ins[:nd]
+    calls = ex.calls
+
+    def run(slots):
+        cf.data_length([slots[i].shape[0] for i in data_idx])
+        args = [to_tvm(slots[i]) for i in arg_idx]
+        try:
+            res = fn(*args)
+        except Exception as e:  # noqa: BLE001 - TVM raises many kinds: the step-by-step run names it
+            stepwise(slots)     # raises the step-by-step error; if the steps run, their result stands
+            warnings.warn(f"dyntvm: the compiled loop of foreach node {n.name!r} failed "
+                          f"({type(e).__name__}: {str(e).strip()[:200]}) where its steps run; the result "
+                          "comes from the step-by-step run", RuntimeWarning, stacklevel=2)
+            return
+        calls[0] += 1
+        for k, o in enumerate(outs):
+            slots[o] = _item(res, k)
+    return run
+
+
+def _loop_function(ex, plan):
+    """The compiled loop function of `plan`'s region, or None (see `compiled_foreach`)."""
+    if ex.validate or ex.profiling or ex.pl is not None or ex.vm is None or plan is None:
+        return None
+    try:
+        return ex.vm[compiled_loop_name(plan[0].attrs.name)]
+    except Exception:  # noqa: BLE001 - no such function: codegen declined this loop (or an older library)
+        return None
+
+
+def compiled_while(ex, n: Node, ins, outs, stepwise, cond_run, caps_of):
+    """The while_loop as calls of its compiled loop (`ir.compiled_loop`), if the library has one: the
+    condition for the first iteration is a region call, then each call runs up to `cap` iterations in TIR
+    and returns how many it ran and whether the condition still holds; the loop continues from the final
+    vars with a larger `cap` (chunks of stacked rows, one concatenation at the end). Failures as in
+    `compiled_foreach`."""
+    plan = while_loop_plan(n)
+    fn = _loop_function(ex, plan)
+    if fn is None:
+        return None
+    _, roles, _ = plan
+    a = n.attrs
+    nv, has_t = a.num_vars, a.has_max_tensor
+    n_ys = len(outs) - nv
+    body = n.subgraphs[1]
+    row_types = [v.type for v in body.outputs[:n_ys]]
+    calls = ex.calls
+
+    def run(slots):
+        limit = cf.iteration_limit(slots[ins[nv]] if has_t else a.max_iterations, to_numpy)
+        vars_ = [to_tvm(slots[i]) for i in ins[:nv]]
+        consts = caps_of(slots)
+        if (limit is not None and limit <= 0) or not first_truth(cond_run(vars_ + consts)):
+            stacked = cf.empty_steps(body, [tuple(x.shape) for x in vars_ + consts], n_ys)
+            for o, r in zip(outs, stacked + vars_):
+                slots[o] = r
+            return
+        row_bytes = _row_bytes(row_types, body.inputs, vars_ + consts)
+        chunks, it, go = [], 0, True
+        try:
+            while go and (limit is None or it < limit):
+                cap = _while_capacity(it, limit, row_bytes)
+                res = fn(*[vars_[k] if r == "state" else consts[k] for r, k in roles], ShapeTuple([cap]))
+                calls[0] += 1
+                count, go = (int(x) for x in to_numpy(_item(res, n_ys + nv)))
+                chunks.append(([_item(res, k) for k in range(n_ys)], count))
+                vars_ = [_item(res, n_ys + k) for k in range(nv)]
+                it += count
+        except Exception as e:  # noqa: BLE001 - TVM raises many kinds: the step-by-step run names it
+            stepwise(slots)     # raises the step-by-step error; if the steps run, their result stands
+            warnings.warn(f"dyntvm: the compiled loop of while_loop node {n.name!r} failed "
+                          f"({type(e).__name__}: {str(e).strip()[:200]}) where its steps run; the result "
+                          "comes from the step-by-step run", RuntimeWarning, stacklevel=2)
+            return
+        if len(chunks) == 1:
+            ys, count = chunks[0]
+            stacked = [to_numpy(y)[:count] for y in ys]
+        else:
+            stacked = [np.concatenate([to_numpy(ys[k])[:count] for ys, count in chunks]) for k in range(n_ys)]
+        for o, r in zip(outs, stacked + vars_):
+            slots[o] = r
+    return run
+
+
+_WHILE_FIRST = 256              # a compiled while_loop's first call runs at most this many iterations
+_WHILE_BYTES = 16 << 20         # and never allocates more than this for one call's stacked rows (at least a row)
+
+
+def _while_capacity(done: int, limit, row_bytes: int | None) -> int:
+    """Rows for the next call of a compiled while_loop: _WHILE_FIRST, then as many as have run (the buffers
+    double), within `limit` and _WHILE_BYTES (rows of unknown size: 16 at first)."""
+    cap = max(_WHILE_FIRST, done) if row_bytes is not None else max(16, done)
+    if row_bytes:
+        cap = min(cap, max(1, _WHILE_BYTES // row_bytes))
+    return cap if limit is None else max(1, min(cap, limit - done))
+
+
+def _row_bytes(types: list, inputs: list, args: list) -> int | None:
+    """Bytes of one iteration's per-step outputs (`types`, over the symbols the body's `inputs` bind from the
+    shapes of `args`); None when a dim is not known before the body runs."""
+    env: dict = {}
+    try:
+        for v, x in zip(inputs, args):
+            bind_symbols(v.type, tuple(x.shape), env)
+        return sum(math.prod(eval_dim(d, env) for d in t.shape) * np.dtype(t.dtype).itemsize for t in types)
+    except (KeyError, ValueError, TypeError):
+        return None
