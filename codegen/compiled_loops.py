@@ -236,19 +236,29 @@ def build_loop(mod: tvm.IRModule, region: str, roles: tuple, outs: tuple, n_ys: 
 
     # ---- which kernel output gives each per-step output, new state and the condition
     ys_of, state_of = {}, {}
-    for k in range(n_ys):                             # ("prev", s): state s as the step got it
-        key = tuple(region_outs[outs[k]][1:]) if outs[k] >= 0 else ("prev", ~outs[k])
+    def key_of(out):            # (call, j); ("prev", s): state s as the step got it; ("row", k): data row k
+        kind, k = out
+        if kind == "region":
+            return tuple(region_outs[k][1:])
+        if kind == "state":
+            return ("prev", k)
+        data = [i for i, r in enumerate(roles) if r == ("data", k)]
+        if not data:
+            raise Decline("a per-step output that is a data row the body does not read")
+        return ("row", data[0])
+    for k in range(n_ys):
+        key = key_of(outs[k])
         if key in ys_of.values():
             raise Decline("a value stacked twice")
         ys_of[k] = key
-    if any(o < 0 for o in outs[n_ys:]):
+    if any(o[0] != "region" for o in outs[n_ys:]):
         raise Decline("a state passed through unchanged")
     for s in range(n_states):
-        key = tuple(region_outs[outs[n_ys + s]][1:])
+        key = tuple(region_outs[outs[n_ys + s][1]][1:])
         if key in state_of.values():
             raise Decline("one value as two states")
         state_of[s] = key
-    cond_key = tuple(region_outs[outs[-1]][1:]) if is_while else None
+    cond_key = tuple(region_outs[outs[-1][1]][1:]) if is_while else None
     if cond_key is not None and calls[cond_key[0]][2][cond_key[1]] != ([], "bool"):
         raise Decline("the condition is not a 0-d bool")
     state_param = {k: i for i, (role, k) in enumerate(roles) if role == "state"}
@@ -275,6 +285,8 @@ def build_loop(mod: tvm.IRModule, region: str, roles: tuple, outs: tuple, n_ys: 
         dims = ", ".join(_expr(d, names) for d in shape)
         lines_match.append(f"k{k} = T.match_buffer(h_k{k}, ({dims},), \"{dtype}\")" if shape else
                            f"k{k} = T.match_buffer(h_k{k}, (), \"{dtype}\")")
+    if is_while:                # the capacity: a scalar argument (no buffer need have n rows)
+        lines_params.append("n: T.int64")
     out_types = []
     for s in range(n_states):
         i = state_param[s]
@@ -289,11 +301,11 @@ def build_loop(mod: tvm.IRModule, region: str, roles: tuple, outs: tuple, n_ys: 
     loc_out, copy_out = {}, []                        # (call, j) -> _Loc of its row; [(y name, (call, j), shape)]
     for k in range(n_ys):
         c, j = ys_of[k]
-        shape, dtype = ptypes[state_param[j]] if c == "prev" else calls[c][2][j]
+        shape, dtype = ptypes[state_param[j]] if c == "prev" else ptypes[j] if c == "row" else calls[c][2][j]
         lines_params.append(f"h_y{k}: T.handle")
         dims = ", ".join(["n"] + [_expr(d, names) for d in shape])
         lines_match.append(f"y{k} = T.match_buffer(h_y{k}, ({dims},), \"{dtype}\")")
-        if c != "prev" and _is_aligned(shape, dtype) and (c, j) not in state_key:
+        if c not in ("prev", "row") and _is_aligned(shape, dtype) and (c, j) not in state_key:
             loc_out[(c, j)] = _Loc(f"y{k}", shape, dtype, row=True)
         else:                                         # written elsewhere, copied into its row
             copy_out.append((f"y{k}", (c, j), shape))
@@ -333,6 +345,8 @@ def build_loop(mod: tvm.IRModule, region: str, roles: tuple, outs: tuple, n_ys: 
         state s's value before step t is."""
         if key[0] == "prev":
             return loc_state[key[1]], "(t + T.int64(1))"
+        if key[0] == "row":
+            return loc_param[key[1]], "t"
         if key in loc_out:
             return loc_out[key], "t"
         if key in loc_tmp:
@@ -391,7 +405,7 @@ def build_loop(mod: tvm.IRModule, region: str, roles: tuple, outs: tuple, n_ys: 
         lines_match.append(f"{nm} = T.match_buffer(h_{nm}, ({dims},), \"{dtype}\")" if shape else
                            f"{nm} = T.match_buffer(h_{nm}, (), \"{dtype}\")")
         out_types.append((shape, dtype))
-    decls = [f"{nm} = T.int64()" for nm in [f"d{k}" for k in range(len(names.vars))] + ["n"]]
+    decls = [f"{nm} = T.int64()" for nm in [f"d{k}" for k in range(len(names.vars))] + ([] if is_while else ["n"])]
     text = ["# from tvm.script import tirx as T", "@T.prim_func", f"def {region}__loop_kernel("
             + ", ".join(lines_params) + "):"]
     # noalias (every buffer is its own tensor): a function without it in the LLVM module was seen to make LLVM
@@ -441,11 +455,13 @@ def add_loop(mod: tvm.IRModule, region: str, roles: tuple, outs: tuple, n_ys: in
     out_ty = [relax.TensorType(shape_of(s), d) for s, d in out_types]
     name = compiled_loop_name(region)
     with bb.function(name, params):
-        args = relax.Tuple(tensors + list(consts))
+        # a while_loop's capacity n: a scalar argument after the tensors
+        args = relax.Tuple(tensors + list(consts) + ([relax.prim_value(n)] if kind == "while" else []))
+        call = relax.call_tir(gv, args, out_ty[0] if len(out_ty) == 1 else out_ty)
         if len(out_ty) == 1:                          # always a tuple for the executor
-            res = bb.emit(relax.Tuple([bb.emit(relax.call_tir(gv, args, out_ty[0]))]))
+            res = bb.emit(relax.Tuple([bb.emit(call)]))
         else:
-            res = bb.emit(relax.call_tir(gv, args, out_ty))
+            res = bb.emit(call)
         bb.emit_func_output(res)
     return _drop_unused(bb.get(), {gv.name_hint for gv in redirect})
 

@@ -28,10 +28,10 @@ def compiled_loop_name(region_name: str) -> str:
     return region_name + LOOP_SUFFIX
 
 
-def _single_region(body, n_ys: int, n_states: int, first_state: int):
+def _single_region(body, n_ys: int, n_states: int, first_state: int, n_data: int = 0):
     """``(region, pos, outs)`` if `body` is one region node computing every body output from body inputs;
-    `outs` as the plans return it. A per-step output may also be a state as it came in (its value before the
-    step): ``~k`` for state k."""
+    `outs`, per body output: ``("region", k)`` (the region's k-th output), or for a per-step output that is
+    a body input as the step got it, ``("state", k)`` / ``("data", k)`` (the k-th state / data row)."""
     if len(body.nodes) != 1 or body.nodes[0].op != "region":
         return None
     region = body.nodes[0]
@@ -42,9 +42,11 @@ def _single_region(body, n_ys: int, n_states: int, first_state: int):
     outs = []
     for j, v in enumerate(body.outputs):
         if v in made:
-            outs.append(made[v])
+            outs.append(("region", made[v]))
         elif j < n_ys and v in pos and first_state <= pos[v] < first_state + n_states:
-            outs.append(~(pos[v] - first_state))
+            outs.append(("state", pos[v] - first_state))
+        elif j < n_ys and v in pos and pos[v] < n_data:
+            outs.append(("data", pos[v]))
         else:
             return None
     # every state passed in (with zero steps the final states are the initial ones)
@@ -57,14 +59,14 @@ def _single_region(body, n_ys: int, n_states: int, first_state: int):
 def foreach_loop_plan(node: Node):
     """For an eligible foreach node: ``(region node, roles, outs)``. `roles`, per region input:
     ``("data" | "state" | "const", k)`` (k-th of that kind among the foreach's body inputs); `outs`, per body
-    output (per-step outputs, then new states): the region output that gives it, or ``~k`` for a per-step
-    output that is state k as the step got it. None if not eligible."""
+    output (per-step outputs, then new states): where it comes from (see `_single_region`). None if not
+    eligible."""
     a = node.attrs
     if node.op != "foreach" or getattr(a, "has_valid_length", False):
         return None
     g = node.subgraphs[0]
     nd, ns = a.num_data, a.num_states
-    found = _single_region(g, len(g.outputs) - ns, ns, nd) if nd >= 1 else None
+    found = _single_region(g, len(g.outputs) - ns, ns, nd, nd) if nd >= 1 else None
     if found is None:
         return None
     region, pos, outs = found
@@ -80,8 +82,7 @@ def foreach_loop_plan(node: Node):
 def while_loop_plan(node: Node):
     """For an eligible while_loop node (condition in its body): ``(region node, roles, outs)``. `roles`, per
     region input: ``("state" | "const", k)`` (k-th loop var / capture); `outs`, per body output (per-step
-    outputs, new vars, the condition): the region output that gives it, or ``~k`` (a per-step output that is
-    var k as the iteration got it). None if not eligible."""
+    outputs, new vars, the condition): where it comes from (see `_single_region`). None if not eligible."""
     a = node.attrs
     if node.op != "while_loop" or not a.cond_in_body:
         return None

@@ -125,8 +125,11 @@ _WHILE_BYTES = 16 << 20         # and never allocates more than this for one cal
 
 def _while_capacity(done: int, limit, row_bytes: int | None) -> int:
     """Rows for the next call of a compiled while_loop: _WHILE_FIRST, then as many as have run (the buffers
-    double), within `limit` and _WHILE_BYTES (rows of unknown size: 16 at first)."""
-    cap = max(_WHILE_FIRST, done) if row_bytes is not None else max(16, done)
+    double), within `limit` and _WHILE_BYTES (rows of unknown size: 16 at first; nothing stacked: no bound)."""
+    if row_bytes == 0:                      # nothing stacked: no reason to stop before the end
+        cap = 1 << 62
+    else:
+        cap = max(_WHILE_FIRST, done) if row_bytes is not None else max(16, done)
     if row_bytes:
         cap = min(cap, max(1, _WHILE_BYTES // row_bytes))
     return cap if limit is None else max(1, min(cap, limit - done))

@@ -118,7 +118,12 @@ def test_small_rows_and_scalar_states_are_copied_through_aligned_buffers(cache_d
             return (y, n), [n]
         return F.foreach(step, xs, [n])
 
+    def scan(xs, s):                                  # a data row stacked as it came (4 floats)
+        return F.foreach(lambda x, st: (x, [st[0] + x]), xs, [s])
+
     for fn, specs, make in (
+            (scan, (dt.TensorSpec(("T", 4)), dt.TensorSpec((4,))),
+             lambda T: (np.arange(4 * T, dtype=np.float32).reshape(T, 4), np.ones(4, np.float32))),
             (small_rows, (dt.TensorSpec(("T", 3)), dt.TensorSpec((3,))),
              lambda T: (np.linspace(-1, 1, 3 * T, dtype=np.float32).reshape(T, 3), np.full(3, 0.5, np.float32))),
             (counter, (dt.TensorSpec(("T", 16)), dt.TensorSpec(())),
@@ -221,6 +226,19 @@ def test_a_long_while_loop_continues_in_growing_chunks(cache_dir_module):
             done += max(256, done)
             chunks += 1
         assert model.kernel_calls - before == 1 + chunks      # the first condition, then the chunks
+
+
+def test_a_while_loop_stacking_nothing_runs_in_one_call(cache_dir_module):
+    def count(s, n):
+        return F.while_loop(lambda i, st: i < n, lambda i, st: ([], [i + 1, st * 0.5 + 1.0]),
+                            [F.zeros((), "int64"), s])
+    model = dt.compile(count, dt.TensorSpec((4,)), dt.TensorSpec((), "int64"), cache_dir=cache_dir_module)
+    assert _has_loop(model)
+    s = np.arange(4, dtype=np.float32)
+    for n in (0, 1, 2, 3, 5000):
+        before = model.kernel_calls
+        assert_same(model(s, np.int64(n)), count(s, np.int64(n)))
+        assert model.kernel_calls - before == 1 + (n > 0)      # the first condition, then every iteration
 
 
 def test_a_compiled_while_loop_raises_the_step_by_step_error(greedy_c):
