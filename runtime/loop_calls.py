@@ -111,12 +111,21 @@ def compiled_while(ex, n: Node, ins, outs, stepwise, cond_run, caps_of):
             return
         if len(chunks) == 1:
             ys, count = chunks[0]
-            stacked = [to_numpy(y)[:count] for y in ys]
+            stacked = [_first_rows(y, count) for y in ys]
         else:
-            stacked = [np.concatenate([to_numpy(ys[k])[:count] for ys, count in chunks]) for k in range(n_ys)]
+            stacked = [np.concatenate([_first_rows(ys[k], count) for ys, count in chunks]) for k in range(n_ys)]
         for o, r in zip(outs, stacked + vars_):
             slots[o] = r
     return run
+
+
+def _first_rows(y, count: int) -> np.ndarray:
+    """The first `count` rows of a chunk's stacked output `y` ([cap, ...]). Rows of no elements (a dim 0) are made
+    here: their chunk may have 2**62 rows (nothing to allocate), more than numpy can view."""
+    shape = tuple(y.shape)
+    if 0 in shape[1:]:
+        return np.empty((count,) + shape[1:], str(y.dtype))
+    return to_numpy(y)[:count]
 
 
 _WHILE_FIRST = 256              # a compiled while_loop's first call runs at most this many iterations

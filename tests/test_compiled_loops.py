@@ -241,6 +241,22 @@ def test_a_while_loop_stacking_nothing_runs_in_one_call(cache_dir_module):
         assert model.kernel_calls - before == 1 + (n > 0)      # the first condition, then every iteration
 
 
+def test_a_while_loop_stacking_rows_of_no_elements(cache_dir_module):
+    """Per-step outputs that are all empty (a batch of 0 rows) hold no bytes, so the loop runs in one call with
+    a capacity of 2**62 rows: numpy cannot view such a chunk; its first rows are made without it."""
+    def count(x, n):
+        return F.while_loop(lambda i, s: i < n, lambda i, s: ((s, F.tanh(s)), [i + 1, s * 0.5 + 1.0]),
+                            [F.zeros((), "int64"), x])
+    model = dt.compile(count, dt.TensorSpec(("B", 7)), dt.TensorSpec((), "int64"), cache_dir=cache_dir_module)
+    assert _has_loop(model)
+    for B in (0, 2):
+        for n in (0, 1, 3, 300):
+            args = (np.ones((B, 7), np.float32), np.array(n, np.int64))
+            got = model(*args)
+            assert_same(got, count(*args))
+            assert_same(model(*args, profile=True), got)
+
+
 def test_a_compiled_while_loop_raises_the_step_by_step_error(greedy_c):
     model = greedy_c
     h0 = np.zeros(16, np.float32)
