@@ -121,7 +121,7 @@ def compiled_while(ex, n: Node, ins, outs, stepwise, cond_run, caps_of):
 
 def _first_rows(y, count: int) -> np.ndarray:
     """The first `count` rows of a chunk's stacked output `y` ([cap, ...]). Rows of no elements (a dim 0) are made
-    here: their chunk may have 2**62 rows (nothing to allocate), more than numpy can view."""
+    here: their chunk has _WHILE_UNSTACKED rows (nothing to allocate), a shape numpy need not view."""
     shape = tuple(y.shape)
     if 0 in shape[1:]:
         return np.empty((count,) + shape[1:], str(y.dtype))
@@ -130,13 +130,15 @@ def _first_rows(y, count: int) -> np.ndarray:
 
 _WHILE_FIRST = 256              # a compiled while_loop's first call runs at most this many iterations
 _WHILE_BYTES = 16 << 20         # and never allocates more than this for one call's stacked rows (at least a row)
+_WHILE_UNSTACKED = 1 << 24      # iterations per call of a loop that stacks nothing (Python sees Ctrl-C between calls)
 
 
 def _while_capacity(done: int, limit, row_bytes: int | None) -> int:
     """Rows for the next call of a compiled while_loop: _WHILE_FIRST, then as many as have run (the buffers
-    double), within `limit` and _WHILE_BYTES (rows of unknown size: 16 at first; nothing stacked: no bound)."""
-    if row_bytes == 0:                      # nothing stacked: no reason to stop before the end
-        cap = 1 << 62
+    double), within `limit` and _WHILE_BYTES (rows of unknown size: 16 at first; nothing stacked:
+    _WHILE_UNSTACKED)."""
+    if row_bytes == 0:                      # nothing stacked: long calls, Ctrl-C still seen between them
+        cap = _WHILE_UNSTACKED
     else:
         cap = max(_WHILE_FIRST, done) if row_bytes is not None else max(16, done)
     if row_bytes:

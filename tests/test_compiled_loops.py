@@ -241,9 +241,26 @@ def test_a_while_loop_stacking_nothing_runs_in_one_call(cache_dir_module):
         assert model.kernel_calls - before == 1 + (n > 0)      # the first condition, then every iteration
 
 
+def test_a_while_loop_stacking_nothing_returns_to_python_between_long_calls(cache_dir_module, monkeypatch):
+    """Each call runs at most `_WHILE_UNSTACKED` iterations (2**24), so Ctrl-C is seen between calls."""
+    from dyntvm.runtime import loop_calls
+    monkeypatch.setattr(loop_calls, "_WHILE_UNSTACKED", 100)
+
+    def count(s, n):
+        return F.while_loop(lambda i, st: i < n, lambda i, st: ([], [i + 1, st * 0.5 + 1.0]),
+                            [F.zeros((), "int64"), s])
+    model = dt.compile(count, dt.TensorSpec((4,)), dt.TensorSpec((), "int64"), cache_dir=cache_dir_module)
+    s = np.arange(4, dtype=np.float32)
+    for n, chunks in ((99, 1), (100, 1), (101, 2), (250, 3)):
+        before = model.kernel_calls
+        assert_same(model(s, np.int64(n)), count(s, np.int64(n)))
+        assert model.kernel_calls - before == 1 + chunks
+
+
 def test_a_while_loop_stacking_rows_of_no_elements(cache_dir_module):
-    """Per-step outputs that are all empty (a batch of 0 rows) hold no bytes, so the loop runs in one call with
-    a capacity of 2**62 rows: numpy cannot view such a chunk; its first rows are made without it."""
+    """Per-step outputs that are all empty (a batch of 0 rows) hold no bytes, so the loop runs in calls of a
+    large capacity (`_WHILE_UNSTACKED` rows, once 2**62, more than numpy can view): the first rows of such a
+    chunk are made without viewing it."""
     def count(x, n):
         return F.while_loop(lambda i, s: i < n, lambda i, s: ((s, F.tanh(s)), [i + 1, s * 0.5 + 1.0]),
                             [F.zeros((), "int64"), x])
