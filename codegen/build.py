@@ -128,29 +128,38 @@ def add_binding(mod, binding: str):
     return bb.get()
 
 
-def build_executable(regions: list, target: str, binding: str | None = None, tvm_target=None, loops=()):
+def build_executable(regions: list, target: str, binding: str | None = None, tvm_target=None, loops=(),
+                     tuning=None):
     """Build one TVM executable holding every region function (no caching), plus the binding
     function when `binding` is given. `target` is "cpu" or "cuda" (`tvm_target`: the concrete one).
-    `loops`: foreach loops to compile end to end (`compiled_loops.loop_specs`; CPU only)."""
+    `loops`: foreach loops to compile end to end (`compiled_loops.loop_specs`; CPU only).
+    `tuning`: ``(tuning.TuningLog, specializations)``: the regions' specializations are added and
+    their kernels scheduled with the log's winning traces (CPU only)."""
     from .relax_builder import build_module, unsupported_ops
     check_host_compiler()
     missing = sorted({op for _, g in regions for op in unsupported_ops(g)})
     if missing:
         raise UnsupportedOpError(f"compile: no Relax converter for op(s) {', '.join(missing)}")
     mod = build_module(regions, device_checks=target == "cuda")
+    tuned = None
+    if tuning is not None:
+        from .tuning import add_specializations
+        log, table = tuning
+        mod = add_specializations(mod, table)
+        tuned = lambda func: log.tuned(func, tvm_target)    # noqa: E731
     if binding is not None:
         mod = add_binding(mod, binding)
     stats.builds += 1
     if target == "cpu":
         from .cpu_schedule import build_cpu
         if not loops:
-            return build_cpu(mod, tvm_target)
+            return build_cpu(mod, tvm_target, tuned=tuned)
         try:
-            return build_cpu(mod, tvm_target, loops)
+            return build_cpu(mod, tvm_target, loops, tuned=tuned)
         except Exception as e:  # noqa: BLE001 - compiled loops are an optimization: never the reason a build fails
             warnings.warn(f"dyntvm: building the compiled loops failed ({type(e).__name__}: {str(e)[:200]}); "
                           "the loops run step by step", RuntimeWarning, stacklevel=2)
-            return build_cpu(mod, tvm_target)
+            return build_cpu(mod, tvm_target, tuned=tuned)
     from .gpu import build_cuda
     return build_cuda(mod, tvm_target)
 
@@ -168,12 +177,13 @@ class Built:
 
 
 def build(graph: Graph, target: str = "cpu", cache_dir: str | None = None, use_cache: bool = True,
-          binding: str | None = None) -> Built | None:
+          binding: str | None = None, tuning=None) -> Built | None:
     """Build (or fetch from the compile cache) the kernels of every region of a partitioned `graph`.
 
     `binding` (a hex digest of the regions, from the pipeline) is compiled into the library and is
     part of the cache key. A bad cache entry is discarded and rebuilt, and a cache folder that
     cannot be used means an uncached build; both with a `cache.CacheWarning`.
+    `tuning`: ``(tuning.TuningLog, specializations)`` to apply (CPU), see `build_executable`.
     Returns None when the graph has no region (nothing to compile).
     """
     kind = check_target(target)
@@ -186,7 +196,11 @@ def build(graph: Graph, target: str = "cpu", cache_dir: str | None = None, use_c
     desc = str(tvm_target)
     from .compiled_loops import loop_specs
     loops = loop_specs(graph) if kind == "cpu" else []
-    key = _cache.cache_key(regions, desc, (binding or "") + (f"|loops:{loops!r}" if loops else ""))
+    if tuning is not None and kind != "cpu":
+        tuning = None                   # tuning logs are CPU-only for now (the CUDA flow is not built yet)
+    extra = (binding or "") + (f"|loops:{loops!r}" if loops else "") + \
+        (f"|tuning:{tuning[0].digest()}:{tuning[1]!r}" if tuning is not None else "")
+    key = _cache.cache_key(regions, desc, extra)
     cdir = (cache_dir or _cache.default_cache_dir()) if use_cache else None
     loadable = kind == "cpu" or _gpu_present()
     if cdir is not None:
@@ -197,7 +211,7 @@ def build(graph: Graph, target: str = "cpu", cache_dir: str | None = None, use_c
             return Built(lib, entry.path, True, desc, entry.sha256, entry.size)
     if kind == "cuda":
         return _build_cuda(regions, tvm_target, binding, cdir, key, desc)
-    ex = build_executable(regions, target, binding, tvm_target, loops)
+    ex = build_executable(regions, target, binding, tvm_target, loops, tuning)
     entry = _store(cdir, key, ex, binding)
     if entry is not None:           # run what a later hit loads: the stored library
         import tvm
@@ -207,6 +221,29 @@ def build(graph: Graph, target: str = "cpu", cache_dir: str | None = None, use_c
             warnings.warn(f"dyntvm compile cache: cannot load {entry.path} just stored ({type(e).__name__}: {e}); "
                           "using the kernels built in memory", _cache.CacheWarning, stacklevel=3)
     return Built(ex, None, False, desc)
+
+
+def tuning_tasks(graph: Graph, hints: dict, tvm_target) -> tuple[dict, dict]:
+    """``(specializations, kernels)`` of a partitioned `graph` for tuning (`tuning.tune`): the regions'
+    specializations at the hinted sizes, and the static kernels of those and of the regions without symbolic
+    dims, fused exactly as a build fuses them."""
+    import tvm
+
+    from .cpu_schedule import fuse_passes
+    from .relax_builder import build_module
+    from .tuning import add_specializations, plan_specializations, static_kernels
+    from tvm import relax
+
+    from .tuning import region_symbols
+    regions = collect_regions(graph) + mask_gathers(graph)
+    mod = build_module(regions)
+    table = plan_specializations(mod, hints)
+    static = {gv.name_hint for gv, f in mod.functions_items()      # regions of static shapes: tuned as they are
+              if isinstance(f, relax.Function) and not region_symbols(f)}
+    mod = add_specializations(mod, table)
+    with tvm_target:
+        mod = tvm.transform.Sequential(fuse_passes(tvm_target))(mod)
+    return table, static_kernels(mod, static | {name for specs in table.values() for _, name in specs})
 
 
 def _store(cdir, key, lib, binding):

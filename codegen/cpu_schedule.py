@@ -87,13 +87,15 @@ def cpu_target(num_cores: int | None = None) -> tvm.target.Target:
     return tvm.target.Target(cfg)
 
 
-def schedule_module(mod: tvm.IRModule, target) -> tvm.IRModule:
+def schedule_module(mod: tvm.IRModule, target, tuned=None) -> tvm.IRModule:
     """Applies the CPU schedule rules to every PrimFunc of a legalized, fused module.
 
     Args:
         mod: Module after legalization and fusion (``legalize_and_fuse`` or the "zero"
             pipeline). Not modified.
         target: LLVM target (``cpu_target()``): its ``num-cores`` and vector width are used.
+        tuned: ``tuned(func) -> PrimFunc | None``: a tuned schedule (from a tuning log) used instead of
+            the rules where it returns one.
 
     Returns:
         A new module; scheduled PrimFuncs carry ``tirx.is_scheduled``. PrimFuncs already marked
@@ -108,16 +110,17 @@ def schedule_module(mod: tvm.IRModule, target) -> tvm.IRModule:
                 # a pure reshape stays as written: RewriteDataflowReshape makes it a view (no kernel,
                 # no copy); scheduled, it was a copy kernel (e.g. around every run-time check)
                 and not relax.analysis.has_reshape_pattern(func)):
-            new = _schedule_func(func, target, gvar.name_hint)
+            new = tuned(func) if tuned is not None else None
+            new = _schedule_func(func, target, gvar.name_hint) if new is None else new
             if new is not func:
                 out[gvar] = new.with_attr("tirx.is_scheduled", True)
     return out
 
 
-def cpu_schedule_pass(target) -> tvm.transform.Pass:
+def cpu_schedule_pass(target, tuned=None) -> tvm.transform.Pass:
     """Returns ``schedule_module`` as a module pass, for custom pipelines."""
     return tvm.transform.module_pass(
-        lambda mod, _ctx: schedule_module(mod, target), opt_level=0, name="DyntvmCPUSchedule")
+        lambda mod, _ctx: schedule_module(mod, target, tuned), opt_level=0, name="DyntvmCPUSchedule")
 
 
 def legalize_and_fuse(target=None) -> tvm.transform.Pass:
@@ -138,7 +141,12 @@ def legalize_and_fuse(target=None) -> tvm.transform.Pass:
         + [relax.transform.FuseTIR()])
 
 
-def build_cpu(mod: tvm.IRModule, target=None, loops=()) -> relax.VMExecutable:
+def fuse_passes(target) -> list:
+    """The passes before scheduling: library dispatch, legalization and fusion (what tuning tasks come from)."""
+    return _cpu_pipeline.library_dispatch_passes(target) + [legalize_and_fuse(target)]
+
+
+def build_cpu(mod: tvm.IRModule, target=None, loops=(), tuned=None) -> relax.VMExecutable:
     """Compiles a Relax module for the CPU with fusion and the default schedules.
 
     Pipeline: DispatchSampling, DispatchSortScan -> ``legalize_and_fuse`` ->
@@ -149,14 +157,14 @@ def build_cpu(mod: tvm.IRModule, target=None, loops=()) -> relax.VMExecutable:
         mod: Relax module; may hold several public functions and symbolic dims.
         target: LLVM target; ``cpu_target()`` when None.
         loops: foreach loops to compile end to end, added after scheduling (`compiled_loops.loop_pass`).
+        tuned: tuned schedules to use where they exist (see ``schedule_module``).
 
     Returns:
         The executable, for ``relax.VirtualMachine(ex, tvm.cpu())``.
     """
     target = cpu_target() if target is None else target
     target = target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
-    passes = (_cpu_pipeline.library_dispatch_passes(target)
-              + [legalize_and_fuse(target), cpu_schedule_pass(target)]
+    passes = (fuse_passes(target) + [cpu_schedule_pass(target, tuned)]
               + ([loop_pass(list(loops))] if loops else [])
               + _cpu_pipeline.dataflow_lower_passes(target)
               + _cpu_pipeline.finalize_passes(target))

@@ -29,6 +29,7 @@ _LAZY = {
     "graph_to_json": ("dyntvm.ir.serialize", "graph_to_json"),
     "compile": ("dyntvm.pipeline", "compile"),
     "hybridize": ("dyntvm.pipeline", "hybridize"),
+    "tune": ("dyntvm.pipeline", "tune"),
     "load": ("dyntvm.runtime.load", "load"),
 }
 

@@ -1,6 +1,7 @@
-"""The `dyntvm` command line: compile, run, inspect, demo, bundle.
+"""The `dyntvm` command line: compile, tune, run, inspect, demo, bundle.
 
     dyntvm compile my_model.py:model --input xs:T,B,128:float32 -o m.dtvm
+    dyntvm tune my_model.py:model --input xs:T,B,128:float32 --hint T=16,64 --hint B=1,16 --trials 64
     dyntvm run m.dtvm --input xs=xs.npy --repeat 20 --output out/
     dyntvm inspect m.dtvm --svg m.svg
     dyntvm demo --example decoder
@@ -88,8 +89,6 @@ def _compare(got: list, want: list, rtol: float = 1e-4, atol: float = 1e-4) -> t
 
 # ------------------------------------------------------------------------------------------ compile
 def _compile(args) -> int:
-    import inspect
-
     import dyntvm as dt
     from dyntvm.errors import InputError
     from dyntvm.loader import load_model
@@ -99,28 +98,67 @@ def _compile(args) -> int:
     loaded = load_model(args.model, args.example, args.input)
     t_trace = time.perf_counter() - t0
     kwargs = {"target": args.target, "cache_dir": args.cache_dir}
-    note = None
     if args.tuning_log is not None:
         if not os.path.isdir(args.tuning_log):
             raise InputError(f"--tuning-log {args.tuning_log}: no such folder")
-        if "tuning_log" in inspect.signature(dt.compile).parameters:
-            kwargs["tuning_log"] = args.tuning_log
-        else:
-            note = f"{args.tuning_log} (not applied: this dyntvm cannot use tuning logs yet; default schedules)"
-            print(f"dyntvm compile: warning: --tuning-log is not supported yet; {args.tuning_log} is ignored "
-                  "and the kernels use the default schedules", file=sys.stderr)
+        kwargs["tuning_log"] = args.tuning_log
     print(f"compiling {loaded.source} for {args.target} ...", flush=True)
     t0 = time.perf_counter()
-    model = dt.compile(loaded.graph, **kwargs)
+    import warnings
+
+    from dyntvm.codegen.tuning import TuningWarning
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", TuningWarning)
+        model = dt.compile(loaded.graph, **kwargs)
+    for w in caught:
+        if issubclass(w.category, TuningWarning):
+            print(f"dyntvm compile: warning: {w.message}", file=sys.stderr)
+        else:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
     t_compile = time.perf_counter() - t0
-    if note:
-        model.info["tuning_log"] = note
     print(model.summary())
     t0 = time.perf_counter()
     model.save(args.output)
     t_save = time.perf_counter() - t0
     print(f"trace {t_trace:.2f} s, compile {t_compile:.2f} s, save {t_save:.2f} s; "
           f"wrote {args.output} ({_size(args.output) / 1e6:.2f} MB)")
+    return 0
+
+
+# --------------------------------------------------------------------------------------------- tune
+def _hints(items) -> dict:
+    from dyntvm.errors import InputError
+    hints = {}
+    for item in items or []:
+        name, _, sizes = item.partition("=")
+        try:
+            hints[name.strip()] = [int(v) for v in sizes.split(",")]
+        except ValueError:
+            raise InputError(f"--hint {item!r}: expected SYMBOL=SIZE[,SIZE...], e.g. T=16,64") from None
+        if not name.strip() or not sizes:
+            raise InputError(f"--hint {item!r}: expected SYMBOL=SIZE[,SIZE...], e.g. T=16,64")
+    return hints
+
+
+def _tune(args) -> int:
+    import json
+
+    import dyntvm as dt
+    from dyntvm.loader import load_model
+    loaded = load_model(args.model, args.example, args.input)
+    print(f"tuning {loaded.source} for {args.target} ({args.trials} trials per kernel) ...", flush=True)
+    t0 = time.perf_counter()
+    log = dt.tune(loaded.graph, target=args.target, trials=args.trials, shape_hints=_hints(args.hint) or None,
+                  log_dir=args.output)
+    with open(os.path.join(log, "manifest.json")) as f:
+        manifest = json.load(f)
+    print(f"{'kernel':<40} {'default us':>11} {'tuned us':>10}  used")
+    for k in manifest["kernels"]:
+        print(f"{k.get('name', '?'):<40} {k.get('default_us', '-'):>11} {k.get('tuned_us', '-'):>10}  "
+              f"{k.get('use', '-')}" + (f" ({k['reason']})" if k.get("reason") else ""))
+    won = sum(k.get("use") == "tuned" for k in manifest["kernels"])
+    print(f"{won} of {len(manifest['kernels'])} kernels use the tuned schedule; {time.perf_counter() - t0:.1f} s; "
+          f"log: {log} (dyntvm compile ... --tuning-log {log})")
     return 0
 
 
@@ -294,11 +332,25 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--target", type=_target, default="cpu", metavar="cpu|cuda[:sm_XX]",
                    help="where the kernels run (default cpu). cuda builds device code for sm_XX (default: the "
                         "local GPU's, else sm_90) and needs nvcc, not a GPU")
-    c.add_argument("--tuning-log", metavar="DIR", help="tuning records to use (not supported yet: a warning "
-                   "says so and the artifact records it)")
+    c.add_argument("--tuning-log", metavar="DIR", help="a log of `dyntvm tune`: also build the hinted sizes with "
+                   "its tuned kernels and dispatch on the sizes at run time (a log of another model or target "
+                   "warns and is not applied)")
     c.add_argument("--cache-dir", metavar="DIR", help="compile cache (default $DYNTVM_CACHE_DIR or the user "
                    "cache folder)")
     c.set_defaults(func=_compile)
+
+    t = sub.add_parser("tune", parents=[common], help="autotune a model's kernels (MetaSchedule + XGBoost)",
+                       description="Tune MODEL's kernels at hinted sizes of its symbolic dims; write a log "
+                                   "folder for `dyntvm compile --tuning-log`. Running again resumes; Ctrl-C keeps "
+                                   "what was tuned.")
+    model_args(t)
+    t.add_argument("--target", type=_target, default="cpu", metavar="cpu", help="default cpu (CUDA: not yet)")
+    t.add_argument("--trials", type=_positive_int, default=64, metavar="N",
+                   help="candidates measured per kernel (default 64)")
+    t.add_argument("--hint", action="append", metavar="SYM=SIZES",
+                   help="sizes to tune a symbolic dim for, e.g. T=16,64; once per symbol (default 16 each)")
+    t.add_argument("-o", "--output", metavar="DIR", help="log folder (default tuning_logs/<model>/<target key>)")
+    t.set_defaults(func=_tune)
 
     r = sub.add_parser("run", parents=[common], help="run an artifact on .npy or random inputs",
                        description="Load an artifact, run it, print output shapes and latency.")

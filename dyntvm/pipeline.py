@@ -40,7 +40,7 @@ def partition_graph(graph: Graph, selector=None) -> Graph:
 
 
 def compile(fn_or_graph, *specs, target: str = "cpu", selector=None, cache_dir: str | None = None,
-            use_cache: bool = True) -> CompiledModel:
+            use_cache: bool = True, tuning_log: str | None = None) -> CompiledModel:
     """Compile a model function (traced with `specs`) or a traced Graph.
 
     Args:
@@ -52,6 +52,10 @@ def compile(fn_or_graph, *specs, target: str = "cpu", selector=None, cache_dir: 
         selector: a `dyntvm.partition.Selector` deciding what goes into compiled regions.
         cache_dir: compile cache folder (default: the user cache dir, or $DYNTVM_CACHE_DIR). A bad
             cache entry is rebuilt, and an unusable folder means an uncached build (both warn).
+        tuning_log: a folder written by `dt.tune` / `dyntvm tune`: the regions are also compiled for its
+            hinted sizes, with its tuned kernels where they won, and each call picks the build for its sizes.
+            A log for another model or target, or a corrupt one, warns and is not applied. Without it, a log
+            for this model and target under the shipped ``tuning_logs/`` (or $DYNTVM_TUNING_LOGS) is used.
 
     Example:
         >>> model = dt.compile(lambda x: F.tanh(x) * 2, dt.TensorSpec(("N", 4)))
@@ -71,11 +75,22 @@ def compile(fn_or_graph, *specs, target: str = "cpu", selector=None, cache_dir: 
     pg = partition_graph(graph, selector)
     # the kernels carry a digest of the regions they implement; `dt.load` checks it against graph.json
     binding = kernel_binding(pg) if any(n.op == "region" for n in pg.walk()) else None
+    tuning = _tuning_for(pg, graph.name, binding, target, kind, tuning_log) if binding else None
+    if tuning_log is not None and not binding:
+        import warnings
+
+        from .codegen.tuning import TuningWarning
+        warnings.warn(f"dyntvm: tuning log {tuning_log} not applied: the model has no compiled region",
+                      TuningWarning, stacklevel=2)
     with _BUILD_LOCK:
-        built = build(pg, target, cache_dir, use_cache, binding=binding)
+        built = build(pg, target, cache_dir, use_cache, binding=binding, tuning=tuning)
     vm = virtual_machine(built.lib, kind) if built and built.lib is not None else None
     info = {"compile_time_s": round(time.perf_counter() - t0, 3),
             "cache": "hit" if built and built.cached else "miss"}
+    if tuning is not None:
+        log, table = tuning
+        info["tuning"] = {"log": os.path.abspath(log.path), "kernels_tuned": len(log.winners()),
+                          "specialized": {r: [[combo, name] for combo, name in specs] for r, specs in table.items()}}
     if built:
         info["built_for"] = built.target_desc      # recorded in artifacts: the CPU the kernels target
         if kind == "cpu":                          # dt.load refuses a CPU lacking one of these
@@ -93,6 +108,137 @@ def compile(fn_or_graph, *specs, target: str = "cpu", selector=None, cache_dir: 
             os.remove(built.path)
             model.lib_path = None
     return model
+
+
+def shipped_logs() -> str:
+    """The folder of shipped tuning logs: $DYNTVM_TUNING_LOGS, else ``tuning_logs/`` next to the package."""
+    return os.environ.get("DYNTVM_TUNING_LOGS") or os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tuning_logs")
+
+
+def _tuning_for(pg: Graph, name: str, binding: str, target: str, kind: str, tuning_log):
+    """``(TuningLog, specializations)`` to build with, or None (no log, or one that does not apply: warned)."""
+    from .codegen.build import check_compiler, concrete_target
+    check_compiler()                            # TVM's compiler library (runtime-only: a clear CompileError)
+    from .codegen.tuning import load_log, target_key
+    if kind != "cpu":
+        if tuning_log is not None:
+            import warnings
+
+            from .codegen.tuning import TuningWarning
+            warnings.warn(f"dyntvm: tuning log {tuning_log} not applied: tuning logs apply to CPU builds only "
+                          "for now; using the default kernels", TuningWarning, stacklevel=3)
+        return None
+    tvm_target = concrete_target(target)
+    if tuning_log is None:                      # a shipped log for this model and target, if any: silently
+        path = os.path.join(shipped_logs(), name, target_key(tvm_target))
+        if not os.path.isfile(os.path.join(path, "manifest.json")):
+            return None
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            log = load_log(path, binding, tvm_target)
+    else:
+        log = load_log(os.fspath(tuning_log), binding, tvm_target)
+    if log is None:
+        return None
+    table = {r: [(dict(combo), n) for combo, n in specs] for r, specs in log.manifest.get("specialized", {}).items()}
+    return log, table
+
+
+def tune(fn_or_graph, *specs, target: str = "cpu", trials: int = 64, shape_hints: dict | None = None,
+         log_dir: str | None = None, selector=None, progress: bool = True) -> str:
+    """Autotune a model's kernels with MetaSchedule and its XGBoost cost model; returns the log folder.
+
+    Every region whose symbolic dims all have hints is specialized to each combination of hinted sizes;
+    each resulting static kernel is tuned (`trials` candidates), timed against our default schedule, and
+    the faster one recorded (`codegen/tuning.py`). Running again with the same folder resumes: finished
+    kernels are not tuned again. Ctrl-C keeps what was tuned.
+
+    Args:
+        fn_or_graph, *specs, selector: as for `compile`.
+        target: "cpu" (CUDA tuning is not supported yet).
+        trials: MetaSchedule candidates measured per kernel.
+        shape_hints: ``{symbol: [sizes]}``, e.g. ``{"T": [16, 64], "B": [1, 16]}``; default: 16 for every
+            symbol of the inputs.
+        log_dir: default ``tuning_logs/<model name>/<target key>`` under the current folder.
+        progress: show a progress bar (kernels done, the last one's default and tuned latency).
+
+    Example:
+        >>> log = dt.tune(lstm, *specs, trials=32, shape_hints={"T": [64], "B": [1, 16]})
+        >>> model = dt.compile(lstm, *specs, tuning_log=log)
+    """
+    from .codegen.build import concrete_target, tuning_tasks
+    from .codegen.tuning import FORMAT, MANIFEST, target_identity, target_key, tune_kernels, write_manifest
+    kind = check_target(target)
+    if kind != "cpu":
+        raise CompileError(f"tune: target {target!r}: only CPU tuning is supported yet")
+    if not isinstance(trials, int) or isinstance(trials, bool) or trials < 1:
+        raise CompileError(f"tune: trials must be a positive int, got {trials!r}")
+    if isinstance(fn_or_graph, Graph):
+        graph = fn_or_graph
+    elif callable(fn_or_graph):
+        graph = trace(fn_or_graph, *specs)
+    else:
+        raise CompileError(f"tune: expected a function or a dt.Graph, got {type(fn_or_graph).__name__}")
+    symbols = sorted({d for v in graph.inputs for d in v.type.shape if isinstance(d, str) and d.isidentifier()})
+    hints = _check_hints(shape_hints, symbols)
+    pg = partition_graph(graph, selector)
+    if not any(n.op == "region" for n in pg.walk()):
+        raise CompileError("tune: the model has no compiled region: nothing to tune")
+    binding = kernel_binding(pg)
+    tvm_target = concrete_target(target)
+    log_dir = os.fspath(log_dir) if log_dir is not None else \
+        os.path.join("tuning_logs", graph.name, target_key(tvm_target))
+    with _BUILD_LOCK:
+        table, kernels = tuning_tasks(pg, hints, tvm_target)
+    manifest = {"format": FORMAT, "model": graph.name, "model_hash": binding, **target_identity(tvm_target),
+                "hints": hints, "specialized": {r: [[c, n] for c, n in specs] for r, specs in table.items()},
+                "kernels": []}
+    mpath = os.path.join(log_dir, MANIFEST)
+    if os.path.exists(mpath):
+        import json
+        try:
+            with open(mpath) as f:
+                old = json.load(f)
+        except (OSError, ValueError) as e:
+            raise CompileError(f"tune: {mpath} exists but is not readable ({type(e).__name__}: {e}); remove it or "
+                               "pick another log_dir") from None
+        same = {k: old.get(k) for k in ("model_hash", "target_key", "cpu", "hints")} == \
+            {k: manifest[k] for k in ("model_hash", "target_key", "cpu", "hints")}
+        if not same:
+            raise CompileError(f"tune: {log_dir} holds a log of another model, target or hints "
+                               f"({old.get('model')!r}, {old.get('target_key')}, hints {old.get('hints')}); pick "
+                               "another log_dir")
+        manifest["kernels"] = [k for k in old.get("kernels", []) if isinstance(k, dict) and "workload" in k]
+    os.makedirs(log_dir, exist_ok=True)
+    write_manifest(log_dir, manifest)
+    from tqdm.auto import tqdm
+    with tqdm(total=len(kernels), desc=f"tuning {graph.name}", unit="kernel", disable=not progress) as bar:
+        try:
+            with _BUILD_LOCK:
+                tune_kernels(kernels, tvm_target, log_dir, manifest, trials, progress=bar)
+        except KeyboardInterrupt:
+            bar.write(f"dyntvm tune: interrupted; what was tuned is kept in {log_dir} (run again to resume)")
+    return log_dir
+
+
+def _check_hints(hints, symbols: list) -> dict:
+    if hints is None:
+        return {s: [16] for s in symbols}
+    if not isinstance(hints, dict):
+        raise CompileError(f"tune: shape_hints must be a dict {{symbol: [sizes]}}, got {type(hints).__name__}")
+    out = {}
+    for k, v in hints.items():
+        if k not in symbols:
+            raise CompileError(f"tune: shape_hints names {k!r}, which is not a symbolic dim of the model's inputs "
+                               f"(those are: {', '.join(symbols) or 'none'})")
+        vals = [v] if isinstance(v, int) else v
+        if not isinstance(vals, (list, tuple)) or not vals or not all(
+                isinstance(x, (int, np.integer)) and not isinstance(x, bool) and x >= 1 for x in vals):
+            raise CompileError(f"tune: shape_hints[{k!r}] must be sizes >= 1 (an int or a list of ints), got {v!r}")
+        out[k] = sorted({int(x) for x in vals})
+    return out
 
 
 def _arch_of(desc: str) -> str | None:

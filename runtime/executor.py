@@ -78,12 +78,14 @@ class Executor:
     """
 
     def __init__(self, graph: Graph, vm=None, validate: bool = False, profile: bool = False,
-                 constants: dict | None = None, placement=None):
+                 constants: dict | None = None, placement=None, specialized: dict | None = None):
         self.graph, self.vm = graph, vm
+        self.specialized = specialized or {}    # region -> [(sizes of its symbols, function)] (tuning logs)
         self.pl = placement                 # a DevicePlacement when the kernels run on a device, else None
         self.validate, self.profiling = validate, profile
         self.profile: dict = defaultdict(lambda: [0, 0.0])
-        self.calls = [0]                    # region calls (a list: read by the model after this executor dies)
+        self.calls = [0, 0]                 # region calls, of them to a specialization (a list: read by the
+        #                                     model after this executor dies)
         self._plans: dict = {}
         self.constants = {} if constants is None else constants
         self.constant_ids: set = set()      # constants handed out as outputs must be copied
@@ -184,15 +186,46 @@ class Executor:
         calls = self.calls
         if self.pl is not None:
             return self._device_region(n, fn, sub, ins, outs)
+        pick = self._specialized(n, fn)
 
         def run(slots):
-            res = fn(*[to_tvm(slots[i]) for i in ins])
+            args = [to_tvm(slots[i]) for i in ins]
+            res = (fn if pick is None else pick(args))(*args)
             calls[0] += 1
             for k, o in enumerate(outs):
                 slots[o] = _item(res, k)
             if validate:
                 _check_region(n, sub, [slots[i] for i in ins], [slots[o] for o in outs])
         return run
+
+    def _specialized(self, n: Node, fn):
+        """``pick(args) -> function`` for a region with specializations (a tuning log's hinted sizes): the one
+        compiled for the sizes of `args`, else the generic `fn`. None for other regions."""
+        specs = self.specialized.get(n.attrs.name)
+        if not specs:
+            return None
+        syms = list(specs[0][0])
+        where = {}
+        for i, v in enumerate(n.subgraphs[0].inputs):
+            for ax, d in enumerate(v.type.shape):
+                if isinstance(d, str) and d in syms:
+                    where.setdefault(d, (i, ax))
+        if len(where) != len(syms):
+            return None
+        locs = [where[s] for s in syms]
+        try:
+            table = {tuple(int(combo[s]) for s in syms): self.vm[name] for combo, name in specs}
+        except Exception:  # noqa: BLE001 - a library without them (should not happen): the generic function
+            return None
+        hits = self.calls
+
+        def pick(args):
+            f = table.get(tuple(args[i].shape[ax] for i, ax in locs))
+            if f is None:
+                return fn
+            hits[1] += 1
+            return f
+        return pick
 
     def _device_region(self, n: Node, fn, sub, ins, outs):
         """A region on a device: inputs moved there once (kept in their slots), outputs left there."""
@@ -413,11 +446,12 @@ class Executor:
         arg_idx = [pos[v] for v in region.inputs]
         out_map = [made[v] if v in made else ~pos[v] for v in g.outputs]
         fn, calls = self.vm[region.attrs.name], self.calls
+        pick = self._specialized(region, fn)
 
         def run(args):
             ins = [args[i] for i in arg_idx]
             try:
-                res = fn(*ins)
+                res = (fn if pick is None else pick(ins))(*ins)
             except Exception as e:
                 raise region_failure(region, ins, e) from e
             calls[0] += 1

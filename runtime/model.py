@@ -210,7 +210,7 @@ class CompiledModel:
         self.regions = [n.attrs.name for n in graph.walk() if n.op == "region"]
         self._lock = threading.Lock()  # guards the call counters below, never a model call
         self._calls: dict = {}         # id -> region-call counter of each live per-thread executor
-        self._calls_retired = [0]      # region calls of executors whose thread has ended
+        self._calls_retired = [0, 0]   # region calls (all, specialized) of executors whose thread has ended
         self._threads = threading.local()
         self._constants: dict = {}     # filled by the first executor, then shared read-only by all
         self.not_runnable = None       # why this model cannot run here (CUDA kernels built without a GPU)
@@ -232,7 +232,8 @@ class CompiledModel:
 
     def _new_executor(self, vm) -> Executor:
         """This thread's executor: a Relax VM keeps per-call frames, so threads must not share one."""
-        ex = Executor(self.graph, vm, constants=self._constants, placement=self._placement())
+        ex = Executor(self.graph, vm, constants=self._constants, placement=self._placement(),
+                      specialized=self.specialized)
         key = id(ex)
         with self._lock:
             self._calls[key] = ex.calls
@@ -267,7 +268,7 @@ class CompiledModel:
         ex = self._thread_executor()
         if validate or profile:
             ex = Executor(self.graph, ex.vm, validate=validate, profile=profile, constants=self._constants,
-                          placement=self._placement())
+                          placement=self._placement(), specialized=self.specialized)
         if ex.pl is not None:                 # values on a device: the outputs are copied to the host
             outs = [ex.pl.to_host(o) for o in ex.run(arrays)]
         else:
@@ -291,6 +292,18 @@ class CompiledModel:
         with self._lock:
             return self._calls_retired[0] + sum(c[0] for c in self._calls.values())
 
+    @property
+    def specialized_calls(self) -> int:
+        """Of `kernel_calls`, those that went to a region's specialization for its sizes (a tuning log's)."""
+        with self._lock:
+            return self._calls_retired[1] + sum(c[1] for c in self._calls.values())
+
+    @property
+    def specialized(self) -> dict:
+        """``{region: [(sizes of its symbols, function name)]}``: the specializations a tuning log added."""
+        table = (self.info.get("tuning") or {}).get("specialized") or {}
+        return {r: [(dict(combo), name) for combo, name in specs] for r, specs in table.items()}
+
     def summary(self) -> str:
         lines = [f"CompiledModel {self.graph.name!r} target={self.target}: {len(self.regions)} region(s)"]
         lines += ["  " + line for line in partition_summary(self.graph)]
@@ -311,4 +324,6 @@ class CompiledModel:
 def _retire(lock, calls: dict, key: int, retired: list) -> None:
     """A per-thread executor died (its thread ended): keep its count of region calls."""
     with lock:
-        retired[0] += calls.pop(key)[0]
+        c = calls.pop(key)
+        retired[0] += c[0]
+        retired[1] += c[1]

@@ -156,14 +156,20 @@ def test_compile_never_overwrites_user_files(env, work, detection_art):
     dyntvm(env, "run", again, "--random", "--dim", "N=5", "--repeat", "1")
 
 
-def test_tuning_log_is_not_pretended(env, work, model_file):
+def test_a_tuning_log_that_does_not_apply_is_not_pretended(env, work, model_file):
+    """An empty folder (no manifest), and a model without compiled regions: a warning, and the artifact records
+    no tuning (test_tuning.py applies real logs)."""
     logs = work / "logs"
     logs.mkdir()
-    r = dyntvm(env, "compile", f"{model_file}:no_region", "--input", "x:N:float32", "-o", work / "t.dtvm",
-               "--tuning-log", logs)
-    assert "--tuning-log is not supported yet" in r.stderr and "not applied" in r.stdout
+    r = dyntvm(env, "compile", f"{model_file}:model", "--input", "xs:N,4:float32", "--input", "mask:N:bool",
+               "-o", work / "t.dtvm", "--tuning-log", logs)
+    assert "not applied" in r.stderr and "manifest.json is missing or corrupt" in r.stderr
+    assert "tuning:" not in r.stdout
     r = dyntvm(env, "inspect", work / "t.dtvm")
-    assert "tuning_log:" in r.stdout and "not applied" in r.stdout
+    assert "tuning" not in r.stdout
+    r = dyntvm(env, "compile", f"{model_file}:no_region", "--input", "x:N:float32", "-o", work / "u.dtvm",
+               "--tuning-log", logs)
+    assert "not applied" in r.stderr and "no compiled region" in r.stderr
 
 
 def check_svg(path, *texts):

@@ -1,0 +1,348 @@
+"""Autotuning: MetaSchedule + its XGBoost cost model over a model's kernels, at hinted sizes.
+
+MetaSchedule cannot tune kernels with symbolic dims, so tuning works on *specializations*: every region
+whose symbols all have hints gets one copy per combination of hinted sizes (``<region>__at_T16_B1``, the
+symbols bound), which legalization and fusion turn into static kernels. Each static kernel is one task:
+
+1. our default schedule (`cpu_schedule`) is built and timed;
+2. MetaSchedule tunes the kernel (`trials` candidates, XGBoost cost model) into a JSON database;
+3. the best tuned schedule is built and timed the same way (one kernel alone, random inputs, median);
+4. the faster of the two is recorded; tuning never makes a kernel slower than our default.
+
+The log folder (``tuning_logs/<model>/<target-key>/``) holds the MetaSchedule database
+(``database_workload.json``, ``database_tuning_record.json``) and ``manifest.json``: the model's hash
+(`runtime.artifact.kernel_binding`), the target (string, CPU model), the hints, the specializations per
+region, and per kernel the default and tuned latency and which one is used. A task finished in the manifest
+is not tuned again (an interrupted or repeated run resumes).
+
+Applying a log (`load_log`, then `codegen.build` with ``tuning=``): the same specializations are compiled
+next to the generic symbolic functions, their kernels scheduled with the tuned trace where the manifest says
+it won; the executor dispatches each region call on its actual sizes (`runtime.executor`, the model's
+``info["tuning"]["specialized"]``). A log that does not parse, or was made for another model or target,
+warns and is ignored.
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import logging
+import os
+import platform
+import re
+import time
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+import tvm
+import tvm_ffi
+from tvm import relax, tirx
+
+from ..errors import CompileError
+
+FORMAT = 1
+MANIFEST = "manifest.json"
+
+
+class TuningWarning(UserWarning):
+    """A tuning log that cannot be applied (corrupt, another model or target): the default kernels are used."""
+
+
+# ------------------------------------------------------------------------------------ specializations
+def region_symbols(func: relax.Function) -> list:
+    """The symbolic dims of a region function's parameters, in order of first appearance (tir Vars)."""
+    out = []
+    for p in func.params:
+        for v in relax.analysis.tir_vars_in_type(p.ty):
+            if not any(v.same_as(w) for w in out):
+                out.append(v)
+    return out
+
+
+def _suffix(combo: dict) -> str:
+    return "__at_" + "_".join(f"{re.sub(r'[^A-Za-z0-9]', '', k) or 'd'}{v}" for k, v in combo.items())
+
+
+def plan_specializations(mod: tvm.IRModule, hints: dict, regions=None) -> dict:
+    """``{region: [(combo, name), ...]}``: for each region function of `mod` (in `regions`, if given) whose
+    symbols all have hints, one specialization per combination of hinted sizes."""
+    table = {}
+    for gv, func in mod.functions_items():
+        if not isinstance(func, relax.Function) or (regions is not None and gv.name_hint not in regions):
+            continue
+        syms = region_symbols(func)
+        names = [v.name for v in syms]
+        if not syms or len(set(names)) != len(names) or not all(n in hints for n in names):
+            continue
+        table[gv.name_hint] = [(dict(zip(names, vals)), gv.name_hint + _suffix(dict(zip(names, vals))))
+                               for vals in itertools.product(*(hints[n] for n in names))]
+    return table
+
+
+def add_specializations(mod: tvm.IRModule, table: dict) -> tvm.IRModule:
+    """`mod` plus, per entry of `table`, the region function with its symbols bound to the combination."""
+    mod = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs, global_infos=mod.global_infos)
+    for region, specs in table.items():
+        func = mod[region]
+        syms = {v.name: v for v in region_symbols(func)}
+        for combo, name in specs:
+            bound = func.bind_symbolic_vars({syms[k]: tirx.IntImm("int64", v) for k, v in combo.items()})
+            mod[tvm.ir.GlobalVar(name)] = bound.with_attr("global_symbol", name)
+    return mod
+
+
+def static_kernels(mod: tvm.IRModule, callers: set) -> dict:
+    """``{structural hash: (name, PrimFunc)}`` of the schedulable static kernels called by the Relax functions
+    named in `callers` (a legalized, fused module)."""
+    from .cpu_schedule import SERIAL_CHECK
+    call_tir = tvm.ir.Op.get("relax.call_tir")
+    names = set()
+    for gv, func in mod.functions_items():
+        if gv.name_hint in callers and isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, lambda e: names.add(e.args[0].name_hint)
+                                            if isinstance(e, relax.Call) and e.op.same_as(call_tir) else None)
+    out = {}
+    for gv, func in mod.functions_items():
+        if gv.name_hint not in names or not isinstance(func, tirx.PrimFunc):
+            continue
+        if func.attrs.get(SERIAL_CHECK, False) or relax.analysis.has_reshape_pattern(func):
+            continue
+        if any(not hasattr(p, "shape") or any(not isinstance(d, tirx.IntImm) for d in p.shape)
+               for p in func.params):
+            continue                            # symbolic or scalar parameters: not a tuning task
+        out.setdefault(workload_key(func), (gv.name_hint, func))
+    return out
+
+
+def workload_key(func: tirx.PrimFunc) -> str:
+    return f"{tvm_ffi.structural_hash(_as_main(func)) & (2 ** 64 - 1):016x}"
+
+
+def task_func(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """What MetaSchedule tunes for `func`: the same kernel with every ``Let`` expression inlined (our fast
+    exp / tanh / sigmoid bind intermediate values with ``Let``, which MetaSchedule's analyses refuse: "Do not
+    have a default for prim.Let"). One op's formula per block before scheduling, so the expansion stays small."""
+    bound: dict = {}
+
+    def let(e, m):
+        bound[e.var.__chandle__()] = m.mutate(e.value)
+        return m.mutate(e.body)
+    body = tvm_ffi.structural_mutate(func.body, [(tirx.Let, let),
+                                                 (tirx.Var, lambda v, m: bound.get(v.__chandle__(), v))])
+    return func if body.same_as(func.body) else func.with_body(body)
+
+
+def _as_main(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    return func.with_attr("global_symbol", "main")
+
+
+def _main_mod(func: tirx.PrimFunc) -> tvm.IRModule:
+    return tvm.IRModule({"main": _as_main(func)})
+
+
+# ------------------------------------------------------------------------------------------ target keys
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def target_key(target) -> str:
+    """A folder name for the target: kind, CPU (mcpu) and cores, e.g. ``llvm-znver4-2c``."""
+    cfg = dict(target.export())
+    parts = [str(cfg.get("kind", "target"))]
+    for k in ("mcpu", "arch"):
+        if cfg.get(k):
+            parts.append(str(cfg[k]))
+    if cfg.get("num-cores"):
+        parts.append(f"{cfg['num-cores']}c")
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", "-".join(parts))
+
+
+def target_identity(target) -> dict:
+    return {"target": str(target), "target_key": target_key(target), "cpu": cpu_model()}
+
+
+# ---------------------------------------------------------------------------------------------- timing
+def _random_args(func: tirx.PrimFunc, dev) -> list:
+    rng = np.random.default_rng(0)
+    args = []
+    for p in func.params:                           # buffers (static shapes: `static_kernels`)
+        shape = [int(d) for d in p.shape]
+        dtype = str(p.dtype)
+        if dtype == "bool":
+            a = rng.integers(0, 2, shape).astype(bool)
+        elif np.dtype(dtype).kind in "iu":
+            a = rng.integers(0, 2, shape).astype(dtype)     # small: valid indices for gathers
+        else:
+            a = rng.standard_normal(shape).astype(dtype)
+        args.append(tvm.runtime.tensor(a, dev))
+    return args
+
+
+def measure(func: tirx.PrimFunc, target, repeat: int = 20) -> float:
+    """Median seconds of one call of a scheduled kernel (built alone for `target`, random inputs)."""
+    lib = tvm.compile(_main_mod(func), target=target).jit()
+    dev = tvm.cpu(0) if str(target.kind.name) == "llvm" else tvm.device(str(target.kind.name), 0)
+    args = _random_args(func, dev)
+    timer = lib.time_evaluator("main", dev, number=1, repeat=3, min_repeat_ms=20)
+    timer(*args)                                            # warm up
+    res = lib.time_evaluator("main", dev, number=1, repeat=repeat, min_repeat_ms=5)(*args)
+    return float(np.median(res.results))
+
+
+# ------------------------------------------------------------------------------------------- the log
+@dataclass
+class TuningLog:
+    """A tuning log folder, read: its manifest and MetaSchedule database."""
+    path: str
+    manifest: dict
+    database: object = None
+    _tuned: dict = field(default_factory=dict)
+
+    @property
+    def hints(self) -> dict:
+        return self.manifest.get("hints", {})
+
+    def digest(self) -> str:
+        """Of the manifest and the database files: part of the compile cache key."""
+        h = hashlib.sha256()
+        for name in (MANIFEST, "database_workload.json", "database_tuning_record.json"):
+            p = os.path.join(self.path, name)
+            if os.path.exists(p):
+                with open(p, "rb") as f:
+                    h.update(f.read())
+        return h.hexdigest()
+
+    def winners(self) -> dict:
+        """``{workload key: kernel entry}`` of the kernels whose tuned schedule beat the default."""
+        return {k["workload"]: k for k in self.manifest.get("kernels", []) if k.get("use") == "tuned"}
+
+    def tuned(self, func: tirx.PrimFunc, target):
+        """The tuned schedule of `func` if the log has one that won, else None."""
+        key = workload_key(func)
+        if key not in self.winners():
+            return None
+        if key not in self._tuned:
+            sch = self.database.query_schedule(_main_mod(task_func(func)), target=target, workload_name="main")
+            self._tuned[key] = None if sch is None else sch.mod["main"].with_attr("tirx.is_scheduled", True)
+        return self._tuned[key]
+
+
+def load_log(path: str, model_hash: str | None, target) -> TuningLog | None:
+    """Read the log in `path` for a model (`model_hash`; None: any) and `target`; None, with a TuningWarning
+    naming the reason, when it cannot be applied."""
+    def refuse(why: str):
+        warnings.warn(f"dyntvm: tuning log {path} not applied: {why}; using the default kernels", TuningWarning,
+                      stacklevel=3)
+        return None
+    mpath = os.path.join(path, MANIFEST)
+    if not os.path.isdir(path):
+        return refuse("no such folder")
+    try:
+        with open(mpath) as f:
+            manifest = json.load(f)
+        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or \
+                not isinstance(manifest.get("kernels"), list) or not isinstance(manifest.get("hints"), dict):
+            raise ValueError("not a dyntvm tuning manifest")
+    except (OSError, ValueError) as e:
+        return refuse(f"{MANIFEST} is missing or corrupt ({type(e).__name__}: {e})")
+    ident = target_identity(target)
+    if manifest.get("target_key") != ident["target_key"] or manifest.get("cpu") != ident["cpu"]:
+        return refuse(f"it was made for another target ({manifest.get('target_key')} on {manifest.get('cpu')!r}; "
+                      f"this is {ident['target_key']} on {ident['cpu']!r})")
+    if model_hash is not None and manifest.get("model_hash") != model_hash:
+        return refuse(f"it was made for another model (or this model changed since): {manifest.get('model')!r}")
+    try:
+        from tvm.s_tir import meta_schedule as ms
+        db = ms.database.JSONDatabase(path_workload=os.path.join(path, "database_workload.json"),
+                                      path_tuning_record=os.path.join(path, "database_tuning_record.json"),
+                                      allow_missing=False)
+    except Exception as e:  # noqa: BLE001 - TVM raises various errors on bad JSON
+        return refuse(f"its MetaSchedule database does not load ({type(e).__name__}: {str(e).strip()[:200]})")
+    return TuningLog(path, manifest, db)
+
+
+def write_manifest(path: str, manifest: dict) -> None:
+    tmp = os.path.join(path, MANIFEST + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(manifest, f, indent=1, sort_keys=True)
+    os.replace(tmp, os.path.join(path, MANIFEST))
+
+
+# ------------------------------------------------------------------------------------------ tuning
+def _build(mod, target, _params):
+    """MetaSchedule's builder function without its ``import tvm.s_tir.tensor_intrin`` (25 s in each fresh
+    worker here: it parses every target's tensor intrinsics; fp32 CPU kernels use none)."""
+    from tvm.driver import build as tvm_build
+    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
+    return tvm_build(RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod), target=target)
+
+
+def tune_kernels(kernels: dict, target, log_dir: str, manifest: dict, trials: int, progress=None,
+                 on_done=None) -> dict:
+    """Tune each kernel of `kernels` (``static_kernels``) not yet finished in `manifest`, into the database in
+    `log_dir`; updates and writes the manifest after each kernel. `progress`: a tqdm-like bar (``update``,
+    ``set_postfix_str``). Returns the manifest."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from .cpu_schedule import _schedule_func
+    done = {k["workload"]: k for k in manifest["kernels"] if k.get("status") in ("done", "failed")}
+    todo = [(key, name, func) for key, (name, func) in kernels.items() if key not in done]
+    if progress is not None:
+        progress.update(len(kernels) - len(todo))
+    if not todo:
+        return manifest
+    db = ms.database.JSONDatabase(work_dir=log_dir)
+    builder = ms.builder.LocalBuilder(max_workers=max(1, int(target.attrs.get("num-cores", 1))), f_build=_build,
+                                      timeout_sec=120)
+    runner = ms.runner.LocalRunner()
+    best = None
+    for key, name, func in todo:
+        entry = {"workload": key, "name": name, "trials": trials}
+        t0 = time.perf_counter()
+        try:
+            default = _schedule_func(func, target, name)
+            entry["default_us"] = round(measure(default, target) * 1e6, 3)
+        except Exception as e:  # noqa: BLE001 - our schedule cannot be timed alone: nothing to compare with
+            entry.update(status="failed", reason=f"default schedule: {type(e).__name__}: {str(e)[:200]}")
+            default = None
+        if default is not None:
+            try:
+                task = _main_mod(task_func(func))
+                # MetaSchedule's console handler takes its level from this logger at each tune (its files, in
+                # log_dir/logs, keep everything): the progress bar is the console's
+                logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    ms.tune_tir(task, target, log_dir, max_trials_global=trials, num_trials_per_iter=min(trials, 64),
+                                builder=builder, runner=runner, database=db, cost_model="xgb", seed=0)
+                sch = db.query_schedule(task, target=target, workload_name="main")
+                if sch is None:
+                    raise CompileError("no valid candidate was found")
+                entry["tuned_us"] = round(measure(sch.mod["main"], target) * 1e6, 3)
+                entry["use"] = "tuned" if entry["tuned_us"] < entry["default_us"] else "default"
+                entry["status"] = "done"
+            except KeyboardInterrupt:
+                raise
+            except Exception as e:  # noqa: BLE001 - MetaSchedule fails on some kernels: keep the default
+                entry.update(status="failed", use="default",
+                             reason=f"tuning: {type(e).__name__}: {str(e).strip().splitlines()[0][:200]}")
+        entry["seconds"] = round(time.perf_counter() - t0, 1)
+        manifest["kernels"] = [k for k in manifest["kernels"] if k["workload"] != key] + [entry]
+        write_manifest(log_dir, manifest)
+        if entry.get("tuned_us") is not None:
+            best = entry["tuned_us"] if best is None else min(best, entry["tuned_us"])
+        if progress is not None:
+            progress.update(1)
+            progress.set_postfix_str(f"{name}: default {entry.get('default_us', '-')} us, tuned "
+                                     f"{entry.get('tuned_us', '-')} us")
+        if on_done is not None:
+            on_done(entry)
+    return manifest

@@ -1,0 +1,196 @@
+"""Autotuning (`dt.tune`, `dyntvm tune`, `codegen/tuning.py`): a real MetaSchedule tune of a small model (few
+trials) writes a log; compiling with it builds the hinted sizes' specializations next to the generic kernels
+and each call dispatches on its sizes; bad logs fall back with a warning; a second run resumes."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+
+import dyntvm as dt
+from dyntvm import F
+from dyntvm.codegen import tuning
+from helpers import assert_same
+
+pytestmark = pytest.mark.slow
+
+W = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)
+B = np.random.default_rng(1).standard_normal(64).astype(np.float32)
+SPEC = dt.TensorSpec(("N", 64))
+
+
+def affine(x):
+    """One kernel (matmul + bias) MetaSchedule can tune; N symbolic."""
+    return F.matmul(x, W) + B
+
+
+def other(x):
+    return F.matmul(x, W) - B
+
+
+@pytest.fixture(scope="module")
+def log(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("tune") / "affine")
+    out = dt.tune(affine, SPEC, trials=8, shape_hints={"N": [16]}, log_dir=path, progress=False)
+    assert out == path
+    return path
+
+
+def _manifest(path) -> dict:
+    with open(os.path.join(path, "manifest.json")) as f:
+        return json.load(f)
+
+
+def test_a_tune_writes_a_log(log):
+    m = _manifest(log)
+    assert m["model"] == "affine" and m["hints"] == {"N": [16]}
+    assert m["target_key"] == tuning.target_key(__import__("dyntvm.codegen.build", fromlist=["x"]).concrete_target("cpu"))
+    assert m["specialized"] == {"affine_r0": [[{"N": 16}, "affine_r0__at_N16"]]}
+    (k,) = m["kernels"]
+    assert k["status"] == "done" and k["default_us"] > 0 and k["tuned_us"] > 0
+    assert k["use"] == ("tuned" if k["tuned_us"] < k["default_us"] else "default")
+    for name in ("database_workload.json", "database_tuning_record.json"):
+        assert os.path.getsize(os.path.join(log, name)) > 0
+
+
+def _winning_copy(log, tmp_path) -> str:
+    """The log with its kernel marked as won by the tuned schedule (whichever won in this run's timing)."""
+    path = str(tmp_path / "won")
+    shutil.copytree(log, path)
+    m = _manifest(path)
+    m["kernels"][0]["use"] = "tuned"
+    tuning.write_manifest(path, m)
+    return path
+
+
+def test_a_hinted_size_runs_the_specialized_build_and_other_sizes_the_generic_one(log, tmp_path, monkeypatch):
+    path = _winning_copy(log, tmp_path)
+    used = []
+    real = tuning.TuningLog.tuned
+
+    def spy(self, func, target):
+        sch = real(self, func, target)
+        used.append(sch is not None)
+        return sch
+    monkeypatch.setattr(tuning.TuningLog, "tuned", spy)
+    model = dt.compile(affine, SPEC, tuning_log=path, use_cache=False)
+    assert any(used)                                   # the tuned schedule replaced the default rule's
+    info = model.info["tuning"]
+    assert info["kernels_tuned"] == 1 and info["specialized"] == {"affine_r0": [[{"N": 16}, "affine_r0__at_N16"]]}
+    assert "tuning" in model.summary()
+    for n, special in ((16, True), (15, False), (1, False), (0, False), (64, False)):
+        x = np.random.default_rng(n).standard_normal((n, 64)).astype(np.float32)
+        before = model.specialized_calls
+        assert_same(model(x), affine(x), rtol=1e-5, atol=1e-5)
+        assert model.specialized_calls - before == special
+
+
+def test_the_dispatch_survives_save_and_load(log, tmp_path):
+    model = dt.compile(affine, SPEC, tuning_log=log, use_cache=False)
+    model.save(str(tmp_path / "m.dtvm"))
+    loaded = dt.load(str(tmp_path / "m.dtvm"))
+    assert loaded.info["tuning"]["specialized"] == model.info["tuning"]["specialized"]
+    x = np.ones((16, 64), np.float32)
+    assert_same(loaded(x), affine(x), rtol=1e-5, atol=1e-5)
+    assert loaded.specialized_calls == 1
+
+
+def test_a_shipped_log_for_the_model_is_picked_up(log, tmp_path, monkeypatch):
+    """A log under $DYNTVM_TUNING_LOGS/<model>/<target key>/ (the shipped `tuning_logs/`) applies without
+    `tuning_log=`, and says so in the model's summary; another model's compile ignores it silently."""
+    from dyntvm.codegen.build import concrete_target
+    shipped = tmp_path / "shipped"
+    shutil.copytree(log, shipped / "affine" / tuning.target_key(concrete_target("cpu")))
+    shutil.copytree(log, shipped / "other" / tuning.target_key(concrete_target("cpu")))   # not other's log
+    monkeypatch.setenv("DYNTVM_TUNING_LOGS", str(shipped))
+    model = dt.compile(affine, SPEC, use_cache=False)
+    assert model.info["tuning"]["log"] == str(shipped / "affine" / tuning.target_key(concrete_target("cpu")))
+    assert "affine_r0__at_N16" in model.summary()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        plain = dt.compile(other, SPEC, use_cache=False)
+    assert "tuning" not in plain.info
+
+
+def test_bad_logs_fall_back_with_a_warning(log, tmp_path):
+    x = np.ones((16, 64), np.float32)
+
+    def compiled_with(path, fn=affine):
+        with pytest.warns(tuning.TuningWarning) as w:
+            model = dt.compile(fn, SPEC, tuning_log=path, use_cache=False)
+        assert "tuning" not in model.info
+        assert_same(model(x), fn(x), rtol=1e-5, atol=1e-5)
+        return str(w[0].message)
+    assert "another model" in compiled_with(log, other)                 # a foreign model's log
+    corrupt = str(tmp_path / "corrupt")
+    shutil.copytree(log, corrupt)
+    with open(os.path.join(corrupt, "manifest.json"), "w") as f:
+        f.write('{"format": 1, "kern')
+    assert "corrupt" in compiled_with(corrupt)
+    foreign = str(tmp_path / "foreign")
+    shutil.copytree(log, foreign)
+    m = _manifest(foreign)
+    m["target_key"], m["cpu"] = "llvm-skylake-avx512-8c", "Intel(R) Xeon(R) Platinum 8280"
+    tuning.write_manifest(foreign, m)
+    assert "another target" in compiled_with(foreign)
+    broken_db = str(tmp_path / "db")
+    shutil.copytree(log, broken_db)
+    with open(os.path.join(broken_db, "database_tuning_record.json"), "w") as f:
+        f.write("[[[not json\n")
+    assert "database" in compiled_with(broken_db)
+    assert "no such folder" in compiled_with(str(tmp_path / "missing"))
+
+
+def test_a_second_tune_resumes_instead_of_starting_over(log, monkeypatch):
+    from tvm.s_tir import meta_schedule as ms
+
+    def no_tuning(*a, **k):
+        raise AssertionError("a finished kernel was tuned again")
+    monkeypatch.setattr(ms, "tune_tir", no_tuning)
+    before = _manifest(log)["kernels"]
+    assert dt.tune(affine, SPEC, trials=8, shape_hints={"N": [16]}, log_dir=log, progress=False) == log
+    assert _manifest(log)["kernels"] == before
+    with pytest.raises(dt.CompileError, match="another model"):           # a folder of another model's log
+        dt.tune(other, SPEC, trials=8, shape_hints={"N": [16]}, log_dir=log, progress=False)
+
+
+def test_tune_checks_its_arguments(tmp_path):
+    for kwargs, match in (({"shape_hints": {"M": [4]}}, "not a symbolic dim"),
+                          ({"shape_hints": {"N": [0]}}, "sizes >= 1"),
+                          ({"shape_hints": {"N": "16"}}, "sizes >= 1"),
+                          ({"trials": 0}, "positive int"),
+                          ({"target": "cuda"}, "only CPU")):
+        with pytest.raises(dt.CompileError, match=match):
+            dt.tune(affine, SPEC, log_dir=str(tmp_path / "x"), progress=False, **kwargs)
+
+
+def test_the_cli_tunes_and_compiles_with_the_log(log, tmp_path):
+    """`dyntvm tune` (here resuming the fixture's finished log: no kernel is tuned again) and
+    `dyntvm compile --tuning-log`, in real subprocesses."""
+    src = tmp_path / "model.py"
+    src.write_text("import numpy as np\nfrom dyntvm import F\n"
+                   "W = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)\n"
+                   "B = np.random.default_rng(1).standard_normal(64).astype(np.float32)\n"
+                   "def affine(x):\n    return F.matmul(x, W) + B\n")
+    env = dict(os.environ, PYTHONWARNINGS="default")
+    run = subprocess.run([sys.executable, "-m", "dyntvm", "tune", f"{src}:affine", "--input", "x:N,64",
+                          "--hint", "N=16", "--trials", "8", "-o", log], capture_output=True, text=True, env=env,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr
+    assert "affine" in run.stdout and "default" in run.stdout
+    art = str(tmp_path / "m.dtvm")
+    run = subprocess.run([sys.executable, "-m", "dyntvm", "compile", f"{src}:affine", "--input", "x:N,64",
+                          "--tuning-log", log, "-o", art], capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stderr
+    assert "affine_r0__at_N16" in run.stdout
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loaded = dt.load(art)
+    assert loaded.info["tuning"]["log"] == os.path.abspath(log)
+    run = subprocess.run([sys.executable, "-m", "dyntvm", "tune", f"{src}:affine", "--input", "x:N,64",
+                          "--hint", "M=16", "-o", str(tmp_path / "t")], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 1 and "not a symbolic dim" in run.stderr
