@@ -65,6 +65,12 @@ def main():
             manifest = json.load(f)
         tune_s = sum(k.get("seconds", 0) for k in manifest["kernels"])
         won = sum(k.get("use") == "tuned" for k in manifest["kernels"])
+        if not manifest["kernels"]:
+            print(f"{name}: nothing tuned (specializations that do not build: {manifest.get('not_specialized')}); "
+                  "its log is removed")
+            import shutil
+            shutil.rmtree(log)
+            continue
         tuned = dt.compile(ex.fn, *ex.specs, use_cache=False)
         assert "tuning" in tuned.info, f"{name}: the shipped log was not picked up"
         os.environ["DYNTVM_TUNING_LOGS"] = os.path.join(ROOT, "no-such-folder")

@@ -174,6 +174,7 @@ class Built:
     target_desc: str            # the concrete target the kernels were built for
     sha256: str | None = None   # of the file at `path` (saving checks its copy against it)
     size: int | None = None
+    tuned: bool = False         # built with a tuning log's specializations and kernels
 
 
 def build(graph: Graph, target: str = "cpu", cache_dir: str | None = None, use_cache: bool = True,
@@ -208,42 +209,64 @@ def build(graph: Graph, target: str = "cpu", cache_dir: str | None = None, use_c
         if hit is not None:
             stats.cache_hits += 1
             lib, entry = hit
-            return Built(lib, entry.path, True, desc, entry.sha256, entry.size)
+            return Built(lib, entry.path, True, desc, entry.sha256, entry.size, tuning is not None)
     if kind == "cuda":
         return _build_cuda(regions, tvm_target, binding, cdir, key, desc)
-    ex = build_executable(regions, target, binding, tvm_target, loops, tuning)
+    try:
+        ex = build_executable(regions, target, binding, tvm_target, loops, tuning)
+    except Exception as e:  # noqa: BLE001 - a tuning log is an optimization: never the reason a build fails
+        if tuning is None:
+            raise
+        from .tuning import TuningWarning
+        warnings.warn(f"dyntvm: tuning log {tuning[0].path} not applied: the build with it failed "
+                      f"({type(e).__name__}: {str(e).strip().splitlines()[-1][:200]}); using the default kernels",
+                      TuningWarning, stacklevel=3)
+        return build(graph, target, cache_dir, use_cache, binding)
     entry = _store(cdir, key, ex, binding)
     if entry is not None:           # run what a later hit loads: the stored library
         import tvm
         try:
-            return Built(tvm.runtime.load_module(entry.path), entry.path, False, desc, entry.sha256, entry.size)
+            return Built(tvm.runtime.load_module(entry.path), entry.path, False, desc, entry.sha256, entry.size,
+                         tuning is not None)
         except Exception as e:  # noqa: BLE001 - e.g. the file was removed meanwhile: run the executable
             warnings.warn(f"dyntvm compile cache: cannot load {entry.path} just stored ({type(e).__name__}: {e}); "
                           "using the kernels built in memory", _cache.CacheWarning, stacklevel=3)
-    return Built(ex, None, False, desc)
+    return Built(ex, None, False, desc, tuned=tuning is not None)
 
 
-def tuning_tasks(graph: Graph, hints: dict, tvm_target) -> tuple[dict, dict]:
-    """``(specializations, kernels)`` of a partitioned `graph` for tuning (`tuning.tune`): the regions'
-    specializations at the hinted sizes, and the static kernels of those and of the regions without symbolic
-    dims, fused exactly as a build fuses them."""
+def tuning_tasks(graph: Graph, hints: dict, tvm_target) -> tuple[dict, dict, dict]:
+    """``(specializations, kernels, failed)`` of a partitioned `graph` for tuning (`tuning.tune`): the regions'
+    specializations at the hinted sizes, the static kernels of those and of the regions without symbolic
+    dims, fused exactly as a build fuses them, and ``{specialization: why}`` for those that do not build
+    (each is fused on its own, so one that fails costs only itself)."""
     import tvm
+    from tvm import relax
 
     from .cpu_schedule import fuse_passes
     from .relax_builder import build_module
-    from .tuning import add_specializations, plan_specializations, static_kernels
-    from tvm import relax
-
-    from .tuning import region_symbols
+    from .tuning import add_specializations, plan_specializations, region_symbols, static_kernels
     regions = collect_regions(graph) + mask_gathers(graph)
     mod = build_module(regions)
     table = plan_specializations(mod, hints)
     static = {gv.name_hint for gv, f in mod.functions_items()      # regions of static shapes: tuned as they are
               if isinstance(f, relax.Function) and not region_symbols(f)}
-    mod = add_specializations(mod, table)
-    with tvm_target:
-        mod = tvm.transform.Sequential(fuse_passes(tvm_target))(mod)
-    return table, static_kernels(mod, static | {name for specs in table.values() for _, name in specs})
+
+    def fused(m):
+        with tvm_target:
+            return tvm.transform.Sequential(fuse_passes(tvm_target))(m)
+    kernels = static_kernels(fused(mod), static) if static else {}
+    kept, failed = {}, {}
+    for region, specs in table.items():
+        for combo, name in specs:
+            try:
+                one = fused(add_specializations(mod, {region: [(combo, name)]}))
+            except Exception as e:  # noqa: BLE001 - a TVM pass failing on the bound sizes: skip that one
+                failed[name] = f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:200]}"
+                continue
+            kept.setdefault(region, []).append((combo, name))
+            for key, kernel in static_kernels(one, {name}).items():
+                kernels.setdefault(key, kernel)
+    return kept, kernels, failed
 
 
 def _store(cdir, key, lib, binding):

@@ -87,7 +87,7 @@ def compile(fn_or_graph, *specs, target: str = "cpu", selector=None, cache_dir: 
     vm = virtual_machine(built.lib, kind) if built and built.lib is not None else None
     info = {"compile_time_s": round(time.perf_counter() - t0, 3),
             "cache": "hit" if built and built.cached else "miss"}
-    if tuning is not None:
+    if tuning is not None and built is not None and built.tuned:
         log, table = tuning
         info["tuning"] = {"log": os.path.abspath(log.path), "kernels_tuned": len(log.winners()),
                           "specialized": {r: [[combo, name] for combo, name in specs] for r, specs in table.items()}}
@@ -191,10 +191,10 @@ def tune(fn_or_graph, *specs, target: str = "cpu", trials: int = 64, shape_hints
     log_dir = os.fspath(log_dir) if log_dir is not None else \
         os.path.join("tuning_logs", graph.name, target_key(tvm_target))
     with _BUILD_LOCK:
-        table, kernels = tuning_tasks(pg, hints, tvm_target)
+        table, kernels, failed = tuning_tasks(pg, hints, tvm_target)
     manifest = {"format": FORMAT, "model": graph.name, "model_hash": binding, **target_identity(tvm_target),
                 "hints": hints, "specialized": {r: [[c, n] for c, n in specs] for r, specs in table.items()},
-                "kernels": []}
+                "not_specialized": failed, "kernels": []}
     mpath = os.path.join(log_dir, MANIFEST)
     if os.path.exists(mpath):
         import json

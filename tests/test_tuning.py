@@ -52,7 +52,7 @@ def test_a_tune_writes_a_log(log):
     assert m["specialized"] == {"affine_r0": [[{"N": 16}, "affine_r0__at_N16"]]}
     (k,) = m["kernels"]
     assert k["status"] == "done" and k["default_us"] > 0 and k["tuned_us"] > 0
-    assert k["use"] == ("tuned" if k["tuned_us"] < k["default_us"] else "default")
+    assert k["use"] == tuning.winner(k["default_us"], k["tuned_us"])
     for name in ("database_workload.json", "database_tuning_record.json"):
         assert os.path.getsize(os.path.join(log, name)) > 0
 
@@ -143,6 +143,23 @@ def test_bad_logs_fall_back_with_a_warning(log, tmp_path):
         f.write("[[[not json\n")
     assert "database" in compiled_with(broken_db)
     assert "no such folder" in compiled_with(str(tmp_path / "missing"))
+
+
+def test_a_build_that_fails_with_the_log_is_redone_without_it(log, monkeypatch):
+    from dyntvm.codegen import build as build_mod
+    real = build_mod.build_executable
+
+    def failing(regions, target, binding=None, tvm_target=None, loops=(), tuning=None):
+        if tuning is not None:
+            raise RuntimeError("FuseTIR: Inconsistent buffers")
+        return real(regions, target, binding, tvm_target, loops)
+    monkeypatch.setattr(build_mod, "build_executable", failing)
+    with pytest.warns(tuning.TuningWarning, match="the build with it failed"):
+        model = dt.compile(affine, SPEC, tuning_log=log, use_cache=False)
+    assert "tuning" not in model.info
+    x = np.ones((16, 64), np.float32)
+    assert_same(model(x), affine(x), rtol=1e-5, atol=1e-5)
+    assert model.specialized_calls == 0
 
 
 def test_a_second_tune_resumes_instead_of_starting_over(log, monkeypatch):
