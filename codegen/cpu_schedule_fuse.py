@@ -300,8 +300,8 @@ def _apply(mod, cands) -> tuple[tvm.IRModule, list]:
 
 def _fusable(mod, cands) -> list:
     """The candidates, in order (functions of a tuning log's specializations, ``__at_``, last), merged while
-    FuseTIR still accepts the module: a region function next to its specialization at fixed sizes made
-    FuseTIR fail ("Inconsistent buffers ... mapped to the same relax var"), each alone fusing fine."""
+    FuseTIR still accepts the module: with a specialization in the module FuseTIR failed ("Inconsistent
+    buffers ... mapped to the same relax var"), and the merges of the other functions are worth keeping."""
     ok = []
     for c in sorted(cands, key=lambda c: "__at_" in c[0].name_hint):
         try:
