@@ -140,13 +140,13 @@ def build_executable(regions: list, target: str, binding: str | None = None, tvm
     missing = sorted({op for _, g in regions for op in unsupported_ops(g)})
     if missing:
         raise UnsupportedOpError(f"compile: no Relax converter for op(s) {', '.join(missing)}")
-    mod = build_module(regions, device_checks=target == "cuda")
     tuned = None
     if tuning is not None:
-        from .tuning import add_specializations
+        from .tuning import specialized_regions
         log, table = tuning
-        mod = add_specializations(mod, table)
+        regions = regions + specialized_regions(regions, table)
         tuned = lambda func: log.tuned(func, tvm_target)    # noqa: E731
+    mod = build_module(regions, device_checks=target == "cuda")
     if binding is not None:
         mod = add_binding(mod, binding)
     stats.builds += 1
@@ -197,6 +197,9 @@ def build(graph: Graph, target: str = "cpu", cache_dir: str | None = None, use_c
     desc = str(tvm_target)
     from .compiled_loops import loop_specs
     loops = loop_specs(graph) if kind == "cpu" else []
+    if loops and tuning is not None:        # a specialization of a loop body gets a compiled loop of its own
+        loops += [(k, name, roles, outs, n_ys) for k, region, roles, outs, n_ys in list(loops)
+                  for _, name in tuning[1].get(region, [])]
     if tuning is not None and kind != "cpu":
         tuning = None                   # tuning logs are CPU-only for now (the CUDA flow is not built yet)
     extra = (binding or "") + (f"|loops:{loops!r}" if loops else "") + \
@@ -236,30 +239,31 @@ def build(graph: Graph, target: str = "cpu", cache_dir: str | None = None, use_c
 
 def tuning_tasks(graph: Graph, hints: dict, tvm_target) -> tuple[dict, dict, dict]:
     """``(specializations, kernels, failed)`` of a partitioned `graph` for tuning (`tuning.tune`): the regions'
-    specializations at the hinted sizes, the static kernels of those and of the regions without symbolic
-    dims, fused exactly as a build fuses them, and ``{specialization: why}`` for those that do not build
-    (each is fused on its own, so one that fails costs only itself)."""
+    specializations at the hinted sizes (`tuning.specialized_regions`), the static kernels of those and of
+    the regions without symbolic dims, fused exactly as a build fuses them, and ``{specialization: why}``
+    for those that do not build (each is tried on its own next to the generic regions)."""
     import tvm
     from tvm import relax
 
     from .cpu_schedule import fuse_passes
     from .relax_builder import build_module
-    from .tuning import add_specializations, plan_specializations, region_symbols, static_kernels
+    from .tuning import plan_specializations, region_symbols, specialized_regions, static_kernels
     regions = collect_regions(graph) + mask_gathers(graph)
-    mod = build_module(regions)
-    table = plan_specializations(mod, hints)
+    table = plan_specializations(regions, hints)
+
+    def fused(extra):
+        m = build_module(regions + extra)
+        with tvm_target:
+            return m, tvm.transform.Sequential(fuse_passes(tvm_target))(m)
+    mod, whole = fused([])
     static = {gv.name_hint for gv, f in mod.functions_items()      # regions of static shapes: tuned as they are
               if isinstance(f, relax.Function) and not region_symbols(f)}
-
-    def fused(m):
-        with tvm_target:
-            return tvm.transform.Sequential(fuse_passes(tvm_target))(m)
-    kernels = static_kernels(fused(mod), static) if static else {}
+    kernels = static_kernels(whole, static) if static else {}
     kept, failed = {}, {}
     for region, specs in table.items():
         for combo, name in specs:
             try:
-                one = fused(add_specializations(mod, {region: [(combo, name)]}))
+                _, one = fused(specialized_regions(regions, {region: [(combo, name)]}))
             except Exception as e:  # noqa: BLE001 - a TVM pass failing on the bound sizes: skip that one
                 failed[name] = f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:200]}"
                 continue

@@ -1,8 +1,8 @@
 """Autotuning: MetaSchedule + its XGBoost cost model over a model's kernels, at hinted sizes.
 
 MetaSchedule cannot tune kernels with symbolic dims, so tuning works on *specializations*: every region
-whose symbols all have hints gets one copy per combination of hinted sizes (``<region>__at_T16_B1``, the
-symbols bound), which legalization and fusion turn into static kernels. Each static kernel is one task:
+whose symbols all have hints gets one copy per combination of hinted sizes (``<region>__at_T16_B1``, a
+copy of the region's graph with its symbols bound), which legalization and fusion turn into static kernels. Each static kernel is one task:
 
 1. our default schedule (`cpu_schedule`) is built and timed;
 2. MetaSchedule tunes the kernel (`trials` candidates, XGBoost cost model) into a JSON database;
@@ -23,6 +23,7 @@ warns and is ignored.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -64,35 +65,74 @@ def _suffix(combo: dict) -> str:
     return "__at_" + "_".join(f"{re.sub(r'[^A-Za-z0-9]', '', k) or 'd'}{v}" for k, v in combo.items())
 
 
-def plan_specializations(mod: tvm.IRModule, hints: dict, regions=None) -> dict:
-    """``{region: [(combo, name), ...]}``: for each region function of `mod` (in `regions`, if given) whose
-    symbols all have hints, one specialization per combination of hinted sizes."""
+def _input_symbols(graph) -> list:
+    """The plain symbols of a region graph's input types, in order of first appearance."""
+    out = []
+    for v in graph.inputs:
+        for d in v.type.shape:
+            if isinstance(d, str) and d.isidentifier() and d not in out:
+                out.append(d)
+    return out
+
+
+def plan_specializations(regions: list, hints: dict) -> dict:
+    """``{region: [(combo, name), ...]}``: for each region ``(name, graph)`` whose symbols all have hints (and
+    whose types use no other symbol), one specialization per combination of hinted sizes."""
     table = {}
-    for gv, func in mod.functions_items():
-        if not isinstance(func, relax.Function) or (regions is not None and gv.name_hint not in regions):
+    for region, graph in regions:
+        names = _input_symbols(graph)
+        every = set().union(*(v.type.symbols() for v in _all_values(graph)))
+        if not names or not all(n in hints for n in names) or not every <= set(names):
             continue
-        syms = region_symbols(func)
-        names = [v.name for v in syms]
-        if not syms or len(set(names)) != len(names) or not all(n in hints for n in names):
-            continue
-        table[gv.name_hint] = [(dict(zip(names, vals)), gv.name_hint + _suffix(dict(zip(names, vals))))
-                               for vals in itertools.product(*(hints[n] for n in names))]
+        table[region] = [(dict(zip(names, vals)), region + _suffix(dict(zip(names, vals))))
+                         for vals in itertools.product(*(hints[n] for n in names))]
     return table
 
 
-def add_specializations(mod: tvm.IRModule, table: dict) -> tvm.IRModule:
-    """`mod` plus, per entry of `table`, the region function with its symbols bound to the combination."""
-    from tvm.relax.utils import copy_with_new_vars
-    mod = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs, global_infos=mod.global_infos)
+def _all_nodes(graph):
+    for n in graph.nodes:
+        yield n
+        for sub in n.subgraphs:
+            yield from _all_nodes(sub)
+
+
+def _all_values(graph):
+    yield from graph.values()
+    for n in graph.nodes:
+        for sub in n.subgraphs:
+            yield from _all_values(sub)
+
+
+def specialized_regions(regions: list, table: dict) -> list:
+    """``[(name, graph)]``: each specialization of `table` as a region graph of its own, a copy of the region's
+    graph with its symbols bound in every value type, so that the region (its TE kernels too) is built for
+    the fixed sizes. (Binding the symbols of the built Relax function instead left the TE kernels it calls
+    symbolic, which TVM's FuseTIR refused.)"""
+    import copy
+
+    from ..ir.types import dim_symbols, eval_dim, map_type_dims
+    graphs = dict(regions)
+    out = []
     for region, specs in table.items():
         for combo, name in specs:
-            # fresh Relax vars: two functions sharing bindings made FuseTIR fail ("Inconsistent buffers ...
-            # mapped to the same relax var")
-            func = copy_with_new_vars(mod[region])
-            syms = {v.name: v for v in region_symbols(func)}
-            bound = func.bind_symbolic_vars({syms[k]: tirx.IntImm("int64", v) for k, v in combo.items()})
-            mod[tvm.ir.GlobalVar(name)] = bound.with_attr("global_symbol", name)
-    return mod
+            g = copy.deepcopy(graphs[region])
+
+            def bind(d, combo=combo):
+                try:
+                    return eval_dim(d, combo) if dim_symbols(d) <= combo.keys() else d
+                except (KeyError, ValueError, TypeError):
+                    return d
+            for v in _all_values(g):
+                v.type = map_type_dims(v.type, bind)
+            for n in _all_nodes(g):         # dims in attrs: a reshape's target shape, say
+                if dataclasses.is_dataclass(n.attrs):
+                    changes = {f.name: tuple(bind(x) if isinstance(x, str) else x for x in val)
+                               for f in dataclasses.fields(n.attrs)
+                               if isinstance(val := getattr(n.attrs, f.name), tuple)}
+                    if changes:
+                        n.attrs = dataclasses.replace(n.attrs, **changes)
+            out.append((name, g))
+    return out
 
 
 def static_kernels(mod: tvm.IRModule, callers: set) -> dict:

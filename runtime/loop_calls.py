@@ -32,17 +32,18 @@ def compiled_foreach(ex, n: Node, ins, outs, stepwise):
     fn = _loop_function(ex, plan)
     if fn is None:
         return None
-    _, roles, _ = plan
+    region, roles, _ = plan
     nd, ns = n.attrs.num_data, n.attrs.num_states
     arg_idx = [ins[k if r == "data" else nd + k if r == "state" else nd + ns + k] for r, k in roles]
     data_idx = ins[:nd]
     calls = ex.calls
+    pick = _specialized_loop(ex, region, roles, fn)
 
     def run(slots):
         cf.data_length([slots[i].shape[0] for i in data_idx])
         args = [to_tvm(slots[i]) for i in arg_idx]
         try:
-            res = fn(*args)
+            res = (fn if pick is None else pick(args))(*args)
         except Exception as e:  # noqa: BLE001 - TVM raises many kinds: the step-by-step run names it
             stepwise(slots)     # raises the step-by-step error; if the steps run, their result stands
             warnings.warn(f"dyntvm: the compiled loop of foreach node {n.name!r} failed "
@@ -53,6 +54,41 @@ def compiled_foreach(ex, n: Node, ins, outs, stepwise):
         for k, o in enumerate(outs):
             slots[o] = _item(res, k)
     return run
+
+
+def _specialized_loop(ex, region, roles, fn):
+    """``pick(args) -> function``: the compiled loop of the region's specialization for the sizes of `args`
+    (a tuning log's, `Executor._specialized`; a data argument is the whole sequence, its row dims one axis
+    further), else `fn`. None when the region has no specialization with a compiled loop."""
+    specs = ex.specialized.get(region.attrs.name)
+    if not specs:
+        return None
+    syms = list(specs[0][0])
+    where = {}
+    for i, (v, (role, _)) in enumerate(zip(region.subgraphs[0].inputs, roles)):
+        for ax, d in enumerate(v.type.shape):
+            if isinstance(d, str) and d in syms:
+                where.setdefault(d, (i, ax + (role == "data")))
+    if len(where) != len(syms):
+        return None
+    locs = [where[s] for s in syms]
+    table = {}
+    for combo, name in specs:
+        try:
+            table[tuple(int(combo[s]) for s in syms)] = ex.vm[compiled_loop_name(name)]
+        except Exception:  # noqa: BLE001 - codegen declined that specialization's loop: the generic one runs
+            pass
+    if not table:
+        return None
+    hits = ex.calls
+
+    def pick(args):
+        f = table.get(tuple(args[i].shape[ax] for i, ax in locs))
+        if f is None:
+            return fn
+        hits[1] += 1
+        return f
+    return pick
 
 
 def _loop_function(ex, plan):
@@ -75,7 +111,8 @@ def compiled_while(ex, n: Node, ins, outs, stepwise, cond_run, caps_of):
     fn = _loop_function(ex, plan)
     if fn is None:
         return None
-    _, roles, _ = plan
+    region, roles, _ = plan
+    pick = _specialized_loop(ex, region, roles, fn)
     a = n.attrs
     nv, has_t = a.num_vars, a.has_max_tensor
     n_ys = len(outs) - nv
@@ -97,7 +134,8 @@ def compiled_while(ex, n: Node, ins, outs, stepwise, cond_run, caps_of):
         try:
             while go and (limit is None or it < limit):
                 cap = _while_capacity(it, limit, row_bytes)
-                res = fn(*[vars_[k] if r == "state" else consts[k] for r, k in roles], ShapeTuple([cap]))
+                args = [vars_[k] if r == "state" else consts[k] for r, k in roles]
+                res = (fn if pick is None else pick(args))(*args, ShapeTuple([cap]))
                 calls[0] += 1
                 count, go = (int(x) for x in to_numpy(_item(res, n_ys + nv)))
                 chunks.append(([_item(res, k) for k in range(n_ys)], count))

@@ -211,3 +211,40 @@ def test_the_cli_tunes_and_compiles_with_the_log(log, tmp_path):
     run = subprocess.run([sys.executable, "-m", "dyntvm", "tune", f"{src}:affine", "--input", "x:N,64",
                           "--hint", "M=16", "-o", str(tmp_path / "t")], capture_output=True, text=True, timeout=600)
     assert run.returncode == 1 and "not a symbolic dim" in run.stderr
+
+
+def test_a_loop_body_specialization_gets_a_compiled_loop_of_its_own(tmp_path):
+    """A log specializing a foreach body (here written by hand, no tuning: the dispatch alone): the body's
+    specialization is compiled as a loop of its own, and the loop call picks it by the sizes."""
+    from dyntvm.codegen.build import concrete_target
+    from dyntvm.pipeline import partition_graph, trace
+    from dyntvm.runtime.artifact import kernel_binding
+    U = np.random.default_rng(2).standard_normal((64, 64)).astype(np.float32) / 8
+
+    def rnn(xs, h):
+        def step(x, st):
+            h = F.tanh(x + F.matmul(st[0], U))
+            return h, [h]
+        return F.foreach(step, xs, [h])
+    specs = (dt.TensorSpec(("T", "B", 64)), dt.TensorSpec(("B", 64)))
+    pg = partition_graph(trace(rnn, *specs))
+    (loop,) = [n for n in pg.nodes if n.op == "foreach"]
+    (body,) = [n.attrs.name for n in loop.subgraphs[0].nodes if n.op == "region"]
+    path = tmp_path / "log"
+    path.mkdir()
+    (path / "database_workload.json").write_text("")
+    (path / "database_tuning_record.json").write_text("")
+    tuning.write_manifest(str(path), {
+        "format": tuning.FORMAT, "model": "rnn", "model_hash": kernel_binding(pg),
+        **tuning.target_identity(concrete_target("cpu")), "hints": {"B": [2]},
+        "specialized": {body: [[{"B": 2}, body + "__at_B2"]]}, "kernels": []})
+    model = dt.compile(rnn, *specs, tuning_log=str(path), use_cache=False)
+    assert model.info["tuning"]["specialized"] == {body: [[{"B": 2}, body + "__at_B2"]]}
+    model.vm[body + "__at_B2__loop"]                                   # its own compiled loop
+    for T, B in ((5, 2), (5, 3), (0, 2), (1, 2)):
+        rng = np.random.default_rng(T * 10 + B)
+        xs, h = rng.standard_normal((T, B, 64)).astype(np.float32), rng.standard_normal((B, 64)).astype(np.float32)
+        before, spec = model.kernel_calls, model.specialized_calls
+        assert_same(model(xs, h), rnn(xs, h), rtol=1e-5, atol=1e-5)
+        assert model.kernel_calls - before == 1
+        assert model.specialized_calls - spec == (B == 2)
