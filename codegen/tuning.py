@@ -278,6 +278,17 @@ class TuningLog:
         return self._tuned[key]
 
 
+def _valid_specialized(table) -> bool:
+    """Whether a manifest's ``specialized`` is ``{region: [[{symbol: size >= 0}, function name], ...]}``."""
+    def size(v):
+        return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2 ** 62
+    return isinstance(table, dict) and all(
+        isinstance(r, str) and isinstance(specs, list) and all(
+            isinstance(e, list) and len(e) == 2 and isinstance(e[0], dict) and e[0] and isinstance(e[1], str)
+            and all(isinstance(k, str) and size(v) for k, v in e[0].items()) for e in specs)
+        for r, specs in table.items())
+
+
 def load_log(path: str, model_hash: str | None, target) -> TuningLog | None:
     """Read the log in `path` for a model (`model_hash`; None: any) and `target`; None, with a TuningWarning
     naming the reason, when it cannot be applied."""
@@ -294,6 +305,10 @@ def load_log(path: str, model_hash: str | None, target) -> TuningLog | None:
         if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or \
                 not isinstance(manifest.get("kernels"), list) or not isinstance(manifest.get("hints"), dict):
             raise ValueError("not a dyntvm tuning manifest")
+        if not _valid_specialized(manifest.get("specialized", {})):
+            raise ValueError("its 'specialized' is not {region: [[{symbol: size}, function name], ...]}")
+        if not all(isinstance(k, dict) and isinstance(k.get("workload"), str) for k in manifest["kernels"]):
+            raise ValueError("its 'kernels' are not entries with a 'workload'")
     except (OSError, ValueError) as e:
         return refuse(f"{MANIFEST} is missing or corrupt ({type(e).__name__}: {e})")
     ident = target_identity(target)

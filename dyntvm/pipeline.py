@@ -139,6 +139,8 @@ def _tuning_for(pg: Graph, name: str, binding: str, target: str, kind: str, tuni
             warnings.simplefilter("ignore")
             log = load_log(path, binding, tvm_target)
     else:
+        if not isinstance(tuning_log, (str, os.PathLike)):
+            raise CompileError(f"compile: tuning_log must be a folder path, got {type(tuning_log).__name__}")
         log = load_log(os.fspath(tuning_log), binding, tvm_target)
     if log is None:
         return None
@@ -201,6 +203,8 @@ def tune(fn_or_graph, *specs, target: str = "cpu", trials: int = 64, shape_hints
         try:
             with open(mpath) as f:
                 old = json.load(f)
+            if not isinstance(old, dict):
+                raise ValueError(f"a JSON {type(old).__name__}, not a dyntvm tuning manifest")
         except (OSError, ValueError) as e:
             raise CompileError(f"tune: {mpath} exists but is not readable ({type(e).__name__}: {e}); remove it or "
                                "pick another log_dir") from None
@@ -211,8 +215,11 @@ def tune(fn_or_graph, *specs, target: str = "cpu", trials: int = 64, shape_hints
                                f"({old.get('model')!r}, {old.get('target_key')}, hints {old.get('hints')}); pick "
                                "another log_dir")
         manifest["kernels"] = [k for k in old.get("kernels", []) if isinstance(k, dict) and "workload" in k]
-    os.makedirs(log_dir, exist_ok=True)
-    write_manifest(log_dir, manifest)
+    try:
+        os.makedirs(log_dir, exist_ok=True)
+        write_manifest(log_dir, manifest)
+    except OSError as e:
+        raise CompileError(f"tune: cannot write the log folder {log_dir} ({type(e).__name__}: {e})") from None
     from tqdm.auto import tqdm
     with tqdm(total=len(kernels), desc=f"tuning {graph.name}", unit="kernel", disable=not progress) as bar:
         try:

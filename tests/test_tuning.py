@@ -145,6 +145,37 @@ def test_bad_logs_fall_back_with_a_warning(log, tmp_path):
     assert "no such folder" in compiled_with(str(tmp_path / "missing"))
 
 
+@pytest.mark.parametrize("specialized", [[1, 2], None, {"affine_r0": "abc"}, {"affine_r0": [[{"N": 16}, "a", "b"]]},
+                                         {"affine_r0": [[{"N": "16"}, "a"]]}, {"affine_r0": [[{}, "a"]]}])
+def test_a_malformed_specialized_section_falls_back_with_a_warning(log, tmp_path, specialized):
+    """Hand-edited manifests: a `specialized` of the wrong shape is a corrupt log (it raised a raw
+    AttributeError / ValueError from `dt.compile`, also for a shipped log)."""
+    path = str(tmp_path / "edited")
+    shutil.copytree(log, path)
+    m = _manifest(path)
+    m["specialized"] = specialized
+    tuning.write_manifest(path, m)
+    with pytest.warns(tuning.TuningWarning, match="corrupt"):
+        model = dt.compile(affine, SPEC, tuning_log=path, use_cache=False)
+    assert "tuning" not in model.info
+    x = np.ones((16, 64), np.float32)
+    assert_same(model(x), affine(x), rtol=1e-5, atol=1e-5)
+
+
+def test_tune_into_a_file_or_a_foreign_manifest_is_a_compile_error(tmp_path):
+    """Raised before any tuning: a log_dir that is a file, and a manifest.json that is JSON but no object."""
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    with pytest.raises(dt.CompileError, match="cannot write the log folder"):
+        dt.tune(affine, SPEC, trials=1, shape_hints={"N": [4]}, log_dir=str(afile), progress=False)
+    (tmp_path / "lst").mkdir()
+    (tmp_path / "lst" / "manifest.json").write_text("[]")
+    with pytest.raises(dt.CompileError, match="not readable"):
+        dt.tune(affine, SPEC, trials=1, shape_hints={"N": [4]}, log_dir=str(tmp_path / "lst"), progress=False)
+    with pytest.raises(dt.CompileError, match="folder path"):
+        dt.compile(affine, SPEC, tuning_log=5, use_cache=False)
+
+
 def test_a_build_that_fails_with_the_log_is_redone_without_it(log, monkeypatch):
     from dyntvm.codegen import build as build_mod
     real = build_mod.build_executable
