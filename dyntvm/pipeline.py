@@ -155,7 +155,7 @@ def tune(fn_or_graph, *specs, target: str = "cpu", trials: int = 64, shape_hints
     Every region whose symbolic dims all have hints is specialized to each combination of hinted sizes;
     each resulting static kernel is tuned (`trials` candidates), timed against our default schedule, and
     the faster one recorded (`codegen/tuning.py`). Running again with the same folder resumes: finished
-    kernels are not tuned again. Ctrl-C keeps what was tuned.
+    kernels are not tuned again. Ctrl-C keeps what was tuned (the KeyboardInterrupt goes on).
 
     Args:
         fn_or_graph, *specs, selector: as for `compile`.
@@ -227,6 +227,7 @@ def tune(fn_or_graph, *specs, target: str = "cpu", trials: int = 64, shape_hints
                 tune_kernels(kernels, tvm_target, log_dir, manifest, trials, progress=bar)
         except KeyboardInterrupt:
             bar.write(f"dyntvm tune: interrupted; what was tuned is kept in {log_dir} (run again to resume)")
+            raise
     return log_dir
 
 
