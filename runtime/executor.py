@@ -27,7 +27,7 @@ from . import control_flow as cf
 from .control_flow import bind_symbols
 from .interpreter import Interpreter, last_uses
 from .kernels import KERNELS
-from .loop_calls import compiled_foreach, compiled_while
+from .loop_calls import compiled_foreach, compiled_while, pick_by_sizes
 from .node_errors import node_failure, note_within
 from .tensors import aligned_empty, aligned_rows, first_truth, host_array, to_numpy, to_tvm
 
@@ -204,28 +204,7 @@ class Executor:
         specs = self.specialized.get(n.attrs.name)
         if not specs:
             return None
-        syms = list(specs[0][0])
-        where = {}
-        for i, v in enumerate(n.subgraphs[0].inputs):
-            for ax, d in enumerate(v.type.shape):
-                if isinstance(d, str) and d in syms:
-                    where.setdefault(d, (i, ax))
-        if len(where) != len(syms):
-            return None
-        locs = [where[s] for s in syms]
-        try:
-            table = {tuple(int(combo[s]) for s in syms): self.vm[name] for combo, name in specs}
-        except Exception:  # noqa: BLE001 - a library without them (should not happen): the generic function
-            return None
-        hits = self.calls
-
-        def pick(args):
-            f = table.get(tuple(args[i].shape[ax] for i, ax in locs))
-            if f is None:
-                return fn
-            hits[1] += 1
-            return f
-        return pick
+        return pick_by_sizes(specs, n.subgraphs[0].inputs, lambda name: self.vm[name], fn, self.calls)
 
     def _device_region(self, n: Node, fn, sub, ins, outs):
         """A region on a device: inputs moved there once (kept in their slots), outputs left there."""

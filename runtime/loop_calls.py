@@ -45,10 +45,7 @@ def compiled_foreach(ex, n: Node, ins, outs, stepwise):
         try:
             res = (fn if pick is None else pick(args))(*args)
         except Exception as e:  # noqa: BLE001 - TVM raises many kinds: the step-by-step run names it
-            stepwise(slots)     # raises the step-by-step error; if the steps run, their result stands
-            warnings.warn(f"dyntvm: the compiled loop of foreach node {n.name!r} failed "
-                          f"({type(e).__name__}: {str(e).strip()[:200]}) where its steps run; the result "
-                          "comes from the step-by-step run", RuntimeWarning, stacklevel=2)
+            _step_by_step(stepwise, slots, n, e)
             return
         calls[0] += 1
         for k, o in enumerate(outs):
@@ -63,24 +60,32 @@ def _specialized_loop(ex, region, roles, fn):
     specs = ex.specialized.get(region.attrs.name)
     if not specs:
         return None
+    return pick_by_sizes(specs, region.subgraphs[0].inputs, lambda name: ex.vm[compiled_loop_name(name)], fn,
+                         ex.calls, axis_shift=[role == "data" for role, _ in roles])
+
+
+def pick_by_sizes(specs: list, inputs: list, lookup, fn, hits: list, axis_shift=None):
+    """``pick(args) -> function`` over a region's specializations ``[(sizes of its symbols, name)]``: the
+    function ``lookup(name)`` for the sizes the args have (each symbol read at its first place in the types
+    of `inputs`, one axis further where `axis_shift` says so), else `fn`; a pick counts in ``hits[1]``. None
+    when a symbol is not found in the inputs or no specialization has a function."""
     syms = list(specs[0][0])
     where = {}
-    for i, (v, (role, _)) in enumerate(zip(region.subgraphs[0].inputs, roles)):
+    for i, v in enumerate(inputs):
         for ax, d in enumerate(v.type.shape):
             if isinstance(d, str) and d in syms:
-                where.setdefault(d, (i, ax + (role == "data")))
+                where.setdefault(d, (i, ax + bool(axis_shift and axis_shift[i])))
     if len(where) != len(syms):
         return None
     locs = [where[s] for s in syms]
     table = {}
     for combo, name in specs:
         try:
-            table[tuple(int(combo[s]) for s in syms)] = ex.vm[compiled_loop_name(name)]
-        except Exception:  # noqa: BLE001 - codegen declined that specialization's loop: the generic one runs
+            table[tuple(int(combo[s]) for s in syms)] = lookup(name)
+        except Exception:  # noqa: BLE001 - not in the library (a declined loop): the generic function runs
             pass
     if not table:
         return None
-    hits = ex.calls
 
     def pick(args):
         f = table.get(tuple(args[i].shape[ax] for i, ax in locs))
@@ -89,6 +94,15 @@ def _specialized_loop(ex, region, roles, fn):
         hits[1] += 1
         return f
     return pick
+
+
+def _step_by_step(stepwise, slots, n: Node, cause: Exception) -> None:
+    """A compiled loop failed: `stepwise` runs the loop again, raising the error a step-by-step run raises
+    (the iteration, the op and its line); should the steps succeed, their result stands, with a warning."""
+    stepwise(slots)
+    warnings.warn(f"dyntvm: the compiled loop of {n.op} node {n.name!r} failed ({type(cause).__name__}: "
+                  f"{str(cause).strip()[:200]}) where its steps run; the result comes from the step-by-step run",
+                  RuntimeWarning, stacklevel=3)
 
 
 def _loop_function(ex, plan):
@@ -142,10 +156,7 @@ def compiled_while(ex, n: Node, ins, outs, stepwise, cond_run, caps_of):
                 vars_ = [_item(res, n_ys + k) for k in range(nv)]
                 it += count
         except Exception as e:  # noqa: BLE001 - TVM raises many kinds: the step-by-step run names it
-            stepwise(slots)     # raises the step-by-step error; if the steps run, their result stands
-            warnings.warn(f"dyntvm: the compiled loop of while_loop node {n.name!r} failed "
-                          f"({type(e).__name__}: {str(e).strip()[:200]}) where its steps run; the result "
-                          "comes from the step-by-step run", RuntimeWarning, stacklevel=2)
+            _step_by_step(stepwise, slots, n, e)
             return
         if len(chunks) == 1:
             ys, count = chunks[0]
