@@ -305,7 +305,10 @@ def build_loop(mod: tvm.IRModule, region: str, roles: tuple, outs: tuple, n_ys: 
         lines_params.append(f"h_y{k}: T.handle")
         dims = ", ".join(["n"] + [_expr(d, names) for d in shape])
         lines_match.append(f"y{k} = T.match_buffer(h_y{k}, ({dims},), \"{dtype}\")")
-        if c not in ("prev", "row") and _is_aligned(shape, dtype) and (c, j) not in state_key:
+        # a state stacked as computed lives in its rows (read back at the next step: no copy), unless it is
+        # also stacked as it came in (that per-step output reads the two-row buffer)
+        if c not in ("prev", "row") and _is_aligned(shape, dtype) and \
+                ((c, j) not in state_key or ("prev", state_key[(c, j)]) not in ys_of.values()):
             loc_out[(c, j)] = _Loc(f"y{k}", shape, dtype, row=True)
         else:                                         # written elsewhere, copied into its row
             copy_out.append((f"y{k}", (c, j), shape))
@@ -323,14 +326,19 @@ def build_loop(mod: tvm.IRModule, region: str, roles: tuple, outs: tuple, n_ys: 
         out_types.append(([2], "int64"))
 
     # ---- buffers allocated once (by the VM, as extra outputs of the call: TIR allocations inside the loop
-    # function were seen to crash the kernels at small sizes): intermediates, and per state two rows, padded
-    # to 64 bytes, in one flat buffer: step t writes row t % 2 and reads the previous value in row (t + 1) % 2
-    # (row 1 starts as the initial state), so no step copies a state and every step has the same code
+    # function were seen to crash the kernels at small sizes): intermediates, and per state not kept in its
+    # stacked rows two rows, padded to 64 bytes, in one flat buffer: step t writes row t % 2 and reads the
+    # previous value in row (t + 1) % 2 (row 1 starts as the initial state), so no step copies a state. A
+    # call reading a state kept in its stacked rows reads row t - 1, and at step 0 the initial state (the
+    # only calls whose text differs at step 0)
     loc_tmp, loc_state = {}, {}                       # (call, j) -> _Loc; state s -> _Double
+    in_rows = {}                                      # state s -> the _Loc of the stacked rows it lives in
     for c, (_, _, otypes, _) in enumerate(calls):
         for j, (shape, dtype) in enumerate(otypes):
             key = (c, j)
             if key in loc_out:
+                if key in state_key:
+                    in_rows[state_key[key]] = loc_out[key]
                 continue
             if key in state_key:
                 st = _Double(f"s{state_key[key]}", shape, dtype, names)
@@ -353,7 +361,8 @@ def build_loop(mod: tvm.IRModule, region: str, roles: tuple, outs: tuple, n_ys: 
             return loc_tmp[key], None
         return loc_state[state_key[key]], "t"
 
-    def arg_of(value):
+    def arg_of(value, first=False):
+        """The argument for a body value at step t (`first`: at step 0, where it may differ)."""
         if value[0] == "scalar":
             return _expr(value[1], names)
         if value[0] == "const":
@@ -362,6 +371,8 @@ def build_loop(mod: tvm.IRModule, region: str, roles: tuple, outs: tuple, n_ys: 
         if value[0] == "param":
             i = value[1]
             role, k = roles[i]
+            if role == "state" and k in in_rows:      # the previous row; the initial state at step 0
+                return loc_param[i].arg(None, names) if first else in_rows[k].arg("(t - T.int64(1))", names)
             if role == "state":                       # the previous step's value
                 return loc_state[k].arg("(t + T.int64(1))", names)
             return loc_param[i].arg("t", names)       # a data row (or its copy), a capture
@@ -372,9 +383,15 @@ def build_loop(mod: tvm.IRModule, region: str, roles: tuple, outs: tuple, n_ys: 
     for name, i, shape in copy_in:
         step += _grid_copy(name, None, f"p{i}", "t", shape, names)
     for c, (kernel, args, otypes, scalars) in enumerate(calls):
-        items = [arg_of(a) for a in args] + [arg_of(("call", c, j)) for j in range(len(otypes))]
-        items += [_expr(x, names) for x in scalars]
-        step.append(f"T.evaluate(T.call_cpacked(\"{_alias(region, kernel)}\", {', '.join(items)}))")
+        text = []
+        for first in (False, True):
+            items = [arg_of(a, first) for a in args] + [arg_of(("call", c, j)) for j in range(len(otypes))]
+            items += [_expr(x, names) for x in scalars]
+            text.append(f"T.evaluate(T.call_cpacked(\"{_alias(region, kernel)}\", {', '.join(items)}))")
+        if text[0] == text[1]:
+            step.append(text[0])
+        else:                                         # reads a state kept in its stacked rows
+            step += ["if t == T.int64(0):", "    " + text[1], "else:", "    " + text[0]]
     for name, key, shape in copy_out:
         loc, row = written(key)
         step += _grid_copy(name, "t", loc, row, shape, names)
@@ -384,7 +401,7 @@ def build_loop(mod: tvm.IRModule, region: str, roles: tuple, outs: tuple, n_ys: 
 
     # ---- the function text: initial states into their row 1, the steps, the final states out of their rows
     body = []
-    for s in range(n_states):
+    for s in loc_state:
         shape = ptypes[state_param[s]][0]
         body += _grid_copy(loc_state[s], "T.int64(1)", f"p{state_param[s]}", None, shape, names)
     if is_while:
@@ -398,7 +415,14 @@ def build_loop(mod: tvm.IRModule, region: str, roles: tuple, outs: tuple, n_ys: 
     body += ["    " + ln for ln in step]
     for s in range(n_states):
         shape = ptypes[state_param[s]][0]
-        body += _grid_copy(f"f{s}", None, loc_state[s], f"({count} + T.int64(1))", shape, names)
+        if s in in_rows:
+            body.append(f"if {count} == T.int64(0):")
+            body += ["    " + ln for ln in _grid_copy(f"f{s}", None, f"p{state_param[s]}", None, shape, names)]
+            body.append("else:")
+            body += ["    " + ln for ln in _grid_copy(f"f{s}", None, in_rows[s], f"({count} - T.int64(1))", shape,
+                                                        names)]
+        else:
+            body += _grid_copy(f"f{s}", None, loc_state[s], f"({count} + T.int64(1))", shape, names)
     for nm, shape, dtype in scratch:
         lines_params.append(f"h_{nm}: T.handle")
         dims = ", ".join(_expr(d, names) for d in shape)
