@@ -411,3 +411,20 @@ def test_a_compiled_loop_never_breaks_a_build(monkeypatch):
         model = dt.compile(fn, *specs, use_cache=False)
     assert not _has_loop(model)
     assert_same(model(xs, s0), fn(xs, s0))
+
+
+def test_a_stacked_state_lives_in_its_rows_across_while_loop_chunks(cache_dir_module):
+    """A state stacked as computed (16 floats: aligned rows) is kept in its stacked rows, read back from row
+    t - 1 (the initial state at step 0), also when a long loop continues in a new chunk from the final state."""
+    def walk(s, n):
+        def body(i, h):
+            h = F.tanh(h * 0.9 + 0.1)
+            return (h,), [i + 1, h]
+        return F.while_loop(lambda i, h: i < n, body, [F.zeros((), "int64"), s])
+    model = dt.compile(walk, dt.TensorSpec((16,)), dt.TensorSpec((), "int64"), cache_dir=cache_dir_module)
+    assert _has_loop(model)
+    s = np.linspace(-2, 2, 16, dtype=np.float32)
+    for n in (0, 1, 2, 3, 255, 256, 257, 700):
+        got = model(s, np.int64(n))
+        assert_same(got, walk(s, np.int64(n)), rtol=1e-5, atol=1e-6)
+        assert_same(model(s, np.int64(n), profile=True), got, rtol=1e-6, atol=1e-7)
