@@ -130,13 +130,16 @@ def _hints(items) -> dict:
     from dyntvm.errors import InputError
     hints = {}
     for item in items or []:
-        name, _, sizes = item.partition("=")
+        name, _, sizes = (x.strip() for x in item.partition("="))
         try:
-            hints[name.strip()] = [int(v) for v in sizes.split(",")]
+            values = [int(v) for v in sizes.split(",")]
         except ValueError:
-            raise InputError(f"--hint {item!r}: expected SYMBOL=SIZE[,SIZE...], e.g. T=16,64") from None
-        if not name.strip() or not sizes:
+            values = None
+        if not name or not values:
             raise InputError(f"--hint {item!r}: expected SYMBOL=SIZE[,SIZE...], e.g. T=16,64")
+        if name in hints:
+            raise InputError(f"--hint {name} is given twice: give all its sizes once, e.g. {name}=16,64")
+        hints[name] = values
     return hints
 
 

@@ -241,7 +241,7 @@ def _check_hints(hints, symbols: list) -> dict:
         if k not in symbols:
             raise CompileError(f"tune: shape_hints names {k!r}, which is not a symbolic dim of the model's inputs "
                                f"(those are: {', '.join(symbols) or 'none'})")
-        vals = [v] if isinstance(v, int) else v
+        vals = [v] if isinstance(v, (int, np.integer)) else v
         if not isinstance(vals, (list, tuple)) or not vals or not all(
                 isinstance(x, (int, np.integer)) and not isinstance(x, bool) and x >= 1 for x in vals):
             raise CompileError(f"tune: shape_hints[{k!r}] must be sizes >= 1 (an int or a list of ints), got {v!r}")

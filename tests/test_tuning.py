@@ -206,6 +206,15 @@ def test_a_second_tune_resumes_instead_of_starting_over(log, monkeypatch):
         dt.tune(other, SPEC, trials=8, shape_hints={"N": [16]}, log_dir=log, progress=False)
 
 
+def test_the_cli_reads_hints_strictly():
+    from dyntvm.cli import _hints
+    assert _hints(["T=16,64", "B=1"]) == {"T": [16, 64], "B": [1]}
+    for bad, match in ((["T=16", "T=64"], "given twice"), (["T="], "expected SYMBOL"), (["=4"], "expected SYMBOL"),
+                       (["T=a"], "expected SYMBOL"), (["T=4,,8"], "expected SYMBOL")):
+        with pytest.raises(dt.InputError, match=match):
+            _hints(bad)
+
+
 def test_tune_checks_its_arguments(tmp_path):
     for kwargs, match in (({"shape_hints": {"M": [4]}}, "not a symbolic dim"),
                           ({"shape_hints": {"N": [0]}}, "sizes >= 1"),
