@@ -241,7 +241,7 @@ def tuning_tasks(graph: Graph, hints: dict, tvm_target) -> tuple[dict, dict, dic
     """``(specializations, kernels, failed)`` of a partitioned `graph` for tuning (`tuning.tune`): the regions'
     specializations at the hinted sizes (`tuning.specialized_regions`), the static kernels of those and of
     the regions without symbolic dims, fused exactly as a build fuses them, and ``{specialization: why}``
-    for those that do not build (each is tried on its own next to the generic regions)."""
+    for those that do not build (each is built on its own)."""
     import tvm
     from tvm import relax
 
@@ -251,11 +251,11 @@ def tuning_tasks(graph: Graph, hints: dict, tvm_target) -> tuple[dict, dict, dic
     regions = collect_regions(graph) + mask_gathers(graph)
     table = plan_specializations(regions, hints)
 
-    def fused(extra):
-        m = build_module(regions + extra)
+    def fused(regs):
+        m = build_module(regs)
         with tvm_target:
             return m, tvm.transform.Sequential(fuse_passes(tvm_target))(m)
-    mod, whole = fused([])
+    mod, whole = fused(regions)
     static = {gv.name_hint for gv, f in mod.functions_items()      # regions of static shapes: tuned as they are
               if isinstance(f, relax.Function) and not region_symbols(f)}
     kernels = static_kernels(whole, static) if static else {}
@@ -263,6 +263,7 @@ def tuning_tasks(graph: Graph, hints: dict, tvm_target) -> tuple[dict, dict, dic
     for region, specs in table.items():
         for combo, name in specs:
             try:
+                # alone: fusion works per function, so its kernels are those of the full build
                 _, one = fused(specialized_regions(regions, {region: [(combo, name)]}))
             except Exception as e:  # noqa: BLE001 - a TVM pass failing on the bound sizes: skip that one
                 failed[name] = f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:200]}"

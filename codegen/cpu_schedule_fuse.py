@@ -298,20 +298,6 @@ def _apply(mod, cands) -> tuple[tvm.IRModule, list]:
     return mod, made
 
 
-def _fusable(mod, cands) -> list:
-    """The candidates, in order (functions of a tuning log's specializations, ``__at_``, last), merged while
-    FuseTIR still accepts the module: with a specialization in the module FuseTIR failed ("Inconsistent
-    buffers ... mapped to the same relax var"), and the merges of the other functions are worth keeping."""
-    ok = []
-    for c in sorted(cands, key=lambda c: "__at_" in c[0].name_hint):
-        try:
-            relax.transform.FuseTIR()(_apply(mod, ok + [c])[0])
-            ok.append(c)
-        except Exception:  # noqa: BLE001
-            _LOG.debug("merge_contractions: merging in %s breaks FuseTIR; left unmerged", c[0].name_hint)
-    return ok
-
-
 def merge_contractions(target) -> tvm.transform.Pass:
     """Module pass (between FuseOps and FuseTIR): merges contraction groups with their epilogue-feeding
     matmuls and their elementwise / slicing consumers (module doc). A merge whose fused kernel the
@@ -321,14 +307,7 @@ def merge_contractions(target) -> tvm.transform.Pass:
         if not cands:
             return mod
         merged, made = _apply(mod, cands)
-        try:
-            fused = relax.transform.FuseTIR()(merged)
-        except Exception:  # noqa: BLE001 - some merges break FuseTIR: keep those that do not
-            cands = _fusable(mod, cands)
-            if not cands:
-                return mod
-            merged, made = _apply(mod, cands)
-            fused = relax.transform.FuseTIR()(merged)
+        fused = relax.transform.FuseTIR()(merged)
         prims = {gv.name_hint: f for gv, f in fused.functions_items() if isinstance(f, tirx.PrimFunc)}
         bad = {(ci, gi) for name, ci, gi in made
                if name not in prims or not contraction_group_schedulable(prims[name], target)}

@@ -14,6 +14,7 @@ import pytest
 import dyntvm as dt
 from dyntvm import F
 from dyntvm.codegen import tuning
+from dyntvm.codegen.build import concrete_target
 from helpers import assert_same
 
 pytestmark = pytest.mark.slow
@@ -48,7 +49,7 @@ def _manifest(path) -> dict:
 def test_a_tune_writes_a_log(log):
     m = _manifest(log)
     assert m["model"] == "affine" and m["hints"] == {"N": [16]}
-    assert m["target_key"] == tuning.target_key(__import__("dyntvm.codegen.build", fromlist=["x"]).concrete_target("cpu"))
+    assert m["target_key"] == tuning.target_key(concrete_target("cpu"))
     assert m["specialized"] == {"affine_r0": [[{"N": 16}, "affine_r0__at_N16"]]}
     (k,) = m["kernels"]
     assert k["status"] == "done" and k["default_us"] > 0 and k["tuned_us"] > 0
@@ -102,7 +103,6 @@ def test_the_dispatch_survives_save_and_load(log, tmp_path):
 def test_a_shipped_log_for_the_model_is_picked_up(log, tmp_path, monkeypatch):
     """A log under $DYNTVM_TUNING_LOGS/<model>/<target key>/ (the shipped `tuning_logs/`) applies without
     `tuning_log=`, and says so in the model's summary; another model's compile ignores it silently."""
-    from dyntvm.codegen.build import concrete_target
     shipped = tmp_path / "shipped"
     shutil.copytree(log, shipped / "affine" / tuning.target_key(concrete_target("cpu")))
     shutil.copytree(log, shipped / "other" / tuning.target_key(concrete_target("cpu")))   # not other's log
@@ -256,7 +256,6 @@ def test_the_cli_tunes_and_compiles_with_the_log(log, tmp_path):
 def test_a_loop_body_specialization_gets_a_compiled_loop_of_its_own(tmp_path):
     """A log specializing a foreach body (here written by hand, no tuning: the dispatch alone): the body's
     specialization is compiled as a loop of its own, and the loop call picks it by the sizes."""
-    from dyntvm.codegen.build import concrete_target
     from dyntvm.pipeline import partition_graph, trace
     from dyntvm.runtime.artifact import kernel_binding
     U = np.random.default_rng(2).standard_normal((64, 64)).astype(np.float32) / 8
