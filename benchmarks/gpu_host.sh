@@ -10,7 +10,9 @@
 #   .gpu/tvm-py.tar.xz           site-packages/tvm without 3rdparty/, src/, web/, include/ and
 #                                lib/libtvm_compiler.so (2.7 MB)
 #   .gpu/libtvm_compiler.so.xz   xz --x86 --lzma2=preset=9e,dict=256MiB of the compiler library (58 MB: the
-#                                whole carry fits in 64 MiB)
+#                                whole carry fits in 64 MiB with tuning_logs/ moved aside for that one call)
+#   .whl2/         xgboost-cpu (MetaSchedule's cost model; stages tunetests, tune): it does not fit in the same
+#                  call as .gpu, so a second call on the still-warm machine carries it (installed into /tmp/site2)
 # then dyntvm itself (`pip install --target`), and runs the stages named on the command line:
 #   cudatests  tests/test_cuda.py, test_artifact.py, test_deploy.py (from a copy of the tests: a `python -c`
 #              child started in the repository root would import the source folder dyntvm/ instead)
@@ -34,6 +36,11 @@ rm -rf $S/dyntvm $S/dyntvm-*.dist-info
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target $S . >/dev/null 2>&1 || \
   python3 -m pip install --no-index --no-deps --no-build-isolation --no-compile --target $S . || exit 1
 export PYTHONPATH=$S
+if ls .whl2/*.whl >/dev/null 2>&1 && [ ! -f /tmp/site2/.ready ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site2 .whl2/*.whl && \
+    touch /tmp/site2/.ready || exit 1
+fi
+[ -d /tmp/site2 ] && export PYTHONPATH=$S:/tmp/site2
 CUDART=$(find /usr/local /opt /usr/lib -name 'libcudart.so.13*' 2>/dev/null | head -1)
 [ -n "$CUDART" ] && export LD_LIBRARY_PATH=$(dirname $CUDART)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PATH=/usr/local/cuda/bin:$PATH
@@ -49,6 +56,16 @@ for stage in "$@"; do
       rm -rf /tmp/w && mkdir -p /tmp/w && cp -r tests benchmarks examples pyproject.toml README.md /tmp/w/ && cd /tmp/w && \
       timeout ${TEST_LIMIT:-300} python3 -P -m pytest -p no:cacheprovider -p no:benchmark -q -n 8 tests/test_cuda.py tests/test_artifact.py tests/test_deploy.py \
         --junitxml=$OUT/junit_cuda.xml 2>&1 | tee $OUT/cudatests.log | tail -60; cd - >/dev/null ;;
+    tunetests)
+      rm -rf /tmp/w && mkdir -p /tmp/w && cp -r tests benchmarks examples pyproject.toml README.md /tmp/w/ && cd /tmp/w && \
+      timeout ${TEST_LIMIT:-300} python3 -P -m pytest -p no:cacheprovider -p no:benchmark -q tests/test_tuning_cuda.py \
+        2>&1 | tee $OUT/tunetests.log | tail -30; cd - >/dev/null ;;
+    tune)
+      # CUDA logs of the examples (resumable), then each example with / without its log; logs come back in $OUT
+      mkdir -p /tmp/tw/tuning_logs && cp -r benchmarks examples pyproject.toml /tmp/tw/ && cd /tmp/tw && \
+      timeout ${TUNE_LIMIT:-400} python3 -P benchmarks/tune_examples.py --target cuda --trials ${TRIALS:-32} \
+        --only ${ONLY:-transformer,lstm,detection} ${TUNE_ARGS} 2>&1 | tee -a $OUT/tune.log | grep -v "^\s*$" | tail -60
+      tar czf $OUT/cuda_logs.tgz $(ls -d tuning_logs/*/cuda-*/manifest.json tuning_logs/*/cuda-*/database_*.json); cd - >/dev/null ;;
     diag)
       python3 -P benchmarks/gpu_diag.py ${DIAG:-empties kernel_source profiles} 2>&1 | tee $OUT/diag.log | tail -120 ;;
     alltests)

@@ -1,7 +1,8 @@
-"""Tune the bundled examples for this CPU into the shipped `tuning_logs/` (what `tuning_logs/README.md` lists),
-then time each example with its log against the default kernels.
+"""Tune the bundled examples for this CPU (or the local GPU) into the shipped `tuning_logs/` (what
+`tuning_logs/README.md` lists), then time each example with its log against the default kernels.
 
-    .venv/bin/python benchmarks/tune_examples.py [--trials 32] [--only lstm,decoder] [--measure-only]
+    .venv/bin/python benchmarks/tune_examples.py [--target cpu|cuda] [--trials 32] [--only lstm,decoder]
+                                                 [--measure-only]
 
 Each example's hints are its benchmark sizes (`HINTS`). Tuning resumes: a kernel already in a log is not
 tuned again. The timing compiles every example twice in this process (no compile cache), with and without its
@@ -43,6 +44,7 @@ def main():
     ap.add_argument("--only", default=",".join(HINTS))
     ap.add_argument("--measure-only", action="store_true")
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--target", default="cpu", help="cpu, or cuda (tunes on the local GPU; defaults: dlight's)")
     args = ap.parse_args()
     import dyntvm as dt
     from dyntvm import examples
@@ -51,7 +53,7 @@ def main():
     from dyntvm.ir.tree import tree_flatten
     logs = os.path.join(ROOT, "tuning_logs")
     os.environ["DYNTVM_TUNING_LOGS"] = logs
-    key = target_key(concrete_target("cpu"))
+    key = target_key(concrete_target(args.target))
     rows = []
     for name in args.only.split(","):
         ex = examples.get(name)
@@ -59,11 +61,18 @@ def main():
         log = os.path.join(logs, ex.fn.__name__, key)
         if not args.measure_only:
             t0 = time.perf_counter()
-            dt.tune(ex.fn, *ex.specs, trials=args.trials, shape_hints=hints, log_dir=log)
+            dt.tune(ex.fn, *ex.specs, target=args.target, trials=args.trials, shape_hints=hints, log_dir=log)
             print(f"{name}: tuned in {time.perf_counter() - t0:.0f} s", flush=True)
         with open(os.path.join(log, "manifest.json")) as f:
             manifest = json.load(f)
         tune_s = sum(k.get("seconds", 0) for k in manifest["kernels"])
+        for k in manifest["kernels"]:
+            print(f"  {k.get('name', '?'):<44} default {k.get('default_us', '-'):>9} us  tuned "
+                  f"{k.get('tuned_us', '-'):>9} us  {k.get('use', k.get('status'))}")
+        ratios = [k["default_us"] / k["tuned_us"] for k in manifest["kernels"] if k.get("tuned_us")]
+        if ratios:
+            print(f"  {name}: tuned / default speedup per kernel: geomean {np.exp(np.mean(np.log(ratios))):.2f}, "
+                  f"best {max(ratios):.2f}, worst {min(ratios):.2f} ({len(ratios)} kernels)", flush=True)
         won = sum(k.get("use") == "tuned" for k in manifest["kernels"])
         if not manifest["kernels"]:
             print(f"{name}: nothing tuned (specializations that do not build: {manifest.get('not_specialized')}); "
@@ -71,10 +80,10 @@ def main():
             import shutil
             shutil.rmtree(log)
             continue
-        tuned = dt.compile(ex.fn, *ex.specs, use_cache=False)
+        tuned = dt.compile(ex.fn, *ex.specs, target=args.target, use_cache=False)
         assert "tuning" in tuned.info, f"{name}: the shipped log was not picked up"
         os.environ["DYNTVM_TUNING_LOGS"] = os.path.join(ROOT, "no-such-folder")
-        default = dt.compile(ex.fn, *ex.specs, use_cache=False)
+        default = dt.compile(ex.fn, *ex.specs, target=args.target, use_cache=False)
         os.environ["DYNTVM_TUNING_LOGS"] = logs
         for sz in sizes:
             inputs = ex.make_inputs(np.random.default_rng(0), **sz)

@@ -23,6 +23,7 @@ class Stats:
     """Counters tests may assert on (e.g. one TVM build per model)."""
     builds = 0          # TVM builds actually run
     cache_hits = 0
+    tuned_kernels = 0   # kernels built with a tuning log's schedule (CUDA builds in a child process included)
 
 
 stats = Stats()
@@ -134,7 +135,7 @@ def build_executable(regions: list, target: str, binding: str | None = None, tvm
     function when `binding` is given. `target` is "cpu" or "cuda" (`tvm_target`: the concrete one).
     `loops`: foreach loops to compile end to end (`compiled_loops.loop_specs`; CPU only).
     `tuning`: ``(tuning.TuningLog, specializations)``: the regions' specializations are added and
-    their kernels scheduled with the log's winning traces (CPU only)."""
+    their kernels scheduled with the log's winning traces."""
     from .relax_builder import build_module, unsupported_ops
     check_host_compiler()
     missing = sorted({op for _, g in regions for op in unsupported_ops(g)})
@@ -145,7 +146,12 @@ def build_executable(regions: list, target: str, binding: str | None = None, tvm
         from .tuning import specialized_regions
         log, table = tuning
         regions = regions + specialized_regions(regions, table)
-        tuned = lambda func: log.tuned(func, tvm_target)    # noqa: E731
+
+        def tuned(func):
+            new = log.tuned(func, tvm_target)
+            if new is not None:
+                stats.tuned_kernels += 1
+            return new
     mod = build_module(regions, device_checks=target == "cuda")
     if binding is not None:
         mod = add_binding(mod, binding)
@@ -161,7 +167,7 @@ def build_executable(regions: list, target: str, binding: str | None = None, tvm
                           "the loops run step by step", RuntimeWarning, stacklevel=2)
             return build_cpu(mod, tvm_target, tuned=tuned)
     from .gpu import build_cuda
-    return build_cuda(mod, tvm_target)
+    return build_cuda(mod, tvm_target, tuned)
 
 
 @dataclass
@@ -184,7 +190,7 @@ def build(graph: Graph, target: str = "cpu", cache_dir: str | None = None, use_c
     `binding` (a hex digest of the regions, from the pipeline) is compiled into the library and is
     part of the cache key. A bad cache entry is discarded and rebuilt, and a cache folder that
     cannot be used means an uncached build; both with a `cache.CacheWarning`.
-    `tuning`: ``(tuning.TuningLog, specializations)`` to apply (CPU), see `build_executable`.
+    `tuning`: ``(tuning.TuningLog, specializations)`` to apply, see `build_executable`.
     Returns None when the graph has no region (nothing to compile).
     """
     kind = check_target(target)
@@ -200,8 +206,6 @@ def build(graph: Graph, target: str = "cpu", cache_dir: str | None = None, use_c
     if loops and tuning is not None:        # a specialization of a loop body gets a compiled loop of its own
         loops += [(k, name, roles, outs, n_ys) for k, region, roles, outs, n_ys in list(loops)
                   for _, name in tuning[1].get(region, [])]
-    if tuning is not None and kind != "cpu":
-        tuning = None                   # tuning logs are CPU-only for now (the CUDA flow is not built yet)
     extra = (binding or "") + (f"|loops:{loops!r}" if loops else "") + \
         (f"|tuning:{tuning[0].digest()}:{tuning[1]!r}" if tuning is not None else "")
     key = _cache.cache_key(regions, desc, extra)
@@ -213,9 +217,9 @@ def build(graph: Graph, target: str = "cpu", cache_dir: str | None = None, use_c
             stats.cache_hits += 1
             lib, entry = hit
             return Built(lib, entry.path, True, desc, entry.sha256, entry.size, tuning is not None)
-    if kind == "cuda":
-        return _build_cuda(regions, tvm_target, binding, cdir, key, desc)
     try:
+        if kind == "cuda":
+            return _build_cuda(regions, tvm_target, binding, cdir, key, desc, tuning)
         ex = build_executable(regions, target, binding, tvm_target, loops, tuning)
     except Exception as e:  # noqa: BLE001 - a tuning log is an optimization: never the reason a build fails
         if tuning is None:
@@ -245,14 +249,17 @@ def tuning_tasks(graph: Graph, hints: dict, tvm_target) -> tuple[dict, dict, dic
     import tvm
     from tvm import relax
 
-    from .cpu_schedule import fuse_passes
     from .relax_builder import build_module
-    from .tuning import plan_specializations, region_symbols, specialized_regions, static_kernels
+    from .tuning import is_cuda, plan_specializations, region_symbols, specialized_regions, static_kernels
+    if is_cuda(tvm_target):
+        from .gpu import fuse_passes
+    else:
+        from .cpu_schedule import fuse_passes
     regions = collect_regions(graph) + mask_gathers(graph)
     table = plan_specializations(regions, hints)
 
     def fused(regs):
-        m = build_module(regs)
+        m = build_module(regs, device_checks=is_cuda(tvm_target))
         with tvm_target:
             return m, tvm.transform.Sequential(fuse_passes(tvm_target))(m)
     mod, whole = fused(regions)
@@ -296,28 +303,31 @@ def _gpu_present() -> bool:
     return gpu_present()
 
 
-def _build_cuda(regions, tvm_target, binding, cdir, key, desc) -> Built:
+def _build_cuda(regions, tvm_target, binding, cdir, key, desc, tuning=None) -> Built:
     """CUDA: device code on any machine (see `gpu.py`); the library is loaded only where a GPU is."""
     import os
 
     import tvm
 
     from .gpu import build_cuda_library
-    lib, path = build_cuda_library(regions, tvm_target, binding, build_executable)
-    if path is not None:
-        stats.builds += 1                   # built in a child process (in this one, build_executable counts)
+    lib, path, tuned_kernels = build_cuda_library(regions, tvm_target, binding, build_executable, tuning)
+    if path is not None:                    # built in a child process (in this one, build_executable counts)
+        stats.builds += 1
+        stats.tuned_kernels += tuned_kernels
+    tuned = tuning is not None
     try:
         entry = _store(cdir, key, lib, binding)
         if path is None:                                  # built in this process (a GPU host): runnable
             if entry is not None:
-                return Built(tvm.runtime.load_module(entry.path), entry.path, False, desc, entry.sha256, entry.size)
-            return Built(lib, None, False, desc)
+                return Built(tvm.runtime.load_module(entry.path), entry.path, False, desc, entry.sha256, entry.size,
+                             tuned)
+            return Built(lib, None, False, desc, tuned=tuned)
         if entry is not None:
-            return Built(None, entry.path, False, desc, entry.sha256, entry.size)
+            return Built(None, entry.path, False, desc, entry.sha256, entry.size, tuned)
         keep = os.path.join(_cache.uncached_dir(), f"{key}.so")       # uncached: a private copy to save from
         os.replace(path, keep)
         sha, size = _cache.file_digest(keep)
-        return Built(None, keep, False, desc, sha, size)
+        return Built(None, keep, False, desc, sha, size, tuned)
     finally:
         if path is not None and os.path.exists(path):
             os.remove(path)

@@ -9,7 +9,7 @@ import os
 import sys
 
 from ..ir.serialize import graph_from_dict
-from .build import build_executable
+from .build import build_executable, stats
 from .gpu import cuda_target, gpu_present
 
 
@@ -24,8 +24,20 @@ def main(work: str) -> None:
         raise SystemExit("dyntvm: TVM's CUDA runtime did not load in the build process (the stub libcuda.so.1 "
                          "was not picked up?)")
     regions = [(name, graph_from_dict(d, params)) for name, d in job["regions"]]
-    ex = build_executable(regions, "cuda", job["binding"], cuda_target(job["arch"]))
+    target = cuda_target(job["arch"])
+    tuning = None
+    if job.get("tuning"):                   # checked by the parent: its warnings were given there
+        import warnings
+
+        from .tuning import load_log
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            log = load_log(job["tuning"]["log"], None, target)
+        tuning = (log, {r: [(dict(c), n) for c, n in specs] for r, specs in job["tuning"]["table"].items()})
+    ex = build_executable(regions, "cuda", job["binding"], target, tuning=tuning)
     ex.export_library(os.path.join(work, "kernels.so"))
+    with open(os.path.join(work, "result.json"), "w") as f:
+        json.dump({"tuned_kernels": stats.tuned_kernels}, f)
 
 
 def cuda_runtime_loaded() -> bool:

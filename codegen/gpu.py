@@ -106,19 +106,69 @@ def check_device_code(path: str, arch: str) -> None:
                            "folder")
 
 
-def build_cuda(mod, target=None):
-    """Build `mod` for CUDA in this process with dlight's default GPU schedules (device code only when TVM's
-    CUDA runtime is loaded: on a GPU host, or in the stub child)."""
-    import tvm
-    from tvm import relax
-    target = target or cuda_target()
+def prepare_nvcc() -> None:
+    """TVM compiles device code with nvcc (`TVM_CUDA_COMPILE_MODE`; its default, NVRTC, needs the
+    `cuda-bindings` package), which it calls by name: put it on PATH."""
     os.environ.setdefault("TVM_CUDA_COMPILE_MODE", "nvcc")
     nvcc_dir = os.path.dirname(find_nvcc())
-    if shutil.which("nvcc") is None:             # TVM calls "nvcc" by name
+    if shutil.which("nvcc") is None:
         os.environ["PATH"] = nvcc_dir + os.pathsep + os.environ.get("PATH", "")
+
+
+def fuse_passes(target) -> list:
+    """Relax's CUDA pipeline up to its schedules: library dispatch, legalization and fusion (the kernels that
+    dlight schedules, and what CUDA tuning tasks come from)."""
+    from tvm.relax.backend.cuda import pipeline as cuda_pipeline
+    legalize = cuda_pipeline.legalize_passes(target)
+    return cuda_pipeline.library_dispatch_passes(target) + legalize[:-1]   # the last one is dlight's
+
+
+def dlight_pass():
+    """dlight's default GPU schedules, the rules of Relax's CUDA pipeline (kernels already scheduled kept)."""
+    from tvm.s_tir import dlight as dl
+    return dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(),
+                                   dl.gpu.Fallback())
+
+
+def default_schedule(func, target):
+    """One fused kernel scheduled by dlight's default rules, as a build schedules it (tuning's baseline)."""
+    import tvm
+    with target:
+        mod = dlight_pass()(tvm.IRModule({"main": func}))
+    return mod["main"]
+
+
+def tuned_pass(tuned):
+    """A module pass giving each kernel for which ``tuned(func)`` returns a scheduled PrimFunc (a tuning log's
+    winner) that schedule, marked scheduled so that dlight leaves it alone."""
+    import tvm
+    from tvm import tirx
+
+    def apply(mod, _ctx):
+        out = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs)
+        for gvar, func in mod.functions_items():
+            if isinstance(func, tirx.PrimFunc) and not func.attrs.get("tirx.is_scheduled", False):
+                new = tuned(func)
+                if new is not None:
+                    out[gvar] = new.with_attr("tirx.is_scheduled", True).with_attr(
+                        "global_symbol", func.attrs.get("global_symbol", gvar.name_hint))
+        return out
+    return tvm.transform.module_pass(apply, opt_level=0, name="DyntvmTunedCUDASchedules")
+
+
+def build_cuda(mod, target=None, tuned=None):
+    """Build `mod` for CUDA in this process with dlight's default GPU schedules, or the tuned schedule where
+    ``tuned(func)`` gives one (device code only when TVM's CUDA runtime is loaded: on a GPU host, or in the
+    stub child)."""
+    import tvm
+    from tvm.relax.backend.cuda import pipeline as cuda_pipeline
+    target = target or cuda_target()
+    prepare_nvcc()
     from .launch_guard import with_launch_guards
+    passes = (fuse_passes(target) + ([tuned_pass(tuned)] if tuned is not None else []) + [dlight_pass()]
+              + cuda_pipeline.dataflow_lower_passes(target) + cuda_pipeline.finalize_passes(target))
     with target, with_launch_guards():
-        return tvm.compile(mod, target=target, relax_pipeline=relax.get_default_pipeline(target))
+        return tvm.compile(mod, target=target, relax_pipeline=tvm.transform.Sequential(passes))
 
 
 class _LibraryFile:
@@ -131,14 +181,15 @@ class _LibraryFile:
         shutil.copyfile(self.path, dst)
 
 
-def build_cuda_library(regions: list, target, binding: str | None, build_executable):
-    """Build the regions for CUDA with device code (`build_executable`: `build.build_executable`). Returns
-    (library, path): in this process on a GPU host (library: the executable, path None), else in the stub
-    child `cuda_child.py` (library: a file wrapper, not loadable here)."""
+def build_cuda_library(regions: list, target, binding: str | None, build_executable, tuning=None):
+    """Build the regions for CUDA with device code (`build_executable`: `build.build_executable`; `tuning`:
+    ``(TuningLog, specializations)`` to apply). Returns (library, path, kernels built with a tuned schedule):
+    in this process on a GPU host (library: the executable, path None; the count None: `build_executable`
+    counted them), else in the stub child `cuda_child.py` (library: a file wrapper, not loadable here)."""
     arch = target_arch(target)
     find_nvcc()
     if gpu_present():
-        ex = build_executable(regions, "cuda", binding, target)
+        ex = build_executable(regions, "cuda", binding, target, tuning=tuning)
         tmp = tempfile.mkdtemp(prefix="dyntvm-cuda-")
         try:
             path = os.path.join(tmp, "kernels.so")
@@ -146,11 +197,11 @@ def build_cuda_library(regions: list, target, binding: str | None, build_executa
             check_device_code(path, arch)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-        return ex, None
-    return _build_in_child(regions, arch, binding)
+        return ex, None, None
+    return _build_in_child(regions, arch, binding, tuning)
 
 
-def _build_in_child(regions: list, arch: str, binding: str | None):
+def _build_in_child(regions: list, arch: str, binding: str | None, tuning=None):
     import numpy as np
 
     from ..ir.serialize import graph_to_dict
@@ -159,8 +210,13 @@ def _build_in_child(regions: list, arch: str, binding: str | None):
     try:
         params: dict = {}
         graphs = [[name, graph_to_dict(g, params)[0]] for name, g in regions]
+        job = {"regions": graphs, "arch": arch, "binding": binding}
+        if tuning is not None:          # the child reads the log again (checked here: same files, same target)
+            log, table = tuning
+            job["tuning"] = {"log": os.path.abspath(log.path),
+                             "table": {r: [[combo, name] for combo, name in specs] for r, specs in table.items()}}
         with open(os.path.join(work, "job.json"), "w") as f:
-            json.dump({"regions": graphs, "arch": arch, "binding": binding}, f)
+            json.dump(job, f)
         np.savez(os.path.join(work, "params.npz"), **params)
         env = dict(os.environ)
         env["LD_LIBRARY_PATH"] = stub_dir() + (os.pathsep + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH")
@@ -176,10 +232,13 @@ def _build_in_child(regions: list, arch: str, binding: str | None):
                                + ("" if keep else " (DYNTVM_CUDA_DEBUG=1 keeps the build folder)"))
         path = os.path.join(work, "kernels.so")
         check_device_code(path, arch)
+        tuned = 0
+        with contextlib.suppress(OSError, ValueError, TypeError), open(os.path.join(work, "result.json")) as f:
+            tuned = int(json.load(f).get("tuned_kernels", 0))
         # the caller stores the file in the compile cache (or keeps it) before `work` is removed
         final = tempfile.NamedTemporaryFile(prefix="dyntvm-cuda-", suffix=".so", delete=False).name
         shutil.copyfile(path, final)
-        return _LibraryFile(final), final
+        return _LibraryFile(final), final, tuned
     finally:
         if keep:
             print(f"dyntvm: CUDA build folder kept: {work}", file=sys.stderr)

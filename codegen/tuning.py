@@ -23,6 +23,7 @@ warns and is ignored.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import itertools
@@ -208,8 +209,27 @@ def target_key(target) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", "-".join(parts))
 
 
+def is_cuda(target) -> bool:
+    return str(target.kind.name) == "cuda"
+
+
+def gpu_name() -> str | None:
+    try:
+        dev = tvm.cuda(0)
+        return str(dev.device_name) if dev.exist else None
+    except Exception:  # noqa: BLE001 - no CUDA runtime in this TVM
+        return None
+
+
 def target_identity(target) -> dict:
-    return {"target": str(target), "target_key": target_key(target), "cpu": cpu_model()}
+    """What a log records of its target: the target string and key, and the CPU model (a CPU log applies
+    only on that CPU model) or, informally, the GPU it was tuned on (a CUDA log applies to its arch: the key)."""
+    ident = {"target": str(target), "target_key": target_key(target)}
+    if is_cuda(target):
+        ident["gpu"] = gpu_name()
+    else:
+        ident["cpu"] = cpu_model()
+    return ident
 
 
 # ---------------------------------------------------------------------------------------------- timing
@@ -231,8 +251,9 @@ def _random_args(func: tirx.PrimFunc, dev) -> list:
 
 def measure(func: tirx.PrimFunc, target, repeat: int = 20) -> float:
     """Median seconds of one call of a scheduled kernel (built alone for `target`, random inputs)."""
-    lib = tvm.compile(_main_mod(func), target=target).jit()
-    dev = tvm.cpu(0) if str(target.kind.name) == "llvm" else tvm.device(str(target.kind.name), 0)
+    with target:                                        # nvcc reads the arch from the current target
+        lib = tvm.compile(_main_mod(func), target=target).jit()
+    dev = tvm.cuda(0) if is_cuda(target) else tvm.cpu(0)
     args = _random_args(func, dev)
     timer = lib.time_evaluator("main", dev, number=1, repeat=3, min_repeat_ms=20)
     timer(*args)                                            # warm up
@@ -312,9 +333,10 @@ def load_log(path: str, model_hash: str | None, target) -> TuningLog | None:
     except (OSError, ValueError) as e:
         return refuse(f"{MANIFEST} is missing or corrupt ({type(e).__name__}: {e})")
     ident = target_identity(target)
-    if manifest.get("target_key") != ident["target_key"] or manifest.get("cpu") != ident["cpu"]:
-        return refuse(f"it was made for another target ({manifest.get('target_key')} on {manifest.get('cpu')!r}; "
-                      f"this is {ident['target_key']} on {ident['cpu']!r})")
+    if manifest.get("target_key") != ident["target_key"] or ("cpu" in ident and manifest.get("cpu") != ident["cpu"]):
+        where = lambda d: f" on {d['cpu']!r}" if d.get("cpu") else ""    # noqa: E731
+        return refuse(f"it was made for another target ({manifest.get('target_key')}{where(manifest)}; "
+                      f"this is {ident['target_key']}{where(ident)})")
     if model_hash is not None and manifest.get("model_hash") != model_hash:
         return refuse(f"it was made for another model (or this model changed since): {manifest.get('model')!r}")
     try:
@@ -351,14 +373,34 @@ def _build(mod, target, _params):
     return tvm_build(RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod), target=target)
 
 
+@contextlib.contextmanager
+def _meta_schedule_logging():
+    """MetaSchedule's logging around one tune: its console handler takes its level from its logger (WARNING:
+    the progress bar is the console's; its files in log_dir/logs keep everything), and handlers that others
+    put on that logger are set aside meanwhile: MetaSchedule re-configures the logger with `dictConfig` by
+    handler name, which fails on a handler without one (pytest's, a user's: "'NoneType' object has no
+    attribute 'format'")."""
+    name = "tvm.s_tir.meta_schedule"
+    logger = logging.getLogger(name)
+    level = logger.level
+    foreign = [h for h in logger.handlers if not (h.get_name() or "").startswith(name)]
+    for h in foreign:
+        logger.removeHandler(h)
+    logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        for h in foreign:
+            logger.addHandler(h)
+        logger.setLevel(level)
+
+
 def tune_kernels(kernels: dict, target, log_dir: str, manifest: dict, trials: int, progress=None,
                  on_done=None) -> dict:
     """Tune each kernel of `kernels` (``static_kernels``) not yet finished in `manifest`, into the database in
     `log_dir`; updates and writes the manifest after each kernel. `progress`: a tqdm-like bar (``update``,
     ``set_postfix_str``). Returns the manifest."""
     from tvm.s_tir import meta_schedule as ms
-
-    from .cpu_schedule import _schedule_func
     done = {k["workload"]: k for k in manifest["kernels"] if k.get("status") in ("done", "failed")}
     todo = [(key, name, func) for key, (name, func) in kernels.items() if key not in done]
     if progress is not None:
@@ -366,15 +408,23 @@ def tune_kernels(kernels: dict, target, log_dir: str, manifest: dict, trials: in
     if not todo:
         return manifest
     db = ms.database.JSONDatabase(work_dir=log_dir)
-    builder = ms.builder.LocalBuilder(max_workers=max(1, int(target.attrs.get("num-cores", 1))), f_build=_build,
-                                      timeout_sec=120)
+    if is_cuda(target):                 # candidates are built with nvcc (in the builder's worker processes)
+        from .gpu import default_schedule, prepare_nvcc
+        prepare_nvcc()
+        schedule = lambda func, _name: default_schedule(func, target)     # noqa: E731 - dlight's rules
+        workers = os.cpu_count() or 1
+    else:
+        from .cpu_schedule import _schedule_func
+        schedule = lambda func, name: _schedule_func(func, target, name)  # noqa: E731 - our CPU rules
+        workers = max(1, int(target.attrs.get("num-cores", 1)))
+    builder = ms.builder.LocalBuilder(max_workers=workers, f_build=_build, timeout_sec=120)
     runner = ms.runner.LocalRunner()
     best = None
     for key, name, func in todo:
         entry = {"workload": key, "name": name, "trials": trials}
         t0 = time.perf_counter()
         try:
-            default = _schedule_func(func, target, name)
+            default = schedule(func, name)
             entry["default_us"] = round(measure(default, target) * 1e6, 3)
         except Exception as e:  # noqa: BLE001 - our schedule cannot be timed alone: nothing to compare with
             entry.update(status="failed", reason=f"default schedule: {type(e).__name__}: {str(e)[:200]}")
@@ -382,10 +432,7 @@ def tune_kernels(kernels: dict, target, log_dir: str, manifest: dict, trials: in
         if default is not None:
             try:
                 task = _main_mod(task_func(func))
-                # MetaSchedule's console handler takes its level from this logger at each tune (its files, in
-                # log_dir/logs, keep everything): the progress bar is the console's
-                logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
-                with warnings.catch_warnings():
+                with warnings.catch_warnings(), _meta_schedule_logging():
                     warnings.simplefilter("ignore")
                     ms.tune_tir(task, target, log_dir, max_trials_global=trials, num_trials_per_iter=min(trials, 64),
                                 builder=builder, runner=runner, database=db, cost_model="xgb", seed=0)
@@ -398,8 +445,11 @@ def tune_kernels(kernels: dict, target, log_dir: str, manifest: dict, trials: in
             except KeyboardInterrupt:
                 raise
             except Exception as e:  # noqa: BLE001 - MetaSchedule fails on some kernels: keep the default
+                import traceback
                 entry.update(status="failed", use="default",
-                             reason=f"tuning: {type(e).__name__}: {str(e).strip().splitlines()[0][:200]}")
+                             reason=f"tuning: {type(e).__name__}: {str(e).strip().splitlines()[0][:200]}",
+                             where=[f"{f.filename}:{f.lineno} {f.name}"
+                                    for f in traceback.extract_tb(e.__traceback__)[-4:]])
         entry["seconds"] = round(time.perf_counter() - t0, 1)
         manifest["kernels"] = [k for k in manifest["kernels"] if k["workload"] != key] + [entry]
         write_manifest(log_dir, manifest)

@@ -347,7 +347,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "folder for `dyntvm compile --tuning-log`. Running again resumes; Ctrl-C keeps "
                                    "what was tuned.")
     model_args(t)
-    t.add_argument("--target", type=_target, default="cpu", metavar="cpu", help="default cpu (CUDA: not yet)")
+    t.add_argument("--target", type=_target, default="cpu", metavar="cpu|cuda",
+                   help="default cpu; cuda tunes on the local GPU (needed: candidates are timed on it)")
     t.add_argument("--trials", type=_positive_int, default=64, metavar="N",
                    help="candidates measured per kernel (default 64)")
     t.add_argument("--hint", action="append", metavar="SYM=SIZES",

@@ -11,6 +11,7 @@ This is the only module that imports every stage; the stages import only the lay
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -121,14 +122,6 @@ def _tuning_for(pg: Graph, name: str, binding: str, target: str, kind: str, tuni
     from .codegen.build import check_compiler, concrete_target
     check_compiler()                            # TVM's compiler library (runtime-only: a clear CompileError)
     from .codegen.tuning import load_log, target_key
-    if kind != "cpu":
-        if tuning_log is not None:
-            import warnings
-
-            from .codegen.tuning import TuningWarning
-            warnings.warn(f"dyntvm: tuning log {tuning_log} not applied: tuning logs apply to CPU builds only "
-                          "for now; using the default kernels", TuningWarning, stacklevel=3)
-        return None
     tvm_target = concrete_target(target)
     if tuning_log is None:                      # a shipped log for this model and target, if any: silently
         path = os.path.join(shipped_logs(), name, target_key(tvm_target))
@@ -159,7 +152,8 @@ def tune(fn_or_graph, *specs, target: str = "cpu", trials: int = 64, shape_hints
 
     Args:
         fn_or_graph, *specs, selector: as for `compile`.
-        target: "cpu" (CUDA tuning is not supported yet).
+        target: "cpu", or "cuda" (needs a GPU: MetaSchedule times its candidates on it; the baseline is
+            dlight's default GPU schedules, as a CUDA build uses them).
         trials: MetaSchedule candidates measured per kernel.
         shape_hints: ``{symbol: [sizes]}``, e.g. ``{"T": [16, 64], "B": [1, 16]}``; default: 16 for every
             symbol of the inputs.
@@ -173,8 +167,6 @@ def tune(fn_or_graph, *specs, target: str = "cpu", trials: int = 64, shape_hints
     from .codegen.build import concrete_target, tuning_tasks
     from .codegen.tuning import FORMAT, MANIFEST, target_identity, target_key, tune_kernels, write_manifest
     kind = check_target(target)
-    if kind != "cpu":
-        raise CompileError(f"tune: target {target!r}: only CPU tuning is supported yet")
     if not isinstance(trials, int) or isinstance(trials, bool) or trials < 1:
         raise CompileError(f"tune: trials must be a positive int, got {trials!r}")
     if isinstance(fn_or_graph, Graph):
@@ -190,6 +182,8 @@ def tune(fn_or_graph, *specs, target: str = "cpu", trials: int = 64, shape_hints
         raise CompileError("tune: the model has no compiled region: nothing to tune")
     binding = kernel_binding(pg)
     tvm_target = concrete_target(target)
+    if kind == "cuda":
+        _check_tuning_gpu(target, tvm_target)
     log_dir = os.fspath(log_dir) if log_dir is not None else \
         os.path.join("tuning_logs", graph.name, target_key(tvm_target))
     with _BUILD_LOCK:
@@ -197,38 +191,82 @@ def tune(fn_or_graph, *specs, target: str = "cpu", trials: int = 64, shape_hints
     manifest = {"format": FORMAT, "model": graph.name, "model_hash": binding, **target_identity(tvm_target),
                 "hints": hints, "specialized": {r: [[c, n] for c, n in specs] for r, specs in table.items()},
                 "not_specialized": failed, "kernels": []}
-    mpath = os.path.join(log_dir, MANIFEST)
-    if os.path.exists(mpath):
-        import json
-        try:
-            with open(mpath) as f:
-                old = json.load(f)
-            if not isinstance(old, dict):
-                raise ValueError(f"a JSON {type(old).__name__}, not a dyntvm tuning manifest")
-        except (OSError, ValueError) as e:
-            raise CompileError(f"tune: {mpath} exists but is not readable ({type(e).__name__}: {e}); remove it or "
-                               "pick another log_dir") from None
-        same = {k: old.get(k) for k in ("model_hash", "target_key", "cpu", "hints")} == \
-            {k: manifest[k] for k in ("model_hash", "target_key", "cpu", "hints")}
-        if not same:
-            raise CompileError(f"tune: {log_dir} holds a log of another model, target or hints "
-                               f"({old.get('model')!r}, {old.get('target_key')}, hints {old.get('hints')}); pick "
-                               "another log_dir")
-        manifest["kernels"] = [k for k in old.get("kernels", []) if isinstance(k, dict) and "workload" in k]
     try:
         os.makedirs(log_dir, exist_ok=True)
-        write_manifest(log_dir, manifest)
     except OSError as e:
         raise CompileError(f"tune: cannot write the log folder {log_dir} ({type(e).__name__}: {e})") from None
-    from tqdm.auto import tqdm
-    with tqdm(total=len(kernels), desc=f"tuning {graph.name}", unit="kernel", disable=not progress) as bar:
+    with _log_lock(log_dir):
+        mpath = os.path.join(log_dir, MANIFEST)
+        if os.path.exists(mpath):
+            import json
+            try:
+                with open(mpath) as f:
+                    old = json.load(f)
+                if not isinstance(old, dict):
+                    raise ValueError(f"a JSON {type(old).__name__}, not a dyntvm tuning manifest")
+            except (OSError, ValueError) as e:
+                raise CompileError(f"tune: {mpath} exists but is not readable ({type(e).__name__}: {e}); remove it or "
+                                   "pick another log_dir") from None
+            same = {k: old.get(k) for k in ("model_hash", "target_key", "cpu", "hints")} == \
+                {k: manifest.get(k) for k in ("model_hash", "target_key", "cpu", "hints")}
+            if not same:
+                raise CompileError(f"tune: {log_dir} holds a log of another model, target or hints "
+                                   f"({old.get('model')!r}, {old.get('target_key')}, hints {old.get('hints')}); pick "
+                                   "another log_dir")
+            manifest["kernels"] = [k for k in old.get("kernels", []) if isinstance(k, dict) and "workload" in k]
         try:
-            with _BUILD_LOCK:
-                tune_kernels(kernels, tvm_target, log_dir, manifest, trials, progress=bar)
-        except KeyboardInterrupt:
-            bar.write(f"dyntvm tune: interrupted; what was tuned is kept in {log_dir} (run again to resume)")
-            raise
+            write_manifest(log_dir, manifest)
+        except OSError as e:
+            raise CompileError(f"tune: cannot write the log folder {log_dir} ({type(e).__name__}: {e})") from None
+        from tqdm.auto import tqdm
+        with tqdm(total=len(kernels), desc=f"tuning {graph.name}", unit="kernel", disable=not progress) as bar:
+            try:
+                with _BUILD_LOCK:
+                    tune_kernels(kernels, tvm_target, log_dir, manifest, trials, progress=bar)
+            except KeyboardInterrupt:
+                bar.write(f"dyntvm tune: interrupted; what was tuned is kept in {log_dir} (run again to resume)")
+                raise
     return log_dir
+
+
+@contextlib.contextmanager
+def _log_lock(log_dir: str):
+    """Holds an exclusive lock on a log folder for one tune: two tunes into the same folder would interleave
+    their manifests and databases. A second one is refused at once (the lock goes with its process)."""
+    try:
+        import fcntl
+    except ImportError:                         # not POSIX: no lock
+        yield
+        return
+    path = os.path.join(log_dir, ".lock")
+    try:
+        f = open(path, "a")
+    except OSError as e:
+        raise CompileError(f"tune: cannot write the log folder {log_dir} ({type(e).__name__}: {e})") from None
+    with f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise CompileError(f"tune: another dyntvm tune is writing {log_dir} (its lock {path} is held); wait for "
+                               "it or pick another log_dir") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _check_tuning_gpu(target: str, tvm_target) -> None:
+    """CUDA tuning measures candidates on the local GPU: there must be one, of the arch asked for."""
+    from .codegen.gpu import cuda_target, find_nvcc, gpu_present, target_arch
+    if not gpu_present():
+        raise CompileError(f"tune: target {target!r} needs a GPU here: MetaSchedule times every candidate kernel on "
+                           "it (CUDA builds need no GPU; tuning does). Tune on a GPU host and pass the log folder "
+                           "to dt.compile(..., tuning_log=) / dyntvm compile --tuning-log anywhere")
+    local = target_arch(cuda_target())
+    if target_arch(tvm_target) != local:
+        raise CompileError(f"tune: target {target!r}: tuning measures on the local GPU, which is {local}; tune "
+                           f"for it with target='cuda' (or on a GPU of {target_arch(tvm_target)})")
+    find_nvcc()
 
 
 def _check_hints(hints, symbols: list) -> dict:

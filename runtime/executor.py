@@ -184,9 +184,9 @@ class Executor:
         sub = n.subgraphs[0]
         validate = self.validate
         calls = self.calls
-        if self.pl is not None:
-            return self._device_region(n, fn, sub, ins, outs)
         pick = self._specialized(n, fn)
+        if self.pl is not None:
+            return self._device_region(n, fn, sub, ins, outs, pick)
 
         def run(slots):
             args = [to_tvm(slots[i]) for i in ins]
@@ -206,7 +206,7 @@ class Executor:
             return None
         return pick_by_sizes(specs, n.subgraphs[0].inputs, lambda name: self.vm[name], fn, self.calls)
 
-    def _device_region(self, n: Node, fn, sub, ins, outs):
+    def _device_region(self, n: Node, fn, sub, ins, outs, pick=None):
         """A region on a device: inputs moved there once (kept in their slots), outputs left there."""
         pl, validate, calls = self.pl, self.validate, self.calls
         on_device, to_device = pl.on_device, pl.to_device
@@ -218,7 +218,7 @@ class Executor:
                 if not on_device(x):
                     x = slots[i] = to_device(x)
                 args.append(x)
-            res = fn(*args)
+            res = (fn if pick is None else pick(args))(*args)
             calls[0] += 1
             for k, o in enumerate(outs):
                 slots[o] = _item(res, k)

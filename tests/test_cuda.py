@@ -325,9 +325,13 @@ def test_a_hanging_nvcc_times_out(tmp_path, monkeypatch):
     (fake / "nvcc").chmod(0o755)
     monkeypatch.setenv("PATH", f"{fake}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("DYNTVM_CUDA_BUILD_TIMEOUT", "20")
+    import tempfile
+    work = tmp_path / "work"            # the child's build folder, named in its command line: this test's child
+    work.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(work))
     with pytest.raises(dt.CompileError, match=r"the CUDA build took more than 20 s"):
         dt.compile(lambda x: F.exp(x) * 3.0, dt.TensorSpec(("N", 3)), target="cuda", use_cache=False)
-    r = subprocess.run(["pgrep", "-f", "dyntvm.codegen.cuda_child"], capture_output=True, text=True)
+    r = subprocess.run(["pgrep", "-f", f"dyntvm.codegen.cuda_child {work}"], capture_output=True, text=True)
     assert r.stdout.strip() == "", "the build child was left running"
 
 

@@ -220,7 +220,7 @@ def test_tune_checks_its_arguments(tmp_path):
                           ({"shape_hints": {"N": [0]}}, "sizes >= 1"),
                           ({"shape_hints": {"N": "16"}}, "sizes >= 1"),
                           ({"trials": 0}, "positive int"),
-                          ({"target": "cuda"}, "only CPU")):
+                          ({"target": "tpu"}, "unknown target")):
         with pytest.raises(dt.CompileError, match=match):
             dt.tune(affine, SPEC, log_dir=str(tmp_path / "x"), progress=False, **kwargs)
 
@@ -287,3 +287,14 @@ def test_a_loop_body_specialization_gets_a_compiled_loop_of_its_own(tmp_path):
         assert_same(model(xs, h), rnn(xs, h), rtol=1e-5, atol=1e-5)
         assert model.kernel_calls - before == 1
         assert model.specialized_calls - spec == (B == 2)
+
+
+def test_a_second_tune_into_a_folder_being_tuned_is_refused(log, tmp_path):
+    import fcntl
+    path = str(tmp_path / "busy")
+    shutil.copytree(log, path)
+    with open(os.path.join(path, ".lock"), "a") as held:          # what a running tune holds
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(dt.CompileError, match="another dyntvm tune is writing"):
+            dt.tune(affine, SPEC, trials=8, shape_hints={"N": [16]}, log_dir=path, progress=False)
+    assert dt.tune(affine, SPEC, trials=8, shape_hints={"N": [16]}, log_dir=path, progress=False) == path

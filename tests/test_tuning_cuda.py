@@ -1,0 +1,183 @@
+"""CUDA autotuning (`dt.tune(..., target="cuda")`, `dyntvm tune --target cuda`).
+
+Tuning times candidates on a GPU, so the end-to-end tune skips without one. Applying a CUDA log needs no GPU
+(a CUDA build runs anywhere nvcc is): the build tests here make a log from MetaSchedule's real CUDA search
+space (its candidates timed by MetaSchedule's dummy runner instead of a GPU), then check that a CUDA build
+with it schedules exactly the log's winning kernels with their tuned traces and still holds device code. On
+a GPU host the same builds also run and must match numpy at the hinted size and others."""
+import json
+import os
+import shutil
+import tempfile
+
+import numpy as np
+import pytest
+
+import dyntvm as dt
+from dyntvm import F
+from dyntvm.codegen import tuning
+from dyntvm.codegen.build import stats, tuning_tasks
+from dyntvm.codegen.gpu import cuda_target, gpu_present
+from dyntvm.pipeline import partition_graph
+from dyntvm.runtime.artifact import kernel_binding
+from helpers import assert_same
+from test_cuda import assert_device_code, needs_gpu, needs_nvcc
+
+pytestmark = pytest.mark.slow
+
+W = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)
+
+
+def model(x):
+    """Two kernels after fusion (a matmul, a softmax); N symbolic."""
+    return F.softmax(F.matmul(x, W), axis=-1)
+
+
+SPEC = dt.TensorSpec(("N", 64))
+
+
+def _search_without_a_gpu(kernels: dict, target, log: str) -> None:
+    """MetaSchedule's CUDA search over each kernel, its candidates 'timed' by the dummy runner: a database
+    of real CUDA schedules (sampled from the design space and checked by its GPU postprocessors)."""
+    from tvm.ir.utils import derived_object
+    from tvm.s_tir import meta_schedule as ms
+    from tvm.s_tir.meta_schedule.builder import BuilderResult, PyBuilder
+    from tvm.s_tir.meta_schedule.testing.dummy_object import DummyRunner
+
+    @derived_object
+    class FileBuilder(PyBuilder):       # no build: an empty artifact file for the runner to ignore
+        def build(self, build_inputs):
+            out = []
+            for _ in build_inputs:
+                path = os.path.join(tempfile.mkdtemp(prefix="dyntvm-ms-"), "x.so")
+                open(path, "w").close()
+                out.append(BuilderResult(path, None))
+            return out
+    full = target if "max_threads_per_block" in target.attrs else tvm_cuda_limits(target)
+    db = ms.database.JSONDatabase(work_dir=log)
+    for name, func in kernels.values():
+        with tuning._meta_schedule_logging():       # pytest's handlers would break MetaSchedule's logging setup
+            ms.tune_tir(tuning._main_mod(tuning.task_func(func)), full, os.path.join(log, "logs"),
+                        max_trials_global=4, num_trials_per_iter=4, builder=FileBuilder(), runner=DummyRunner(),
+                        database=db, cost_model="random", seed=0)
+
+
+def tvm_cuda_limits(target):
+    import tvm
+    return tvm.target.Target({**dict(target.export()), "max_threads_per_block": 1024, "thread_warp_size": 32,
+                              "max_shared_memory_per_block": 49152})
+
+
+@pytest.fixture(scope="module")
+def cuda_log(tmp_path_factory):
+    """A CUDA log for `model` at N=16 whose every kernel is marked as won by its tuned schedule."""
+    path = str(tmp_path_factory.mktemp("cuda-tune") / "model")
+    os.makedirs(path)
+    graph = dt.trace(model, SPEC)
+    pg = partition_graph(graph)
+    target = cuda_target()
+    table, kernels, failed = tuning_tasks(pg, {"N": [16]}, target)
+    assert not failed and len(kernels) == 2, (failed, kernels)
+    _search_without_a_gpu(kernels, target, path)
+    tuning.write_manifest(path, {
+        "format": tuning.FORMAT, "model": graph.name, "model_hash": kernel_binding(pg),
+        **tuning.target_identity(target), "hints": {"N": [16]},
+        "specialized": {r: [[c, n] for c, n in specs] for r, specs in table.items()}, "not_specialized": {},
+        "kernels": [{"workload": k, "name": n, "status": "done", "default_us": 2.0, "tuned_us": 1.0, "use": "tuned"}
+                    for k, (n, _) in kernels.items()]})
+    return path
+
+
+def _compile(log, **kw):
+    before = stats.tuned_kernels
+    m = dt.compile(model, SPEC, target="cuda", tuning_log=log, use_cache=False, **kw)
+    return m, stats.tuned_kernels - before
+
+
+@needs_nvcc
+def test_a_cuda_build_applies_the_logs_winning_kernels(cuda_log, tmp_path):
+    m, tuned = _compile(cuda_log)
+    assert tuned == 2                               # both kernels of the N=16 build, with their tuned traces
+    assert m.info["tuning"]["specialized"] == {"model_r0": [[{"N": 16}, "model_r0__at_N16"]]}
+    m.save(str(tmp_path / "art"))
+    assert_device_code(str(tmp_path / "art" / "kernels.so"), m.info["cuda_arch"])
+    if gpu_present():
+        x16 = np.random.default_rng(2).standard_normal((16, 64)).astype(np.float32)
+        x5 = x16[:5].copy()
+        for x in (x16, x5, x16[:1].copy()):
+            assert_same(m(x), model(x))
+        assert m.specialized_calls == 1
+
+
+@needs_nvcc
+def test_kernels_whose_default_won_keep_dlight_schedules(cuda_log, tmp_path):
+    path = str(tmp_path / "defaults")
+    shutil.copytree(cuda_log, path)
+    with open(os.path.join(path, "manifest.json")) as f:
+        manifest = json.load(f)
+    manifest["kernels"][0]["use"] = "default"
+    tuning.write_manifest(path, manifest)
+    _, tuned = _compile(path)
+    assert tuned == 1
+
+
+@needs_nvcc
+def test_a_cpu_log_is_not_applied_to_a_cuda_build(cuda_log, tmp_path):
+    path = str(tmp_path / "cpu")
+    shutil.copytree(cuda_log, path)
+    with open(os.path.join(path, "manifest.json")) as f:
+        manifest = json.load(f)
+    manifest.update(tuning.target_identity(dt.codegen.build.concrete_target("cpu")))
+    tuning.write_manifest(path, manifest)
+    with pytest.warns(tuning.TuningWarning, match="made for another target"):
+        m, tuned = _compile(path)
+    assert tuned == 0 and "tuning" not in m.info
+
+
+@pytest.mark.skipif(gpu_present(), reason="checks the error given where there is no GPU")
+def test_cuda_tuning_needs_a_gpu(tmp_path):
+    with pytest.raises(dt.CompileError, match="needs a GPU here"):
+        dt.tune(model, SPEC, target="cuda", log_dir=str(tmp_path / "x"), progress=False)
+
+
+@needs_gpu
+def test_a_cuda_tune_on_the_gpu_writes_a_log_that_applies(tmp_path):
+    """The whole flow on a GPU: MetaSchedule (XGBoost) candidates timed on it against dlight's defaults."""
+    path = dt.tune(model, SPEC, target="cuda", trials=8, shape_hints={"N": [16]}, log_dir=str(tmp_path / "log"),
+                   progress=False)
+    with open(os.path.join(path, "manifest.json")) as f:
+        manifest = json.load(f)
+    assert manifest["target_key"] == tuning.target_key(cuda_target()) and manifest["gpu"]
+    assert len(manifest["kernels"]) == 2
+    for k in manifest["kernels"]:
+        assert k["status"] == "done", k
+        assert k["default_us"] > 0 and k["tuned_us"] > 0
+        assert k["use"] == tuning.winner(k["default_us"], k["tuned_us"])
+        k["use"] = "tuned"                          # apply both, whichever won on this GPU
+    tuning.write_manifest(path, manifest)
+    m, tuned = _compile(path)
+    assert tuned == 2
+    x16 = np.random.default_rng(3).standard_normal((16, 64)).astype(np.float32)
+    for x in (x16, x16[:7].copy(), x16[:1].copy()):
+        assert_same(m(x), model(x))
+    assert m.specialized_calls == 1
+
+
+@needs_nvcc
+def test_the_shipped_cuda_log_applies_to_a_cuda_build(monkeypatch):
+    """tuning_logs/detection/cuda-sm_90 (tuned on an H100) is picked up by a CUDA build for sm_90, on any
+    machine: both its kernels, which beat dlight's defaults there, are built with their tuned traces."""
+    from dyntvm import examples
+    from dyntvm.pipeline import shipped_logs
+    monkeypatch.setenv("DYNTVM_TUNING_LOGS", os.path.join(os.path.dirname(os.path.dirname(__file__)), "tuning_logs"))
+    monkeypatch.setenv("DYNTVM_CUDA_ARCH", "sm_90")
+    if gpu_present() and tuning.target_key(cuda_target()) != "cuda-sm_90":
+        pytest.skip("the local GPU is not sm_90: the shipped log is for sm_90")
+    with open(os.path.join(shipped_logs(), "detection", "cuda-sm_90", "manifest.json")) as f:
+        won = sum(k["use"] == "tuned" for k in json.load(f)["kernels"])
+    ex = examples.get("detection")
+    before = stats.tuned_kernels
+    m = dt.compile(ex.fn, *ex.specs, target="cuda", use_cache=False)
+    assert stats.tuned_kernels - before == won == 2
+    assert m.info["tuning"]["log"].endswith(os.path.join("detection", "cuda-sm_90"))
+    assert "tuning: {" in str(m)           # print(model) names the log
