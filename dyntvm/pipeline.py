@@ -183,7 +183,7 @@ def tune(fn_or_graph, *specs, target: str = "cpu", trials: int = 64, shape_hints
     binding = kernel_binding(pg)
     tvm_target = concrete_target(target)
     if kind == "cuda":
-        _check_tuning_gpu(target, tvm_target)
+        tvm_target = _check_tuning_gpu(target, tvm_target)
     log_dir = os.fspath(log_dir) if log_dir is not None else \
         os.path.join("tuning_logs", graph.name, target_key(tvm_target))
     with _BUILD_LOCK:
@@ -255,18 +255,22 @@ def _log_lock(log_dir: str):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _check_tuning_gpu(target: str, tvm_target) -> None:
-    """CUDA tuning measures candidates on the local GPU: there must be one, of the arch asked for."""
+def _check_tuning_gpu(target: str, tvm_target):
+    """CUDA tuning measures candidates on the local GPU: there must be one, of the arch asked for. Returns
+    the GPU's own target (with the limits MetaSchedule needs, max_threads_per_block...: "cuda:sm_90" alone
+    has none) to tune with."""
     from .codegen.gpu import cuda_target, find_nvcc, gpu_present, target_arch
     if not gpu_present():
         raise CompileError(f"tune: target {target!r} needs a GPU here: MetaSchedule times every candidate kernel on "
                            "it (CUDA builds need no GPU; tuning does). Tune on a GPU host and pass the log folder "
                            "to dt.compile(..., tuning_log=) / dyntvm compile --tuning-log anywhere")
-    local = target_arch(cuda_target())
+    gpu = cuda_target()
+    local = target_arch(gpu)
     if target_arch(tvm_target) != local:
         raise CompileError(f"tune: target {target!r}: tuning measures on the local GPU, which is {local}; tune "
                            f"for it with target='cuda' (or on a GPU of {target_arch(tvm_target)})")
     find_nvcc()
+    return gpu
 
 
 def _check_hints(hints, symbols: list) -> dict:

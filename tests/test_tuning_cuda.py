@@ -181,3 +181,25 @@ def test_the_shipped_cuda_log_applies_to_a_cuda_build(monkeypatch):
     assert stats.tuned_kernels - before == won == 2
     assert m.info["tuning"]["log"].endswith(os.path.join("detection", "cuda-sm_90"))
     assert "tuning: {" in str(m)           # print(model) names the log
+
+
+def test_a_cuda_tune_for_the_local_arch_named_uses_the_local_gpus_target(monkeypatch, tmp_path):
+    """`target="cuda:sm_90"` on an sm_90 GPU tunes with the GPU's own target, as `target="cuda"` does: the bare
+    "cuda -arch=sm_90" lacks the limits MetaSchedule needs (max_threads_per_block...), and every kernel failed.
+    (A GPU host is simulated: `cuda_target()` answering with the local GPU's full target.)"""
+    from dyntvm.codegen import gpu
+    plain = gpu.cuda_target
+    local = tvm_cuda_limits(plain("sm_90"))
+    monkeypatch.setattr(gpu, "gpu_present", lambda: True)
+    monkeypatch.setattr(gpu, "cuda_target", lambda arch=None: local if arch is None else plain(arch))
+    seen = []
+
+    def tune_kernels(kernels, target, log_dir, manifest, trials, progress=None):
+        seen.append(target)
+        return manifest
+    monkeypatch.setattr(tuning, "tune_kernels", tune_kernels)
+    for target in ("cuda", "cuda:sm_90"):
+        dt.tune(model, SPEC, target=target, shape_hints={"N": [16]}, log_dir=str(tmp_path / "log"), progress=False)
+    assert [t.attrs.get("max_threads_per_block") for t in seen] == [1024, 1024]
+    with pytest.raises(dt.CompileError, match="the local GPU, which is sm_90"):
+        dt.tune(model, SPEC, target="cuda:sm_80", log_dir=str(tmp_path / "log80"), progress=False)
