@@ -219,8 +219,9 @@ def build(graph: Graph, target: str = "cpu", cache_dir: str | None = None, use_c
             return Built(lib, entry.path, True, desc, entry.sha256, entry.size, tuning is not None)
     try:
         if kind == "cuda":
-            return _build_cuda(regions, tvm_target, binding, cdir, key, desc, tuning)
-        ex = build_executable(regions, target, binding, tvm_target, loops, tuning)
+            built = _build_cuda(regions, tvm_target, binding, cdir, key, desc, tuning)
+        else:
+            ex = build_executable(regions, target, binding, tvm_target, loops, tuning)
     except Exception as e:  # noqa: BLE001 - a tuning log is an optimization: never the reason a build fails
         if tuning is None:
             raise
@@ -229,6 +230,10 @@ def build(graph: Graph, target: str = "cpu", cache_dir: str | None = None, use_c
                       f"({type(e).__name__}: {str(e).strip().splitlines()[-1][:200]}); using the default kernels",
                       TuningWarning, stacklevel=3)
         return build(graph, target, cache_dir, use_cache, binding)
+    if tuning is not None:
+        tuning[0].warn_unscheduled()
+    if kind == "cuda":
+        return built
     entry = _store(cdir, key, ex, binding)
     if entry is not None:           # run what a later hit loads: the stored library
         import tvm

@@ -37,7 +37,8 @@ def main(work: str) -> None:
     ex = build_executable(regions, "cuda", job["binding"], target, tuning=tuning)
     ex.export_library(os.path.join(work, "kernels.so"))
     with open(os.path.join(work, "result.json"), "w") as f:
-        json.dump({"tuned_kernels": stats.tuned_kernels}, f)
+        json.dump({"tuned_kernels": stats.tuned_kernels,
+                   "unscheduled": sorted(tuning[0].unscheduled) if tuning is not None else []}, f)
 
 
 def cuda_runtime_loaded() -> bool:

@@ -234,7 +234,10 @@ def _build_in_child(regions: list, arch: str, binding: str | None, tuning=None):
         check_device_code(path, arch)
         tuned = 0
         with contextlib.suppress(OSError, ValueError, TypeError), open(os.path.join(work, "result.json")) as f:
-            tuned = int(json.load(f).get("tuned_kernels", 0))
+            result = json.load(f)
+            tuned = int(result.get("tuned_kernels", 0))
+            if tuning is not None:              # winners the child found no record of: warned by the caller
+                tuning[0].unscheduled.update(str(k) for k in result.get("unscheduled", []))
         # the caller stores the file in the compile cache (or keeps it) before `work` is removed
         final = tempfile.NamedTemporaryFile(prefix="dyntvm-cuda-", suffix=".so", delete=False).name
         shutil.copyfile(path, final)

@@ -269,6 +269,7 @@ class TuningLog:
     manifest: dict
     database: object = None
     _tuned: dict = field(default_factory=dict)
+    unscheduled: set = field(default_factory=set)   # workload keys of winners the database has no record of
 
     @property
     def hints(self) -> dict:
@@ -296,7 +297,19 @@ class TuningLog:
         if key not in self._tuned:
             sch = self.database.query_schedule(_main_mod(task_func(func)), target=target, workload_name="main")
             self._tuned[key] = None if sch is None else sch.mod["main"].with_attr("tirx.is_scheduled", True)
+            if sch is None:
+                self.unscheduled.add(key)
         return self._tuned[key]
+
+    def warn_unscheduled(self) -> None:
+        """A TuningWarning naming the winners a build found no record of in the database (they kept the
+        default schedules)."""
+        if self.unscheduled:
+            names = sorted(self.winners().get(k, {}).get("name", k) for k in self.unscheduled)
+            n = len(names)
+            warnings.warn(f"dyntvm: tuning log {self.path}: {n} kernel{'s' if n > 1 else ''} it marks as tuned "
+                          f"{'have' if n > 1 else 'has'} no record in its database ({', '.join(names)}): built with "
+                          "the default schedules", TuningWarning, stacklevel=4)
 
 
 def _valid_specialized(table) -> bool:

@@ -203,3 +203,15 @@ def test_a_cuda_tune_for_the_local_arch_named_uses_the_local_gpus_target(monkeyp
     assert [t.attrs.get("max_threads_per_block") for t in seen] == [1024, 1024]
     with pytest.raises(dt.CompileError, match="the local GPU, which is sm_90"):
         dt.tune(model, SPEC, target="cuda:sm_80", log_dir=str(tmp_path / "log80"), progress=False)
+
+
+@needs_nvcc
+def test_winning_kernels_missing_from_the_database_are_warned_about(cuda_log, tmp_path):
+    """A manifest whose winners have no record in the database (a database emptied or from elsewhere): the
+    kernels keep dlight's schedules (built in the child), with a warning, and the model does not claim them."""
+    path = str(tmp_path / "empty-db")
+    shutil.copytree(cuda_log, path)
+    open(os.path.join(path, "database_tuning_record.json"), "w").close()
+    with pytest.warns(tuning.TuningWarning, match=r"2 kernels it marks as tuned have no record in its database"):
+        m, tuned = _compile(path)
+    assert tuned == 0 and m.info["tuning"]["kernels_tuned"] == 0
