@@ -30,6 +30,7 @@ _LAZY = {
     "compile": ("dyntvm.pipeline", "compile"),
     "hybridize": ("dyntvm.pipeline", "hybridize"),
     "tune": ("dyntvm.pipeline", "tune"),
+    "from_onnx": ("dyntvm.frontend.onnx", "from_onnx"),
     "load": ("dyntvm.runtime.load", "load"),
 }
 

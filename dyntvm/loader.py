@@ -111,8 +111,12 @@ def load_model(model: str | None = None, example: str | None = None, inputs=()) 
             raise InputError("--input is not used with --example (the example has its own signature)")
         return _from_example(_get_example(example), f"example {example}")
     if model.endswith(".onnx"):
-        raise InputError(f"{model}: ONNX import is not available yet; trace the model in Python "
-                         "(file.py:function) or save its graph with dyntvm.ir.serialize.save_graph")
+        if inputs:
+            raise InputError("--input is only for a model function (file.py:function); an ONNX model has its "
+                             "own inputs (names, dtypes and dim_param symbols)")
+        from .frontend.onnx import from_onnx
+        graph = from_onnx(model)
+        return LoadedModel(graph.name, graph, model)
     path, colon, attr = model.rpartition(":")
     if colon and path.endswith(".py"):
         return _from_python(path, attr, inputs, model)

@@ -234,3 +234,12 @@ def test_foreach_step_output_changing_shape_is_an_error(cache_dir):
         model(x)
     x = np.array([[1, 2, -1, -1], [-1, -1, 3, 3]], "float32")
     assert_same(model(x), fn(x))
+
+
+@pytest.mark.parametrize("reps", [(1, 6, 4, 2), (7, 6, 4, 2), (2, 1, 1, 1, 3), (3,), (1, 1, 1, 1), (0, 2, 1, 1)])
+def test_tile_at_sizes_llvm_miscompiled(reps):
+    """Relax's own tile kernel gave wrong values for these on AVX-512 CPUs (an LLVM miscompile of its modulo
+    reads, found by the ONNX conformance test test_tile); ours broadcasts instead."""
+    x = np.random.default_rng(0).standard_normal((2, 3, 4, 5)).astype(np.float32)
+    m = dt.compile(lambda a: F.tile(a, reps), dt.TensorSpec((2, 3, 4, 5)))
+    np.testing.assert_array_equal(m(x), np.tile(x, reps))

@@ -228,7 +228,24 @@ def _broadcast_to(bb, node, args, ctx):
 
 @converter("tile")
 def _tile(bb, node, args, ctx):
-    return [R.tile(args[0], [int(r) for r in node.attrs.reps])]
+    """As ``reshape(broadcast_to(reshape(x, [1, d0, 1, d1, ...]), [r0, d0, r1, d1, ...]), [r0*d0, ...])``: the
+    kernel Relax legalizes `R.tile` to (an output loop reading ``x[i % d]``) is miscompiled by LLVM for AVX-512
+    targets in TVM 0.27 (wrong values from (2,3,4,5) tiled (1,6,4,2) on znver4 and skylake-avx512; the ONNX
+    conformance test `test_tile` found it); broadcasting reads no modulo index."""
+    x = args[0]
+    reps = [int(r) for r in node.attrs.reps]
+    dims = shape_of(x)
+    if dims is None:
+        return [R.tile(x, reps)]
+    n = max(len(reps), len(dims))
+    reps = [1] * (n - len(reps)) + reps
+    one = tirx.IntImm(I64, 1)
+    dims = [one] * (n - len(dims)) + list(dims)
+    if all(r == 1 for r in reps):
+        return [x] if n == len(shape_of(x)) else [_relax_reshape(bb, x, dims)]
+    lifted = emit(bb, _relax_reshape(bb, x, [v for d in dims for v in (one, d)]))
+    wide = emit(bb, R.broadcast_to(lifted, [v for r, d in zip(reps, dims) for v in (tirx.IntImm(I64, r), d)]))
+    return [_relax_reshape(bb, wide, [ctx.analyzer.simplify(d * r) for r, d in zip(reps, dims)])]
 
 
 @converter("pad")

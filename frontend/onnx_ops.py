@@ -1,0 +1,527 @@
+"""The ONNX op converters of `frontend/onnx.py`: one function per ONNX op, written with `dyntvm.F` ops (so each
+ONNX op lands on dyntvm's one op registry). A converter gets the node's input values (numpy arrays for values
+known at import time, traced tensors otherwise, None for an omitted optional input), its attributes, the
+import context (opset, `run_graph` for subgraphs), the scope and the node; it returns the output values."""
+from __future__ import annotations
+
+import numpy as np
+
+from dyntvm.errors import InputError
+
+from . import F
+from .tracer import Tensor
+
+INT_MAX = 2 ** 62           # Slice's "to the end" sentinels (INT64_MAX and friends) are clamped above this
+
+
+class OnnxImportError(InputError):
+    """An ONNX model that cannot be imported as it is (a malformed node, an operand that must be constant)."""
+
+
+def _np_dtype(elem_type: int) -> np.dtype:
+    from onnx import helper
+    return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
+
+
+def _tensor(t) -> np.ndarray:
+    from onnx import numpy_helper
+    return numpy_helper.to_array(t)
+
+
+# ------------------------------------------------------------------------------------------ helpers
+def _is_const(x) -> bool:
+    return not isinstance(x, Tensor)
+
+
+def _const(x, what: str, node) -> np.ndarray:
+    if not _is_const(x):
+        raise OnnxImportError(f"{what} must be known when the model is imported (a constant or computed from "
+                              "constants), but it is computed from the inputs; dyntvm has no data-dependent "
+                              f"form of {node.op_type} with it")
+    return np.asarray(x)
+
+
+def _ints(x, what, node) -> list:
+    return [int(v) for v in np.asarray(_const(x, what, node)).reshape(-1)]
+
+
+def _rank(x) -> int:
+    return len(x.shape)
+
+
+def _shape(x) -> tuple:
+    return tuple(x.shape)
+
+
+def _fold(op, xs):
+    out = xs[0]
+    for x in xs[1:]:
+        out = op(out, x)
+    return out
+
+
+def _scalar_bool(p):
+    return F.reshape(p, ()) if _rank(p) else p
+
+
+# ----------------------------------------------------------------------------------------- converters
+CONVERTERS: dict = {}
+
+
+def converter(*names):
+    def reg(fn):
+        for n in names:
+            CONVERTERS[n] = fn
+        return fn
+    return reg
+
+
+def _unary(fn):
+    return lambda ins, a, ctx, env, node: fn(ins[0])
+
+
+for _name, _fn in {"Relu": F.relu, "Sigmoid": F.sigmoid, "Tanh": F.tanh, "Exp": F.exp, "Log": F.log,
+                   "Sqrt": F.sqrt, "Abs": F.abs, "Neg": F.negative, "Floor": F.floor, "Ceil": F.ceil, "Erf": F.erf,
+                   "Not": F.logical_not, "Sin": F.sin, "Cos": F.cos, "Tan": F.tan, "Sign": F.sign,
+                   "Round": F.round, "IsNaN": F.isnan, "Identity": lambda x: x}.items():
+    CONVERTERS[_name] = _unary(_fn)
+
+for _name, _fn in {"Add": F.add, "Sub": F.subtract, "Mul": F.multiply,
+                   "Equal": F.equal, "Less": F.less, "Greater": F.greater, "LessOrEqual": F.less_equal,
+                   "GreaterOrEqual": F.greater_equal, "And": F.logical_and, "Or": F.logical_or}.items():
+    CONVERTERS[_name] = (lambda fn: lambda ins, a, ctx, env, node: fn(ins[0], ins[1]))(_fn)
+
+
+@converter("Div")
+def _div(ins, a, ctx, env, node):
+    x, y = ins
+    q = F.divide(x, y)
+    if np.dtype(x.dtype).kind in "iu":          # integer division truncates toward zero, keeping the dtype
+        q = F.astype(q, np.dtype(x.dtype).name)
+    return q
+
+
+@converter("Pow")
+def _pow(ins, a, ctx, env, node):
+    x, y = ins
+    if np.dtype(x.dtype) == np.dtype(y.dtype):
+        return F.power(x, y)
+    ft = x.dtype if np.dtype(x.dtype).kind == "f" else "float64"     # the result has the base's dtype
+    return F.astype(F.power(F.astype(x, np.dtype(ft).name), F.astype(y, np.dtype(ft).name)),
+                    np.dtype(x.dtype).name)
+
+
+@converter("Max", "Min", "Sum", "Mean")
+def _variadic(ins, a, ctx, env, node):
+    op = {"Max": F.maximum, "Min": F.minimum, "Sum": F.add, "Mean": F.add}[node.op_type]
+    out = _fold(op, ins)
+    return out / np.asarray(len(ins), dtype=out.dtype) if node.op_type == "Mean" else out
+
+
+@converter("Reciprocal")
+def _reciprocal(ins, a, ctx, env, node):
+    return np.asarray(1, dtype=ins[0].dtype) / ins[0]
+
+
+@converter("Dropout")
+def _dropout(ins, a, ctx, env, node):
+    training = ins[2] if len(ins) > 2 else None
+    if training is not None and (not _is_const(training) or bool(np.asarray(training))):
+        raise OnnxImportError("Dropout in training mode is not supported (inference: dropout is the identity)")
+    return [ins[0], F.full_like(ins[0], True, dtype="bool")]        # inference: all kept
+
+
+@converter("Constant")
+def _constant(ins, a, ctx, env, node):
+    if "value" in a:
+        from onnx import numpy_helper
+        return numpy_helper.to_array(a["value"])
+    for key, dtype in (("value_float", np.float32), ("value_floats", np.float32), ("value_int", np.int64),
+                       ("value_ints", np.int64)):
+        if key in a:
+            return np.asarray(a[key], dtype=dtype)
+    raise OnnxImportError(f"Constant: unsupported attribute(s) {', '.join(a)}")
+
+
+@converter("Cast")
+def _cast(ins, a, ctx, env, node):
+    return F.astype(ins[0], _np_dtype(a["to"]).name)
+
+
+@converter("MatMul")
+def _matmul(ins, a, ctx, env, node):
+    return F.matmul(ins[0], ins[1])
+
+
+@converter("Gemm")
+def _gemm(ins, a, ctx, env, node):
+    x, w = ins[0], ins[1]
+    if a.get("transA", 0):
+        x = F.transpose(x)
+    if a.get("transB", 0):
+        w = F.transpose(w)
+    y = F.matmul(x, w)
+    alpha, beta = a.get("alpha", 1.0), a.get("beta", 1.0)
+    if alpha != 1.0:
+        y = y * np.asarray(alpha, dtype=y.dtype)
+    if len(ins) > 2 and ins[2] is not None:
+        c = ins[2] if beta == 1.0 else ins[2] * np.asarray(beta, dtype=y.dtype)
+        y = y + c
+    return y
+
+
+@converter("Softmax", "LogSoftmax")
+def _softmax(ins, a, ctx, env, node):
+    x = ins[0]
+    axis = a.get("axis", -1 if ctx.opset >= 13 else 1)
+    fn = F.softmax if node.op_type == "Softmax" else F.log_softmax
+    if ctx.opset >= 13 or axis % _rank(x) == _rank(x) - 1:
+        return fn(x, axis=axis)
+    # opsets < 13: the softmax of x flattened to 2-d at `axis`
+    flat = F.flatten(F.flatten(x, axis, -1), 0, axis - 1) if axis else F.expand_dims(F.flatten(x), 0)
+    return F.reshape(fn(flat, axis=-1), _shape(x))
+
+
+@converter("Gelu")
+def _gelu(ins, a, ctx, env, node):
+    if a.get("approximate", b"none") not in (b"none", "none"):
+        x = ins[0]
+        c = np.asarray(np.sqrt(2 / np.pi), dtype=x.dtype)
+        return np.asarray(0.5, x.dtype) * x * (np.asarray(1, x.dtype) + F.tanh(
+            c * (x + np.asarray(0.044715, x.dtype) * x * x * x)))
+    return F.gelu(ins[0])
+
+
+@converter("LayerNormalization")
+def _layer_norm(ins, a, ctx, env, node):
+    x, gamma = ins[0], ins[1]
+    beta = ins[2] if len(ins) > 2 and ins[2] is not None else None
+    axis = a.get("axis", -1) % _rank(x)
+    eps = a.get("epsilon", 1e-5)
+    stats = len(node.output) > 1 and any(node.output[1:])
+    if axis == _rank(x) - 1 and not stats and np.dtype(x.dtype) == np.float32:
+        return F.layer_norm(x, gamma, np.zeros(_shape(gamma), x.dtype) if beta is None else beta, eps=eps)
+    axes = tuple(range(axis, _rank(x)))          # over every axis from `axis` on, the statistics in float32+
+    ct = "float64" if np.dtype(x.dtype) == np.float64 else "float32"
+    xc = F.astype(x, ct)
+    mean = F.mean(xc, axis=axes, keepdims=True)
+    d = xc - mean
+    inv = F.rsqrt(F.mean(d * d, axis=axes, keepdims=True) + np.asarray(eps, ct))
+    y = F.astype(d * inv, np.dtype(x.dtype).name) * gamma
+    if beta is not None:
+        y = y + beta
+    return [y, mean, inv]
+
+
+@converter("Gather")
+def _gather(ins, a, ctx, env, node):
+    return F.take(ins[0], ins[1], axis=a.get("axis", 0))
+
+
+@converter("Concat")
+def _concat(ins, a, ctx, env, node):
+    return F.concat(list(ins), axis=a["axis"])
+
+
+@converter("Split")
+def _split(ins, a, ctx, env, node):
+    x, axis = ins[0], a.get("axis", 0)
+    sizes = a.get("split")
+    if len(ins) > 1 and ins[1] is not None:
+        sizes = _ints(ins[1], "Split's sizes", node)
+    n = len(node.output)
+    dim = _shape(x)[axis]
+    if sizes is None and isinstance(dim, int) and dim % n:      # opset 18 num_outputs: the last chunk smaller
+        chunk = -(-dim // n)
+        sizes = [chunk] * (n - 1) + [dim - chunk * (n - 1)]
+    if sizes is None:
+        return F.split(x, n, axis=axis)
+    return F.split(x, list(np.cumsum(sizes)[:-1]), axis=axis)
+
+
+@converter("Transpose")
+def _transpose(ins, a, ctx, env, node):
+    perm = a.get("perm")
+    return F.transpose(ins[0], None if perm is None else tuple(perm))
+
+
+def _axes(ins, a, node, k=1):
+    if len(ins) > k and ins[k] is not None:
+        return _ints(ins[k], f"{node.op_type}'s axes", node)
+    return a.get("axes")
+
+
+@converter("Squeeze")
+def _squeeze(ins, a, ctx, env, node):
+    axes = _axes(ins, a, node)
+    return F.squeeze(ins[0], None if axes is None else tuple(axes))
+
+
+@converter("Unsqueeze")
+def _unsqueeze(ins, a, ctx, env, node):
+    x = ins[0]
+    axes = _axes(ins, a, node)
+    out_rank = _rank(x) + len(axes)
+    for ax in sorted(ax % out_rank for ax in axes):
+        x = F.expand_dims(x, ax)
+    return x
+
+
+@converter("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd")
+def _reduce(ins, a, ctx, env, node):
+    fn = {"ReduceSum": F.sum, "ReduceMean": F.mean, "ReduceMax": F.max, "ReduceMin": F.min,
+          "ReduceProd": F.prod}[node.op_type]
+    axes = _axes(ins, a, node)
+    if not axes:
+        if a.get("noop_with_empty_axes", 0):
+            return ins[0]
+        axes = None
+    return fn(ins[0], axis=None if axes is None else tuple(axes), keepdims=bool(a.get("keepdims", 1)))
+
+
+@converter("ArgMax", "ArgMin")
+def _argmax(ins, a, ctx, env, node):
+    fn = F.argmax if node.op_type == "ArgMax" else F.argmin
+    x, axis, keep = ins[0], a.get("axis", 0) % _rank(ins[0]), bool(a.get("keepdims", 1))
+    if not a.get("select_last_index", 0):
+        return fn(x, axis=axis, keepdims=keep)
+    rev = F.slice(x, [None], [None], [-1], [axis])          # the last extreme: the first one of the reversal
+    n = _shape(x)[axis]
+    last = np.asarray(n - 1, np.int64) if isinstance(n, int) else F.take(F.shape_of(x), axis) - np.int64(1)
+    return last - fn(rev, axis=axis, keepdims=keep)
+
+
+@converter("Flatten")
+def _flatten(ins, a, ctx, env, node):
+    x, axis = ins[0], a.get("axis", 1)
+    axis = axis + _rank(x) if axis < 0 else axis
+    if axis == 0:
+        return F.expand_dims(F.flatten(x), 0)
+    if axis == _rank(x):
+        return F.expand_dims(F.flatten(x), -1)
+    return F.flatten(F.flatten(x, axis, -1), 0, axis - 1)
+
+
+@converter("Clip")
+def _clip(ins, a, ctx, env, node):
+    lo = ins[1] if len(ins) > 1 else a.get("min")
+    hi = ins[2] if len(ins) > 2 else a.get("max")
+    x = ins[0]
+    if lo is not None:
+        x = F.maximum(x, np.asarray(lo, x.dtype) if _is_const(lo) else lo)
+    if hi is not None:
+        x = F.minimum(x, np.asarray(hi, x.dtype) if _is_const(hi) else hi)
+    return x
+
+
+@converter("Where")
+def _where(ins, a, ctx, env, node):
+    return F.where(ins[0], ins[1], ins[2])
+
+
+@converter("Shape")
+def _shape_op(ins, a, ctx, env, node):
+    x = ins[0]
+    start, end = a.get("start", 0), a.get("end")
+    dims = _shape(x)[start:end]
+    if all(isinstance(d, (int, np.integer)) for d in dims):
+        return np.asarray(dims, dtype=np.int64)
+    s = F.shape_of(x)
+    return s if (start, end) == (0, None) else F.slice(s, [start], [end if end is not None else INT_MAX])
+
+
+@converter("Size")
+def _size(ins, a, ctx, env, node):
+    dims = _shape(ins[0])
+    if all(isinstance(d, (int, np.integer)) for d in dims):
+        return np.asarray(int(np.prod(dims)), dtype=np.int64)
+    return F.prod(F.shape_of(ins[0]))
+
+
+@converter("Reshape")
+def _reshape(ins, a, ctx, env, node):
+    x, shape = ins[0], ins[1]
+    if not _is_const(shape):
+        if not a.get("allowzero", 0) and isinstance(shape.shape[0], int):     # a 0 copies x's dim there
+            n, r = shape.shape[0], _rank(x)
+            dims = F.shape_of(x)
+            dims = F.slice(dims, [0], [n]) if n <= r else F.concat([dims, np.ones(n - r, np.int64)])
+            shape = F.where(F.equal(shape, np.zeros((), shape.dtype)), F.astype(dims, np.dtype(shape.dtype).name),
+                            shape)
+        return F.reshape(x, shape)
+    dims = _ints(shape, "Reshape's shape", node)
+    if not a.get("allowzero", 0):
+        dims = [_shape(x)[i] if d == 0 else d for i, d in enumerate(dims)]
+    return F.reshape(x, tuple(dims))
+
+
+@converter("Expand")
+def _expand(ins, a, ctx, env, node):
+    x = ins[0]
+    shape = tuple(_ints(ins[1], "Expand's shape", node))
+    zeros = F.zeros(shape, dtype=x.dtype) if x.dtype != np.bool_ else F.full(shape, False, dtype="bool")
+    return F.logical_or(x, zeros) if x.dtype == np.bool_ else x + zeros     # ONNX broadcasting, both ways
+
+
+@converter("ConstantOfShape")
+def _constant_of_shape(ins, a, ctx, env, node):
+    from onnx import numpy_helper
+    value = numpy_helper.to_array(a["value"]) if "value" in a else np.zeros(1, np.float32)
+    shape = tuple(_ints(ins[0], "ConstantOfShape's shape", node))
+    return F.full(shape, value.reshape(-1)[0].item(), dtype=value.dtype.name)
+
+
+@converter("Range")
+def _range(ins, a, ctx, env, node):
+    start, limit, delta = ins
+    dtype = np.dtype(start.dtype)
+    if all(_is_const(v) for v in ins):
+        return np.arange(start, limit, delta, dtype=dtype)
+    return F.arange(start, limit, delta, dtype=dtype.name)
+
+
+@converter("Tile")
+def _tile(ins, a, ctx, env, node):
+    return F.tile(ins[0], tuple(_ints(ins[1], "Tile's repeats", node)))
+
+
+@converter("Slice")
+def _slice(ins, a, ctx, env, node):
+    x = ins[0]
+    if ctx.opset < 10:
+        starts, ends, axes, steps = a["starts"], a["ends"], a.get("axes"), None
+    else:
+        starts = _ints(ins[1], "Slice's starts", node)
+        ends = _ints(ins[2], "Slice's ends", node)
+        axes = _ints(ins[3], "Slice's axes", node) if len(ins) > 3 and ins[3] is not None else None
+        steps = _ints(ins[4], "Slice's steps", node) if len(ins) > 4 and ins[4] is not None else None
+    clamp = lambda v: None if abs(v) >= INT_MAX else v     # noqa: E731
+    steps = steps or [1] * len(starts)
+    ends = [None if (e <= -INT_MAX and s < 0) else clamp(e) for e, s in zip(ends, steps)]
+    return F.slice(x, [clamp(s) for s in starts], ends, steps,
+                   None if axes is None else [ax % _rank(x) for ax in axes])
+
+
+@converter("NonZero")
+def _nonzero(ins, a, ctx, env, node):
+    return F.nonzero(ins[0])
+
+
+@converter("Compress")
+def _compress(ins, a, ctx, env, node):
+    x, cond = ins
+    axis = a.get("axis")
+    if axis is None:
+        x, axis = F.flatten(x), 0
+    axis %= _rank(x)
+    n, k = _shape(x)[axis], _shape(cond)[0]
+    if isinstance(n, int) and isinstance(k, int) and k < n:     # a shorter condition: the rest is dropped
+        x = F.slice(x, [0], [k], [1], [axis])
+    return F.boolean_mask(x, cond, axis=axis)
+
+
+@converter("Unique")
+def _unique(ins, a, ctx, env, node):
+    if "axis" in a:
+        raise OnnxImportError("Unique along an axis is not supported (only the flattened form)")
+    outs = list(node.output) + [""] * (4 - len(node.output))
+    if outs[1]:
+        raise OnnxImportError("Unique's `indices` output (first occurrences) is not supported")
+    res = F.unique(F.flatten(ins[0]), return_inverse=bool(outs[2]), return_counts=bool(outs[3]))
+    res = list(res) if isinstance(res, (list, tuple)) else [res]
+    y = res.pop(0)
+    inverse = res.pop(0) if outs[2] else None
+    counts = res.pop(0) if outs[3] else None
+    return [y, None, inverse, counts]
+
+
+@converter("TopK")
+def _topk(ins, a, ctx, env, node):
+    x, k = ins[0], ins[1]
+    k = F.reshape(k, ()) if not _is_const(k) else int(np.asarray(k).reshape(-1)[0])
+    return F.topk(x, k, axis=a.get("axis", -1), largest=bool(a.get("largest", 1)))
+
+
+# ------------------------------------------------------------------------------------- control flow
+@converter("If")
+def _if(ins, a, ctx, env, node):
+    pred = ins[0]
+    then_g, else_g = a["then_branch"].g, a["else_branch"].g
+    if _is_const(pred):
+        outs = ctx.run_graph(then_g if bool(np.asarray(pred).reshape(-1)[0]) else else_g, env, [])
+        return outs
+    res = F.cond(_scalar_bool(pred), lambda: tuple(ctx.run_graph(then_g, env, [])),
+                 lambda: tuple(ctx.run_graph(else_g, env, [])))
+    return list(res) if isinstance(res, (list, tuple)) else [res]
+
+
+@converter("Loop")
+def _loop(ins, a, ctx, env, node):
+    body = a["body"].g
+    trip, cond0, carried = ins[0], ins[1], list(ins[2:])
+    n_carried = len(carried)
+    n_scan = len(body.output) - 1 - n_carried
+    i0 = np.asarray(0, dtype=np.int64)
+    c0 = np.asarray(True) if cond0 is None else (F.reshape(cond0, ()) if not _is_const(cond0)
+                                                  else np.asarray(bool(np.asarray(cond0).reshape(-1)[0])))
+    max_it = None
+    if trip is not None:
+        max_it = int(np.asarray(trip).reshape(-1)[0]) if _is_const(trip) else F.reshape(trip, ())
+
+    def cond_fn(i, c, *vs):
+        return c
+
+    def body_fn(i, c, *vs):
+        outs = ctx.run_graph(body, env, [i, c, *vs])
+        c_new = outs[0]
+        c_new = np.asarray(True) if cond0 is None and _is_const(c_new) else _scalar_bool(c_new)
+        if _is_const(c_new):
+            c_new = F.full((), bool(np.asarray(c_new)), dtype="bool")
+        return tuple(outs[1 + n_carried:]), [i + np.asarray(1, np.int64), c_new, *outs[1:1 + n_carried]]
+    init = [i0 if trip is None or _is_const(trip) else F.zeros((), dtype="int64"), c0, *carried]
+    init = [F.full((), v.item(), dtype=v.dtype.name) if _is_const(v) and np.ndim(v) == 0 else v for v in init]
+    scans, final = F.while_loop(cond_fn, body_fn, init, max_iterations=max_it)
+    scans = list(scans) if isinstance(scans, (list, tuple)) else [scans]
+    return list(final[2:]) + scans[:n_scan]
+
+
+@converter("Scan")
+def _scan(ins, a, ctx, env, node):
+    if ctx.opset < 9:
+        raise OnnxImportError("Scan before opset 9 (the batch form with sequence lengths) is not supported")
+    body = a["body"].g
+    n_in = a["num_scan_inputs"]
+    states, xs = list(ins[:len(ins) - n_in]), list(ins[len(ins) - n_in:])
+    in_axes = a.get("scan_input_axes") or [0] * n_in
+    in_dirs = a.get("scan_input_directions") or [0] * n_in
+    xs = [_to_front(x, ax, d) for x, ax, d in zip(xs, in_axes, in_dirs)]
+    n_states = len(states)
+
+    def step(rows, sts):
+        outs = ctx.run_graph(body, env, [*sts, *rows])
+        return tuple(outs[n_states:]), list(outs[:n_states])
+    ys, final = F.foreach(step, xs, states)
+    ys = list(ys) if isinstance(ys, (list, tuple)) else [ys]
+    n_out = len(ys)
+    out_axes = a.get("scan_output_axes") or [0] * n_out
+    out_dirs = a.get("scan_output_directions") or [0] * n_out
+    ys = [_from_front(y, ax, d) for y, ax, d in zip(ys, out_axes, out_dirs)]
+    return list(final) + ys
+
+
+def _to_front(x, axis, reverse):
+    axis %= _rank(x)
+    if axis:
+        perm = [axis] + [i for i in range(_rank(x)) if i != axis]
+        x = F.transpose(x, tuple(perm))
+    return F.slice(x, [None], [None], [-1]) if reverse else x
+
+
+def _from_front(y, axis, reverse):
+    if reverse:
+        y = F.slice(y, [None], [None], [-1])
+    axis %= _rank(y)
+    if axis:
+        perm = list(range(1, axis + 1)) + [0] + list(range(axis + 1, _rank(y)))
+        y = F.transpose(y, tuple(perm))
+    return y

@@ -1,0 +1,82 @@
+"""ONNX conformance: the backend node tests of the installed `onnx` package (built from `onnx.backend.test.case`,
+with their inputs and expected outputs) imported with `dt.from_onnx`, compiled and run, every output compared
+with the expected one (dtype and values, at each test's rtol / atol).
+
+A test is skipped, with the reason, when its model uses an op dyntvm has no converter for, a dtype dyntvm does
+not support (float8, 4-bit, bfloat16, strings) or a form of an op the importer refuses by name
+(`OnnxImportError`: training-mode Dropout, Unique's first-occurrence indices, ...). Everything else must
+pass. `pytest tests/test_onnx_conformance.py` reports the counts (passed / skipped as unsupported).
+
+Operands dyntvm needs at import time (a Reshape target, Slice bounds, Unsqueeze axes) are graph inputs in
+these tests; a model that refuses them as inputs is imported again with its integer inputs fixed
+(`from_onnx(..., constant_inputs=)`), as a real model has them: initializers or constants.
+"""
+import warnings
+
+import numpy as np
+import pytest
+
+import dyntvm as dt
+from dyntvm.frontend.onnx import OnnxImportError, unsupported_ops
+
+pytestmark = pytest.mark.slow
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")         # the case generators compute their expected outputs with numpy
+    from onnx import numpy_helper
+    from onnx.backend.test.case import node as _node_cases
+    CASES = sorted(_node_cases.collect_testcases(None), key=lambda c: c.name)
+
+# a semantic difference dyntvm keeps on purpose, with the reason
+KNOWN_DIFFERENCES = {
+    "test_reduce_max_empty_set": "max of an empty set: ONNX gives -inf, dyntvm raises like numpy",
+    "test_reduce_max_empty_set_bool": "max of an empty set: ONNX gives False, dyntvm raises like numpy",
+    "test_reduce_min_empty_set": "min of an empty set: ONNX gives +inf, dyntvm raises like numpy",
+}
+
+
+def _array(v):
+    return numpy_helper.to_array(v) if hasattr(v, "raw_data") else np.asarray(v)
+
+
+def _unsupported(e: Exception) -> bool:
+    return isinstance(e, OnnxImportError) or "unsupported dtype" in str(e)
+
+
+def _import(case, feed: dict):
+    """(graph, the inputs it takes): the model as it is, else with its integer inputs fixed."""
+    try:
+        return dt.from_onnx(case.model), list(feed.values())
+    except OnnxImportError as e:
+        if "must be known when the model is imported" not in str(e):
+            raise
+    consts = {k: v for k, v in feed.items() if v.dtype.kind in "iu"}
+    return dt.from_onnx(case.model, constant_inputs=consts), [v for k, v in feed.items() if k not in consts]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_onnx_node(case):
+    missing = unsupported_ops(case.model)
+    if missing:
+        pytest.skip(f"unsupported op(s): {', '.join(missing)}")
+    if case.name in KNOWN_DIFFERENCES:
+        pytest.skip(f"known difference: {KNOWN_DIFFERENCES[case.name]}")
+    init = {t.name for t in case.model.graph.initializer}
+    names = [vi.name for vi in case.model.graph.input if vi.name not in init]
+    for inputs, outputs in case.data_sets:
+        feed = dict(zip(names, (_array(v) for v in inputs)))
+        try:
+            graph, args = _import(case, feed)
+        except Exception as e:  # noqa: BLE001 - sorted below: unsupported (skip) or a failure
+            if _unsupported(e):
+                pytest.skip(f"unsupported: {str(e).splitlines()[0][:200]}")
+            raise
+        got = dt.compile(graph)(*args)
+        got = list(got) if isinstance(got, (list, tuple)) else [got]
+        want = [_array(v) for v in outputs]
+        assert len(got) == len(want)
+        for k, (a, b) in enumerate(zip(got, want)):
+            a = np.asarray(a)
+            assert a.dtype == b.dtype, f"output {k}: dtype {a.dtype}, expected {b.dtype}"
+            assert a.shape == b.shape, f"output {k}: shape {a.shape}, expected {b.shape}"
+            np.testing.assert_allclose(a, b, rtol=case.rtol, atol=case.atol, err_msg=f"output {k}")
