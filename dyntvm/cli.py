@@ -191,7 +191,10 @@ def _run(args) -> int:
     from dyntvm.loader import parse_sizes, random_inputs
     sizes = parse_sizes(args.dim)
     t0 = time.perf_counter()
-    model = dt.load(args.artifact, device=args.device)
+    if args.artifact.endswith(".onnx") and os.path.isfile(args.artifact):   # an ONNX model: import and compile
+        model = dt.compile(dt.from_onnx(args.artifact), target=args.device or "cpu")
+    else:
+        model = dt.load(args.artifact, device=args.device)
     t_load = time.perf_counter() - t0
     graph = model.graph
     names = [v.name for v in graph.inputs]
@@ -356,9 +359,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("-o", "--output", metavar="DIR", help="log folder (default tuning_logs/<model>/<target key>)")
     t.set_defaults(func=_tune)
 
-    r = sub.add_parser("run", parents=[common], help="run an artifact on .npy or random inputs",
-                       description="Load an artifact, run it, print output shapes and latency.")
-    r.add_argument("artifact", metavar="ART", help="artifact folder or .tar written by `dyntvm compile`")
+    r = sub.add_parser("run", parents=[common], help="run an artifact (or an ONNX model) on .npy or random inputs",
+                       description="Load an artifact (or import and compile an ONNX model), run it, print output "
+                                   "shapes and latency.")
+    r.add_argument("artifact", metavar="ART", help="artifact folder or .tar written by `dyntvm compile`, or a "
+                   "model.onnx (compiled first, for --device or the CPU)")
     r.add_argument("--input", action="append", metavar="NAME=FILE.npy", help="an input array; once per input")
     r.add_argument("--random", action="store_true", help="random data for inputs not given with --input")
     r.add_argument("--dim", action="append", metavar="SYM=SIZE", help="size of a symbolic dim for --random, "

@@ -24,6 +24,7 @@ import numpy as np
 
 from dyntvm.errors import InputError, TraceError, UnsupportedOpError
 
+from . import onnx_control  # noqa: F401  (registers If, Loop, Scan, LSTM, GRU)
 from .onnx_ops import CONVERTERS, OnnxImportError, _np_dtype, _tensor
 from .tracer import TensorSpec, trace
 
@@ -137,11 +138,19 @@ def _attrs(node) -> dict:
 def _run_nodes(graph, env: dict, ctx: _Ctx) -> None:
     for node in graph.node:
         conv = CONVERTERS[node.op_type]
-        ins = [env[n] if n else None for n in node.input]
+        where = f"ONNX node {node.name or node.op_type!r} ({node.op_type})"
+        try:
+            ins = [env[n] if n else None for n in node.input]
+        except KeyError as e:
+            raise OnnxImportError(f"{where}: input {e.args[0]!r} is not defined before it (not a graph input, "
+                                  "initializer or earlier node output)") from None
         try:
             outs = conv(ins, _attrs(node), ctx, env, node)
         except (TraceError, InputError) as e:
-            raise type(e)(f"ONNX node {node.name or node.op_type!r} ({node.op_type}): {e}") from None
+            raise type(e)(f"{where}: {e}") from None
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:   # a malformed node
+            raise OnnxImportError(f"{where}: malformed node, not as the ONNX spec defines it for opset "
+                                  f"{ctx.opset} ({type(e).__name__}: {e})") from None
         if not isinstance(outs, (list, tuple)):
             outs = [outs]
         for name, v in zip(node.output, outs):
@@ -192,7 +201,10 @@ def from_onnx(model, input_shapes: dict | None = None, constant_inputs: dict | N
         env.update(inits)
         env.update(zip(names, xs))
         _run_nodes(g, env, ctx)
-        outs = [env[o.name] for o in g.output]
+        try:
+            outs = [env[o.name] for o in g.output]
+        except KeyError as e:
+            raise OnnxImportError(f"from_onnx: graph output {e.args[0]!r} is not computed by any node") from None
         return outs[0] if len(outs) == 1 else tuple(outs)
     run.__name__ = name
     return trace(run, *specs, name=name)

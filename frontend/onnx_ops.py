@@ -314,6 +314,81 @@ def _clip(ins, a, ctx, env, node):
     return x
 
 
+def _c(v, like):
+    """A scalar constant in `like`'s dtype."""
+    return np.asarray(v, dtype=like.dtype)
+
+
+@converter("LeakyRelu", "Elu", "Selu", "Celu", "ThresholdedRelu", "HardSigmoid", "HardSwish", "Softplus",
+           "Softsign", "Mish", "PRelu")
+def _activation(ins, a, ctx, env, node):
+    x, op = ins[0], node.op_type
+    zero = _c(0, x)
+    if op == "LeakyRelu":
+        return F.where(F.less(x, zero), x * _c(a.get("alpha", 0.01), x), x)
+    if op == "PRelu":
+        return F.where(F.less(x, zero), x * ins[1], x)
+    if op in ("Elu", "Celu"):
+        alpha = _c(a.get("alpha", 1.0), x)
+        inner = F.exp(x / alpha) if op == "Celu" else F.exp(x)
+        return F.where(F.greater(x, zero), x, alpha * (inner - _c(1, x)))
+    if op == "Selu":
+        alpha, gamma = _c(a.get("alpha", 1.67326319217681884765625), x), _c(a.get("gamma", 1.05070102214813232421875), x)
+        return gamma * F.where(F.greater(x, zero), x, alpha * (F.exp(x) - _c(1, x)))
+    if op == "ThresholdedRelu":
+        return F.where(F.greater(x, _c(a.get("alpha", 1.0), x)), x, zero)
+    if op in ("HardSigmoid", "HardSwish"):
+        alpha, beta = (a.get("alpha", 0.2), a.get("beta", 0.5)) if op == "HardSigmoid" else (1 / 6, 0.5)
+        hs = F.minimum(F.maximum(x * _c(alpha, x) + _c(beta, x), zero), _c(1, x))
+        return hs if op == "HardSigmoid" else x * hs
+    softplus = F.where(F.greater(x, _c(20, x)), x, F.log(F.exp(F.minimum(x, _c(20, x))) + _c(1, x)))
+    if op == "Softplus":
+        return softplus
+    if op == "Mish":
+        return x * F.tanh(softplus)
+    return x / (_c(1, x) + F.abs(x))                                                    # Softsign
+
+
+@converter("Swish")
+def _swish(ins, a, ctx, env, node):
+    x = ins[0]
+    return x * F.sigmoid(x * _c(a.get("alpha", 1.0), x))
+
+
+@converter("CastLike")
+def _cast_like(ins, a, ctx, env, node):
+    return F.astype(ins[0], np.dtype(ins[1].dtype).name)
+
+
+@converter("Xor")
+def _xor(ins, a, ctx, env, node):
+    return F.not_equal(ins[0], ins[1])
+
+
+@converter("BatchNormalization")
+def _batch_norm(ins, a, ctx, env, node):
+    x, scale, bias, mean, var = ins[:5]
+    if a.get("training_mode", 0) or len([o for o in node.output if o]) > 1:
+        raise OnnxImportError("BatchNormalization in training mode (or its running statistics outputs) is not "
+                              "supported")
+    shape = (-1,) + (1,) * (_rank(x) - 2)            # per channel (axis 1), broadcast over the spatial axes
+    inv = F.reshape(scale / F.sqrt(var + _c(a.get("epsilon", 1e-5), var)), shape)
+    return (x - F.reshape(mean, shape)) * inv + F.reshape(bias, shape)
+
+
+@converter("OneHot")
+def _one_hot(ins, a, ctx, env, node):
+    idx, depth, values = ins
+    d = int(np.asarray(_const(depth, "OneHot's depth", node)).reshape(-1)[0])
+    axis = a.get("axis", -1)
+    idx = F.astype(idx, "int64")
+    idx = F.where(F.less(idx, np.int64(0)), idx + np.int64(d), idx)         # negative indices count from the end
+    hot = F.equal(F.expand_dims(idx, axis if axis >= 0 else _rank(idx) + 1 + axis),
+                  F.reshape(np.arange(d, dtype=np.int64), tuple(d if k == (axis % (_rank(idx) + 1)) else 1
+                                                               for k in range(_rank(idx) + 1))))
+    return F.where(hot, F.take(values, np.int64(1)), F.take(values, np.int64(0)))
+
+
 @converter("Where")
 def _where(ins, a, ctx, env, node):
     return F.where(ins[0], ins[1], ins[2])
@@ -440,88 +515,3 @@ def _topk(ins, a, ctx, env, node):
     x, k = ins[0], ins[1]
     k = F.reshape(k, ()) if not _is_const(k) else int(np.asarray(k).reshape(-1)[0])
     return F.topk(x, k, axis=a.get("axis", -1), largest=bool(a.get("largest", 1)))
-
-
-# ------------------------------------------------------------------------------------- control flow
-@converter("If")
-def _if(ins, a, ctx, env, node):
-    pred = ins[0]
-    then_g, else_g = a["then_branch"].g, a["else_branch"].g
-    if _is_const(pred):
-        outs = ctx.run_graph(then_g if bool(np.asarray(pred).reshape(-1)[0]) else else_g, env, [])
-        return outs
-    res = F.cond(_scalar_bool(pred), lambda: tuple(ctx.run_graph(then_g, env, [])),
-                 lambda: tuple(ctx.run_graph(else_g, env, [])))
-    return list(res) if isinstance(res, (list, tuple)) else [res]
-
-
-@converter("Loop")
-def _loop(ins, a, ctx, env, node):
-    body = a["body"].g
-    trip, cond0, carried = ins[0], ins[1], list(ins[2:])
-    n_carried = len(carried)
-    n_scan = len(body.output) - 1 - n_carried
-    i0 = np.asarray(0, dtype=np.int64)
-    c0 = np.asarray(True) if cond0 is None else (F.reshape(cond0, ()) if not _is_const(cond0)
-                                                  else np.asarray(bool(np.asarray(cond0).reshape(-1)[0])))
-    max_it = None
-    if trip is not None:
-        max_it = int(np.asarray(trip).reshape(-1)[0]) if _is_const(trip) else F.reshape(trip, ())
-
-    def cond_fn(i, c, *vs):
-        return c
-
-    def body_fn(i, c, *vs):
-        outs = ctx.run_graph(body, env, [i, c, *vs])
-        c_new = outs[0]
-        c_new = np.asarray(True) if cond0 is None and _is_const(c_new) else _scalar_bool(c_new)
-        if _is_const(c_new):
-            c_new = F.full((), bool(np.asarray(c_new)), dtype="bool")
-        return tuple(outs[1 + n_carried:]), [i + np.asarray(1, np.int64), c_new, *outs[1:1 + n_carried]]
-    init = [i0 if trip is None or _is_const(trip) else F.zeros((), dtype="int64"), c0, *carried]
-    init = [F.full((), v.item(), dtype=v.dtype.name) if _is_const(v) and np.ndim(v) == 0 else v for v in init]
-    scans, final = F.while_loop(cond_fn, body_fn, init, max_iterations=max_it)
-    scans = list(scans) if isinstance(scans, (list, tuple)) else [scans]
-    return list(final[2:]) + scans[:n_scan]
-
-
-@converter("Scan")
-def _scan(ins, a, ctx, env, node):
-    if ctx.opset < 9:
-        raise OnnxImportError("Scan before opset 9 (the batch form with sequence lengths) is not supported")
-    body = a["body"].g
-    n_in = a["num_scan_inputs"]
-    states, xs = list(ins[:len(ins) - n_in]), list(ins[len(ins) - n_in:])
-    in_axes = a.get("scan_input_axes") or [0] * n_in
-    in_dirs = a.get("scan_input_directions") or [0] * n_in
-    xs = [_to_front(x, ax, d) for x, ax, d in zip(xs, in_axes, in_dirs)]
-    n_states = len(states)
-
-    def step(rows, sts):
-        outs = ctx.run_graph(body, env, [*sts, *rows])
-        return tuple(outs[n_states:]), list(outs[:n_states])
-    ys, final = F.foreach(step, xs, states)
-    ys = list(ys) if isinstance(ys, (list, tuple)) else [ys]
-    n_out = len(ys)
-    out_axes = a.get("scan_output_axes") or [0] * n_out
-    out_dirs = a.get("scan_output_directions") or [0] * n_out
-    ys = [_from_front(y, ax, d) for y, ax, d in zip(ys, out_axes, out_dirs)]
-    return list(final) + ys
-
-
-def _to_front(x, axis, reverse):
-    axis %= _rank(x)
-    if axis:
-        perm = [axis] + [i for i in range(_rank(x)) if i != axis]
-        x = F.transpose(x, tuple(perm))
-    return F.slice(x, [None], [None], [-1]) if reverse else x
-
-
-def _from_front(y, axis, reverse):
-    if reverse:
-        y = F.slice(y, [None], [None], [-1])
-    axis %= _rank(y)
-    if axis:
-        perm = list(range(1, axis + 1)) + [0] + list(range(axis + 1, _rank(y)))
-        y = F.transpose(y, tuple(perm))
-    return y

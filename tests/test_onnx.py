@@ -224,3 +224,33 @@ def test_the_cli_compiles_and_inspects_an_onnx_file(tmp_path):
     np.testing.assert_array_equal(dt.load(str(tmp_path / "art"))(x), [1.0, 3.0])
     r = run("compile", "m.onnx", "--input", "x:N:float32", "-o", "art2")
     assert r.returncode != 0 and "an ONNX model has its own inputs" in r.stderr
+    np.save(tmp_path / "x.npy", x)
+    r = run("run", "m.onnx", "--input", "x=x.npy")
+    assert r.returncode == 0 and "float32[2]" in r.stdout, (r.stdout, r.stderr)
+    r = run("run", "m.onnx", "--random", "--dim", "N=7")
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("op,direction,extra", [("LSTM", "forward", {}), ("LSTM", "bidirectional", {}),
+                                                ("GRU", "reverse", {}), ("GRU", "forward", {"linear_before_reset": 1})])
+def test_recurrent_layers_with_symbolic_length_and_batch(op, direction, extra):
+    gates, hidden, inp = (4 if op == "LSTM" else 3), 5, 3
+    nd = 2 if direction == "bidirectional" else 1
+    inits = {"W": f32(nd, gates * hidden, inp), "R": f32(nd, gates * hidden, hidden), "B": f32(nd, 2 * gates * hidden)}
+    outs = ["Y", "Y_h"] + (["Y_c"] if op == "LSTM" else [])
+    m = model_of([h.make_node(op, ["X", "W", "R", "B"], outs, hidden_size=hidden, direction=direction, **extra)],
+                 [vi("X", TP.FLOAT, ["T", "B", inp])],
+                 [vi("Y", TP.FLOAT, ["T", nd, "B", hidden])] + [vi(o, TP.FLOAT, [nd, "B", hidden]) for o in outs[1:]],
+                 inits, opset=14)
+    check(m, [{"X": f32(t, b, inp)} for t, b in ((6, 2), (1, 1), (3, 4))], rtol=1e-4, atol=1e-5)
+
+
+def test_malformed_models_get_a_clear_import_error():
+    from dyntvm.frontend.onnx import OnnxImportError
+    bad = [([h.make_node("Concat", ["x", "x"], ["y"])], "malformed node"),                 # no axis
+           ([h.make_node("Relu", ["nope"], ["y"])], "'nope' is not defined"),
+           ([h.make_node("Relu", ["x"], ["z"])], "graph output 'y' is not computed")]
+    for nodes, match in bad:
+        m = model_of(nodes, [vi("x", TP.FLOAT, [2])], [vi("y", TP.FLOAT, [4])])
+        with pytest.raises(OnnxImportError, match=match):
+            dt.from_onnx(m)

@@ -8,8 +8,8 @@ not support (float8, 4-bit, bfloat16, strings) or a form of an op the importer r
 pass. `pytest tests/test_onnx_conformance.py` reports the counts (passed / skipped as unsupported).
 
 Operands dyntvm needs at import time (a Reshape target, Slice bounds, Unsqueeze axes) are graph inputs in
-these tests; a model that refuses them as inputs is imported again with its integer inputs fixed
-(`from_onnx(..., constant_inputs=)`), as a real model has them: initializers or constants.
+these tests; a model that refuses them as inputs is imported again with its integer and one-element inputs
+fixed (`from_onnx(..., constant_inputs=)`), as a real model has them: initializers or constants.
 """
 import warnings
 
@@ -44,13 +44,13 @@ def _unsupported(e: Exception) -> bool:
 
 
 def _import(case, feed: dict):
-    """(graph, the inputs it takes): the model as it is, else with its integer inputs fixed."""
+    """(graph, the inputs it takes): the model as it is, else with its integer and one-element inputs fixed."""
     try:
         return dt.from_onnx(case.model), list(feed.values())
     except OnnxImportError as e:
         if "must be known when the model is imported" not in str(e):
             raise
-    consts = {k: v for k, v in feed.items() if v.dtype.kind in "iu"}
+    consts = {k: v for k, v in feed.items() if v.dtype.kind in "iu" or v.size == 1}
     return dt.from_onnx(case.model, constant_inputs=consts), [v for k, v in feed.items() if k not in consts]
 
 
