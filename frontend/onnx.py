@@ -38,6 +38,8 @@ def _load(model):
         raise InputError("from_onnx: the `onnx` package is needed to read ONNX models (pip install onnx)") from None
     if isinstance(model, (str, os.PathLike)):
         path = os.fspath(model)
+        if os.path.isdir(path):
+            raise InputError(f"from_onnx: {path!r} is a directory, not an ONNX model file")
         if not os.path.isfile(path):
             raise InputError(f"from_onnx: no such file {path!r}")
         try:
@@ -46,6 +48,9 @@ def _load(model):
             raise InputError(f"from_onnx: {path!r} is not a readable ONNX model ({type(e).__name__}: {e})") from None
     if not isinstance(model, onnx.ModelProto):
         raise InputError(f"from_onnx: expected a path or an onnx.ModelProto, got {type(model).__name__}")
+    if not model.HasField("graph"):         # an empty file, or another protobuf, parses as an empty ModelProto
+        where = f"{path!r}" if "path" in locals() else "the model"
+        raise InputError(f"from_onnx: {where} is not an ONNX model (it has no graph)")
     return model
 
 
@@ -75,9 +80,19 @@ def _symbol(name: str) -> str:
     return s if s and not s[0].isdigit() else "d_" + s
 
 
+def _declared(vi) -> str:
+    """An input's declared type, for messages: float32[N, 4]."""
+    tt = vi.type.tensor_type
+    dims = ", ".join(str(d.dim_value) if d.HasField("dim_value") else d.dim_param or "?" for d in tt.shape.dim)
+    return f"{_np_dtype(tt.elem_type).name}" + (f"[{dims}]" if tt.HasField("shape") else " (rank unknown)")
+
+
 def _input_specs(model, input_shapes, constants=()) -> list:
     init = {t.name for t in model.graph.initializer} | set(constants)
-    specs = []
+    specs, used = [], set()
+    if input_shapes is not None and not isinstance(input_shapes, dict):
+        raise InputError(f"from_onnx: input_shapes must be a dict {{input name: shape}}, got "
+                         f"{type(input_shapes).__name__}")
     shapes = dict(input_shapes or {})
     for k, vi in enumerate(i for i in model.graph.input if i.name not in init):
         tt = vi.type.tensor_type
@@ -85,16 +100,53 @@ def _input_specs(model, input_shapes, constants=()) -> list:
             raise OnnxImportError(f"from_onnx: input {vi.name!r} is not a tensor (sequences and maps are not "
                                   "supported as model inputs)")
         if vi.name in shapes:
-            shape = tuple(shapes.pop(vi.name))
+            shape = shapes.pop(vi.name)
+            if isinstance(shape, (str, bytes)) or not isinstance(shape, (tuple, list)):
+                raise InputError(f"from_onnx: input_shapes[{vi.name!r}] must be a tuple of dims (ints or symbol "
+                                 f"names), got {shape!r}")
+            if tt.HasField("shape") and len(shape) != len(tt.shape.dim):
+                raise InputError(f"from_onnx: input_shapes[{vi.name!r}] = {tuple(shape)} has rank {len(shape)}, but "
+                                 f"the model declares {vi.name!r} as {_declared(vi)}, rank {len(tt.shape.dim)}")
+            shape = tuple(shape)
+        elif not tt.HasField("shape"):
+            raise OnnxImportError(f"from_onnx: input {vi.name!r} has no shape in the model (its rank is unknown); "
+                                  f"give it with input_shapes={{{vi.name!r}: (...)}}")
         else:
             shape = tuple(d.dim_value if d.HasField("dim_value") else
                           _symbol(d.dim_param) if d.HasField("dim_param") and d.dim_param else
                           f"{_symbol(vi.name)}_{ax}" for ax, d in enumerate(tt.shape.dim))
-        specs.append(TensorSpec(shape, _np_dtype(tt.elem_type).name, name=_symbol(vi.name)))
+        name = _symbol(vi.name)
+        while name in used:                                 # "x.1" and "x_1" both sanitize to x_1
+            name += "_"
+        used.add(name)
+        specs.append(TensorSpec(shape, _np_dtype(tt.elem_type).name, name=name))
     if shapes:
         raise InputError(f"from_onnx: input_shapes names {', '.join(map(repr, shapes))}, which "
                          f"{'is not an input' if len(shapes) == 1 else 'are not inputs'} of the model")
     return specs
+
+
+def _constant_input(vi, value) -> np.ndarray:
+    """`constant_inputs[vi.name]` as an array of the input's declared dtype and shape (a list of ints is fine for
+    an int64 input; a float array for one is not)."""
+    tt = vi.type.tensor_type
+    want = _np_dtype(tt.elem_type)
+    try:
+        arr = np.asarray(value)
+        if arr.dtype != want and arr.dtype.kind in "iub" and np.can_cast(arr, want) and want.kind in "iuf":
+            arr = arr.astype(want)          # a Python int list for an int64 / float input
+    except (TypeError, ValueError):
+        arr = None
+    if arr is None or arr.dtype != want:
+        got = "not an array" if arr is None else f"{arr.dtype}"
+        raise OnnxImportError(f"from_onnx: constant_inputs[{vi.name!r}] is {got}, but the model declares "
+                              f"{vi.name!r} as {_declared(vi)}")
+    if tt.HasField("shape"):
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
+        if len(dims) != arr.ndim or any(d is not None and d != n for d, n in zip(dims, arr.shape)):
+            raise OnnxImportError(f"from_onnx: constant_inputs[{vi.name!r}] has shape {arr.shape}, but the model "
+                                  f"declares {vi.name!r} as {_declared(vi)}")
+    return arr
 
 
 # ------------------------------------------------------------------------------------- interpretation
@@ -155,6 +207,9 @@ def _run_nodes(graph, env: dict, ctx: _Ctx) -> None:
             outs = [outs]
         for name, v in zip(node.output, outs):
             if name:
+                if name in env:         # this graph's own names only (a subgraph may read, not redefine, outer ones)
+                    raise OnnxImportError(f"{where}: output {name!r} is already defined (an input, initializer or "
+                                          "earlier node output): ONNX names are assigned once")
                 env[name] = v
 
 
@@ -191,7 +246,7 @@ def from_onnx(model, input_shapes: dict | None = None, constant_inputs: dict | N
         raise InputError(f"from_onnx: constant_inputs names {', '.join(map(repr, unknown))}, not an input of the model")
     specs = _input_specs(model, input_shapes, constants)
     inits = {t.name: _tensor(t) for t in g.initializer}
-    inits.update({k: np.asarray(v) for k, v in constants.items()})
+    inits.update({vi.name: _constant_input(vi, constants[vi.name]) for vi in g.input if vi.name in constants})
     names = [vi.name for vi in g.input if vi.name not in inits]
     name = _symbol(g.name or "onnx_model")
     ctx = _Ctx(opset, name)

@@ -177,7 +177,8 @@ def _softmax(ins, a, ctx, env, node):
     fn = F.softmax if node.op_type == "Softmax" else F.log_softmax
     if ctx.opset >= 13 or axis % _rank(x) == _rank(x) - 1:
         return fn(x, axis=axis)
-    # opsets < 13: the softmax of x flattened to 2-d at `axis`
+    # opsets < 13: the softmax of x flattened to 2-d at `axis` (a negative one counts from the end)
+    axis %= _rank(x)
     flat = F.flatten(F.flatten(x, axis, -1), 0, axis - 1) if axis else F.expand_dims(F.flatten(x), 0)
     return F.reshape(fn(flat, axis=-1), _shape(x))
 

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 import dyntvm as dt
+from dyntvm.frontend.onnx import OnnxImportError
 
 import onnx  # noqa: E402  (a dependency of dyntvm: dt.from_onnx)
 from onnx import TensorProto as TP  # noqa: E402
@@ -254,3 +255,75 @@ def test_malformed_models_get_a_clear_import_error():
         m = model_of(nodes, [vi("x", TP.FLOAT, [2])], [vi("y", TP.FLOAT, [4])])
         with pytest.raises(OnnxImportError, match=match):
             dt.from_onnx(m)
+
+
+def test_softmax_before_opset_13_with_a_negative_axis():
+    # opset < 13: the softmax of x flattened to 2-d at `axis`; a negative axis counts from the end
+    x = f32(2, 3, 4)
+    for op, ax in (("Softmax", -2), ("LogSoftmax", -2), ("Softmax", -3)):
+        m = model_of([h.make_node(op, ["x"], ["y"], axis=ax)], [vi("x", TP.FLOAT, ["A", 3, 4])],
+                     [vi("y", TP.FLOAT, ["A", 3, 4])], opset=11)
+        fl = x.reshape(int(np.prod(x.shape[:ax % 3])), -1)
+        e = np.exp(fl - fl.max(axis=1, keepdims=True))
+        want = (e / e.sum(axis=1, keepdims=True)).reshape(x.shape)   # ONNX's reference evaluator: opset 13's
+        got = dt.compile(dt.from_onnx(m))(x)
+        np.testing.assert_allclose(got, want if op == "Softmax" else np.log(want), rtol=1e-5, atol=1e-6)
+
+
+def test_files_that_are_not_onnx_models(tmp_path):
+    m = model_of([h.make_node("Relu", ["x"], ["y"])], [vi("x", TP.FLOAT, ["N"])], [vi("y", TP.FLOAT, ["N"])])
+    (tmp_path / "empty.onnx").write_bytes(b"")
+    (tmp_path / "graph.onnx").write_bytes(m.graph.SerializeToString())    # a protobuf, but not a ModelProto
+    for name in ("empty.onnx", "graph.onnx"):
+        with pytest.raises(dt.InputError, match="not an ONNX model .*no graph"):
+            dt.from_onnx(str(tmp_path / name))
+    (tmp_path / "d.onnx").mkdir()
+    with pytest.raises(dt.InputError, match="is a directory"):
+        dt.from_onnx(str(tmp_path / "d.onnx"))
+    with pytest.raises(dt.InputError, match="no graph"):
+        dt.from_onnx(onnx.ModelProto())
+
+
+def test_input_shapes_are_checked_against_the_model():
+    m = model_of([h.make_node("Relu", ["x"], ["y"])], [vi("x", TP.FLOAT, ["N", 4])], [vi("y", TP.FLOAT, ["N", 4])])
+    assert dt.from_onnx(m, input_shapes={"x": (1, 4)}).inputs[0].type.shape == (1, 4)   # a fixed dim may change
+    for bad, match in [((3,), "rank 1, .*rank 2"), ((3, 4, 5), "rank 3, .*rank 2"), ("NC", "a tuple of dims"),
+                       (5, "a tuple of dims"), (None, "a tuple of dims")]:
+        with pytest.raises(dt.InputError, match=match):
+            dt.from_onnx(m, input_shapes={"x": bad})
+    with pytest.raises(dt.InputError, match="input_shapes must be a dict"):
+        dt.from_onnx(m, input_shapes=[(3, 4)])
+    # an input of unknown rank (no shape in the model) is not a scalar: it needs input_shapes
+    m = model_of([h.make_node("Relu", ["x"], ["y"])], [vi("x", TP.FLOAT, None)], [vi("y", TP.FLOAT, None)])
+    with pytest.raises(OnnxImportError, match="'x' has no shape .*input_shapes"):
+        dt.from_onnx(m)
+    compiled = dt.compile(dt.from_onnx(m, input_shapes={"x": ("N",)}))
+    np.testing.assert_array_equal(compiled(np.asarray([-1.0, 2.0], np.float32)), [0.0, 2.0])
+
+
+def test_constant_inputs_are_checked_against_the_model():
+    m = model_of([h.make_node("Reshape", ["x", "s"], ["y"])], [vi("x", TP.FLOAT, ["N", 4]), vi("s", TP.INT64, [2])],
+                 [vi("y", TP.FLOAT, None)])
+    compiled = dt.compile(dt.from_onnx(m, constant_inputs={"s": [2, -1]}))       # a list is fine: it is int64[2]
+    assert compiled(f32(4, 4)).shape == (2, 8)
+    for bad, match in [(np.asarray([2.0, -1.0], np.float32), "is float32, but the model declares .s. as int64"),
+                       (np.asarray([2, -1, 1], np.int64), r"shape \(3,\).* declares .s. as int64\[2\]"),
+                       (np.asarray([[2, -1]], np.int64), r"shape \(1, 2\)"), ("ab", "declares .s. as int64"),
+                       (None, "declares .s. as int64")]:
+        with pytest.raises(OnnxImportError, match=match):
+            dt.from_onnx(m, constant_inputs={"s": bad})
+    with pytest.raises(OnnxImportError, match=r"'x'.*shape \(2, 5\).* float32\[N, 4\]"):
+        dt.from_onnx(m, constant_inputs={"x": np.ones((2, 5), np.float32), "s": [2, -1]})
+
+
+def test_a_value_defined_twice_is_refused():
+    m = model_of([h.make_node("Relu", ["x"], ["y"]), h.make_node("Neg", ["x"], ["y"])],
+                 [vi("x", TP.FLOAT, ["N"])], [vi("y", TP.FLOAT, ["N"])])
+    with pytest.raises(OnnxImportError, match="'y' is already defined"):
+        dt.from_onnx(m)
+
+
+def test_input_names_that_sanitize_to_the_same_symbol():
+    m = model_of([h.make_node("Sub", ["x.1", "x_1"], ["y"])], [vi("x.1", TP.FLOAT, ["N"]), vi("x_1", TP.FLOAT, ["N"])],
+                 [vi("y", TP.FLOAT, ["N"])])
+    check(m, [{"x.1": f32(3), "x_1": f32(3)}])
