@@ -239,6 +239,10 @@ def from_onnx(model, input_shapes: dict | None = None, constant_inputs: dict | N
         raise UnsupportedOpError(f"from_onnx: no converter for ONNX op(s) {', '.join(missing)} "
                                  f"(supported: {len(CONVERTERS)} ops, dt.frontend.onnx.CONVERTERS)")
     opset = _opsets(model).get("ai.onnx", 1)
+    from onnx.defs import onnx_opset_version
+    if opset > onnx_opset_version():
+        raise OnnxImportError(f"from_onnx: the model uses opset {opset}, newer than the installed onnx package "
+                              f"knows ({onnx_opset_version()}): its ops' semantics cannot be checked")
     g = model.graph
     constants = dict(constant_inputs or {})
     unknown = sorted(set(constants) - {vi.name for vi in g.input})

@@ -327,3 +327,10 @@ def test_input_names_that_sanitize_to_the_same_symbol():
     m = model_of([h.make_node("Sub", ["x.1", "x_1"], ["y"])], [vi("x.1", TP.FLOAT, ["N"]), vi("x_1", TP.FLOAT, ["N"])],
                  [vi("y", TP.FLOAT, ["N"])])
     check(m, [{"x.1": f32(3), "x_1": f32(3)}])
+
+
+def test_an_opset_newer_than_onnx_knows_is_refused():
+    from dyntvm.frontend.onnx import OnnxImportError
+    m = model_of([h.make_node("Relu", ["x"], ["y"])], [vi("x", TP.FLOAT, [2])], [vi("y", TP.FLOAT, [2])], opset=99)
+    with pytest.raises(OnnxImportError, match="opset 99"):
+        dt.from_onnx(m)
