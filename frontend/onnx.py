@@ -156,6 +156,7 @@ class _Ctx:
     def __init__(self, opset: int, model_name: str):
         self.opset = opset
         self.model_name = model_name
+        self.dims: dict = {}        # id(tensor) -> (tensor, dims, scalar): shape vectors with symbolic entries
 
     def run_graph(self, graph, env: dict, inputs: list) -> list:
         """Run subgraph `graph` with its formal inputs bound to `inputs`; names it does not define are read

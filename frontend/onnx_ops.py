@@ -53,6 +53,26 @@ def _shape(x) -> tuple:
     return tuple(x.shape)
 
 
+def _known_dims(ctx, v):
+    """``(entries, scalar)`` of an integer shape vector (or one entry of it) whose entries are known at import:
+    ints, or symbols where it came from `Shape` of a tensor with symbolic dims (``ctx.dims``); else None. The
+    exporters' ``Shape -> Gather -> Unsqueeze -> Concat -> Reshape / Expand / ConstantOfShape`` chains then
+    build static-rank shapes with the model's symbols, which type-check against the other values of the graph
+    (a computed shape tensor would give fresh unknown dims)."""
+    if _is_const(v):
+        arr = np.asarray(v)
+        return (arr.reshape(-1).tolist(), arr.ndim == 0) if arr.dtype.kind in "iu" and arr.ndim <= 1 else None
+    e = ctx.dims.get(id(v))
+    return None if e is None or e[0] is not v else (list(e[1]), e[2])
+
+
+def _note(ctx, t, dims, scalar=False):
+    """Records that traced int tensor `t` holds the entries `dims` (some symbolic) and returns `t`."""
+    if not _is_const(t) and any(not isinstance(d, (int, np.integer)) for d in dims):
+        ctx.dims[id(t)] = (t, tuple(dims), scalar)
+    return t
+
+
 def _fold(op, xs):
     out = xs[0]
     for x in xs[1:]:
@@ -145,7 +165,9 @@ def _constant(ins, a, ctx, env, node):
 
 @converter("Cast")
 def _cast(ins, a, ctx, env, node):
-    return F.astype(ins[0], _np_dtype(a["to"]).name)
+    out = F.astype(ins[0], _np_dtype(a["to"]).name)
+    kd = _known_dims(ctx, ins[0]) if _np_dtype(a["to"]).kind in "iu" else None
+    return out if kd is None else _note(ctx, out, *kd)
 
 
 @converter("MatMul")
@@ -216,12 +238,22 @@ def _layer_norm(ins, a, ctx, env, node):
 
 @converter("Gather")
 def _gather(ins, a, ctx, env, node):
-    return F.take(ins[0], ins[1], axis=a.get("axis", 0))
+    out = F.take(ins[0], ins[1], axis=a.get("axis", 0))
+    kd = _known_dims(ctx, ins[0])
+    if kd is not None and not kd[1] and _is_const(ins[1]):
+        idx = np.asarray(ins[1])
+        picked = [kd[0][int(i)] for i in idx.reshape(-1)]
+        return _note(ctx, out, picked, idx.ndim == 0)
+    return out
 
 
 @converter("Concat")
 def _concat(ins, a, ctx, env, node):
-    return F.concat(list(ins), axis=a["axis"])
+    out = F.concat(list(ins), axis=a["axis"])
+    kds = [_known_dims(ctx, v) for v in ins]
+    if all(kd is not None and not kd[1] for kd in kds):
+        return _note(ctx, out, [d for kd in kds for d in kd[0]])
+    return out
 
 
 @converter("Split")
@@ -255,7 +287,9 @@ def _axes(ins, a, node, k=1):
 @converter("Squeeze")
 def _squeeze(ins, a, ctx, env, node):
     axes = _axes(ins, a, node)
-    return F.squeeze(ins[0], None if axes is None else tuple(axes))
+    out = F.squeeze(ins[0], None if axes is None else tuple(axes))
+    kd = _known_dims(ctx, ins[0])
+    return _note(ctx, out, kd[0], True) if kd is not None and len(kd[0]) == 1 and not kd[1] else out
 
 
 @converter("Unsqueeze")
@@ -265,7 +299,8 @@ def _unsqueeze(ins, a, ctx, env, node):
     out_rank = _rank(x) + len(axes)
     for ax in sorted(ax % out_rank for ax in axes):
         x = F.expand_dims(x, ax)
-    return x
+    kd = _known_dims(ctx, ins[0])
+    return _note(ctx, x, kd[0]) if kd is not None and kd[1] and out_rank == 1 else x
 
 
 @converter("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd")
@@ -403,7 +438,8 @@ def _shape_op(ins, a, ctx, env, node):
     if all(isinstance(d, (int, np.integer)) for d in dims):
         return np.asarray(dims, dtype=np.int64)
     s = F.shape_of(x)
-    return s if (start, end) == (0, None) else F.slice(s, [start], [end if end is not None else INT_MAX])
+    s = s if (start, end) == (0, None) else F.slice(s, [start], [end if end is not None else INT_MAX])
+    return _note(ctx, s, dims)
 
 
 @converter("Size")
@@ -417,6 +453,10 @@ def _size(ins, a, ctx, env, node):
 @converter("Reshape")
 def _reshape(ins, a, ctx, env, node):
     x, shape = ins[0], ins[1]
+    kd = _known_dims(ctx, shape)
+    if kd is not None and not _is_const(shape):                 # entries known, some symbolic
+        dims = [_shape(x)[i] if d == 0 and not a.get("allowzero", 0) else d for i, d in enumerate(kd[0])]
+        return F.reshape(x, tuple(dims))
     if not _is_const(shape):
         if not a.get("allowzero", 0) and isinstance(shape.shape[0], int):     # a 0 copies x's dim there
             n, r = shape.shape[0], _rank(x)
@@ -434,15 +474,34 @@ def _reshape(ins, a, ctx, env, node):
 @converter("Expand")
 def _expand(ins, a, ctx, env, node):
     x = ins[0]
-    shape = tuple(_ints(ins[1], "Expand's shape", node))
-    zeros = F.zeros(shape, dtype=x.dtype) if x.dtype != np.bool_ else F.full(shape, False, dtype="bool")
+    kd = _known_dims(ctx, ins[1])
+    if kd is not None and not _is_const(ins[1]):        # entries known, some symbolic
+        zeros = F.full(tuple(kd[0]), np.zeros((), np.dtype(x.dtype)).item(), dtype=np.dtype(x.dtype).name)
+    elif not _is_const(ins[1]):                 # a computed shape
+        zeros = _full_of_shape(ins[1], np.zeros((), np.dtype(x.dtype)))
+    else:
+        shape = tuple(_ints(ins[1], "Expand's shape", node))
+        zeros = F.zeros(shape, dtype=x.dtype) if x.dtype != np.bool_ else F.full(shape, False, dtype="bool")
     return F.logical_or(x, zeros) if x.dtype == np.bool_ else x + zeros     # ONNX broadcasting, both ways
+
+
+def _full_of_shape(shape, value: np.ndarray):
+    """A tensor of the computed 1-d int64 `shape`, filled with `value`: ``prod(shape)`` copies of it (a
+    data-dependent arange) reshaped to `shape` (a data-dependent reshape)."""
+    shape = F.astype(shape, "int64")
+    flat = F.full_like(F.arange(np.int64(0), F.prod(shape), np.int64(1)), value.item(), dtype=value.dtype.name)
+    return F.reshape(flat, shape)
 
 
 @converter("ConstantOfShape")
 def _constant_of_shape(ins, a, ctx, env, node):
     from onnx import numpy_helper
     value = numpy_helper.to_array(a["value"]) if "value" in a else np.zeros(1, np.float32)
+    kd = _known_dims(ctx, ins[0])
+    if kd is not None and not _is_const(ins[0]):
+        return F.full(tuple(kd[0]), value.reshape(-1)[0].item(), dtype=value.dtype.name)
+    if not _is_const(ins[0]):
+        return _full_of_shape(ins[0], value.reshape(-1)[0])
     shape = tuple(_ints(ins[0], "ConstantOfShape's shape", node))
     return F.full(shape, value.reshape(-1)[0].item(), dtype=value.dtype.name)
 

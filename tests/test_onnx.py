@@ -334,3 +334,25 @@ def test_an_opset_newer_than_onnx_knows_is_refused():
     m = model_of([h.make_node("Relu", ["x"], ["y"])], [vi("x", TP.FLOAT, [2])], [vi("y", TP.FLOAT, [2])], opset=99)
     with pytest.raises(OnnxImportError, match="opset 99"):
         dt.from_onnx(m)
+
+
+def test_shapes_built_from_symbolic_dims_keep_the_symbols():
+    """Shape(x) -> ConstantOfShape / Expand / Reshape chains over symbolic dims type-check against x (the
+    symbols are tracked through Gather / Unsqueeze / Concat), and a shape read from input data still works."""
+    m = model_of([h.make_node("Shape", ["x"], ["s"]),
+                  h.make_node("ConstantOfShape", ["s"], ["c"], value=nh.from_array(np.asarray([2.5], np.float32))),
+                  h.make_node("Add", ["x", "c"], ["y"]),
+                  h.make_node("Expand", ["b", "s"], ["e"]),
+                  h.make_node("Mul", ["e", "y"], ["z"]),
+                  h.make_node("Gather", ["s", "i1"], ["d1"], axis=0),
+                  h.make_node("Unsqueeze", ["d1", "ax0"], ["d1v"]),
+                  h.make_node("Concat", ["m1", "d1v"], ["tgt"], axis=0),
+                  h.make_node("Reshape", ["z", "tgt"], ["r"]),
+                  h.make_node("ConstantOfShape", ["n"], ["dd"], value=nh.from_array(np.asarray([7], np.int64)))],
+                 [vi("x", TP.FLOAT, ["N", "M"]), vi("n", TP.INT64, [2])],
+                 [vi("r", TP.FLOAT, [None, "M"]), vi("dd", TP.INT64, [None, None])],
+                 {"b": np.full((1, 3), 2.0, np.float32), "i1": np.asarray(1, np.int64),
+                  "ax0": np.asarray([0], np.int64), "m1": np.asarray([-1], np.int64)})
+    g = dt.from_onnx(m)
+    assert g.outputs[0].type.shape[1] == "M"          # the Reshape target (-1, M) kept the symbol
+    check(m, [{"x": f32(n, 3), "n": np.asarray(k, np.int64)} for n, k in ((4, (2, 3)), (1, (1, 1)), (0, (0, 5)))])
