@@ -109,26 +109,27 @@ def test_a_cuda_build_applies_the_logs_winning_kernels(cuda_log, tmp_path):
         assert m.specialized_calls == 1
 
 
-@needs_nvcc
-def test_kernels_whose_default_won_keep_dlight_schedules(cuda_log, tmp_path):
-    path = str(tmp_path / "defaults")
-    shutil.copytree(cuda_log, path)
+def _edited_copy(log: str, path: str, edit) -> str:
+    """A copy of `log` at `path` whose manifest `edit(manifest)` changed."""
+    shutil.copytree(log, path)
     with open(os.path.join(path, "manifest.json")) as f:
         manifest = json.load(f)
-    manifest["kernels"][0]["use"] = "default"
+    edit(manifest)
     tuning.write_manifest(path, manifest)
+    return path
+
+
+@needs_nvcc
+def test_kernels_whose_default_won_keep_dlight_schedules(cuda_log, tmp_path):
+    path = _edited_copy(cuda_log, str(tmp_path / "defaults"), lambda m: m["kernels"][0].update(use="default"))
     _, tuned = _compile(path)
     assert tuned == 1
 
 
 @needs_nvcc
 def test_a_cpu_log_is_not_applied_to_a_cuda_build(cuda_log, tmp_path):
-    path = str(tmp_path / "cpu")
-    shutil.copytree(cuda_log, path)
-    with open(os.path.join(path, "manifest.json")) as f:
-        manifest = json.load(f)
-    manifest.update(tuning.target_identity(dt.codegen.build.concrete_target("cpu")))
-    tuning.write_manifest(path, manifest)
+    path = _edited_copy(cuda_log, str(tmp_path / "cpu"),
+                        lambda m: m.update(tuning.target_identity(dt.codegen.build.concrete_target("cpu"))))
     with pytest.warns(tuning.TuningWarning, match="made for another target"):
         m, tuned = _compile(path)
     assert tuned == 0 and "tuning" not in m.info
