@@ -121,6 +121,47 @@ def _div(ins, a, ctx, env, node):
     return q
 
 
+@converter("Mod")
+def _mod(ins, a, ctx, env, node):
+    x, y = ins
+    kind = np.dtype(x.dtype).kind
+    if kind in "iu":                            # exact in integers: truncated quotient, then the remainder
+        r = x - F.astype(F.divide(x, y), np.dtype(x.dtype).name) * y
+        if kind == "u" and np.dtype(x.dtype).itemsize == 8:
+            raise OnnxImportError("Mod of uint64 is not supported (the quotient goes through float64)")
+        if np.dtype(x.dtype).itemsize == 8:
+            raise OnnxImportError("Mod of int64 is not supported (the quotient goes through float64, inexact "
+                                  "above 2**53)")
+    else:
+        raise OnnxImportError("Mod of floats is not supported yet (inf / nan / signed-zero semantics)")
+    if a.get("fmod", 0) or kind == "u":
+        return r
+    zero = _c(0, r)                              # Python's %: the remainder has the sign of y
+    fix = F.logical_and(F.not_equal(r, zero), F.not_equal(F.less(r, zero), F.less(y, _c(0, y))))
+    return F.where(fix, r + y, r)
+
+
+@converter("Pad")
+def _pad(ins, a, ctx, env, node):
+    x = ins[0]
+    mode = a.get("mode", b"constant")
+    if (mode.decode() if isinstance(mode, bytes) else mode) != "constant":
+        raise OnnxImportError(f"Pad mode {mode!r} is not supported (only constant)")
+    pads = a.get("pads") if ctx.opset < 11 else _ints(ins[1], "Pad's pads", node)
+    value = a.get("value", 0.0) if ctx.opset < 11 else (
+        0 if len(ins) < 3 or ins[2] is None else np.asarray(_const(ins[2], "Pad's constant value", node)).item())
+    axes = list(range(_rank(x)))
+    if len(ins) > 3 and ins[3] is not None:
+        axes = [ax % _rank(x) for ax in _ints(ins[3], "Pad's axes", node)]
+    n = len(axes)
+    width = [(0, 0)] * _rank(x)
+    for k, ax in enumerate(axes):
+        width[ax] = (pads[k], pads[k + n])
+    if any(p < 0 for w in width for p in w):
+        raise OnnxImportError("Pad with negative pads (cropping) is not supported")
+    return F.pad(x, tuple(width), value)
+
+
 @converter("Pow")
 def _pow(ins, a, ctx, env, node):
     x, y = ins
@@ -355,61 +396,9 @@ def _c(v, like):
     return np.asarray(v, dtype=like.dtype)
 
 
-@converter("LeakyRelu", "Elu", "Selu", "Celu", "ThresholdedRelu", "HardSigmoid", "HardSwish", "Softplus",
-           "Softsign", "Mish", "PRelu")
-def _activation(ins, a, ctx, env, node):
-    x, op = ins[0], node.op_type
-    zero = _c(0, x)
-    if op == "LeakyRelu":
-        return F.where(F.less(x, zero), x * _c(a.get("alpha", 0.01), x), x)
-    if op == "PRelu":
-        return F.where(F.less(x, zero), x * ins[1], x)
-    if op in ("Elu", "Celu"):
-        alpha = _c(a.get("alpha", 1.0), x)
-        inner = F.exp(x / alpha) if op == "Celu" else F.exp(x)
-        return F.where(F.greater(x, zero), x, alpha * (inner - _c(1, x)))
-    if op == "Selu":
-        alpha, gamma = _c(a.get("alpha", 1.67326319217681884765625), x), _c(a.get("gamma", 1.05070102214813232421875), x)
-        return gamma * F.where(F.greater(x, zero), x, alpha * (F.exp(x) - _c(1, x)))
-    if op == "ThresholdedRelu":
-        return F.where(F.greater(x, _c(a.get("alpha", 1.0), x)), x, zero)
-    if op in ("HardSigmoid", "HardSwish"):
-        alpha, beta = (a.get("alpha", 0.2), a.get("beta", 0.5)) if op == "HardSigmoid" else (1 / 6, 0.5)
-        hs = F.minimum(F.maximum(x * _c(alpha, x) + _c(beta, x), zero), _c(1, x))
-        return hs if op == "HardSigmoid" else x * hs
-    softplus = F.where(F.greater(x, _c(20, x)), x, F.log(F.exp(F.minimum(x, _c(20, x))) + _c(1, x)))
-    if op == "Softplus":
-        return softplus
-    if op == "Mish":
-        return x * F.tanh(softplus)
-    return x / (_c(1, x) + F.abs(x))                                                    # Softsign
-
-
-@converter("Swish")
-def _swish(ins, a, ctx, env, node):
-    x = ins[0]
-    return x * F.sigmoid(x * _c(a.get("alpha", 1.0), x))
-
-
-@converter("CastLike")
-def _cast_like(ins, a, ctx, env, node):
-    return F.astype(ins[0], np.dtype(ins[1].dtype).name)
-
-
 @converter("Xor")
 def _xor(ins, a, ctx, env, node):
     return F.not_equal(ins[0], ins[1])
-
-
-@converter("BatchNormalization")
-def _batch_norm(ins, a, ctx, env, node):
-    x, scale, bias, mean, var = ins[:5]
-    if a.get("training_mode", 0) or len([o for o in node.output if o]) > 1:
-        raise OnnxImportError("BatchNormalization in training mode (or its running statistics outputs) is not "
-                              "supported")
-    shape = (-1,) + (1,) * (_rank(x) - 2)            # per channel (axis 1), broadcast over the spatial axes
-    inv = F.reshape(scale / F.sqrt(var + _c(a.get("epsilon", 1e-5), var)), shape)
-    return (x - F.reshape(mean, shape)) * inv + F.reshape(bias, shape)
 
 
 @converter("OneHot")
