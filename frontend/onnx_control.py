@@ -40,13 +40,13 @@ def _loop(ins, a, ctx, env, node):
 
     def body_fn(i, c, *vs):
         outs = ctx.run_graph(body, env, [i, c, *vs])
-        c_new = outs[0]
-        c_new = np.asarray(True) if cond0 is None and _is_const(c_new) else _scalar_bool(c_new)
+        # without a condition input the loop is a for loop: the body's condition output is ignored (spec)
+        c_new = np.asarray(True) if cond0 is None else _scalar_bool(outs[0])
         if _is_const(c_new):
             c_new = F.full((), bool(np.asarray(c_new)), dtype="bool")
         return tuple(outs[1 + n_carried:]), [i + np.asarray(1, np.int64), c_new, *outs[1:1 + n_carried]]
-    init = [i0 if trip is None or _is_const(trip) else F.zeros((), dtype="int64"), c0, *carried]
-    init = [F.full((), v.item(), dtype=v.dtype.name) if _is_const(v) and np.ndim(v) == 0 else v for v in init]
+    init = [F.full((), v.item(), dtype=v.dtype.name) if _is_const(v) and np.ndim(v) == 0 else v
+            for v in [i0, c0, *carried]]
     scans, final = F.while_loop(cond_fn, body_fn, init, max_iterations=max_it)
     scans = list(scans) if isinstance(scans, (list, tuple)) else [scans]
     return list(final[2:]) + scans[:n_scan]

@@ -356,3 +356,21 @@ def test_shapes_built_from_symbolic_dims_keep_the_symbols():
     g = dt.from_onnx(m)
     assert g.outputs[0].type.shape[1] == "M"          # the Reshape target (-1, M) kept the symbol
     check(m, [{"x": f32(n, 3), "n": np.asarray(k, np.int64)} for n, k in ((4, (2, 3)), (1, (1, 1)), (0, (0, 5)))])
+
+
+def test_a_loop_without_a_condition_input_runs_its_trip_count():
+    """ONNX: with the condition input omitted the body's condition output is ignored (a for loop); ONNX's
+    reference evaluator runs no iteration there, so the expected values are computed here."""
+    x = np.abs(f32(4)) + 0.5
+    compiled = dt.compile(dt.from_onnx(_loop_model(with_cond=False)))
+    for m in (0, 1, 9):            # 9 steps go past the body's `tot < limit` condition
+        a0 = np.zeros(4, np.float32)
+        final, scans = compiled(np.asarray(m, np.int64), a0, x)
+        acc, want = a0.copy(), []
+        for i in range(m):
+            acc = acc + x * np.float32(i)
+            want.append(acc * 2)
+        np.testing.assert_allclose(final, acc, rtol=1e-6)
+        assert scans.shape == (m, 4)
+        if m:
+            np.testing.assert_allclose(scans, np.stack(want), rtol=1e-6)
