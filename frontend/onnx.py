@@ -11,8 +11,10 @@ variant where dyntvm has one (`Reshape` with a computed shape).
 Control flow: `If` becomes `F.cond` (a branch subgraph reads outer values by name; the tracer turns those
 into explicit captures), `Loop` becomes `F.while_loop` (trip count as `max_iterations`, the loop-carried
 values as loop vars, scan outputs stacked to the iterations run, zero included), `Scan` becomes
-`F.foreach`. Symbolic dims (`dim_param`) become symbols of the same name; unknown dims fresh symbols.
-Unsupported ops are listed all at once, subgraphs included, before anything is converted.
+`F.foreach`; an `If` whose condition is known at import is inlined (the taken branch only). Sequences and
+optionals exist at import time only (`onnx_seq.py`: a sequence is a list of element values; a `Loop`
+carrying one is unrolled). Symbolic dims (`dim_param`) become symbols of the same name; unknown dims fresh
+symbols. Unsupported ops are listed all at once, subgraphs included, before anything is converted.
 """
 from __future__ import annotations
 
@@ -24,7 +26,8 @@ import numpy as np
 
 from dyntvm.errors import InputError, TraceError, UnsupportedOpError
 
-from . import onnx_control, onnx_nn  # noqa: F401  (register If, Loop, Scan, LSTM, GRU; activations, BatchNorm)
+from . import onnx_control, onnx_nn, onnx_seq  # noqa: F401  (register If, Loop, Scan, LSTM, GRU; activations,
+#                                                 BatchNorm; sequences, optionals)
 from .onnx_ops import CONVERTERS, OnnxImportError, _np_dtype, _tensor
 from .tracer import TensorSpec, trace
 
@@ -80,56 +83,82 @@ def _symbol(name: str) -> str:
     return s if s and not s[0].isdigit() else "d_" + s
 
 
-def _declared(vi) -> str:
+def _declared(vi, tt=None) -> str:
     """An input's declared type, for messages: float32[N, 4]."""
-    tt = vi.type.tensor_type
+    tt = onnx_seq.value_type(vi)[1] if tt is None else tt
     dims = ", ".join(str(d.dim_value) if d.HasField("dim_value") else d.dim_param or "?" for d in tt.shape.dim)
     return f"{_np_dtype(tt.elem_type).name}" + (f"[{dims}]" if tt.HasField("shape") else " (rank unknown)")
 
 
+def _shape_of(vi, tt, shape, what: str) -> tuple:
+    """The dims of tensor input `what` (an input, or an element of a sequence input): `shape` given in
+    input_shapes (checked against the declared rank), else the declared one."""
+    if shape is not None:
+        if isinstance(shape, (str, bytes)) or not isinstance(shape, (tuple, list)):
+            raise InputError(f"from_onnx: input_shapes[{what}] must be a tuple of dims (ints or symbol "
+                             f"names), got {shape!r}")
+        if tt.HasField("shape") and len(shape) != len(tt.shape.dim):
+            raise InputError(f"from_onnx: input_shapes[{what}] = {tuple(shape)} has rank {len(shape)}, but the "
+                             f"model declares {vi.name!r} as {_declared(vi, tt)}, rank {len(tt.shape.dim)}")
+        return tuple(shape)
+    if not tt.HasField("shape"):
+        raise OnnxImportError(f"from_onnx: input {vi.name!r} has no shape in the model (its rank is unknown); "
+                              f"give it with input_shapes={{{vi.name!r}: (...)}}")
+    return tuple(d.dim_value if d.HasField("dim_value") else
+                 _symbol(d.dim_param) if d.HasField("dim_param") and d.dim_param else
+                 f"{_symbol(vi.name)}_{ax}" for ax, d in enumerate(tt.shape.dim))
+
+
 def _input_specs(model, input_shapes, constants=()) -> list:
+    """One TensorSpec per tensor input, a list of them (one per element) per sequence input."""
     init = {t.name for t in model.graph.initializer} | set(constants)
     specs, used = [], set()
     if input_shapes is not None and not isinstance(input_shapes, dict):
         raise InputError(f"from_onnx: input_shapes must be a dict {{input name: shape}}, got "
                          f"{type(input_shapes).__name__}")
     shapes = dict(input_shapes or {})
-    for k, vi in enumerate(i for i in model.graph.input if i.name not in init):
-        tt = vi.type.tensor_type
-        if not vi.type.HasField("tensor_type"):
-            raise OnnxImportError(f"from_onnx: input {vi.name!r} is not a tensor (sequences and maps are not "
-                                  "supported as model inputs)")
-        if vi.name in shapes:
-            shape = shapes.pop(vi.name)
-            if isinstance(shape, (str, bytes)) or not isinstance(shape, (tuple, list)):
-                raise InputError(f"from_onnx: input_shapes[{vi.name!r}] must be a tuple of dims (ints or symbol "
-                                 f"names), got {shape!r}")
-            if tt.HasField("shape") and len(shape) != len(tt.shape.dim):
-                raise InputError(f"from_onnx: input_shapes[{vi.name!r}] = {tuple(shape)} has rank {len(shape)}, but "
-                                 f"the model declares {vi.name!r} as {_declared(vi)}, rank {len(tt.shape.dim)}")
-            shape = tuple(shape)
-        elif not tt.HasField("shape"):
-            raise OnnxImportError(f"from_onnx: input {vi.name!r} has no shape in the model (its rank is unknown); "
-                                  f"give it with input_shapes={{{vi.name!r}: (...)}}")
-        else:
-            shape = tuple(d.dim_value if d.HasField("dim_value") else
-                          _symbol(d.dim_param) if d.HasField("dim_param") and d.dim_param else
-                          f"{_symbol(vi.name)}_{ax}" for ax, d in enumerate(tt.shape.dim))
-        name = _symbol(vi.name)
+
+    def spec(vi, tt, shape, what, name):
+        shape = _shape_of(vi, tt, shape, what)
         while name in used:                                 # "x.1" and "x_1" both sanitize to x_1
             name += "_"
         used.add(name)
-        specs.append(TensorSpec(shape, _np_dtype(tt.elem_type).name, name=name))
+        return TensorSpec(shape, _np_dtype(tt.elem_type).name, name=name)
+
+    for vi in (i for i in model.graph.input if i.name not in init):
+        kind, tt = onnx_seq.value_type(vi)
+        given = shapes.pop(vi.name, None)
+        if kind == "tensor":
+            specs.append(spec(vi, tt, given, repr(vi.name), _symbol(vi.name)))
+            continue
+        if not isinstance(given, list) or not all(isinstance(s, (tuple, list)) for s in given):
+            raise InputError(f"from_onnx: input {vi.name!r} is a sequence: give its length and element shapes "
+                             f"with input_shapes={{{vi.name!r}: [shape, ...]}} (a list of one tuple of dims per "
+                             f"element{'' if given is None else f', got {given!r}'}); it is passed to the "
+                             "compiled model as a list of arrays")
+        specs.append([spec(vi, tt, s, f"{vi.name!r}][{k}", f"{_symbol(vi.name)}_{k}") for k, s in enumerate(given)])
     if shapes:
         raise InputError(f"from_onnx: input_shapes names {', '.join(map(repr, shapes))}, which "
                          f"{'is not an input' if len(shapes) == 1 else 'are not inputs'} of the model")
     return specs
 
 
-def _constant_input(vi, value) -> np.ndarray:
-    """`constant_inputs[vi.name]` as an array of the input's declared dtype and shape (a list of ints is fine for
-    an int64 input; a float array for one is not)."""
-    tt = vi.type.tensor_type
+def _constant_input(vi, value):
+    """`constant_inputs[vi.name]` checked against the input's declared type: an array of its dtype and
+    shape (a list of ints is fine for an int64 input; a float array for one is not), a list of them for a
+    sequence, None for an empty optional."""
+    kind, tt = onnx_seq.value_type(vi)
+    if value is None and vi.type.HasField("optional_type"):
+        return onnx_seq.EMPTY
+    if kind == "sequence":
+        if not isinstance(value, (list, tuple)):
+            raise OnnxImportError(f"from_onnx: constant_inputs[{vi.name!r}] must be a list of arrays (the input is "
+                                  f"a sequence of {_declared(vi, tt)}), got {type(value).__name__}")
+        return [_constant_tensor(vi, tt, v, f"{vi.name!r}][{k}") for k, v in enumerate(value)]
+    return _constant_tensor(vi, tt, value, repr(vi.name))
+
+
+def _constant_tensor(vi, tt, value, what: str) -> np.ndarray:
     want = _np_dtype(tt.elem_type)
     try:
         arr = np.asarray(value)
@@ -139,13 +168,13 @@ def _constant_input(vi, value) -> np.ndarray:
         arr = None
     if arr is None or arr.dtype != want:
         got = "not an array" if arr is None else f"{arr.dtype}"
-        raise OnnxImportError(f"from_onnx: constant_inputs[{vi.name!r}] is {got}, but the model declares "
-                              f"{vi.name!r} as {_declared(vi)}")
+        raise OnnxImportError(f"from_onnx: constant_inputs[{what}] is {got}, but the model declares "
+                              f"{vi.name!r} as {_declared(vi, tt)}")
     if tt.HasField("shape"):
         dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
         if len(dims) != arr.ndim or any(d is not None and d != n for d, n in zip(dims, arr.shape)):
-            raise OnnxImportError(f"from_onnx: constant_inputs[{vi.name!r}] has shape {arr.shape}, but the model "
-                                  f"declares {vi.name!r} as {_declared(vi)}")
+            raise OnnxImportError(f"from_onnx: constant_inputs[{what}] has shape {arr.shape}, but the model "
+                                  f"declares {vi.name!r} as {_declared(vi, tt)}")
     return arr
 
 
@@ -221,11 +250,14 @@ def from_onnx(model, input_shapes: dict | None = None, constant_inputs: dict | N
         model: path to a ``.onnx`` file, or a loaded ``onnx.ModelProto``.
         input_shapes: ``{input name: shape}`` overriding the model's (ints for fixed sizes, strings for
             symbols); by default each ``dim_param`` is a symbol of that name, each unknown dim a fresh one.
+            A sequence input needs one: ``[shape, ...]``, one per element (its length is fixed at import).
         constant_inputs: ``{input name: array}``: inputs fixed at import time (they are no longer inputs of
-            the graph), for operands dyntvm needs constant (a `Reshape` target fed as an input, say).
+            the graph), for operands dyntvm needs constant (a `Reshape` target fed as an input, say); a list
+            of arrays for a sequence input, None for an optional input that is empty.
 
     Returns:
-        A `dt.Graph` whose inputs are the model's graph inputs (initializers excluded), named after them.
+        A `dt.Graph` whose inputs are the model's graph inputs (initializers excluded), named after them; a
+        sequence input is a list of arrays (elements ``name_0``, ``name_1``, ...), a sequence output a list.
 
     Raises:
         UnsupportedOpError: listing every op of the model (subgraphs included) without a converter.
@@ -262,7 +294,7 @@ def from_onnx(model, input_shapes: dict | None = None, constant_inputs: dict | N
         env.update(zip(names, xs))
         _run_nodes(g, env, ctx)
         try:
-            outs = [env[o.name] for o in g.output]
+            outs = [onnx_seq.check_output(o.name, env[o.name]) for o in g.output]
         except KeyError as e:
             raise OnnxImportError(f"from_onnx: graph output {e.args[0]!r} is not computed by any node") from None
         return outs[0] if len(outs) == 1 else tuple(outs)

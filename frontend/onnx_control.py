@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import F
+from . import F, onnx_seq
 from .onnx_ops import OnnxImportError, _is_const, _rank, _scalar_bool, _shape, converter
 
 
@@ -17,13 +17,16 @@ def _if(ins, a, ctx, env, node):
     if _is_const(pred):
         outs = ctx.run_graph(then_g if bool(np.asarray(pred).reshape(-1)[0]) else else_g, env, [])
         return outs
-    res = F.cond(_scalar_bool(pred), lambda: tuple(ctx.run_graph(then_g, env, [])),
-                 lambda: tuple(ctx.run_graph(else_g, env, [])))
+    seen: list = []         # sequences / optionals in the outputs: the same structure in both branches
+    res = F.cond(_scalar_bool(pred), lambda: onnx_seq.cond_branch(ctx.run_graph(then_g, env, []), seen),
+                 lambda: onnx_seq.cond_branch(ctx.run_graph(else_g, env, []), seen))
     return list(res) if isinstance(res, (list, tuple)) else [res]
 
 
 @converter("Loop")
 def _loop(ins, a, ctx, env, node):
+    if any(onnx_seq.is_structured(v) for v in ins[2:]):      # carries a sequence / optional: unrolled
+        return onnx_seq.unroll_loop(ins, a, ctx, env, node)
     body = a["body"].g
     trip, cond0, carried = ins[0], ins[1], list(ins[2:])
     n_carried = len(carried)

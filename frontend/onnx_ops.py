@@ -103,8 +103,13 @@ def _unary(fn):
 for _name, _fn in {"Relu": F.relu, "Sigmoid": F.sigmoid, "Tanh": F.tanh, "Exp": F.exp, "Log": F.log,
                    "Sqrt": F.sqrt, "Abs": F.abs, "Neg": F.negative, "Floor": F.floor, "Ceil": F.ceil, "Erf": F.erf,
                    "Not": F.logical_not, "Sin": F.sin, "Cos": F.cos, "Tan": F.tan, "Sign": F.sign,
-                   "Round": F.round, "IsNaN": F.isnan, "Identity": lambda x: x}.items():
+                   "Round": F.round, "IsNaN": F.isnan}.items():
     CONVERTERS[_name] = _unary(_fn)
+
+
+@converter("Identity")
+def _identity(ins, a, ctx, env, node):
+    return [ins[0]]         # one output, whatever it is: a sequence (a Python list) too
 
 for _name, _fn in {"Add": F.add, "Sub": F.subtract, "Mul": F.multiply,
                    "Equal": F.equal, "Less": F.less, "Greater": F.greater, "LessOrEqual": F.less_equal,

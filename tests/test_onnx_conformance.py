@@ -9,7 +9,8 @@ pass. `pytest tests/test_onnx_conformance.py` reports the counts (passed / skipp
 
 Operands dyntvm needs at import time (a Reshape target, Slice bounds, Unsqueeze axes) are graph inputs in
 these tests; a model that refuses them as inputs is imported again with its integer and one-element inputs
-fixed (`from_onnx(..., constant_inputs=)`), as a real model has them: initializers or constants.
+fixed (`from_onnx(..., constant_inputs=)`), as a real model has them: initializers or constants. Sequence
+inputs and outputs are lists of arrays (compared element-wise); an empty optional input is fixed as empty.
 """
 import warnings
 
@@ -36,7 +37,9 @@ KNOWN_DIFFERENCES = {
 
 
 def _array(v):
-    return numpy_helper.to_array(v) if hasattr(v, "raw_data") else np.asarray(v)
+    if isinstance(v, list):                 # a sequence
+        return [_array(e) for e in v]
+    return v if v is None else numpy_helper.to_array(v) if hasattr(v, "raw_data") else np.asarray(v)
 
 
 def _unsupported(e: Exception) -> bool:
@@ -44,14 +47,35 @@ def _unsupported(e: Exception) -> bool:
 
 
 def _import(case, feed: dict):
-    """(graph, the inputs it takes): the model as it is, else with its integer and one-element inputs fixed."""
+    """(graph, the inputs it takes): the model as it is, else with its integer and one-element inputs fixed.
+    A sequence input (a list of arrays) gets its element shapes from the feed; an empty optional (None) is
+    fixed as such."""
+    shapes = {k: [a.shape for a in v] for k, v in feed.items() if isinstance(v, list)}
+    consts = {k: v for k, v in feed.items() if v is None}
     try:
-        return dt.from_onnx(case.model), list(feed.values())
+        return (dt.from_onnx(case.model, input_shapes=shapes, constant_inputs=consts),
+                [v for k, v in feed.items() if k not in consts])
     except OnnxImportError as e:
         if "must be known when the model is imported" not in str(e):
             raise
-    consts = {k: v for k, v in feed.items() if v.dtype.kind in "iu" or v.size == 1}
-    return dt.from_onnx(case.model, constant_inputs=consts), [v for k, v in feed.items() if k not in consts]
+    consts.update({k: v for k, v in feed.items() if isinstance(v, np.ndarray) and (v.dtype.kind in "iu" or
+                                                                                   v.size == 1)})
+    return (dt.from_onnx(case.model, input_shapes=shapes, constant_inputs=consts),
+            [v for k, v in feed.items() if k not in consts])
+
+
+def _compare(got, want, case, where: str):
+    """One output: an array, or a list of them (a sequence) compared element-wise."""
+    if isinstance(want, list):
+        assert isinstance(got, list), f"{where}: got {type(got).__name__}, expected a sequence (a list)"
+        assert len(got) == len(want), f"{where}: a sequence of {len(got)} tensors, expected {len(want)}"
+        for k, (a, b) in enumerate(zip(got, want)):
+            _compare(a, b, case, f"{where}[{k}]")
+        return
+    a = np.asarray(got)
+    assert a.dtype == want.dtype, f"{where}: dtype {a.dtype}, expected {want.dtype}"
+    assert a.shape == want.shape, f"{where}: shape {a.shape}, expected {want.shape}"
+    np.testing.assert_allclose(a, want, rtol=case.rtol, atol=case.atol, err_msg=where)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
@@ -72,11 +96,8 @@ def test_onnx_node(case):
                 pytest.skip(f"unsupported: {str(e).splitlines()[0][:200]}")
             raise
         got = dt.compile(graph)(*args)
-        got = list(got) if isinstance(got, (list, tuple)) else [got]
+        got = list(got) if len(outputs) > 1 else [got]       # one output: an array, or a list (a sequence)
         want = [_array(v) for v in outputs]
         assert len(got) == len(want)
         for k, (a, b) in enumerate(zip(got, want)):
-            a = np.asarray(a)
-            assert a.dtype == b.dtype, f"output {k}: dtype {a.dtype}, expected {b.dtype}"
-            assert a.shape == b.shape, f"output {k}: shape {a.shape}, expected {b.shape}"
-            np.testing.assert_allclose(a, b, rtol=case.rtol, atol=case.atol, err_msg=f"output {k}")
+            _compare(a, b, case, f"output {k}")
