@@ -90,10 +90,13 @@ def _declared(vi, tt=None) -> str:
     return f"{_np_dtype(tt.elem_type).name}" + (f"[{dims}]" if tt.HasField("shape") else " (rank unknown)")
 
 
+_NOT_GIVEN = object()
+
+
 def _shape_of(vi, tt, shape, what: str) -> tuple:
     """The dims of tensor input `what` (an input, or an element of a sequence input): `shape` given in
     input_shapes (checked against the declared rank), else the declared one."""
-    if shape is not None:
+    if shape is not _NOT_GIVEN:
         if isinstance(shape, (str, bytes)) or not isinstance(shape, (tuple, list)):
             raise InputError(f"from_onnx: input_shapes[{what}] must be a tuple of dims (ints or symbol "
                              f"names), got {shape!r}")
@@ -127,14 +130,14 @@ def _input_specs(model, input_shapes, constants=()) -> list:
 
     for vi in (i for i in model.graph.input if i.name not in init):
         kind, tt = onnx_seq.value_type(vi)
-        given = shapes.pop(vi.name, None)
+        given = shapes.pop(vi.name, _NOT_GIVEN)
         if kind == "tensor":
             specs.append(spec(vi, tt, given, repr(vi.name), _symbol(vi.name)))
             continue
         if not isinstance(given, list) or not all(isinstance(s, (tuple, list)) for s in given):
             raise InputError(f"from_onnx: input {vi.name!r} is a sequence: give its length and element shapes "
                              f"with input_shapes={{{vi.name!r}: [shape, ...]}} (a list of one tuple of dims per "
-                             f"element{'' if given is None else f', got {given!r}'}); it is passed to the "
+                             f"element{'' if given is _NOT_GIVEN else f', got {given!r}'}); it is passed to the "
                              "compiled model as a list of arrays")
         specs.append([spec(vi, tt, s, f"{vi.name!r}][{k}", f"{_symbol(vi.name)}_{k}") for k, s in enumerate(given)])
     if shapes:

@@ -50,7 +50,12 @@ def _loop(ins, a, ctx, env, node):
         return tuple(outs[1 + n_carried:]), [i + np.asarray(1, np.int64), c_new, *outs[1:1 + n_carried]]
     init = [F.full((), v.item(), dtype=v.dtype.name) if _is_const(v) and np.ndim(v) == 0 else v
             for v in [i0, c0, *carried]]
-    scans, final = F.while_loop(cond_fn, body_fn, init, max_iterations=max_it)
+    try:
+        scans, final = F.while_loop(cond_fn, body_fn, init, max_iterations=max_it)
+    except OnnxImportError as e:        # the body needs its iteration number at import: unrolled, where it can be
+        if not onnx_seq.can_unroll(e, ins):
+            raise
+        return onnx_seq.unroll_loop(ins, a, ctx, env, node)
     scans = list(scans) if isinstance(scans, (list, tuple)) else [scans]
     return list(final[2:]) + scans[:n_scan]
 

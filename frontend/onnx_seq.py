@@ -231,12 +231,24 @@ def cond_branch(outs: list, seen: list) -> tuple:
     return tuple(outs)
 
 
+def can_unroll(e: Exception, ins) -> bool:
+    """Whether a `Loop` whose body was refused as a loop (`e`: an operand that must be known at import, such
+    as `Slice` bounds computed from the iteration number) is unrolled instead: its trip count and condition
+    known at import, at most `MAX_UNROLL` iterations."""
+    trip, cond = ins[0], ins[1]
+    return (KNOWN in str(e) and trip is not None and _is_const(trip) and (cond is None or _is_const(cond))
+            and int(np.asarray(trip).reshape(-1)[0]) <= MAX_UNROLL)
+
+
 def unroll_loop(ins, a, ctx, env, node) -> list:
-    """A `Loop` carrying a sequence or an optional, unrolled at import: the body converted once per iteration
-    into the enclosing graph, with the iteration number a constant (so `SequenceAt(seq, i)` resolves)."""
+    """A `Loop` unrolled at import (one carrying a sequence or an optional, or one `can_unroll`): the body
+    converted once per iteration into the enclosing graph, with the iteration number a constant (so
+    `SequenceAt(seq, i)` or a `Slice` at `i` resolves)."""
     body = a["body"].g
     trip, cond, carried = ins[0], ins[1], list(ins[2:])
-    why = "a Loop carrying a sequence or an optional is unrolled when the model is imported, so its"
+    why = ("a Loop carrying a sequence or an optional is unrolled when the model is imported, so its"
+           if any(is_structured(v) for v in carried) else "this Loop is unrolled when the model is imported (its "
+           "body needs its iteration number then), so its")
     if trip is not None and not _is_const(trip):
         raise OnnxImportError(f"{why} trip count {KNOWN} (it is computed from the inputs)")
     if cond is not None and not _is_const(cond):
