@@ -163,7 +163,7 @@ def _split_to_sequence(ins, a, ctx, env, node):
     dim = _shape(x)[axis]
     if not isinstance(dim, (int, np.integer)):
         raise OnnxImportError(f"SplitToSequence along an axis of symbolic size {dim!r}: the number and sizes "
-                              f"of the pieces (the sequence's length) {KNOWN}")
+                              f"of the pieces (the sequence's length) {KNOWN} (fix the size with input_shapes)")
     split = None if len(ins) < 2 or ins[1] is None else _const(ins[1], "SplitToSequence's split", node)
     if split is None:
         sizes = [1] * dim
