@@ -313,9 +313,23 @@ def _split(ins, a, ctx, env, node):
     if sizes is None and isinstance(dim, int) and dim % n:      # opset 18 num_outputs: the last chunk smaller
         chunk = -(-dim // n)
         sizes = [chunk] * (n - 1) + [dim - chunk * (n - 1)]
+        if ctx.opset < 18 or sizes[-1] < 0:
+            raise OnnxImportError(f"Split: a dim of {dim} does not split into {n} " + (
+                "equal parts (before opset 18)" if ctx.opset < 18 else "parts of ceil(dim / n) (the last negative)"))
+    if sizes is None and not isinstance(dim, int) and ctx.opset >= 18:
+        return _split_ceil(x, n, axis)
     if sizes is None:
         return F.split(x, n, axis=axis)
     return F.split(x, list(np.cumsum(sizes)[:-1]), axis=axis)
+
+
+def _split_ceil(x, n, axis):
+    """Opset 18's `num_outputs` split of a symbolic dim d: parts of ceil(d / n), the last one smaller, known only
+    at run time (rows [i * c, min((i + 1) * c, d)) taken). A d ONNX refuses (a negative last part: d = 5 in 4)
+    gives empty trailing parts here."""
+    d = F.shape_of(x)[axis]
+    c = F.astype(F.divide(d + (n - 1), n), "int64")             # ceil(d / n), exact below 2**53
+    return [F.take(x, F.arange(F.minimum(i * c, d), F.minimum((i + 1) * c, d)), axis=axis) for i in range(n)]
 
 
 @converter("Transpose")
@@ -546,6 +560,9 @@ def _compress(ins, a, ctx, env, node):
     n, k = _shape(x)[axis], _shape(cond)[0]
     if isinstance(n, int) and isinstance(k, int) and k < n:     # a shorter condition: the rest is dropped
         x = F.slice(x, [0], [k], [1], [axis])
+    elif not (isinstance(n, int) and isinstance(k, int)) and n != k:    # lengths known at run time only:
+        idx = F.nonzero(cond)[0]                                # the selected slices that exist (as onnxruntime)
+        return F.take(x, F.boolean_mask(idx, F.less(idx, F.shape_of(x)[axis])), axis=axis)
     return F.boolean_mask(x, cond, axis=axis)
 
 

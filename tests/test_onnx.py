@@ -374,3 +374,30 @@ def test_a_loop_without_a_condition_input_runs_its_trip_count():
         assert scans.shape == (m, 4)
         if m:
             np.testing.assert_allclose(scans, np.stack(want), rtol=1e-6)
+
+
+def test_split_into_num_outputs_of_a_symbolic_dim():
+    """Opset 18's `num_outputs` on a dim known only at run time: parts of ceil(N / n), the last smaller (was an
+    equal split, failing at run time unless n divides N); before opset 18 an uneven static split is refused."""
+    m = model_of([h.make_node("Split", ["x"], ["a", "b", "c"], axis=0, num_outputs=3)],
+                 [vi("x", TP.FLOAT, ["N", 2])], [vi(n, TP.FLOAT, None) for n in "abc"], opset=18)
+    compiled = check(m, [{"x": f32(n, 2)} for n in (7, 6, 4, 2, 0)])
+    got = compiled(f32(7, 2))
+    assert [p.shape[0] for p in got] == [3, 3, 1]
+    m13 = model_of([h.make_node("Split", ["x"], ["a", "b"], axis=0)], [vi("x", TP.FLOAT, [5])],
+                   [vi(n, TP.FLOAT, None) for n in "ab"], opset=13)
+    with pytest.raises(OnnxImportError, match="does not split into 2 equal parts"):
+        dt.from_onnx(m13)
+
+
+def test_compress_with_a_condition_of_another_run_time_length():
+    """Compress whose condition's length differs from the axis only at run time: the slices past the condition
+    are dropped, and condition entries past the axis ignored (as onnxruntime); was a boolean_mask failure."""
+    m = model_of([h.make_node("Compress", ["x", "c"], ["y"])], [vi("x", TP.FLOAT, ["N", 2]), vi("c", TP.BOOL, ["K"])],
+                 [vi("y", TP.FLOAT, None)])
+    compiled = dt.compile(dt.from_onnx(m))
+    for n, k in ((3, 5), (3, 6), (4, 8), (2, 9), (1, 1), (0, 3)):
+        x, c = f32(n, 2), RNG.random(k) < 0.5
+        flat = x.reshape(-1)
+        want = flat[np.nonzero(c)[0][np.nonzero(c)[0] < flat.size]]
+        np.testing.assert_array_equal(compiled(x, c), want)
