@@ -124,42 +124,19 @@ def _div(ins, a, ctx, env, node):
 @converter("Mod")
 def _mod(ins, a, ctx, env, node):
     x, y = ins
-    kind = np.dtype(x.dtype).kind
-    if kind in "iu":                            # exact in integers: truncated quotient, then the remainder
-        r = x - F.astype(F.divide(x, y), np.dtype(x.dtype).name) * y
-        if kind == "u" and np.dtype(x.dtype).itemsize == 8:
-            raise OnnxImportError("Mod of uint64 is not supported (the quotient goes through float64)")
-        if np.dtype(x.dtype).itemsize == 8:
-            raise OnnxImportError("Mod of int64 is not supported (the quotient goes through float64, inexact "
-                                  "above 2**53)")
-    else:
-        raise OnnxImportError("Mod of floats is not supported yet (inf / nan / signed-zero semantics)")
-    if a.get("fmod", 0) or kind == "u":
+    fmod = bool(a.get("fmod", 0))
+    if np.dtype(x.dtype) != np.dtype(y.dtype):
+        raise OnnxImportError(f"Mod of {np.dtype(x.dtype).name} and {np.dtype(y.dtype).name}: the spec wants one "
+                              "dtype")
+    r = F.fmod(x, y)                            # C's remainder, exact at every width (ints by 0 give 0)
+    if fmod or np.dtype(x.dtype).kind == "u":
         return r
-    zero = _c(0, r)                              # Python's %: the remainder has the sign of y
+    zero = _c(0, r)                             # np.mod: the remainder takes the sign of y
     fix = F.logical_and(F.not_equal(r, zero), F.not_equal(F.less(r, zero), F.less(y, _c(0, y))))
-    return F.where(fix, r + y, r)
-
-
-@converter("Pad")
-def _pad(ins, a, ctx, env, node):
-    x = ins[0]
-    mode = a.get("mode", b"constant")
-    if (mode.decode() if isinstance(mode, bytes) else mode) != "constant":
-        raise OnnxImportError(f"Pad mode {mode!r} is not supported (only constant)")
-    pads = a.get("pads") if ctx.opset < 11 else _ints(ins[1], "Pad's pads", node)
-    value = a.get("value", 0.0) if ctx.opset < 11 else (
-        0 if len(ins) < 3 or ins[2] is None else np.asarray(_const(ins[2], "Pad's constant value", node)).item())
-    axes = list(range(_rank(x)))
-    if len(ins) > 3 and ins[3] is not None:
-        axes = [ax % _rank(x) for ax in _ints(ins[3], "Pad's axes", node)]
-    n = len(axes)
-    width = [(0, 0)] * _rank(x)
-    for k, ax in enumerate(axes):
-        width[ax] = (pads[k], pads[k + n])
-    if any(p < 0 for w in width for p in w):
-        raise OnnxImportError("Pad with negative pads (cropping) is not supported")
-    return F.pad(x, tuple(width), value)
+    r = F.where(fix, r + y, r)
+    if np.dtype(x.dtype).kind == "f":           # a zero remainder is +-0 with y's sign (NaN stays NaN)
+        r = F.where(F.equal(r, zero), F.where(F.less(y, zero), _c(-0.0, r), zero), r)
+    return r
 
 
 @converter("Pow")

@@ -59,7 +59,7 @@ GROUPS: dict[Group, tuple] = {
     Group.FLOAT_UNARY: ("exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "gelu", "erf", "sin", "cos", "tan"),
     Group.UNARY: ("neg", "abs", "relu", "floor", "ceil", "round", "sign"),
     Group.PREDICATE: ("logical_not", "isnan"),
-    Group.ARITH: ("add", "subtract", "multiply", "divide", "power", "maximum", "minimum"),
+    Group.ARITH: ("add", "subtract", "multiply", "divide", "power", "maximum", "minimum", "fmod"),
     Group.COMPARE: ("equal", "not_equal", "less", "less_equal", "greater", "greater_equal"),
     Group.LOGICAL: ("logical_and", "logical_or"),
     Group.REDUCE: ("sum", "mean", "max", "min", "prod"),

@@ -374,3 +374,59 @@ def test_a_loop_without_a_condition_input_runs_its_trip_count():
         assert scans.shape == (m, 4)
         if m:
             np.testing.assert_allclose(scans, np.stack(want), rtol=1e-6)
+
+
+# ------------------------------------------------------------------ Mod, Pad modes, Unique, dynamic Slice, Scan-8, Split
+@pytest.mark.parametrize("dtype", ["int8", "int32", "int64", "uint8", "uint64", "float16", "float32", "float64"])
+@pytest.mark.parametrize("fmod", [0, 1])
+def test_mod_of_every_width_both_remainders(dtype, fmod):
+    """Mod is exact at 64 bits (an integer remainder op, F.fmod, not a float64 quotient); floats follow np.fmod
+    (fmod=1) and np.mod (fmod=0: y's sign, +-0, inf / nan as numpy), checked against ONNX's reference."""
+    if np.dtype(dtype).kind == "f":
+        x = np.array([0.0, -0.0, 5.5, -5.5, np.inf, 1.0, np.nan, 1.0, -3.0, 7.25, 4.0, -4.0], dtype)
+        y = np.array([-2.0, 2.0, -2.0, 2.0, 2.0, 0.0, 1.0, np.inf, np.inf, -0.5, -2.0, 2.0], dtype)
+    else:
+        info = np.iinfo(dtype)
+        x = np.array([info.min, info.max, 7, info.max - 3, 0, 13, info.max, info.min + 1], dtype)
+        y = np.array([-1 if info.min else 3, 7, 3, info.max, 5, info.max, 2, 3 if info.min else 1], dtype)
+        if info.min:
+            x[2], y[1] = -7, -7
+    elem = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    m = model_of([h.make_node("Mod", ["x", "y"], ["z"], fmod=fmod)], [vi("x", elem, ["N"]), vi("y", elem, ["N"])],
+                 [vi("z", elem, ["N"])], opset=13)
+    with np.errstate(all="ignore"):
+        compiled = check(m, [{"x": x[:n], "y": y[:n]} for n in (len(x), 1, 0)], rtol=0, atol=0)
+        if np.dtype(dtype).kind == "f":           # signed zeros too
+            want = (np.fmod if fmod else np.mod)(x, y)
+            np.testing.assert_array_equal(np.signbit(compiled(x, y)), np.signbit(want))
+
+
+@pytest.mark.parametrize("mode", ["edge", "reflect", "wrap"])
+def test_pad_modes_on_static_and_symbolic_dims(mode):
+    """Pad edge / reflect / wrap as np.pad does them (the ONNX reference), pads longer than the axis included;
+    on a symbolic axis the read positions are computed at run time (sizes 1..7), on a static one by numpy."""
+    for pads in ([1, 0, 2, 1], [0, 2, 0, 3], [3, 1, 7, 9]):
+        m = model_of([h.make_node("Pad", ["x", "p"], ["y"], mode=mode)], [vi("x", TP.FLOAT, ["N", 3])],
+                     [vi("y", TP.FLOAT, None)], {"p": np.array(pads, np.int64)}, opset=19)
+        check(m, [{"x": f32(n, 3)} for n in (1, 2, 3, 7)], rtol=0, atol=0)
+    axes = model_of([h.make_node("Pad", ["x", "p", "", "axes"], ["y"], mode=mode)], [vi("x", TP.INT32, [2, "N", 3])],
+                    [vi("y", TP.INT32, None)], {"p": np.array([2, 1, 3, 0], np.int64), "axes": np.array([-1, 0])},
+                    opset=19)
+    check(axes, [{"x": RNG.integers(-9, 9, (2, n, 3)).astype(np.int32)} for n in (1, 4, 0)], rtol=0, atol=0)
+    m = model_of([h.make_node("Pad", ["x", "p"], ["y"], mode=mode)], [vi("x", TP.FLOAT, ["N"])],
+                 [vi("y", TP.FLOAT, None)], {"p": np.array([1, 1], np.int64)}, opset=19)
+    with pytest.raises(dt.ExecutionError, match="out of range"):         # numpy cannot pad an empty axis either
+        dt.compile(dt.from_onnx(m))(np.zeros(0, np.float32))
+    m = model_of([h.make_node("Pad", ["x", "p"], ["y"], mode=mode)], [vi("x", TP.FLOAT, [0, 2])],
+                 [vi("y", TP.FLOAT, None)], {"p": np.array([1, 0, 1, 0], np.int64)}, opset=19)
+    with pytest.raises(OnnxImportError, match="empty"):
+        dt.from_onnx(m)
+
+
+def test_pad_refuses_unknown_modes_and_bad_pads():
+    for mode, pads, msg in (("mirror", [1, 1], "not one of"), ("edge", [1], "two per axis"),
+                            ("reflect", [-1, 0], "negative")):
+        m = model_of([h.make_node("Pad", ["x", "p"], ["y"], mode=mode)], [vi("x", TP.FLOAT, [3])],
+                     [vi("y", TP.FLOAT, None)], {"p": np.array(pads, np.int64)}, opset=19)
+        with pytest.raises(OnnxImportError, match=msg):
+            dt.from_onnx(m)

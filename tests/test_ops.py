@@ -83,7 +83,7 @@ add("clip-float-bounds-i32", lambda x: F.clip(x, -1.5, 2.5), [XI])
 add("clip-inverted", lambda x: F.clip(x, 1.0, -1.0), [X])
 add("clip-nan", lambda x: F.clip(F.log(x), -1.0, 1.0), [X])
 
-BINARY = ["add", "subtract", "multiply", "divide", "power", "maximum", "minimum", "equal", "not_equal", "less",
+BINARY = ["add", "subtract", "multiply", "divide", "power", "maximum", "minimum", "fmod", "equal", "not_equal", "less",
           "less_equal", "greater", "greater_equal"]
 for name in BINARY:
     pos = name == "power"
