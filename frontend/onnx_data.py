@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir.types import dim_add
+from ..ir.types import dim_add, dim_floordiv, dim_min, dim_mul
 from . import F
-from .onnx_ops import OnnxImportError, _const, _ints, _is_const, _rank, _shape, converter
+from .onnx_ops import INT_MAX, OnnxImportError, _const, _ints, _is_const, _rank, _shape, converter
 
 PAD_MODES = ("constant", "edge", "reflect", "wrap")
 
@@ -69,3 +69,65 @@ def _pad(ins, a, ctx, env, node):
         if lo or hi:
             x = F.take(x, _pad_index(x, ax, lo, hi, mode), axis=ax)
     return x
+
+
+@converter("Slice")
+def _slice(ins, a, ctx, env, node):
+    x = ins[0]
+    if ctx.opset < 10:
+        starts, ends, axes, steps = a["starts"], a["ends"], a.get("axes"), None
+    else:
+        starts, ends = ins[1], ins[2]
+        axes = _ints(ins[3], "Slice's axes", node) if len(ins) > 3 and ins[3] is not None else None
+        steps = ins[4] if len(ins) > 4 and ins[4] is not None else None
+        if not all(_is_const(v) for v in (starts, ends, steps)):      # computed bounds: a data-dependent slice
+            n = len(axes) if axes is not None else _shape(starts)[0]
+            if not isinstance(n, int):
+                raise OnnxImportError("Slice with computed starts of unknown length and no axes: the sliced axes "
+                                      "must be known when the model is imported")
+            axes = list(range(n)) if axes is None else [ax % _rank(x) for ax in axes]
+            return F.slice(x, _vec(starts), _vec(ends), [1] * n if steps is None else _vec(steps), axes)
+        starts, ends = _ints(starts, "Slice's starts", node), _ints(ends, "Slice's ends", node)
+        steps = None if steps is None else _ints(steps, "Slice's steps", node)
+    clamp = lambda v: None if abs(v) >= INT_MAX else v     # noqa: E731
+    steps = steps or [1] * len(starts)
+    ends = [None if (e <= -INT_MAX and s < 0) else clamp(e) for e, s in zip(ends, steps)]
+    return F.slice(x, [clamp(s) for s in starts], ends, steps,
+                   None if axes is None else [ax % _rank(x) for ax in axes])
+
+
+def _vec(v):
+    """A Slice bound as a 1-d int64 tensor or array (ONNX takes int32 or int64)."""
+    return F.astype(v, "int64") if not _is_const(v) else np.asarray(v, dtype=np.int64).reshape(-1)
+
+
+@converter("Split")
+def _split(ins, a, ctx, env, node):
+    x, axis = ins[0], a.get("axis", 0) % _rank(ins[0])
+    sizes = a.get("split")
+    if len(ins) > 1 and ins[1] is not None:
+        sizes = _ints(ins[1], "Split's sizes", node)
+    n = len(node.output)
+    dim = _shape(x)[axis]
+    if sizes is not None:
+        return F.split(x, list(np.cumsum(sizes)[:-1]), axis=axis)
+    if isinstance(dim, (int, np.integer)):      # chunks of ceil(dim / n); the last smaller, or empty (as ONNX's)
+        chunk = -(-int(dim) // n)
+        return F.split(x, [chunk * k for k in range(1, n)], axis=axis)
+    # a symbolic dim: chunk k is positions [min(k c, dim), min((k + 1) c, dim)) with c = ceil(dim / n)
+    chunk = dim_floordiv(dim_add(dim, n - 1), n)
+    bounds = [0] + [dim_min(dim_mul(chunk, k), dim) for k in range(1, n)] + [dim]
+    return [F.take(x, F.arange(lo, hi), axis=axis) for lo, hi in zip(bounds[:-1], bounds[1:])]
+
+
+@converter("Unique")
+def _unique(ins, a, ctx, env, node):
+    x = ins[0]
+    axis = a.get("axis")
+    if axis is None:
+        x = F.flatten(x)
+    outs = list(node.output) + [""] * (4 - len(node.output))
+    res = F.unique(x, return_index=bool(outs[1]), return_inverse=bool(outs[2]), return_counts=bool(outs[3]),
+                   axis=axis, sorted=bool(a.get("sorted", 1)))
+    res = list(res) if isinstance(res, (list, tuple)) else [res]
+    return [res.pop(0) if k == 0 or outs[k] else None for k in range(4)]

@@ -274,22 +274,6 @@ def _concat(ins, a, ctx, env, node):
     return out
 
 
-@converter("Split")
-def _split(ins, a, ctx, env, node):
-    x, axis = ins[0], a.get("axis", 0)
-    sizes = a.get("split")
-    if len(ins) > 1 and ins[1] is not None:
-        sizes = _ints(ins[1], "Split's sizes", node)
-    n = len(node.output)
-    dim = _shape(x)[axis]
-    if sizes is None and isinstance(dim, int) and dim % n:      # opset 18 num_outputs: the last chunk smaller
-        chunk = -(-dim // n)
-        sizes = [chunk] * (n - 1) + [dim - chunk * (n - 1)]
-    if sizes is None:
-        return F.split(x, n, axis=axis)
-    return F.split(x, list(np.cumsum(sizes)[:-1]), axis=axis)
-
-
 @converter("Transpose")
 def _transpose(ins, a, ctx, env, node):
     perm = a.get("perm")
@@ -486,23 +470,6 @@ def _tile(ins, a, ctx, env, node):
     return F.tile(ins[0], tuple(_ints(ins[1], "Tile's repeats", node)))
 
 
-@converter("Slice")
-def _slice(ins, a, ctx, env, node):
-    x = ins[0]
-    if ctx.opset < 10:
-        starts, ends, axes, steps = a["starts"], a["ends"], a.get("axes"), None
-    else:
-        starts = _ints(ins[1], "Slice's starts", node)
-        ends = _ints(ins[2], "Slice's ends", node)
-        axes = _ints(ins[3], "Slice's axes", node) if len(ins) > 3 and ins[3] is not None else None
-        steps = _ints(ins[4], "Slice's steps", node) if len(ins) > 4 and ins[4] is not None else None
-    clamp = lambda v: None if abs(v) >= INT_MAX else v     # noqa: E731
-    steps = steps or [1] * len(starts)
-    ends = [None if (e <= -INT_MAX and s < 0) else clamp(e) for e, s in zip(ends, steps)]
-    return F.slice(x, [clamp(s) for s in starts], ends, steps,
-                   None if axes is None else [ax % _rank(x) for ax in axes])
-
-
 @converter("NonZero")
 def _nonzero(ins, a, ctx, env, node):
     return F.nonzero(ins[0])
@@ -519,21 +486,6 @@ def _compress(ins, a, ctx, env, node):
     if isinstance(n, int) and isinstance(k, int) and k < n:     # a shorter condition: the rest is dropped
         x = F.slice(x, [0], [k], [1], [axis])
     return F.boolean_mask(x, cond, axis=axis)
-
-
-@converter("Unique")
-def _unique(ins, a, ctx, env, node):
-    if "axis" in a:
-        raise OnnxImportError("Unique along an axis is not supported (only the flattened form)")
-    outs = list(node.output) + [""] * (4 - len(node.output))
-    if outs[1]:
-        raise OnnxImportError("Unique's `indices` output (first occurrences) is not supported")
-    res = F.unique(F.flatten(ins[0]), return_inverse=bool(outs[2]), return_counts=bool(outs[3]))
-    res = list(res) if isinstance(res, (list, tuple)) else [res]
-    y = res.pop(0)
-    inverse = res.pop(0) if outs[2] else None
-    counts = res.pop(0) if outs[3] else None
-    return [y, None, inverse, counts]
 
 
 @converter("TopK")

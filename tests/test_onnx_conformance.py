@@ -4,7 +4,7 @@ with the expected one (dtype and values, at each test's rtol / atol).
 
 A test is skipped, with the reason, when its model uses an op dyntvm has no converter for, a dtype dyntvm does
 not support (float8, 4-bit, bfloat16, strings) or a form of an op the importer refuses by name
-(`OnnxImportError`: training-mode Dropout, Unique's first-occurrence indices, ...). Everything else must
+(`OnnxImportError`: training-mode Dropout, Scan-8 sequence_lens, ...). Everything else must
 pass. `pytest tests/test_onnx_conformance.py` reports the counts (passed / skipped as unsupported).
 
 Operands dyntvm needs at import time (a Reshape target, Slice bounds, Unsqueeze axes) are graph inputs in
