@@ -5,8 +5,8 @@ calls `dyntvm.F` ops on the values of its inputs, so every ONNX op lands on the 
 and control-flow builders as a traced Python model (one op in one place). Values known at import time
 (initializers, `Constant`, and whatever is computed from them only: the `Shape -> Gather -> Concat`
 chains exporters emit for static shapes) stay numpy arrays and fold away; converters that need a static
-operand (a `Reshape` target, `Slice` bounds, `Unsqueeze` axes) read it from there, and take the dynamic
-variant where dyntvm has one (`Reshape` with a computed shape).
+operand (`Tile` repeats, `Unsqueeze` axes) read it from there, and take the dynamic variant where dyntvm has
+one (`Reshape` with a computed shape, `Slice` with computed bounds).
 
 Control flow: `If` becomes `F.cond` (a branch subgraph reads outer values by name; the tracer turns those
 into explicit captures), `Loop` becomes `F.while_loop` (trip count as `max_iterations`, the loop-carried
@@ -26,10 +26,11 @@ import numpy as np
 
 from dyntvm.errors import InputError, TraceError, UnsupportedOpError
 
-from . import onnx_control, onnx_nn, onnx_seq  # noqa: F401  (register If, Loop, Scan, LSTM, GRU; activations,
-#                                                 BatchNorm; sequences, optionals)
+from . import onnx_control, onnx_data, onnx_nn, onnx_seq  # noqa: F401  (register their converters: control flow,
+#                                                            indexing, nn, sequences / optionals)
 from .onnx_ops import CONVERTERS, OnnxImportError, _np_dtype, _tensor
-from .tracer import TensorSpec, trace
+from . import F
+from .tracer import Tensor, TensorSpec, trace
 
 __all__ = ["from_onnx", "unsupported_ops", "CONVERTERS", "OnnxImportError"]
 
@@ -199,7 +200,24 @@ class _Ctx:
         for t in graph.initializer:
             local[t.name] = _tensor(t)
         _run_nodes(graph, local, self)
-        return [local[o.name] for o in graph.output]
+        return [_pin_declared(local[o.name], o) for o in graph.output]
+
+
+def _pin_declared(v, vi):
+    """A subgraph output with one data-dependent dim (a Slice with computed bounds) where the model declares that
+    dim static: reshaped to the declared shape, which checks the size when it runs (exact: its other dims are
+    the declared ones, none 0), so a loop-carried value keeps its static shape from one iteration to the next."""
+    from ..ir.types import is_unknown
+    tt = vi.type.tensor_type
+    if not isinstance(v, Tensor) or not tt.HasField("shape") or len(tt.shape.dim) != len(v.shape):
+        return v
+    want = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
+    if None in want or 0 in want:
+        return v
+    unknown = [d for d in v.shape if is_unknown(d)]
+    if len(unknown) != 1 or any(d != w for d, w in zip(v.shape, want) if not is_unknown(d)):
+        return v
+    return F.reshape(v, tuple(want))
 
 
 class _Scope(dict):

@@ -63,7 +63,7 @@ def _loop(ins, a, ctx, env, node):
 @converter("Scan")
 def _scan(ins, a, ctx, env, node):
     if ctx.opset < 9:
-        raise OnnxImportError("Scan before opset 9 (the batch form with sequence lengths) is not supported")
+        return _scan8(ins, a, ctx, env, node)
     body = a["body"].g
     n_in = a["num_scan_inputs"]
     states, xs = list(ins[:len(ins) - n_in]), list(ins[len(ins) - n_in:])
@@ -82,6 +82,33 @@ def _scan(ins, a, ctx, env, node):
     out_dirs = a.get("scan_output_directions") or [0] * n_out
     ys = [_from_front(y, ax, d) for y, ax, d in zip(ys, out_axes, out_dirs)]
     return list(final) + ys
+
+
+def _scan8(ins, a, ctx, env, node):
+    """Scan of opset 8: the batch form (axis 0 of every state and scan input is the batch, axis 1 of the scan
+    inputs the sequence). An outer foreach over the batch runs, per batch entry, the same foreach over the
+    sequence as opset 9's Scan; stacking its results restores the batch axis of the final states ([B, ...]) and
+    scan outputs ([B, T, ...])."""
+    if ins[0] is not None:
+        raise OnnxImportError("Scan (opset 8) with sequence_lens is not supported (only full-length sequences: "
+                              "leave the input empty)")
+    body = a["body"].g
+    n_in = a["num_scan_inputs"]
+    states, xs = list(ins[1:len(ins) - n_in]), list(ins[len(ins) - n_in:])
+    dirs = a.get("directions") or [0] * n_in
+    n_states = len(states)
+
+    def per_batch(rows, _):
+        sts, seqs = list(rows[:n_states]), [_to_front(x, 0, d) for x, d in zip(rows[n_states:], dirs)]
+
+        def step(steps, carried):
+            outs = ctx.run_graph(body, env, [*carried, *steps])
+            return tuple(outs[n_states:]), list(outs[:n_states])
+        ys, final = F.foreach(step, seqs, sts)
+        ys = list(ys) if isinstance(ys, (list, tuple)) else [ys]
+        return tuple(final) + tuple(ys), []
+    res, _ = F.foreach(per_batch, states + xs, [])
+    return list(res) if isinstance(res, (list, tuple)) else [res]
 
 
 def _to_front(x, axis, reverse):

@@ -129,42 +129,19 @@ def _div(ins, a, ctx, env, node):
 @converter("Mod")
 def _mod(ins, a, ctx, env, node):
     x, y = ins
-    kind = np.dtype(x.dtype).kind
-    if kind in "iu":                            # exact in integers: truncated quotient, then the remainder
-        r = x - F.astype(F.divide(x, y), np.dtype(x.dtype).name) * y
-        if kind == "u" and np.dtype(x.dtype).itemsize == 8:
-            raise OnnxImportError("Mod of uint64 is not supported (the quotient goes through float64)")
-        if np.dtype(x.dtype).itemsize == 8:
-            raise OnnxImportError("Mod of int64 is not supported (the quotient goes through float64, inexact "
-                                  "above 2**53)")
-    else:
-        raise OnnxImportError("Mod of floats is not supported yet (inf / nan / signed-zero semantics)")
-    if a.get("fmod", 0) or kind == "u":
+    fmod = bool(a.get("fmod", 0))
+    if np.dtype(x.dtype) != np.dtype(y.dtype):
+        raise OnnxImportError(f"Mod of {np.dtype(x.dtype).name} and {np.dtype(y.dtype).name}: the spec wants one "
+                              "dtype")
+    r = F.fmod(x, y)                            # C's remainder, exact at every width (ints by 0 give 0)
+    if fmod or np.dtype(x.dtype).kind == "u":
         return r
-    zero = _c(0, r)                              # Python's %: the remainder has the sign of y
+    zero = _c(0, r)                             # np.mod: the remainder takes the sign of y
     fix = F.logical_and(F.not_equal(r, zero), F.not_equal(F.less(r, zero), F.less(y, _c(0, y))))
-    return F.where(fix, r + y, r)
-
-
-@converter("Pad")
-def _pad(ins, a, ctx, env, node):
-    x = ins[0]
-    mode = a.get("mode", b"constant")
-    if (mode.decode() if isinstance(mode, bytes) else mode) != "constant":
-        raise OnnxImportError(f"Pad mode {mode!r} is not supported (only constant)")
-    pads = a.get("pads") if ctx.opset < 11 else _ints(ins[1], "Pad's pads", node)
-    value = a.get("value", 0.0) if ctx.opset < 11 else (
-        0 if len(ins) < 3 or ins[2] is None else np.asarray(_const(ins[2], "Pad's constant value", node)).item())
-    axes = list(range(_rank(x)))
-    if len(ins) > 3 and ins[3] is not None:
-        axes = [ax % _rank(x) for ax in _ints(ins[3], "Pad's axes", node)]
-    n = len(axes)
-    width = [(0, 0)] * _rank(x)
-    for k, ax in enumerate(axes):
-        width[ax] = (pads[k], pads[k + n])
-    if any(p < 0 for w in width for p in w):
-        raise OnnxImportError("Pad with negative pads (cropping) is not supported")
-    return F.pad(x, tuple(width), value)
+    r = F.where(fix, r + y, r)
+    if np.dtype(x.dtype).kind == "f":           # a zero remainder is +-0 with y's sign (NaN stays NaN)
+        r = F.where(F.equal(r, zero), F.where(F.less(y, zero), _c(-0.0, r), zero), r)
+    return r
 
 
 @converter("Pow")
@@ -300,36 +277,6 @@ def _concat(ins, a, ctx, env, node):
     if all(kd is not None and not kd[1] for kd in kds):
         return _note(ctx, out, [d for kd in kds for d in kd[0]])
     return out
-
-
-@converter("Split")
-def _split(ins, a, ctx, env, node):
-    x, axis = ins[0], a.get("axis", 0)
-    sizes = a.get("split")
-    if len(ins) > 1 and ins[1] is not None:
-        sizes = _ints(ins[1], "Split's sizes", node)
-    n = len(node.output)
-    dim = _shape(x)[axis]
-    if sizes is None and isinstance(dim, int) and dim % n:      # opset 18 num_outputs: the last chunk smaller
-        chunk = -(-dim // n)
-        sizes = [chunk] * (n - 1) + [dim - chunk * (n - 1)]
-        if ctx.opset < 18 or sizes[-1] < 0:
-            raise OnnxImportError(f"Split: a dim of {dim} does not split into {n} " + (
-                "equal parts (before opset 18)" if ctx.opset < 18 else "parts of ceil(dim / n) (the last negative)"))
-    if sizes is None and not isinstance(dim, int) and ctx.opset >= 18:
-        return _split_ceil(x, n, axis)
-    if sizes is None:
-        return F.split(x, n, axis=axis)
-    return F.split(x, list(np.cumsum(sizes)[:-1]), axis=axis)
-
-
-def _split_ceil(x, n, axis):
-    """Opset 18's `num_outputs` split of a symbolic dim d: parts of ceil(d / n), the last one smaller, known only
-    at run time (rows [i * c, min((i + 1) * c, d)) taken). A d ONNX refuses (a negative last part: d = 5 in 4)
-    gives empty trailing parts here."""
-    d = F.shape_of(x)[axis]
-    c = F.astype(F.divide(d + (n - 1), n), "int64")             # ceil(d / n), exact below 2**53
-    return [F.take(x, F.arange(F.minimum(i * c, d), F.minimum((i + 1) * c, d)), axis=axis) for i in range(n)]
 
 
 @converter("Transpose")
@@ -528,23 +475,6 @@ def _tile(ins, a, ctx, env, node):
     return F.tile(ins[0], tuple(_ints(ins[1], "Tile's repeats", node)))
 
 
-@converter("Slice")
-def _slice(ins, a, ctx, env, node):
-    x = ins[0]
-    if ctx.opset < 10:
-        starts, ends, axes, steps = a["starts"], a["ends"], a.get("axes"), None
-    else:
-        starts = _ints(ins[1], "Slice's starts", node)
-        ends = _ints(ins[2], "Slice's ends", node)
-        axes = _ints(ins[3], "Slice's axes", node) if len(ins) > 3 and ins[3] is not None else None
-        steps = _ints(ins[4], "Slice's steps", node) if len(ins) > 4 and ins[4] is not None else None
-    clamp = lambda v: None if abs(v) >= INT_MAX else v     # noqa: E731
-    steps = steps or [1] * len(starts)
-    ends = [None if (e <= -INT_MAX and s < 0) else clamp(e) for e, s in zip(ends, steps)]
-    return F.slice(x, [clamp(s) for s in starts], ends, steps,
-                   None if axes is None else [ax % _rank(x) for ax in axes])
-
-
 @converter("NonZero")
 def _nonzero(ins, a, ctx, env, node):
     return F.nonzero(ins[0])
@@ -564,21 +494,6 @@ def _compress(ins, a, ctx, env, node):
         idx = F.nonzero(cond)[0]                                # the selected slices that exist (as onnxruntime)
         return F.take(x, F.boolean_mask(idx, F.less(idx, F.shape_of(x)[axis])), axis=axis)
     return F.boolean_mask(x, cond, axis=axis)
-
-
-@converter("Unique")
-def _unique(ins, a, ctx, env, node):
-    if "axis" in a:
-        raise OnnxImportError("Unique along an axis is not supported (only the flattened form)")
-    outs = list(node.output) + [""] * (4 - len(node.output))
-    if outs[1]:
-        raise OnnxImportError("Unique's `indices` output (first occurrences) is not supported")
-    res = F.unique(F.flatten(ins[0]), return_inverse=bool(outs[2]), return_counts=bool(outs[3]))
-    res = list(res) if isinstance(res, (list, tuple)) else [res]
-    y = res.pop(0)
-    inverse = res.pop(0) if outs[2] else None
-    counts = res.pop(0) if outs[3] else None
-    return [y, None, inverse, counts]
 
 
 @converter("TopK")

@@ -179,17 +179,44 @@ def split(x, sections, axis=0):
 
 
 def slice(x, starts, stops, steps=None, axes=None):
-    """`x[starts[i]:stops[i]:steps[i]]` along `axes` (default: the first len(starts) axes)."""
+    """`x[starts[i]:stops[i]:steps[i]]` along `axes` (default: the first len(starts) axes). Bounds and steps
+    are ints (None: to the end), or each a 1-d integer tensor with one entry per axis: a data-dependent slice
+    (Python's clamping; its sliced dims are known only when it runs)."""
+    if any(isinstance(v, Tensor) for v in (starts, stops, steps)):
+        return _slice_dyn(x, starts, stops, steps, axes)
     n = len(starts)
     axes = tuple(range(n)) if axes is None else tuple(int(a) for a in axes)
     steps = (1,) * n if steps is None else tuple(steps)
     def norm(v):
         if v is None or isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)):
             return None if v is None else int(v)
-        raise trace_error(f"slice: bounds and steps must be Python ints or None, got {v!r}; for a "
-                          "data-dependent range use F.take(x, F.arange(start, stop)) or F.boolean_mask")
+        raise trace_error(f"slice: bounds and steps must be Python ints or None, or 1-d integer tensors, got "
+                          f"{v!r}")
     return _one("slice", "slice", [x], A.SliceAttrs(axes, tuple(map(norm, starts)), tuple(map(norm, stops)),
                                                     tuple(norm(s) for s in steps)))
+
+
+def _slice_dyn(x, starts, stops, steps, axes):
+    first = starts if starts is not None else stops
+    n = len(axes) if axes is not None else first.shape[0] if isinstance(first, Tensor) and first.ndim == 1 else \
+        len(first) if isinstance(first, (list, tuple, np.ndarray)) else None
+    if not isinstance(n, int):
+        raise trace_error("slice: with tensor bounds give `axes`, or bounds of a static length (one per axis)")
+    axes = tuple(range(n)) if axes is None else tuple(int(a) for a in axes)
+    if steps is None:
+        steps = [1] * n
+    big = np.iinfo(np.int64).max
+
+    def vec(v, end):
+        if isinstance(v, Tensor):
+            return _F["cast"](v, "int64") if np.dtype(v.dtype) != np.int64 else v
+        v = [None] * n if v is None else list(v)
+        if any(e is None for e in v) and isinstance(steps, Tensor):
+            raise trace_error("slice: a None bound needs the steps known when tracing (its end depends on the sign)")
+        return np.asarray([(big if (s > 0) == end else -big) if e is None else e
+                           for e, s in zip(v, [1] * len(v) if isinstance(steps, Tensor) else steps)], np.int64)
+    return _one("slice", "slice_dyn", [x, vec(starts, False), vec(stops, True), vec(steps, True)],
+                _attrs_of("slice", A.AxesAttrs, axes))
 
 
 strided_slice = slice
@@ -373,9 +400,12 @@ def boolean_mask(data, mask, axis=0):
     return outs[0]
 
 
-def unique(x, return_inverse=False, return_counts=False):
-    """`np.unique` of the flattened input; optionally the inverse (shaped like x) and counts."""
-    outs = apply("unique", "unique", [x], A.UniqueAttrs(bool(return_inverse), bool(return_counts)))
+def unique(x, return_inverse=False, return_counts=False, *, return_index=False, axis=None, sorted=True):
+    """`np.unique`: the unique values of the flattened input (`axis` None) or the unique sub-tensors along
+    `axis`, then those asked for, in numpy's order: the index of each one's first occurrence, the inverse
+    (shaped like x; along an axis 1-d) and the counts. `sorted=False` orders them by first occurrence."""
+    attrs = _attrs_of("unique", A.UniqueAttrs, return_inverse, return_counts, return_index, axis, sorted)
+    outs = apply("unique", "unique", [x], attrs)
     return outs[0] if len(outs) == 1 else tuple(outs)
 
 

@@ -226,8 +226,19 @@ class ArangeAttrs:
 
 @dataclass(frozen=True)
 class UniqueAttrs:
+    """`np.unique`'s outputs (the values, then each one asked for: first-occurrence indices, inverse, counts)
+    of the flattened input (`axis` None) or of its sub-tensors along `axis`; `sorted` False: in the order
+    of first occurrence instead of ascending."""
     return_inverse: bool = False
     return_counts: bool = False
+    return_index: bool = False
+    axis: int | None = None
+    sorted: bool = True
+
+    def __post_init__(self):
+        _set(self, return_inverse=bool(self.return_inverse), return_counts=bool(self.return_counts),
+             return_index=bool(self.return_index), axis=None if self.axis is None else _int(self.axis),
+             sorted=bool(self.sorted))
 
 
 @dataclass(frozen=True)

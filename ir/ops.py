@@ -23,7 +23,7 @@ import numpy as np
 from .attrs import (check_fill, ArangeAttrs, ArgReduceAttrs, AxesAttrs, AxisAttrs, CaseAttrs, ClipAttrs, CondAttrs,
                     ConstantAttrs, DtypeAttrs, ForeachAttrs, FullAttrs, FullLikeAttrs, LayerNormAttrs, NoAttrs,
                     PadAttrs, ReduceAttrs, RegionAttrs, ShapeAttrs, SliceAttrs, SplitAttrs, TileAttrs, TopkAttrs,
-                    TransposeAttrs, UniqueAttrs, WhileAttrs)
+                    TransposeAttrs, WhileAttrs)
 from .dims import parse_dim
 from .lift import lift_all_axis, lift_axis, lift_elementwise, lift_matmul, lift_reduce
 from .dtypes import arith_dtype, float_dtype, reduce_dtype
@@ -59,7 +59,7 @@ GROUPS: dict[Group, tuple] = {
     Group.FLOAT_UNARY: ("exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "gelu", "erf", "sin", "cos", "tan"),
     Group.UNARY: ("neg", "abs", "relu", "floor", "ceil", "round", "sign"),
     Group.PREDICATE: ("logical_not", "isnan"),
-    Group.ARITH: ("add", "subtract", "multiply", "divide", "power", "maximum", "minimum"),
+    Group.ARITH: ("add", "subtract", "multiply", "divide", "power", "maximum", "minimum", "fmod"),
     Group.COMPARE: ("equal", "not_equal", "less", "less_equal", "greater", "greater_equal"),
     Group.LOGICAL: ("logical_and", "logical_or"),
     Group.REDUCE: ("sum", "mean", "max", "min", "prod"),
@@ -527,19 +527,6 @@ def mask_gather_name(dtype: str, rank: int, axis: int) -> str:
 register("nonzero", NoAttrs, lambda ts, a: [TensorType((ts[0].ndim, fresh_dim()), "int64")],
          kind=DYNAMIC_SHAPE, num_inputs=1, api="nonzero",
          doc="int64 indices of the non-zero entries, shape (x.ndim, n): `np.stack(np.nonzero(x))`.")
-
-
-def _unique(ts, a):
-    u = fresh_dim()
-    out = [TensorType((u,), ts[0].dtype)]
-    if a.return_inverse:
-        out.append(TensorType(ts[0].shape, "int64"))
-    if a.return_counts:
-        out.append(TensorType((u,), "int64"))
-    return out
-
-
-register("unique", UniqueAttrs, _unique, kind=DYNAMIC_SHAPE, num_inputs=1)
 
 
 def _scalar_inputs(ts, what):

@@ -261,17 +261,38 @@ def _nonzero(attrs, x):
 
 @kernel("unique")
 def _unique(attrs, x):
-    res = np.unique(x, return_inverse=attrs.return_inverse, return_counts=attrs.return_counts)
-    if not isinstance(res, tuple):
-        return (res,)
-    out = [res[0]]
-    i = 1
+    ax = attrs.axis
+    if ax is not None and x.ndim == 0:
+        raise ValueError(f"unique: axis {ax} of a 0-d tensor")
+    y, idx, inv, cnt = np.unique(x, return_index=True, return_inverse=True, return_counts=True, axis=ax)
+    inv = inv.reshape(-1)
+    if not attrs.sorted:                         # in the order of first occurrence
+        order = np.argsort(idx, kind="stable")
+        rank = np.empty_like(order)
+        rank[order] = np.arange(len(order))
+        idx, cnt, inv = idx[order], cnt[order], rank[inv]
+        y = np.take(x.reshape(-1), idx) if ax is None else np.take(x, idx, axis=ax)
+    out = [y]
+    if attrs.return_index:
+        out.append(idx.astype(np.int64))
     if attrs.return_inverse:
-        out.append(np.reshape(res[i], x.shape).astype(np.int64))
-        i += 1
+        out.append((inv.reshape(x.shape) if ax is None else inv).astype(np.int64))
     if attrs.return_counts:
-        out.append(res[i].astype(np.int64))
+        out.append(cnt.astype(np.int64))
     return tuple(out)
+
+
+@kernel("slice_dyn")
+def _slice_dyn(attrs, x, starts, stops, steps):
+    if not len(starts) == len(stops) == len(steps) == len(attrs.axis):
+        raise ValueError(f"slice: {len(starts)} starts, {len(stops)} stops and {len(steps)} steps for "
+                         f"{len(attrs.axis)} axes")
+    if not np.all(steps):
+        raise ValueError(f"slice: a step is 0 (steps {steps.tolist()})")
+    idx = [slice(None)] * x.ndim
+    for ax, a, b, s in zip(attrs.axis, starts.tolist(), stops.tolist(), steps.tolist()):
+        idx[ax] = slice(a, b, s)                 # Python's clamping (ONNX Slice's too)
+    return (np.ascontiguousarray(x[tuple(idx)]),)
 
 
 @kernel("arange_dyn")

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 import dyntvm as dt
+from dyntvm import F
 from dyntvm.frontend.onnx import OnnxImportError
 
 import onnx  # noqa: E402  (a dependency of dyntvm: dt.from_onnx)
@@ -401,3 +402,208 @@ def test_compress_with_a_condition_of_another_run_time_length():
         flat = x.reshape(-1)
         want = flat[np.nonzero(c)[0][np.nonzero(c)[0] < flat.size]]
         np.testing.assert_array_equal(compiled(x, c), want)
+# ------------------------------------------------------------------ Mod, Pad modes, Unique, dynamic Slice, Scan-8, Split
+@pytest.mark.parametrize("dtype", ["int8", "int32", "int64", "uint8", "uint64", "float16", "float32", "float64"])
+@pytest.mark.parametrize("fmod", [0, 1])
+def test_mod_of_every_width_both_remainders(dtype, fmod):
+    """Mod is exact at 64 bits (an integer remainder op, F.fmod, not a float64 quotient); floats follow np.fmod
+    (fmod=1) and np.mod (fmod=0: y's sign, +-0, inf / nan as numpy), checked against ONNX's reference."""
+    if np.dtype(dtype).kind == "f":
+        x = np.array([0.0, -0.0, 5.5, -5.5, np.inf, 1.0, np.nan, 1.0, -3.0, 7.25, 4.0, -4.0], dtype)
+        y = np.array([-2.0, 2.0, -2.0, 2.0, 2.0, 0.0, 1.0, np.inf, np.inf, -0.5, -2.0, 2.0], dtype)
+    else:
+        info = np.iinfo(dtype)
+        x = np.array([info.min, info.max, 7, info.max - 3, 0, 13, info.max, info.min + 1], dtype)
+        y = np.array([-1 if info.min else 3, 7, 3, info.max, 5, info.max, 2, 3 if info.min else 1], dtype)
+        if info.min:
+            x[2], y[1] = -7, -7
+    elem = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    m = model_of([h.make_node("Mod", ["x", "y"], ["z"], fmod=fmod)], [vi("x", elem, ["N"]), vi("y", elem, ["N"])],
+                 [vi("z", elem, ["N"])], opset=13)
+    with np.errstate(all="ignore"):
+        compiled = check(m, [{"x": x[:n], "y": y[:n]} for n in (len(x), 1, 0)], rtol=0, atol=0)
+        if np.dtype(dtype).kind == "f":           # signed zeros too
+            want = (np.fmod if fmod else np.mod)(x, y)
+            np.testing.assert_array_equal(np.signbit(compiled(x, y)), np.signbit(want))
+
+
+@pytest.mark.parametrize("mode", ["edge", "reflect", "wrap"])
+def test_pad_modes_on_static_and_symbolic_dims(mode):
+    """Pad edge / reflect / wrap as np.pad does them (the ONNX reference), pads longer than the axis included;
+    on a symbolic axis the read positions are computed at run time (sizes 1..7), on a static one by numpy."""
+    for pads in ([1, 0, 2, 1], [0, 2, 0, 3], [3, 1, 7, 9]):
+        m = model_of([h.make_node("Pad", ["x", "p"], ["y"], mode=mode)], [vi("x", TP.FLOAT, ["N", 3])],
+                     [vi("y", TP.FLOAT, None)], {"p": np.array(pads, np.int64)}, opset=19)
+        check(m, [{"x": f32(n, 3)} for n in (1, 2, 3, 7)], rtol=0, atol=0)
+    axes = model_of([h.make_node("Pad", ["x", "p", "", "axes"], ["y"], mode=mode)], [vi("x", TP.INT32, [2, "N", 3])],
+                    [vi("y", TP.INT32, None)], {"p": np.array([2, 1, 3, 0], np.int64), "axes": np.array([-1, 0])},
+                    opset=19)
+    check(axes, [{"x": RNG.integers(-9, 9, (2, n, 3)).astype(np.int32)} for n in (1, 4, 0)], rtol=0, atol=0)
+    m = model_of([h.make_node("Pad", ["x", "p"], ["y"], mode=mode)], [vi("x", TP.FLOAT, ["N"])],
+                 [vi("y", TP.FLOAT, None)], {"p": np.array([1, 1], np.int64)}, opset=19)
+    with pytest.raises(dt.ExecutionError, match="out of range"):         # numpy cannot pad an empty axis either
+        dt.compile(dt.from_onnx(m))(np.zeros(0, np.float32))
+    m = model_of([h.make_node("Pad", ["x", "p"], ["y"], mode=mode)], [vi("x", TP.FLOAT, [0, 2])],
+                 [vi("y", TP.FLOAT, None)], {"p": np.array([1, 0, 1, 0], np.int64)}, opset=19)
+    with pytest.raises(OnnxImportError, match="empty"):
+        dt.from_onnx(m)
+
+
+def test_pad_refuses_unknown_modes_and_bad_pads():
+    for mode, pads, msg in (("mirror", [1, 1], "not one of"), ("edge", [1], "two per axis"),
+                            ("reflect", [-1, 0], "negative")):
+        m = model_of([h.make_node("Pad", ["x", "p"], ["y"], mode=mode)], [vi("x", TP.FLOAT, [3])],
+                     [vi("y", TP.FLOAT, None)], {"p": np.array(pads, np.int64)}, opset=19)
+        with pytest.raises(OnnxImportError, match=msg):
+            dt.from_onnx(m)
+
+
+@pytest.mark.parametrize("axis,is_sorted", [(None, 1), (None, 0), (0, 1), (0, 0), (1, 1), (-1, 1)])
+def test_unique_all_outputs_sorted_or_not_along_an_axis(axis, is_sorted):
+    """Unique's four outputs (values, first-occurrence indices, inverse, counts), sorted or in order of first
+    occurrence, of the flattened input or of its sub-tensors along an axis, on symbolic sizes 1, several and 0."""
+    kw = {} if axis is None else {"axis": axis}
+    flat = axis is None and not is_sorted      # ONNX's reference takes unsorted values from x unflattened: 1-d x
+    m = model_of([h.make_node("Unique", ["x"], ["y", "idx", "inv", "cnt"], sorted=is_sorted, **kw)],
+                 [vi("x", TP.INT64, ["N"] if flat else ["N", 3])],
+                 [vi(k, TP.INT64, None) for k in ("y", "idx", "inv", "cnt")], opset=11)
+    feeds = [{"x": RNG.integers(0, 3, (n, 3)).astype(np.int64)} for n in (5, 1, 0)]
+    feeds.append({"x": np.array([[2, 1, 2], [0, 1, 0], [2, 1, 2], [2, 1, 1]], np.int64)})
+    check(m, [{"x": f["x"].reshape(-1)} for f in feeds] if flat else feeds, rtol=0, atol=0)
+    only_y = model_of([h.make_node("Unique", ["x"], ["y", "", "inv"], **kw)], [vi("x", TP.FLOAT, [4, "M"])],
+                      [vi("y", TP.FLOAT, None), vi("inv", TP.INT64, None)], opset=11)
+    check(only_y, [{"x": np.round(f32(4, n)).astype(np.float32)} for n in (3, 1)], rtol=0, atol=0)
+
+
+def test_F_unique_in_first_occurrence_order_along_an_axis():
+    """F.unique(sorted=False, axis=1) against numpy: the columns in the order they first appear; the old
+    positional form (x, return_inverse, return_counts) unchanged; a 0-d input refuses an axis by name."""
+    x = np.array([[3, 1, 3, 0, 1], [2, 5, 2, 9, 5]], np.int64)
+    def f(x):
+        return F.unique(x, return_index=True, return_inverse=True, return_counts=True, axis=1, sorted=False)
+    g = dt.trace(f, dt.TensorSpec((2, "N"), "int64", name="x"))
+    for arg in (x, x[:, :1], x[:, :0]):
+        y, idx, inv, cnt = dt.compile(g)(arg)
+        _, first, s_inv, s_cnt = np.unique(arg, return_index=True, return_inverse=True, return_counts=True, axis=1)
+        order = np.argsort(first)
+        np.testing.assert_array_equal(idx, first[order])
+        np.testing.assert_array_equal(y, arg[:, first[order]])
+        np.testing.assert_array_equal(cnt, s_cnt[order])
+        np.testing.assert_array_equal(y[:, inv], arg)
+    u, inv, cnt = F.unique(np.array([2, 1, 2]), True, True)
+    assert u.tolist() == [1, 2] and inv.tolist() == [1, 0, 1] and cnt.tolist() == [1, 2]
+    with pytest.raises(dt.TraceError, match="unique along axis 0"):
+        dt.trace(lambda x: F.unique(x, axis=0), dt.TensorSpec((), "int64", name="x"))
+
+
+def test_slice_with_bounds_computed_from_the_inputs():
+    """Slice whose starts / ends / steps are inputs: a data-dependent slice (slice_dyn) with ONNX's clamping,
+    negative steps, INT64 sentinels, on symbolic sizes 1, several and 0; a zero step is a clear run-time error."""
+    m = model_of([h.make_node("Slice", ["x", "s", "e", "axes", "st"], ["y"])],
+                 [vi("x", TP.FLOAT, ["N", 5]), vi("s", TP.INT64, [2]), vi("e", TP.INT64, [2]),
+                  vi("st", TP.INT64, [2])], [vi("y", TP.FLOAT, None)], {"axes": np.array([1, -2], np.int64)})
+    big = np.iinfo(np.int64).max
+    feeds = []
+    for n in (4, 1, 0):
+        for s, e, st in (([1, 0], [4, 3], [1, 1]), ([-1, -1], [-big, -big], [-2, -1]), ([0, 2], [big, 9], [2, 3]),
+                         ([7, 1], [9, 1], [1, 1])):
+            feeds.append({"x": f32(n, 5), "s": np.array(s, np.int64), "e": np.array(e, np.int64),
+                          "st": np.array(st, np.int64)})
+    compiled = check(m, feeds, rtol=0, atol=0)
+    with pytest.raises(dt.ExecutionError, match="step is 0"):
+        compiled(f32(3, 5), np.array([0, 0], np.int64), np.array([2, 2], np.int64), np.array([1, 0], np.int64))
+    i32 = model_of([h.make_node("Slice", ["x", "s", "e"], ["y"])], [vi("x", TP.FLOAT, [6]), vi("s", TP.INT32, [1])],
+                   [vi("y", TP.FLOAT, None)], {"e": np.array([5], np.int32)})
+    check(i32, [{"x": f32(6), "s": np.array([k], np.int32)} for k in (0, 4, -2, 9)], rtol=0, atol=0)
+
+
+def test_slice_from_the_iteration_counter_inside_a_loop():
+    """test_loop11's form with a symbolic trip count and table: each iteration slices entry i of a table by the
+    counter; the carried value keeps its declared static shape (pinned by a checked reshape), the scan outputs
+    stack; 0, 1 and several iterations."""
+    body = h.make_graph(
+        [h.make_node("Add", ["i", "one"], ["end"]), h.make_node("Unsqueeze", ["i", "zero"], ["s"]),
+         h.make_node("Unsqueeze", ["end", "zero"], ["e"]), h.make_node("Slice", ["table", "s", "e"], ["row"]),
+         h.make_node("Add", ["y_in", "row"], ["y_out"]), h.make_node("Identity", ["c_in"], ["c_out"]),
+         h.make_node("Mul", ["row", "row"], ["scan"])],
+        "body", [vi("i", TP.INT64, []), vi("c_in", TP.BOOL, []), vi("y_in", TP.FLOAT, [1])],
+        [vi("c_out", TP.BOOL, []), vi("y_out", TP.FLOAT, [1]), vi("scan", TP.FLOAT, [1])],
+        initializer=[nh.from_array(np.int64(1), "one"), nh.from_array(np.array([0], np.int64), "zero")])
+    m = model_of([h.make_node("Loop", ["n", "c", "y"], ["y_final", "rows"], body=body)],
+                 [vi("n", TP.INT64, []), vi("c", TP.BOOL, []), vi("y", TP.FLOAT, [1]), vi("table", TP.FLOAT, ["R"])],
+                 [vi("y_final", TP.FLOAT, None), vi("rows", TP.FLOAT, None)], opset=13)
+    t = np.bool_(True)
+    compiled = check(m, [{"n": np.int64(k), "c": t, "y": f32(1), "table": f32(r)} for k, r in ((3, 5), (1, 1), (4, 4))])
+    y = f32(1)                      # no iteration (ONNX's reference cannot stack zero scan outputs)
+    y_final, rows = compiled(np.int64(0), t, y, f32(2))
+    np.testing.assert_array_equal(y_final, y)
+    assert np.asarray(rows).shape == (0, 1)
+    with pytest.raises(dt.ExecutionError, match="reshape"):      # past the table: an empty slice, not [1]
+        compiled(np.int64(3), t, f32(1), f32(2))
+
+
+def test_a_data_dependent_slice_makes_a_loop_run_step_by_step():
+    """A loop body holding slice_dyn is not one region, so codegen compiles no whole-loop function for it
+    (ir.compiled_loop: no plan) and the executor runs it step by step, matching eager mode."""
+    from dyntvm.ir.compiled_loop import foreach_loop_plan, while_loop_plan
+
+    def f(xs, k):
+        def step(x, st):
+            head = F.slice(x, F.reshape(k, (1,)), np.array([9], np.int64), None, [0])
+            return F.sum(head), [st[0] + F.sum(head * 2.0)]
+        ys, (s,) = F.foreach(step, xs, [F.zeros(())])
+        _, (w,) = F.while_loop(lambda v: F.sum(v) < 20.0,
+                               lambda v: (F.sum(v), [v + F.sum(F.slice(v, F.reshape(k, (1,)), F.reshape(k, (1,))
+                                                                          + np.int64(2))) + 1.0]),
+                               [F.ones((4,))], max_iterations=6)
+        return ys, s, w
+    specs = (dt.TensorSpec(("T", 6), name="xs"), dt.TensorSpec((), "int64", name="k"))
+    model = dt.compile(f, *specs)
+    loops = [n for n in model.graph.walk() if n.op in ("foreach", "while_loop")]
+    assert len(loops) == 2 and all((foreach_loop_plan(n) if n.op == "foreach" else while_loop_plan(n)) is None
+                                   for n in loops)
+    for T, k in ((3, 1), (1, 0), (0, 2), (4, -2)):
+        args = (f32(T, 6), np.int64(k))
+        for a, b in zip(model(*args), f(*args)):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_scan_opset_8_batch_form():
+    """Scan of opset 8 (batch axis 0, sequence axis 1; one scan input reversed by `directions`): an outer
+    foreach over the batch around opset 9's foreach; compared with a numpy loop at batch and length 1, several
+    and 0. sequence_lens is refused by name."""
+    body = h.make_graph([h.make_node("Add", ["s_in", "a"], ["s_out"]), h.make_node("Mul", ["s_out", "b"], ["p"]),
+                         h.make_node("Identity", ["s_out"], ["y"])], "body",
+                        [vi("s_in", TP.FLOAT, [2]), vi("a", TP.FLOAT, [2]), vi("b", TP.FLOAT, [2])],
+                        [vi("s_out", TP.FLOAT, [2]), vi("p", TP.FLOAT, [2]), vi("y", TP.FLOAT, [2])])
+    node = h.make_node("Scan", ["", "s0", "xa", "xb"], ["s", "ps", "ys"], body=body, num_scan_inputs=2,
+                       directions=[0, 1])
+    m = model_of([node], [vi("s0", TP.FLOAT, ["B", 2]), vi("xa", TP.FLOAT, ["B", "T", 2]),
+                          vi("xb", TP.FLOAT, ["B", "T", 2])], [vi(k, TP.FLOAT, None) for k in ("s", "ps", "ys")],
+                 opset=8)
+    compiled = dt.compile(dt.from_onnx(m))
+    for B, T in ((2, 3), (1, 1), (3, 0), (0, 2)):
+        s0, xa, xb = f32(B, 2), f32(B, T, 2), f32(B, T, 2)
+        s, ps, ys = (np.asarray(v) for v in compiled(s0, xa, xb))
+        want_s, want_p, want_y = s0.copy(), np.zeros((B, T, 2), np.float32), np.zeros((B, T, 2), np.float32)
+        for b in range(B):
+            for t in range(T):
+                want_s[b] = want_s[b] + xa[b, t]
+                want_p[b, t], want_y[b, t] = want_s[b] * xb[b, T - 1 - t], want_s[b]
+        for got, want in ((s, want_s), (ps, want_p), (ys, want_y)):
+            assert got.shape == want.shape
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    lens = model_of([h.make_node("Scan", ["L", "s0", "xa", "xb"], ["s", "ps", "ys"], body=body, num_scan_inputs=2)],
+                    [vi("L", TP.INT64, ["B"]), vi("s0", TP.FLOAT, ["B", 2]), vi("xa", TP.FLOAT, ["B", "T", 2]),
+                     vi("xb", TP.FLOAT, ["B", "T", 2])], [vi(k, TP.FLOAT, None) for k in ("s", "ps", "ys")], opset=8)
+    with pytest.raises(OnnxImportError, match="sequence_lens"):
+        dt.from_onnx(lens)
+
+
+@pytest.mark.parametrize("parts", [2, 3, 4])
+def test_split_num_outputs_on_a_symbolic_dim(parts):
+    """Opset-18 Split into `num_outputs` chunks of ceil(N / parts) on a symbolic N, the last smaller or empty
+    (as ONNX's reference), at sizes that divide and that do not, 1 and 0; chunks stay compiled (static ops)."""
+    m = model_of([h.make_node("Split", ["x"], [f"o{k}" for k in range(parts)], axis=1, num_outputs=parts)],
+                 [vi("x", TP.FLOAT, [2, "N"])], [vi(f"o{k}", TP.FLOAT, None) for k in range(parts)], opset=18)
+    check(m, [{"x": f32(2, n)} for n in (0, 1, 2, 3, 4, 5, 6, 7, 9, 12)], rtol=0, atol=0)

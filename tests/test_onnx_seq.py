@@ -245,22 +245,36 @@ def test_a_loop_carrying_a_sequence_is_unrolled(trip, with_cond, stop_after):
     assert len(g.out_tree[1][0][1]) == n             # the sequence output: one array per iteration run
 
 
-def test_a_loop_needing_its_iteration_number_at_import_is_unrolled():
-    # Slice bounds from the iteration number: no loop form, unrolled as the trip count is known
-    body = h.make_graph([h.make_node("Add", ["i", "one"], ["end"]),
-                         h.make_node("Unsqueeze", ["i", "ax0"], ["b"]), h.make_node("Unsqueeze", ["end", "ax0"], ["e"]),
-                         h.make_node("Slice", ["x", "b", "e"], ["xi"]), h.make_node("Add", ["acc", "xi"], ["acc2"]),
-                         h.make_node("Identity", ["acc2"], ["sc"])], "body",
+def _loop_slicing_at_i(op):
+    """A Loop over M = 4 whose body reads x at the iteration number: `Slice(x, i, i + 1)`, or (`op="Tile"`)
+    `ReduceSum(Tile(x, i + 1))`, whose repeats dyntvm needs at import."""
+    if op == "Slice":
+        nodes = [h.make_node("Add", ["i", "one"], ["end"]), h.make_node("Unsqueeze", ["i", "ax0"], ["b"]),
+                 h.make_node("Unsqueeze", ["end", "ax0"], ["e"]), h.make_node("Slice", ["x", "b", "e"], ["xi"])]
+    else:
+        nodes = [h.make_node("Add", ["i", "one"], ["reps"]), h.make_node("Unsqueeze", ["reps", "ax0"], ["r"]),
+                 h.make_node("Tile", ["x", "r"], ["xt"]), h.make_node("ReduceSum", ["xt", "ax0"], ["xi"])]
+    body = h.make_graph(nodes + [h.make_node("Add", ["acc", "xi"], ["acc2"]),
+                                 h.make_node("Identity", ["acc2"], ["sc"])], "body",
                         [vi("i", TP.INT64, []), vi("c", TP.BOOL, []), vi("acc", TP.FLOAT, [1])],
                         [vi("c", TP.BOOL, []), vi("acc2", TP.FLOAT, [1]), vi("sc", TP.FLOAT, [1])])
-    m = model_of([h.make_node("Loop", ["M", "c0", "a0"], ["final", "scans"], body=body)],
-                 [vi("a0", TP.FLOAT, [1]), vi("x", TP.FLOAT, ["N"])],
-                 [vi("final", TP.FLOAT, [1]), vi("scans", TP.FLOAT, None)],
-                 {"M": np.asarray(4, np.int64), "c0": np.asarray(True), "one": np.asarray(1, np.int64),
-                  "ax0": np.asarray([0], np.int64)})
-    for n in (4, 7):        # (x's size fixed: the pieces' symbolic sizes x[i:i + 1] are not provably equal)
-        g = check(m, [{"a0": f32(1), "x": f32(n)}], input_shapes={"x": (n,)})
-        assert "while_loop" not in ops_of(g)
+    return model_of([h.make_node("Loop", ["M", "c0", "a0"], ["final", "scans"], body=body)],
+                    [vi("a0", TP.FLOAT, [1]), vi("x", TP.FLOAT, ["N"])],
+                    [vi("final", TP.FLOAT, [1]), vi("scans", TP.FLOAT, None)],
+                    {"M": np.asarray(4, np.int64), "c0": np.asarray(True), "one": np.asarray(1, np.int64),
+                     "ax0": np.asarray([0], np.int64)})
+
+
+def test_slice_bounds_from_the_iteration_number_keep_the_loop():
+    # a data-dependent slice (slice_dyn) in the body: still a loop, x's size symbolic
+    g = check(_loop_slicing_at_i("Slice"), [{"a0": f32(1), "x": f32(n)} for n in (4, 7)])
+    assert {"while_loop", "slice_dyn"} <= ops_of(g)
+
+
+def test_a_loop_needing_its_iteration_number_at_import_is_unrolled():
+    # Tile's repeats from the iteration number: no loop form, unrolled as the trip count is known
+    g = check(_loop_slicing_at_i("Tile"), [{"a0": f32(1), "x": f32(n)} for n in (1, 3, 6)])
+    assert "while_loop" not in ops_of(g)
 
 
 def test_refusals_name_the_op():

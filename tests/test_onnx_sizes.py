@@ -42,7 +42,8 @@ FAMILIES = ("loop", "if", "scan", "nonzero", "compress", "unique", "range", "top
 MIN_OTHER_SIZES = 3          # variants per family compared at a size other than the stored one, at least
 TRIES = 6                    # random draws per planned variant until onnxruntime accepts one
 # families whose supported node tests have nothing with a size: the values vary only (still compared)
-NO_SIZES = {"if": "test_if's only input is a 0-d condition and both branches are constants"}
+NO_SIZES = {"if": "the If node tests (test_if, test_if_seq, test_if_opt) take a 0-d condition only; their branches "
+                  "are constants"}
 SELECT = ("nonzero", "compress", "unique", "where")     # data-dependent selection: vary how many are selected
 
 
@@ -73,11 +74,14 @@ def _loosen(vi):
             d.Clear()
 
 
-def _loosen_graph(g, top: bool):
+def _loosen_graph(g, top: bool, subgraphs: bool = True):
+    """Forget the stored dims of `g`'s outputs (and, with `subgraphs`, of its subgraphs' inputs / outputs: a
+    model that needs them, as a loop-carried value of one data-dependent dim pinned by its declared shape,
+    keeps them)."""
     del g.value_info[:]
     for vi in (list(g.output) if top else list(g.input) + list(g.output)):
         _loosen(vi)
-    for node in g.node:
+    for node in g.node if subgraphs else ():
         for a in node.attribute:
             if a.HasField("g"):
                 _loosen_graph(a.g, False)
@@ -85,7 +89,7 @@ def _loosen_graph(g, top: bool):
                 _loosen_graph(sub, False)
 
 
-def _symbolic(model, keep: set):
+def _symbolic(model, keep: set, subgraphs: bool = True):
     """A copy of `model` whose graph inputs (but those in `keep`) have symbolic dims: a dim of size n > 1
     becomes `n<n>`, so inputs of equal sizes share the symbol. Returns (model, {symbol: stored size})."""
     m = onnx.ModelProto()
@@ -99,14 +103,14 @@ def _symbolic(model, keep: set):
             if d.HasField("dim_value") and d.dim_value > 1:
                 symbols[f"n{d.dim_value}"] = d.dim_value
                 d.dim_param = f"n{d.dim_value}"         # (clears dim_value: one of the two)
-    _loosen_graph(m.graph, True)
+    _loosen_graph(m.graph, True, subgraphs)
     return m, symbols
 
 
-def _fixed(model):
+def _fixed(model, subgraphs: bool = True):
     m = onnx.ModelProto()
     m.CopyFrom(model)
-    _loosen_graph(m.graph, True)
+    _loosen_graph(m.graph, True, subgraphs)
     return m
 
 
@@ -123,6 +127,7 @@ def _import(model, feed: dict):
     except DyntvmError as e:
         if not _needs_constants(e):
             raise
+        first = e
     cands = [k for k, v in feed.items() if v.dtype.kind in "iu" or v.size == 1]
     last = None
     for n in range(1, len(cands) + 1):
@@ -133,7 +138,7 @@ def _import(model, feed: dict):
                 if not _needs_constants(e):
                     raise
                 last = e
-    raise last
+    raise last or first
 
 
 def _session(model):
@@ -218,8 +223,8 @@ def _choose_form(case, feed, family):
     """(model, symbols, graph, constant inputs): the first form of `_forms` that onnxruntime runs at another
     size and dyntvm imports; else the stored fixed dims (values vary only)."""
     _, keep = _import(case.model, feed)
-    for fixed in _forms(case, feed, keep):
-        model, symbols = _symbolic(case.model, fixed)
+    for fixed, subgraphs in itertools.product(_forms(case, feed, keep), (True, False)):
+        model, symbols = _symbolic(case.model, fixed, subgraphs)
         if not symbols or not _accepts_other_sizes(model, symbols, feed, keep, family):
             continue
         try:
@@ -227,16 +232,36 @@ def _choose_form(case, feed, family):
             return model, symbols, graph, keep2
         except DyntvmError:         # dyntvm does not take this symbolic form
             continue
-    model = _fixed(case.model)
-    graph, keep = _import(model, feed)
-    return model, {}, graph, keep
+    for subgraphs in (True, False):
+        model = _fixed(case.model, subgraphs)
+        try:
+            graph, keep = _import(model, feed)
+        except DyntvmError:
+            if subgraphs:
+                continue
+            raise
+        return model, {}, graph, keep
 
 
 # ------------------------------------------------------------------------------------------ one node test
+def _shapes(v):
+    """An output's shape; a sequence output's, the list of its elements'."""
+    return [np.shape(_array(e)) for e in v] if isinstance(v, list) else np.shape(_array(v))
+
+
+def _outputs(got, n: int) -> list:
+    """The compiled model's result as a list of its `n` outputs (one output may itself be a list: a sequence)."""
+    return list(got) if n > 1 else [got]
+
+
 def _compare(got, want, where):
-    got = list(got) if isinstance(got, (list, tuple)) else [got]
+    got = list(got)
     assert len(got) == len(want), f"{where}: {len(got)} outputs, onnxruntime {len(want)}"
     for i, (a, b) in enumerate(zip(got, want)):
+        if isinstance(b, list):             # a sequence output: a list of arrays on both sides
+            assert isinstance(a, list), f"{where}: output {i} is {type(a).__name__}, onnxruntime a sequence"
+            _compare(a, b, f"{where}: output {i}")
+            continue
         a, b = np.asarray(a), np.asarray(b)
         assert a.dtype == b.dtype, f"{where}: output {i} dtype {a.dtype}, onnxruntime {b.dtype}"
         assert a.shape == b.shape, f"{where}: output {i} shape {a.shape}, onnxruntime {b.shape}"
@@ -267,12 +292,13 @@ def run_case(case, family: str) -> dict:
         _session(case.model)
     except Exception as e:  # noqa: BLE001 - onnxruntime lacks a kernel (TopK of uint64)
         return {"skip": f"onnxruntime cannot run it: {str(e).splitlines()[0][-120:]}"}
-    stored_shapes = [np.shape(_array(v)) for v in stored_out]
+    stored_shapes = [_shapes(v) for v in stored_out]
     symbols, values_only = {}, False
     model, symbols, graph, keep = _choose_form(case, feed, family)
     compiled, sess = dt.compile(graph), _session(model)
     values_only = not symbols
-    _compare(compiled(*[v for k, v in feed.items() if k not in keep]), sess.run(None, feed),
+    want = sess.run(None, feed)
+    _compare(_outputs(compiled(*[v for k, v in feed.items() if k not in keep]), len(want)), want,
              f"{case.name} at the stored inputs")
     model_ins = {vi.name: vi for vi in model.graph.input}
     rng = np.random.default_rng(zlib.crc32(case.name.encode()))
@@ -284,21 +310,23 @@ def run_case(case, family: str) -> dict:
                        for n, v in feed.items()}
             try:
                 want = sess.run(None, variant)
-                break
             except Exception:  # noqa: BLE001 - onnxruntime rejects this variant (a target that no longer fits)
                 want = None
+            if want is not None and not any(w is None for w in want):   # (a Scan over no step: no output)
+                break
+            want = None
         if want is None:
             counts["dropped"] += 1
             continue
         where = f"{case.name} variant {k} inputs " + ", ".join(f"{n}{list(v.shape)}" for n, v in variant.items())
         try:
-            got = compiled(*[v for n, v in variant.items() if n not in keep])
+            got = _outputs(compiled(*[v for n, v in variant.items() if n not in keep]), len(want))
         except Exception as e:  # noqa: BLE001 - reported with the variant
             raise AssertionError(f"{where}: onnxruntime runs it, dyntvm raised {type(e).__name__}: {e}") from e
         _compare(got, want, where)
         counts["variants"] += 1
         sizes_in = [v.shape for n, v in variant.items()] != [v.shape for v in feed.values()]
-        sizes_out = [np.shape(w) for w in want] != stored_shapes
+        sizes_out = [_shapes(w) for w in want] != stored_shapes
         counts["other_sizes"] += int(sizes_in or sizes_out)
     return counts
 

@@ -83,7 +83,7 @@ add("clip-float-bounds-i32", lambda x: F.clip(x, -1.5, 2.5), [XI])
 add("clip-inverted", lambda x: F.clip(x, 1.0, -1.0), [X])
 add("clip-nan", lambda x: F.clip(F.log(x), -1.0, 1.0), [X])
 
-BINARY = ["add", "subtract", "multiply", "divide", "power", "maximum", "minimum", "equal", "not_equal", "less",
+BINARY = ["add", "subtract", "multiply", "divide", "power", "maximum", "minimum", "fmod", "equal", "not_equal", "less",
           "less_equal", "greater", "greater_equal"]
 for name in BINARY:
     pos = name == "power"
@@ -263,6 +263,11 @@ add("unique", lambda x: F.unique(x), [XI])
 add("unique-all", lambda x: F.unique(x, return_inverse=True, return_counts=True), [XI])
 add("unique-inverse", lambda x: F.unique(x, return_inverse=True), [X])
 add("unique-counts", lambda x: F.unique(x > 0, return_counts=True), [X])
+add("unique-axis-unsorted", lambda x: F.unique(F.fmod(x, 2), return_index=True, return_inverse=True, return_counts=True,
+                                               axis=0, sorted=False), [XI])
+add("unique-index-axis1", lambda x: F.unique(x > 0, return_index=True, axis=-1), [X])
+add("slice_dyn", lambda x: F.slice(x, F.shape_of(x) - 3, F.shape_of(x), None, [0, 1]), [X])
+add("slice_dyn-steps", lambda x: F.slice(x, [None, 1], F.shape_of(x) - 5, [-1, 2], [0, 1]), [XI])
 add("shape_of", lambda x: F.shape_of(x), [X3])
 add("shape_of-arith", lambda x: F.shape_of(x) * 2 + 1, [X])
 add("topk", lambda x: F.topk(x, 2), [X])

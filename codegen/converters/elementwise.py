@@ -168,8 +168,20 @@ def _int_power(bb, ctx, a, b):
     return R.reshape(emit(bb, relax.TupleGetItem(r, 0)), shape)
 
 
+def _fmod(a, b, dt):
+    """np.fmod, C's remainder (the sign of a; R.mod: truncmod, LLVM frem for floats). An integer remainder by 0
+    is 0 as numpy gives it, and by -1 too (INT_MIN % -1 traps in C): the divisor is replaced by 1 there."""
+    if not is_int(dt):
+        return R.mod(a, b)
+    zero = const(0, dt)
+    bad = R.equal(b, zero)
+    if np.dtype(dt).kind == "i":
+        bad = R.logical_or(bad, R.equal(b, const(-1, dt)))
+    return R.where(bad, zero, R.mod(a, R.where(bad, const(1, dt), b)))
+
+
 def _arith(name):
-    rel = getattr(R, name)
+    rel = getattr(R, "mod" if name == "fmod" else name)
     dtype_rule = get_op(name).result_dtype
 
     def conv(bb, node, args, ctx):
@@ -179,6 +191,8 @@ def _arith(name):
         a, b = _binary_prep(bb, node, args, ctx, dt)
         if name == "power" and is_int(dt):
             return [_int_power(bb, ctx, a, b)]
+        if name == "fmod":
+            return [_fmod(a, b, dt)]
         if name in ("maximum", "minimum") and is_float(dt):
             # np.maximum/minimum propagate NaN from either side; TVM's max/min do not.
             either_nan = R.logical_or(R.isnan(a), R.isnan(b))
