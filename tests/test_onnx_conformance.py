@@ -34,11 +34,6 @@ KNOWN_DIFFERENCES = {
     "test_reduce_max_empty_set_bool": "max of an empty set: ONNX gives False, dyntvm raises like numpy",
     "test_reduce_min_empty_set": "min of an empty set: ONNX gives +inf, dyntvm raises like numpy",
 }
-# compiled float16 matmul accumulates in float16 (numpy in float32): 1-2 float16 ulps off the expected values
-# (dyntvm's numpy reference interpreter matches them exactly), beyond these tests' rtol 1e-3
-KNOWN_DIFFERENCES.update({f"test_attention_4d_{k}_fp16_expanded": "float16 matmul accumulation in compiled code"
-                          for k in ("causal", "gqa_causal_nonpad_decode", "gqa_with_past_and_present")})
-KNOWN_DIFFERENCES["test_attention_4d_fp16_expanded"] = "float16 matmul accumulation in compiled code"
 
 
 def _array(v):

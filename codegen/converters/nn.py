@@ -18,6 +18,8 @@ def _matmul(bb, node, args, ctx):
     dt = out_type(node).dtype
     work = "int32" if dt == "bool" else dt      # numpy bool matmul: any(a & b)
     a, b = (emit(bb, cast(x, work)) for x in args)
+    if dt == "float16":     # numpy accumulates a float16 dot product in float32: so do we (inputs stay float16)
+        work = "float32"
     ta, tb = (v.type for v in node.inputs)
     if ndim_of(a) >= 2 and ndim_of(b) >= 2:
         a, b = unify_broadcast(bb, ctx, [a, b], [ta, tb], skip_trailing=2)
@@ -37,6 +39,8 @@ def _matmul(bb, node, args, ctx):
     r = guard_empty(bb, ctx, r, a, [ka], 0)          # K == 0: numpy gives zeros
     if dt == "bool":
         r = R.not_equal(r, const(0, work))
+    elif work != dt:
+        r = R.astype(r, dt)
     return [r]
 
 
@@ -48,6 +52,11 @@ def _softmax(bb, node, args, ctx):
     if nd == 0:      # softmax of a scalar: exp(0)/exp(0) = 1; log_softmax: 0 (nan/inf stay nan)
         z = R.subtract(x, x)
         return [R.exp(z) if node.op == "softmax" else z]
+    if dtype_of(x) == "float16":    # as numpy: exp rounded to float16, summed in float32 (Relax's sums in float16)
+        s = emit(bb, R.subtract(x, R.max(x, axis=[ax], keepdims=True)))
+        e = emit(bb, R.exp(s))
+        total = emit(bb, R.astype(R.sum(R.astype(e, "float32"), axis=[ax], keepdims=True), "float16"))
+        return [R.divide(e, total) if node.op == "softmax" else R.subtract(s, R.log(total))]
     return [(R.nn.softmax if node.op == "softmax" else R.nn.log_softmax)(x, axis=ax)]
 
 

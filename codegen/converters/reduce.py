@@ -40,53 +40,57 @@ def _reduce(name):
     extreme = getattr(R, name) if name in ("max", "min") else None
 
     def conv(bb, node, args, ctx):
-        x = args[0]
+        dt = dtype_rule([dtype_of(args[0])], node.attrs)       # numpy's accumulator dtype
+        if dt == "float16" and name in ("sum", "mean"):     # numpy sums float16 in float32, then rounds
+            return [R.astype(reduce(bb, node, emit(bb, R.astype(args[0], "float32")), ctx, "float32"), dt)]
+        return [reduce(bb, node, args[0], ctx, dt)]
+
+    def reduce(bb, node, x, ctx, dt):
         nd = ndim_of(x)
         axes = list(norm_axes(node.attrs.axis, nd))
         keep = bool(node.attrs.keepdims)
-        dt = dtype_rule([dtype_of(x)], node.attrs)       # numpy's accumulator dtype
         shape = shape_of(x)
         extents = [shape[a] for a in axes]
         if _lanes(ctx, x, axes):
             if name in ("sum", "prod") or name == "mean":   # the identity for an empty input: no guard
                 s = _lane_reduce(bb, emit(bb, cast(x, dt)), "prod" if name == "prod" else "sum", keep)
                 if name != "mean":
-                    return [s]
+                    return s
                 count = extents[0]
                 if isinstance(count, tirx.IntImm) and int(count.value) > 0:
-                    return [R.divide(s, const(int(count.value), dt))]
+                    return R.divide(s, const(int(count.value), dt))
                 if isinstance(count, tirx.IntImm):
-                    return [full_expr(shape_of(s), float("nan"), dt)]
-                return [bb.emit_te(te_mean_div, s, x, count, primfunc_name_hint="dt_mean_div")]
+                    return full_expr(shape_of(s), float("nan"), dt)
+                return bb.emit_te(te_mean_div, s, x, count, primfunc_name_hint="dt_mean_div")
             xe = emit(bb, R.astype(x, "int8")) if dt == "bool" else x
             r = _nonempty(bb, ctx, _lane_reduce(bb, xe, name, keep), extents, "int8" if dt == "bool" else dt)
-            return [R.astype(r, "bool") if dt == "bool" else r]
+            return R.astype(r, "bool") if dt == "bool" else r
         if name in ("sum", "prod"):
             x = emit(bb, cast(x, dt))
             fn = R.sum if name == "sum" else R.prod
             r = fn(x, axis=axes, keepdims=keep) if axes else x
-            return [guard_empty(bb, ctx, r, x, extents, 0 if name == "sum" else 1) if axes else r]
+            return guard_empty(bb, ctx, r, x, extents, 0 if name == "sum" else 1) if axes else r
         if name == "mean":
             x = emit(bb, cast(x, dt))
             if not axes:
-                return [x]
+                return x
             s = emit(bb, R.sum(x, axis=axes, keepdims=keep))
             count = ctx.analyzer.simplify(prod(extents))
             if isinstance(count, tirx.IntImm) and int(count.value) > 0:
-                return [R.divide(s, const(int(count.value), dt))]
+                return R.divide(s, const(int(count.value), dt))
             if isinstance(count, tirx.IntImm):      # a static 0-length axis: nan (numpy), no divide by 0
-                return [full_expr(shape_of(s), float("nan"), dt)]
-            return [bb.emit_te(te_mean_div, s, x, count, primfunc_name_hint="dt_mean_div")]
+                return full_expr(shape_of(s), float("nan"), dt)
+            return bb.emit_te(te_mean_div, s, x, count, primfunc_name_hint="dt_mean_div")
         # max / min: numpy raises when the reduced extent is 0 (no identity): a run-time check
         if not axes:
-            return [x]
+            return x
         if is_float(dt):
             r = bb.emit_te(te_nan_reduce, emit(bb, x), axes, keep, name == "max", primfunc_name_hint="dt_" + name)
-            return [_nonempty(bb, ctx, r, extents, dt)]
+            return _nonempty(bb, ctx, r, extents, dt)
         if dt == "bool":
             r = _nonempty(bb, ctx, emit(bb, extreme(R.astype(x, "int8"), axis=axes, keepdims=keep)), extents, "int8")
-            return [R.astype(r, "bool")]
-        return [_nonempty(bb, ctx, emit(bb, extreme(x, axis=axes, keepdims=keep)), extents, dt)]
+            return R.astype(r, "bool")
+        return _nonempty(bb, ctx, emit(bb, extreme(x, axis=axes, keepdims=keep)), extents, dt)
     return conv
 
 
