@@ -30,7 +30,7 @@ from . import onnx_control, onnx_data, onnx_nn, onnx_seq  # noqa: F401  (registe
 #                                                            indexing, nn, sequences / optionals)
 from .onnx_ops import CONVERTERS, OnnxImportError, _np_dtype, _tensor
 from . import F
-from .tracer import Tensor, TensorSpec, trace
+from .tracer import Tensor, TensorSpec, source_hint, trace
 
 __all__ = ["from_onnx", "unsupported_ops", "CONVERTERS", "OnnxImportError"]
 
@@ -190,20 +190,27 @@ class _Ctx:
         self.opset = opset
         self.model_name = model_name
         self.dims: dict = {}        # id(tensor) -> (tensor, dims, scalar): shape vectors with symbolic entries
+        self.node = None            # the node being converted (innermost)
 
     def run_graph(self, graph, env: dict, inputs: list) -> list:
-        """Run subgraph `graph` with its formal inputs bound to `inputs`; names it does not define are read
-        from `env` (the enclosing scope)."""
+        """Run subgraph `graph` (an attribute of the node being converted) with its formal inputs bound to
+        `inputs` (as many as it declares); names it does not define are read from `env` (the enclosing scope)."""
+        if len(graph.input) != len(inputs):
+            op = self.node.op_type if self.node is not None else "node"
+            part = next((a.name for a in (self.node.attribute if self.node is not None else ())
+                         if a.HasField("g") and a.g is graph), "subgraph")
+            raise OnnxImportError(f"{op}'s {part} has {_n(len(graph.input), 'input')}, the {op} gives it "
+                                  f"{len(inputs)}")
         local = _Scope(env)
         for vi, x in zip(graph.input, inputs):
             local[vi.name] = x
         for t in graph.initializer:
             local[t.name] = _tensor(t)
         _run_nodes(graph, local, self)
-        return [_pin_declared(local[o.name], o) for o in graph.output]
+        return [_pin_declared(local[o.name], o, self.node) for o in graph.output]
 
 
-def _pin_declared(v, vi):
+def _pin_declared(v, vi, node=None):
     """A subgraph output with one data-dependent dim (a Slice with computed bounds) where the model declares that
     dim static: reshaped to the declared shape, which checks the size when it runs (exact: its other dims are
     the declared ones, none 0), so a loop-carried value keeps its static shape from one iteration to the next."""
@@ -217,7 +224,9 @@ def _pin_declared(v, vi):
     unknown = [d for d in v.shape if is_unknown(d)]
     if len(unknown) != 1 or any(d != w for d, w in zip(v.shape, want) if not is_unknown(d)):
         return v
-    return F.reshape(v, tuple(want))
+    where = f"ONNX node {node.name or node.op_type!r} ({node.op_type}): " if node is not None else ""
+    with source_hint(f"{where}subgraph output {vi.name!r}, declared {tuple(want)} (a reshape checks its size)"):
+        return F.reshape(v, tuple(want))
 
 
 class _Scope(dict):
@@ -231,6 +240,49 @@ class _Scope(dict):
         if self.parent is None:
             raise KeyError(key)
         return self.parent[key]
+
+
+def _n(k: int, what: str) -> str:
+    return f"{k} {what}{'' if k == 1 else 's'}"
+
+
+def _check_node(node, opset: int) -> None:
+    """`node` against its op's ONNX schema at `opset`: input / output counts, no empty name for a required
+    input ('' marks an omitted optional one), required attributes present, attributes of the declared types."""
+    from onnx import AttributeProto, defs
+    try:
+        s = defs.get_schema(node.op_type, opset, "")
+    except Exception:  # noqa: BLE001 - no schema at this opset: the converter judges
+        return
+
+    def count(lo, hi, what):
+        return _n(lo, what) if lo == hi else f"at least {_n(lo, what)}" if hi > 1 << 20 else f"{lo} to {hi} {what}s"
+    op = node.op_type
+    if not s.min_input <= len(node.input) <= s.max_input:
+        raise OnnxImportError(f"{op} takes {count(s.min_input, s.max_input, 'input')}, the node has {len(node.input)}")
+    if not s.min_output <= len(node.output) <= s.max_output:
+        raise OnnxImportError(f"{op} has {count(s.min_output, s.max_output, 'output')}, the node names "
+                              f"{len(node.output)}")
+    single = defs.OpSchema.FormalParameterOption.Single
+    for k, name in enumerate(node.input):
+        formal = s.inputs[min(k, len(s.inputs) - 1)]
+        if not name and formal.option == single:
+            raise OnnxImportError(f"{op}'s input {k} ({formal.name!r}) is required, but its name is empty ('' marks "
+                                  "an omitted optional input)")
+    for a in node.attribute:
+        want = s.attributes.get(a.name)
+        if want is not None and a.type and int(a.type) != int(want.type):
+            raise OnnxImportError(f"{op}'s attribute {a.name!r} must be an {want.type.name}, got a "
+                                  f"{AttributeProto.AttributeType.Name(a.type)}")
+    given = {a.name for a in node.attribute}
+    for name, at in s.attributes.items():
+        if at.required and name not in given:
+            raise OnnxImportError(f"{op}'s required attribute {name!r} is missing")
+
+
+# the ops that take sequences / optionals (the others take tensors only)
+def _takes_structured(op: str) -> bool:
+    return op in ("Identity", "Loop") or CONVERTERS[op].__module__ == onnx_seq.__name__
 
 
 def _attrs(node) -> dict:
@@ -247,15 +299,27 @@ def _run_nodes(graph, env: dict, ctx: _Ctx) -> None:
         except KeyError as e:
             raise OnnxImportError(f"{where}: input {e.args[0]!r} is not defined before it (not a graph input, "
                                   "initializer or earlier node output)") from None
+        prev, ctx.node = ctx.node, node
         try:
-            outs = conv(ins, _attrs(node), ctx, env, node)
+            _check_node(node, ctx.opset)
+            if not _takes_structured(node.op_type):
+                for k, v in enumerate(ins):
+                    if onnx_seq.is_structured(v):
+                        raise OnnxImportError(f"{node.op_type}'s input {k} is {onnx_seq.describe(v)}; it takes tensors")
+            with source_hint(where):        # its nodes' run-time errors name it
+                outs = conv(ins, _attrs(node), ctx, env, node)
         except (TraceError, InputError) as e:
-            raise type(e)(f"{where}: {e}") from None
-        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:   # a malformed node
+            msg = str(e).replace(f"\n    at {where}", "")
+            raise type(e)(f"{where}: {msg}") from None
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError, ArithmeticError) as e:   # malformed
             raise OnnxImportError(f"{where}: malformed node, not as the ONNX spec defines it for opset "
                                   f"{ctx.opset} ({type(e).__name__}: {e})") from None
+        finally:
+            ctx.node = prev
         if not isinstance(outs, (list, tuple)):
             outs = [outs]
+        if any(node.output[len(outs):]):
+            raise OnnxImportError(f"{where}: the node names {len(node.output)} outputs, it yields {len(outs)}")
         for name, v in zip(node.output, outs):
             if name:
                 if name in env:         # this graph's own names only (a subgraph may read, not redefine, outer ones)

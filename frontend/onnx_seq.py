@@ -39,8 +39,11 @@ def is_structured(v) -> bool:
     return isinstance(v, (list, _Empty))
 
 
-def _what(v) -> str:
+def describe(v) -> str:
     return "an empty optional" if v is EMPTY else "a sequence" if isinstance(v, list) else "a tensor"
+
+
+_what = describe
 
 
 def _seq(v, node, what="input 0") -> list:

@@ -6,6 +6,7 @@ subgraph is closed (JAX style) and the owning control-flow node passes captures 
 """
 from __future__ import annotations
 
+import contextlib
 import linecache
 import os
 import sys
@@ -33,13 +34,27 @@ class _Builders(threading.local):
 
     def __init__(self):
         self.stack: list[Builder] = []
+        self.source_hint: str | None = None     # what `user_source` reports while a frontend converts a node
+
+
+@contextlib.contextmanager
+def source_hint(text: str):
+    """Nodes traced inside record `text` as their source (the user's line): a frontend names the model's node
+    they come from (an ONNX node), so run-time errors point at it rather than at the `from_onnx` call."""
+    prev, _BUILDERS.source_hint = _BUILDERS.source_hint, text
+    try:
+        yield
+    finally:
+        _BUILDERS.source_hint = prev
 
 
 _BUILDERS = _Builders()
 
 
 def user_source() -> str:
-    """'file.py:LINE: code' of the innermost frame outside dyntvm (the user's line)."""
+    """'file.py:LINE: code' of the innermost frame outside dyntvm (the user's line), or the `source_hint` set."""
+    if _BUILDERS.source_hint is not None:
+        return _BUILDERS.source_hint
     f = sys._getframe(1)
     while f is not None and f.f_code.co_filename.startswith(_PKG_DIRS):
         f = f.f_back

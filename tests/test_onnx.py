@@ -249,7 +249,7 @@ def test_recurrent_layers_with_symbolic_length_and_batch(op, direction, extra):
 
 def test_malformed_models_get_a_clear_import_error():
     from dyntvm.frontend.onnx import OnnxImportError
-    bad = [([h.make_node("Concat", ["x", "x"], ["y"])], "malformed node"),                 # no axis
+    bad = [([h.make_node("Concat", ["x", "x"], ["y"])], "required attribute .axis. is missing"),  # no axis
            ([h.make_node("Relu", ["nope"], ["y"])], "'nope' is not defined"),
            ([h.make_node("Relu", ["x"], ["z"])], "graph output 'y' is not computed")]
     for nodes, match in bad:
@@ -538,7 +538,7 @@ def test_slice_from_the_iteration_counter_inside_a_loop():
     y_final, rows = compiled(np.int64(0), t, y, f32(2))
     np.testing.assert_array_equal(y_final, y)
     assert np.asarray(rows).shape == (0, 1)
-    with pytest.raises(dt.ExecutionError, match="reshape"):      # past the table: an empty slice, not [1]
+    with pytest.raises(dt.ExecutionError, match=r"Loop.*subgraph output .y_out., declared \(1,\)"):
         compiled(np.int64(3), t, f32(1), f32(2))
 
 
