@@ -6,6 +6,7 @@ import numpy as np
 
 from ..ir.types import dim_add, dim_floordiv, dim_min, dim_mul
 from . import F
+from .tracer import source_hint
 from .onnx_ops import INT_MAX, OnnxImportError, _const, _ints, _is_const, _rank, _shape, converter
 
 PAD_MODES = ("constant", "edge", "reflect", "wrap")
@@ -71,6 +72,27 @@ def _pad(ins, a, ctx, env, node):
     return x
 
 
+def _slice_axes(axes, n, x) -> list:
+    """Slice's axes (default 0 .. n - 1), each in [-rank, rank), none twice, normalized."""
+    r = _rank(x)
+    axes = list(range(n)) if axes is None else [int(ax) for ax in axes]
+    for ax in axes:
+        if not -r <= ax < r:
+            raise OnnxImportError(f"Slice: axis {ax} is out of range for a rank-{r} tensor")
+    axes = [ax % r for ax in axes]
+    if len(set(axes)) != len(axes):
+        raise OnnxImportError(f"Slice: axes {axes} repeat an axis")
+    return axes
+
+
+def _bound_lengths(node, **bounds):
+    """The starts / ends / axes / steps given (known lengths) must have one entry per sliced axis."""
+    known = {k: n for k, n in bounds.items() if isinstance(n, int)}
+    if len(set(known.values())) > 1:
+        raise OnnxImportError("Slice: " + ", ".join(f"{n} {k}" for k, n in known.items()) + " (one of each per "
+                              "sliced axis)")
+
+
 @converter("Slice")
 def _slice(ins, a, ctx, env, node):
     x = ins[0]
@@ -85,15 +107,25 @@ def _slice(ins, a, ctx, env, node):
             if not isinstance(n, int):
                 raise OnnxImportError("Slice with computed starts of unknown length and no axes: the sliced axes "
                                       "must be known when the model is imported")
-            axes = list(range(n)) if axes is None else [ax % _rank(x) for ax in axes]
+            _bound_lengths(node, starts=_len(starts), ends=_len(ends), axes=n, steps=_len(steps))
+            axes = _slice_axes(axes, n, x)
             return F.slice(x, _vec(starts), _vec(ends), [1] * n if steps is None else _vec(steps), axes)
         starts, ends = _ints(starts, "Slice's starts", node), _ints(ends, "Slice's ends", node)
         steps = None if steps is None else _ints(steps, "Slice's steps", node)
+    _bound_lengths(node, starts=len(starts), ends=len(ends), axes=None if axes is None else len(axes),
+                   steps=None if steps is None else len(steps))
     clamp = lambda v: None if abs(v) >= INT_MAX else v     # noqa: E731
     steps = steps or [1] * len(starts)
     ends = [None if (e <= -INT_MAX and s < 0) else clamp(e) for e, s in zip(ends, steps)]
-    return F.slice(x, [clamp(s) for s in starts], ends, steps,
-                   None if axes is None else [ax % _rank(x) for ax in axes])
+    return F.slice(x, [clamp(s) for s in starts], ends, steps, _slice_axes(axes, len(starts), x))
+
+
+def _len(v):
+    """The number of entries of a Slice bound (None when not given or not known at import)."""
+    if v is None:
+        return None
+    n = np.size(v) if _is_const(v) else (_shape(v)[0] if _rank(v) == 1 else None)
+    return n if isinstance(n, (int, np.integer)) else None
 
 
 def _vec(v):
@@ -110,7 +142,7 @@ def _split(ins, a, ctx, env, node):
     n = len(node.output)
     dim = _shape(x)[axis]
     if sizes is not None:
-        return F.split(x, list(np.cumsum(sizes)[:-1]), axis=axis)
+        return _split_sizes(x, [int(v) for v in sizes], axis, n, dim, node)
     if isinstance(dim, (int, np.integer)):      # chunks of ceil(dim / n); the last smaller, or empty (as ONNX's)
         if int(dim) % n and ctx.opset < 18:
             raise OnnxImportError(f"Split: a dim of {dim} does not split into {n} equal parts (before opset 18)")
@@ -120,6 +152,29 @@ def _split(ins, a, ctx, env, node):
     chunk = dim_floordiv(dim_add(dim, n - 1), n)
     bounds = [0] + [dim_min(dim_mul(chunk, k), dim) for k in range(1, n)] + [dim]
     return [F.take(x, F.arange(lo, hi), axis=axis) for lo, hi in zip(bounds[:-1], bounds[1:])]
+
+
+def _split_sizes(x, sizes: list, axis: int, n: int, dim, node):
+    """Split into parts of the given sizes: one per output, none negative, adding up to the axis' size (checked
+    when the model is imported for a static dim; for a symbolic one each part is reshaped to its size, a
+    reshape that fails at run time where the dim does not fit)."""
+    if len(sizes) != n:
+        raise OnnxImportError(f"Split: {len(sizes)} sizes for {n} outputs ({sizes})")
+    if any(v < 0 for v in sizes):
+        raise OnnxImportError(f"Split: sizes {sizes} has a negative size")
+    static = isinstance(dim, (int, np.integer))
+    if static and sum(sizes) != dim:
+        raise OnnxImportError(f"Split: sizes {sizes} add up to {sum(sizes)}, not the axis' {dim}")
+    parts = F.split(x, [int(v) for v in np.cumsum(sizes)[:-1]], axis=axis)
+    parts = list(parts) if isinstance(parts, (list, tuple)) else [parts]
+    if static or any(d == 0 for k, d in enumerate(_shape(x)) if k != axis):
+        return parts            # (a part with another axis of size 0 would reshape to any size: not checked)
+    out = []
+    for j, (p, s) in enumerate(zip(parts, sizes)):
+        with source_hint(f"ONNX node {node.name or 'Split'!r} (Split): sizes {sizes} along axis {axis} (part {j} "
+                         f"must have {s}; a reshape checks it)"):
+            out.append(F.reshape(p, tuple(s if k == axis else d for k, d in enumerate(_shape(p)))))
+    return out
 
 
 @converter("Unique")
