@@ -14,6 +14,10 @@ from .onnx_ops import OnnxImportError, _is_const, _rank, _scalar_bool, _shape, c
 def _if(ins, a, ctx, env, node):
     pred = ins[0]
     then_g, else_g = a["then_branch"].g, a["else_branch"].g
+    nt, ne, nn = len(then_g.output), len(else_g.output), len(node.output)
+    if not nt == ne == nn:
+        raise OnnxImportError(f"If: the then branch yields {nt} output{'s' * (nt != 1)}, the else branch {ne}, the "
+                              f"node names {nn} (they must match)")
     if _is_const(pred):
         outs = ctx.run_graph(then_g if bool(np.asarray(pred).reshape(-1)[0]) else else_g, env, [])
         return outs
@@ -26,11 +30,13 @@ def _if(ins, a, ctx, env, node):
 @converter("Loop")
 def _loop(ins, a, ctx, env, node):
     if any(onnx_seq.is_structured(v) for v in ins[2:]):      # carries a sequence / optional: unrolled
+        check_loop_body(a["body"].g, len(ins) - 2, node)
         return onnx_seq.unroll_loop(ins, a, ctx, env, node)
     body = a["body"].g
     trip, cond0, carried = ins[0], ins[1], list(ins[2:])
     n_carried = len(carried)
     n_scan = len(body.output) - 1 - n_carried
+    check_loop_body(body, n_carried, node)
     i0 = np.asarray(0, dtype=np.int64)
     c0 = np.asarray(True) if cond0 is None else (F.reshape(cond0, ()) if not _is_const(cond0)
                                                   else np.asarray(bool(np.asarray(cond0).reshape(-1)[0])))
@@ -60,12 +66,37 @@ def _loop(ins, a, ctx, env, node):
     return list(final[2:]) + scans[:n_scan]
 
 
+def check_loop_body(body, n_carried: int, node):
+    """A Loop's body yields its condition, the loop-carried values and the scan outputs; the node names the
+    carried values' finals and the scan outputs."""
+    n_out = len(body.output)
+    if n_out < 1 + n_carried:
+        raise OnnxImportError(f"Loop's body has {n_out} output{'s' * (n_out != 1)}, it needs {1 + n_carried} at "
+                              f"least (the condition and {n_carried} loop-carried value{'s' * (n_carried != 1)})")
+    if len(node.output) != n_out - 1:
+        raise OnnxImportError(f"the Loop names {len(node.output)} outputs, its body yields {n_out - 1} besides the "
+                              f"condition ({n_carried} loop-carried, {n_out - 1 - n_carried} scan outputs)")
+
+
+def _check_scan(ins, a, node, n_states_in: int):
+    """num_scan_inputs within the inputs, the node's outputs as many as the body's."""
+    n_in = a["num_scan_inputs"]
+    if not 1 <= n_in <= n_states_in:
+        raise OnnxImportError(f"Scan: num_scan_inputs {n_in} must be in [1, {n_states_in}] (the node has "
+                              f"{n_states_in} state and scan inputs)")
+    body = a["body"].g
+    if len(node.output) != len(body.output):
+        raise OnnxImportError(f"the Scan names {len(node.output)} outputs, its body yields {len(body.output)}")
+    return n_in
+
+
 @converter("Scan")
 def _scan(ins, a, ctx, env, node):
     if ctx.opset < 9:
+        _check_scan(ins, a, node, len(ins) - 1)
         return _scan8(ins, a, ctx, env, node)
     body = a["body"].g
-    n_in = a["num_scan_inputs"]
+    n_in = _check_scan(ins, a, node, len(ins))
     states, xs = list(ins[:len(ins) - n_in]), list(ins[len(ins) - n_in:])
     in_axes = a.get("scan_input_axes") or [0] * n_in
     in_dirs = a.get("scan_input_directions") or [0] * n_in
@@ -111,8 +142,14 @@ def _scan8(ins, a, ctx, env, node):
     return list(res) if isinstance(res, (list, tuple)) else [res]
 
 
+def _axis(axis, r, what):
+    if not -r <= axis < r:
+        raise OnnxImportError(f"Scan: {what} axis {axis} is out of range for rank {r}")
+    return axis % r
+
+
 def _to_front(x, axis, reverse):
-    axis %= _rank(x)
+    axis = _axis(axis, _rank(x), "scan input")
     if axis:
         perm = [axis] + [i for i in range(_rank(x)) if i != axis]
         x = F.transpose(x, tuple(perm))
@@ -122,7 +159,7 @@ def _to_front(x, axis, reverse):
 def _from_front(y, axis, reverse):
     if reverse:
         y = F.slice(y, [None], [None], [-1])
-    axis %= _rank(y)
+    axis = _axis(axis, _rank(y), "scan output")
     if axis:
         perm = list(range(1, axis + 1)) + [0] + list(range(axis + 1, _rank(y)))
         y = F.transpose(y, tuple(perm))
