@@ -168,6 +168,9 @@ def _split_to_sequence(ins, a, ctx, env, node):
         raise OnnxImportError(f"SplitToSequence along an axis of symbolic size {dim!r}: the number and sizes "
                               f"of the pieces (the sequence's length) {KNOWN} (fix the size with input_shapes)")
     split = None if len(ins) < 2 or ins[1] is None else _const(ins[1], "SplitToSequence's split", node)
+    if split is not None and (split.dtype.kind not in "iu" or split.ndim > 1):
+        raise OnnxImportError(f"SplitToSequence: split must be an integer scalar or 1-d tensor, got {split.dtype} "
+                              f"{split.shape}")
     if split is None:
         sizes = [1] * dim
     elif split.ndim == 0:
