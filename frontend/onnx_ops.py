@@ -500,4 +500,16 @@ def _compress(ins, a, ctx, env, node):
 def _topk(ins, a, ctx, env, node):
     x, k = ins[0], ins[1]
     k = F.reshape(k, ()) if not _is_const(k) else int(np.asarray(k).reshape(-1)[0])
-    return F.topk(x, k, axis=a.get("axis", -1), largest=bool(a.get("largest", 1)))
+    axis, largest = a.get("axis", -1), bool(a.get("largest", 1))
+    if not largest or np.dtype(x.dtype).kind != "f":
+        return F.topk(x, k, axis=axis, largest=largest)
+    # ONNX (its reference, onnxruntime) ranks NaN above everything; F.topk sorts NaN last either way. A key in
+    # a wider float orders NaN (-> inf) above inf (-> the widest finite) above every value of x; float64 has
+    # no wider type: there a finite 1.8e308 ties with inf (and reads back as inf)
+    wide = {"float16": "float32", "float32": "float64"}.get(np.dtype(x.dtype).name, "float64")
+    inf, big = np.asarray(np.inf, wide), np.asarray(np.finfo(wide).max, wide)
+    xw = F.astype(x, wide)
+    key = F.where(F.isnan(xw), inf, F.where(F.equal(xw, inf), big, xw))
+    v, i = F.topk(key, k, axis=axis, largest=True)
+    v = F.where(F.equal(v, inf), np.asarray(np.nan, wide), F.where(F.equal(v, big), inf, v))
+    return [F.astype(v, np.dtype(x.dtype).name), i]
