@@ -24,7 +24,8 @@ import numpy as np
 
 from dyntvm.errors import InputError, TraceError, UnsupportedOpError
 
-from . import onnx_control, onnx_nn  # noqa: F401  (register If, Loop, Scan, LSTM, GRU; activations, BatchNorm)
+from . import onnx_control, onnx_nn, onnx_vision  # noqa: F401  (register If, Loop, Scan, LSTM, GRU; activations,
+#                                                    BatchNorm; Conv, pooling)
 from .onnx_ops import CONVERTERS, OnnxImportError, _np_dtype, _tensor
 from .tracer import TensorSpec, trace
 

@@ -1,3 +1,3 @@
 """The typed graph IR that every stage of the pipeline reads and writes; imports only itself and
 `dyntvm.errors`."""
-from . import ops  # noqa: F401  (registers every op)
+from . import ops, ops_nn  # noqa: F401  (register every op)
