@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 
 import numpy as np
 import pytest
@@ -234,3 +235,19 @@ def test_bad_arguments_are_trace_errors_naming_the_op():
     assert model(x).shape == (1, 6, 3, 3)
     with pytest.raises(dt.ExecutionError, match="conv: the data has 3 channels, the weight .* takes 4"):
         model(np.ones((1, 3, 5, 5), "float32"))
+
+
+@pytest.mark.skipif(not any(os.access(os.path.join(d, "nvcc"), os.X_OK) for d in
+                            os.environ.get("PATH", "").split(os.pathsep) + ["/usr/local/cuda/bin"]),
+                    reason="CUDA builds need nvcc")
+def test_conv_and_pools_build_cuda_device_code(tmp_path):
+    """dlight schedules the Relax conv and the pool TE computes (static and symbolic spatial sizes: the run-time
+    size check takes its device form); running them needs a GPU (tests/test_cuda.py's execution tests)."""
+    w = RNG.standard_normal((8, 2, 3, 3)).astype("float32")
+
+    def fn(x):
+        return (F.conv(x, w, stride=2, padding=1, groups=2), F.max_pool(x, 3, 2, 1, ceil_mode=True),
+                F.avg_pool(x, 3, 2, 1, dilation=2, count_include_pad=False))
+    for spec in [("N", 4, 16, 16), ("N", 4, "H", "W")]:
+        model = dt.compile(fn, S(spec), target="cuda", cache_dir=str(tmp_path))
+        assert model.target == "cuda"
