@@ -26,8 +26,8 @@ import numpy as np
 
 from dyntvm.errors import InputError, TraceError, UnsupportedOpError
 
-from . import onnx_control, onnx_data, onnx_nn, onnx_seq  # noqa: F401  (register their converters: control flow,
-#                                                            indexing, nn, sequences / optionals)
+from . import onnx_control, onnx_data, onnx_nn, onnx_seq, onnx_vision  # noqa: F401  (register their converters:
+#                                             control flow, indexing, nn, sequences / optionals, conv / pooling)
 from .onnx_ops import CONVERTERS, OnnxImportError, _np_dtype, _tensor
 from . import F
 from .tracer import Tensor, TensorSpec, source_hint, trace

@@ -382,6 +382,75 @@ def arange(start, stop=None, step=1, dtype=None):
                                                          for b in bounds], dtype))
 
 
+# ------------------------------------------------------------------- sliding windows (ir/ops_nn.py)
+def _spatial_rank(api, x) -> int:
+    nd = x.ndim if isinstance(x, Tensor) else np.ndim(x)
+    if not 3 <= nd <= 5:
+        raise trace_error(f"{api}: x must have axes N, C and 1 to 3 spatial axes (rank 3 to 5), got rank {nd}")
+    return nd - 2
+
+
+def _per_axis(api, what, v, nsp) -> tuple:
+    """An int for every spatial axis, or one per axis."""
+    if isinstance(v, str) or np.ndim(v) == 0:
+        return (v,) * nsp
+    v = tuple(v)
+    if len(v) != nsp:
+        raise trace_error(f"{api}: {what} needs one entry per spatial axis ({nsp}), got {v}")
+    return v
+
+
+def _window_pads(api, padding, nsp) -> tuple:
+    """`padding`: an int for every side, one int per spatial axis (both sides), or a (before, after) pair per
+    spatial axis -> ((before, after), ...)."""
+    return tuple((p, p) if isinstance(p, str) or np.ndim(p) == 0 else tuple(p)
+                 for p in _per_axis(api, "padding", padding, nsp))
+
+
+def conv(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """N-d convolution (cross-correlation, like `torch.nn.functional.conv1d/2d/3d`) of `x` [N, C, *spatial]
+    (1 to 3 spatial axes) with `weight` [O, C / groups, *kernel] (static shape), plus `bias` [O] if given.
+    `stride`, `dilation`: an int or one per spatial axis; `padding` (zeros): an int, one per axis or a
+    (before, after) pair per axis; `groups` splits the channels (groups == C: depthwise). Float dtypes; the
+    output is [N, O, *out] with ``out = (size + before + after - dilation * (k - 1) - 1) // stride + 1``."""
+    nsp = _spatial_rank("conv", x)
+    attrs = _attrs_of("conv", A.ConvAttrs, _per_axis("conv", "stride", stride, nsp),
+                      _per_axis("conv", "dilation", dilation, nsp), _window_pads("conv", padding, nsp), groups)
+    y = _one("conv", "conv", [x, weight], attrs)
+    if bias is None:
+        return y
+    b = bias if isinstance(bias, Tensor) else as_array(bias)
+    if len(b.shape) != 1 or np.dtype(b.dtype) != np.dtype(y.dtype) or isinstance(b.shape[0], int) and \
+            b.shape[0] != y.shape[1]:
+        raise trace_error(f"conv: bias must be 1-d with one {y.dtype} value per output channel ({y.shape[1]}), "
+                          f"got {b.dtype}{list(b.shape)}")
+    return _F["add"](y, reshape(b, (-1,) + (1,) * nsp))
+
+
+def _pool(api, x, kernel_size, stride, padding, dilation, ceil_mode, count_include_pad=False):
+    nsp = _spatial_rank(api, x)
+    kernel = _per_axis(api, "kernel_size", kernel_size, nsp)
+    attrs = _attrs_of(api, A.PoolAttrs, kernel, kernel if stride is None else _per_axis(api, "stride", stride, nsp),
+                      _per_axis(api, "dilation", dilation, nsp), _window_pads(api, padding, nsp), ceil_mode,
+                      count_include_pad)
+    return _one(api, api, [x], attrs)
+
+
+def max_pool(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False):
+    """N-d max pooling (like `torch.nn.functional.max_pool1d/2d/3d`) over the spatial axes of `x` [N, C,
+    *spatial]: the maximum of each window's taps inside x (padding never wins; NaN propagates). `stride`
+    defaults to `kernel_size`; `ceil_mode` rounds the output size up, keeping only windows that start inside x
+    or its before-padding. Numeric dtypes."""
+    return _pool("max_pool", x, kernel_size, stride, padding, dilation, ceil_mode)
+
+
+def avg_pool(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, count_include_pad=True):
+    """N-d average pooling (like `torch.nn.functional.avg_pool1d/2d/3d`): the mean of each window's taps
+    inside x, or inside x and its zero padding (`count_include_pad`); the taps `ceil_mode` adds past the
+    padding never count. `stride` defaults to `kernel_size`. Float dtypes."""
+    return _pool("avg_pool", x, kernel_size, stride, padding, dilation, ceil_mode, count_include_pad)
+
+
 # ------------------------------------------------------------------------------ dynamic-shape ops
 def boolean_mask(data, mask, axis=0):
     """`data[mask]` along `axis` (`np.compress(mask, data, axis)`); `mask` is 1-d bool.

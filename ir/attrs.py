@@ -133,6 +133,69 @@ class PadAttrs:
     value: float = 0.0
 
 
+def _positive_ints(v, what) -> tuple:
+    out = _int_tuple(v, what)
+    if not out or any(x < 1 for x in out):
+        raise ValueError(f"{what} must be integers >= 1, one per spatial axis, got {v!r}")
+    return out
+
+
+def _pad_pairs(v) -> tuple:
+    """((lo, hi), ...) per spatial axis, each >= 0."""
+    try:
+        pairs = tuple((_int(lo, "pads"), _int(hi, "pads")) for lo, hi in v)
+    except (TypeError, ValueError):
+        raise TypeError(f"pads must be one (before, after) pair of integers per spatial axis, got {v!r}") from None
+    if any(x < 0 for p in pairs for x in p):
+        raise ValueError(f"pads must be >= 0, got {v!r}")
+    return pairs
+
+
+def _same_lengths(obj, names):
+    lens = {n: len(getattr(obj, n)) for n in names}
+    if len(set(lens.values())) != 1 or not 1 <= next(iter(lens.values())) <= 3:
+        raise ValueError("strides, dilations and pads (and the kernel size) need one entry per spatial axis, 1 to "
+                         f"3 axes; got {', '.join(f'{n}={getattr(obj, n)}' for n in names)}")
+
+
+@dataclass(frozen=True)
+class ConvAttrs:
+    """`conv` over the spatial axes of NC<spatial> data (1 to 3 axes): per axis a stride, a dilation and
+    (before, after) zero padding; `groups` splits the channels (groups == channels: depthwise)."""
+    strides: tuple
+    dilations: tuple
+    pads: tuple
+    groups: int = 1
+
+    def __post_init__(self):
+        _set(self, strides=_positive_ints(self.strides, "strides"), dilations=_positive_ints(self.dilations, "dilations"),
+             pads=_pad_pairs(self.pads), groups=_int(self.groups, "groups"))
+        if self.groups < 1:
+            raise ValueError(f"groups must be >= 1, got {self.groups}")
+        _same_lengths(self, ("strides", "dilations", "pads"))
+
+
+@dataclass(frozen=True)
+class PoolAttrs:
+    """`max_pool` / `avg_pool` windows over the spatial axes of NC<spatial> data: per axis a kernel size, a
+    stride, a dilation and (before, after) padding (never part of a max; counted in an average only with
+    `count_include_pad`). `ceil_mode` rounds the output size up, but a window must start inside the input or
+    its before-padding (ONNX's and PyTorch's rule)."""
+    kernel: tuple
+    strides: tuple
+    dilations: tuple
+    pads: tuple
+    ceil_mode: bool = False
+    count_include_pad: bool = False
+
+    def __post_init__(self):
+        _set(self, kernel=_positive_ints(self.kernel, "kernel_size"), strides=_positive_ints(self.strides, "strides"),
+             dilations=_positive_ints(self.dilations, "dilations"), pads=_pad_pairs(self.pads),
+             ceil_mode=_bool(self.ceil_mode, "ceil_mode"),
+             count_include_pad=_bool(self.count_include_pad, "count_include_pad"))
+        _same_lengths(self, ("kernel", "strides", "dilations", "pads"))
+
+
 @dataclass(frozen=True)
 class DtypeAttrs:
     """A result dtype (cast, arange_dyn), as its numpy name."""

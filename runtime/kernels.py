@@ -15,6 +15,7 @@ import numpy as np
 
 from ..ir.ops import Group, get_op, ops_in
 from ..ir.types import eval_dim
+from . import kernels_nn
 
 KERNELS: dict = {}
 
@@ -332,3 +333,7 @@ def _topk(attrs, x):
 def _topk_dyn(attrs, x, k):
     return _topk_impl(attrs, x, int(k))
 
+
+kernel("conv")(kernels_nn.conv)             # the sliding-window ops: runtime/kernels_nn.py
+kernel("max_pool")(kernels_nn.max_pool)
+kernel("avg_pool")(kernels_nn.avg_pool)

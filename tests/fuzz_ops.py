@@ -8,6 +8,8 @@ from dataclasses import replace
 import numpy as np
 from hypothesis import strategies as st
 
+from dyntvm.ir.ops_nn import window_out_size
+
 from fuzz_model import (ARITH, BOUND_LIMIT, COMPARE, FLOAT_UNARY, FLOATS, INTS, KNOWN_BUGS, SIZE_LIMIT,
                         UNARY, Val, broadcast_shape, broadcastable, derive, draw_from, exact_float, fused, is_float,
                         mask_over, numeric, operand, power_bound, render, result_dtype, selected_dim)
@@ -490,7 +492,61 @@ def op_shape_ops(draw, p):
     p.emit(f"{v.name} = F.arange(F.sum({m.name}))")
 
 
+def _window_dim(p, d, k, s, lo, hi, ceil):
+    if isinstance(d, int):
+        return window_out_size(d, k, s, 1, lo, hi, ceil)
+    return p.token(f"{d}~w{k},{s},{lo},{hi},{int(ceil)}", max(window_out_size(p.size_of(d), k, s, 1, lo, hi, ceil), 1),
+                   (d,))
+
+
+def op_window(draw, p):
+    """conv / max_pool / avg_pool over the spatial axes of an (N, C, spatial...) value with a static C. The
+    padding makes every size valid (a max_pool, which never counts padding, takes static sizes >= the kernel),
+    so each window has a tap inside the input or counted padding: no -inf / NaN from empty windows."""
+    a = draw_from(draw, p.visible(lambda v: v.dtype != "bool" and (v.ndim in (1, 2) or v.ndim in (3, 4) and
+                                                                   isinstance(v.shape[1], int) and v.shape[1] >= 1)))
+    if a is None:
+        return
+    src = a.name
+    if a.ndim < 3:            # a [L] value as [1, 1, L], an [A, B] one as [A, 1, B]
+        src = f"F.expand_dims({a.name}, 1)" if a.ndim == 2 else f"F.expand_dims(F.expand_dims({a.name}, 0), 0)"
+        a = replace(a, shape=(a.shape[0], 1, a.shape[1]) if a.ndim == 2 else (1, 1, a.shape[0]))
+    kind = draw_from(draw, ("conv", "max_pool", "avg_pool"))
+    ks = tuple(draw(st.integers(1, 3)) for _ in a.shape[2:])
+    strides = tuple(draw(st.integers(1, 2)) for _ in ks)
+    ceil = kind != "conv" and draw(st.booleans())
+    if kind == "max_pool":
+        if not all(isinstance(d, int) and d >= k for d, k in zip(a.shape[2:], ks)):
+            return
+        pads = tuple((draw(st.integers(0, (k - 1) // 2)), draw(st.integers(0, (k - 1) // 2))) for k in ks)
+    elif not is_float(a.dtype):
+        return
+    else:
+        pads = tuple((lo, max(k - lo, draw(st.integers(0, k)))) for k in ks for lo in [draw(st.integers(0, k))])
+    shape = a.shape[:2] + tuple(_window_dim(p, d, k, s, lo, hi, ceil) for d, k, s, (lo, hi) in
+                                zip(a.shape[2:], ks, strides, pads))
+    if kind == "max_pool":
+        v = p.add(replace(a, name=p.name(), shape=shape, size=1.0))
+        p.emit(f"{v.name} = F.max_pool({src}, {ks!r}, {strides!r}, {pads!r}, ceil_mode={ceil})")
+    elif kind == "avg_pool":
+        v = p.add(Val(p.name(), shape, a.dtype, exact=False, bound=a.bound, grid=0))
+        p.emit(f"{v.name} = F.avg_pool({src}, {ks!r}, {strides!r}, {pads!r}, ceil_mode={ceil}, "
+               "count_include_pad=True)")
+    else:
+        c = a.shape[1]
+        g = draw(st.sampled_from((1, c)))
+        o = g * draw(st.integers(1, 2))
+        w = (np.arange(o * (c // g) * math.prod(ks)).reshape((o, c // g) + ks) % 5 - 2) / 2.0
+        bound = a.bound * (c // g) * math.prod(ks)
+        if bound > BOUND_LIMIT:
+            return
+        v = p.add(Val(p.name(), (shape[0], o) + shape[2:], a.dtype, exact=a.exact and exact_float(bound, a.grid + 1),
+                      bound=bound, grid=a.grid + 1))
+        p.emit(f"{v.name} = F.conv({src}, np.array({w.tolist()!r}, {a.dtype!r}), stride={strides!r}, "
+               f"padding={pads!r}, groups={g})")
+
+
 FLAT_OPS = [op_float_unary, op_unary, op_arith, op_arith, op_compare, op_logical, op_where, op_cast, op_clip,
             op_reduce, op_matmul, op_transpose, op_slice, op_slice, op_reshape, op_concat, op_split, op_take,
             op_boolean_mask, op_take_masked, op_nonzero, op_unique, op_topk, op_pad_tile, op_broadcast, op_softmax,
-            op_full_like, op_shape_ops]
+            op_full_like, op_shape_ops, op_window, op_window]

@@ -282,6 +282,10 @@ case("topk_int_bool", S(("N", 4), "int32"), S(("N", 4), "bool"), gen=lambda rng,
 case("topk_k0", S(("N", 3)))(lambda x: F.topk(x, 0))
 case("passthrough_outputs", S(("N", 2)), S((3,), "int32"))(lambda x, y: (y, x, x * 2.0, x))
 case("constants", S(("N", 2)))(lambda x: (x + np.arange(2, dtype="float32"), x * np.float32(3), x > np.array(True)))
+_CW = np.random.default_rng(5).standard_normal((4, 1, 2, 3)).astype("float32")
+case("conv_pools", S(("N", 2, "H", 7)), sizes=(0, 1, 4))(lambda x: (
+    F.conv(x, _CW, padding=((1, 0), (1, 1)), stride=(1, 2), groups=2), F.max_pool(x, (1, 3), 2, ceil_mode=True),
+    F.avg_pool(x, 2, 1, ((1, 0), (0, 0)), dilation=(1, 2), ceil_mode=True, count_include_pad=True)))
 
 
 # --------------------------------------------------------------------------------------- fixture

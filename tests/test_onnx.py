@@ -57,12 +57,12 @@ def test_an_mlp_with_symbolic_batch():
 
 
 def test_unsupported_ops_are_listed_at_once_subgraphs_included():
-    then = h.make_graph([h.make_node("Conv", ["x", "x"], ["y"])], "t", [], [vi("y", TP.FLOAT, None)])
+    then = h.make_graph([h.make_node("ConvTranspose", ["x", "x"], ["y"])], "t", [], [vi("y", TP.FLOAT, None)])
     els = h.make_graph([h.make_node("Identity", ["x"], ["y"])], "e", [], [vi("y", TP.FLOAT, None)])
-    m = model_of([h.make_node("Frobnicate", ["x"], ["z"]), h.make_node("MaxPool", ["z"], ["p"]),
+    m = model_of([h.make_node("Frobnicate", ["x"], ["z"]), h.make_node("LpPool", ["z"], ["p"]),
                   h.make_node("If", ["c"], ["o"], then_branch=then, else_branch=els)],
                  [vi("x", TP.FLOAT, [2]), vi("c", TP.BOOL, [])], [vi("o", TP.FLOAT, [2])])
-    with pytest.raises(dt.UnsupportedOpError, match="Conv, Frobnicate, MaxPool"):
+    with pytest.raises(dt.UnsupportedOpError, match="ConvTranspose, Frobnicate, LpPool"):
         dt.from_onnx(m)
 
 
@@ -607,3 +607,46 @@ def test_split_num_outputs_on_a_symbolic_dim(parts):
     m = model_of([h.make_node("Split", ["x"], [f"o{k}" for k in range(parts)], axis=1, num_outputs=parts)],
                  [vi("x", TP.FLOAT, [2, "N"])], [vi(f"o{k}", TP.FLOAT, None) for k in range(parts)], opset=18)
     check(m, [{"x": f32(2, n)} for n in (0, 1, 2, 3, 4, 5, 6, 7, 9, 12)], rtol=0, atol=0)
+def test_a_small_cnn_with_symbolic_batch():
+    """Conv (bias, SAME_UPPER with stride 2, groups, dilations, asymmetric pads) / MaxPool (ceil_mode) /
+    AveragePool (count_include_pad, SAME_LOWER) / GlobalAveragePool / GlobalMaxPool, against ONNX's reference
+    evaluator at several batch sizes."""
+    W1, b1, W2, W3 = f32(8, 3, 3, 3), f32(8), f32(8, 4, 3, 3), f32(6, 8, 2, 2)
+    Wf, bf = f32(14, 5), f32(5)
+    nodes = [h.make_node("Conv", ["x", "W1", "b1"], ["c1"], pads=[1, 0, 2, 1]),
+             h.make_node("Relu", ["c1"], ["r1"]),
+             h.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1),
+             h.make_node("Conv", ["p1", "W2"], ["c2"], group=2, auto_pad="SAME_UPPER", strides=[2, 2]),
+             h.make_node("Conv", ["p1", "W3"], ["c3"], dilations=[2, 1], kernel_shape=[2, 2]),
+             h.make_node("AveragePool", ["c2"], ["a2"], kernel_shape=[2, 2], auto_pad="SAME_LOWER",
+                         count_include_pad=1),
+             h.make_node("GlobalAveragePool", ["a2"], ["g2"]), h.make_node("GlobalMaxPool", ["c3"], ["g3"]),
+             h.make_node("Concat", ["g2", "g3"], ["g"], axis=1), h.make_node("Flatten", ["g"], ["f"]),
+             h.make_node("Gemm", ["f", "Wf", "bf"], ["y"])]
+    m = model_of(nodes, [vi("x", TP.FLOAT, ["batch", 3, 12, 11])], [vi("y", TP.FLOAT, ["batch", 5])],
+                 {"W1": W1, "b1": b1, "W2": W2, "W3": W3, "Wf": Wf, "bf": bf}, opset=19)
+    assert dt.from_onnx(m).outputs[0].type.shape == ("batch", 5)
+    check(m, [{"x": f32(n, 3, 12, 11)} for n in (1, 2, 5)], rtol=1e-4, atol=1e-4)
+
+
+def test_pools_and_convs_the_importer_refuses_by_name():
+    x = vi("x", TP.FLOAT, [1, 1, 5, 5])
+    cases = [(h.make_node("MaxPool", ["x"], ["y", "i"], kernel_shape=[2, 2]), "Indices output"),
+             (h.make_node("AveragePool", ["x"], ["y"]), "required attribute .kernel_shape. is missing"),
+             (h.make_node("AveragePool", ["x"], ["y"], kernel_shape=[2, 2], auto_pad="SAME_UPPER", ceil_mode=1),
+              "ceil_mode with auto_pad SAME_UPPER"),
+             (h.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 2], pads=[1, 1]), "pads .* needs a begin and an end"),
+             (h.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 2], auto_pad="SAME"), "unknown auto_pad 'SAME'")]
+    for node, msg in cases:
+        m = model_of([node], [x], [vi(o, TP.FLOAT, None) for o in node.output])
+        with pytest.raises(OnnxImportError, match=msg):
+            dt.from_onnx(m)
+    sym = model_of([h.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 2], strides=[2, 2], auto_pad="SAME_UPPER")],
+                   [vi("x", TP.FLOAT, ["N", 1, "H", 5])], [vi("y", TP.FLOAT, None)])
+    with pytest.raises(OnnxImportError, match="auto_pad SAME_UPPER with stride 2 over the symbolic spatial dim 'H'"):
+        dt.from_onnx(sym)
+    assert dt.from_onnx(sym, input_shapes={"x": ("N", 1, 6, 5)}).outputs[0].type.shape == ("N", 1, 3, 3)
+    x6 = vi("x", TP.FLOAT, [1, 1, 5, 5, 5, 5])
+    with pytest.raises(OnnxImportError, match="MaxPool over 4 spatial axes: dyntvm supports 1 to 3"):
+        dt.from_onnx(model_of([h.make_node("MaxPool", ["x"], ["y"], kernel_shape=[1] * 4)], [x6],
+                              [vi("y", TP.FLOAT, None)]))

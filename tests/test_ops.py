@@ -308,6 +308,12 @@ add("getitem-0d-int-tensor", lambda x, i: x[i], [X, S((), "int64")], sizes=(1, 5
 add("attr-shape-dtype", lambda x: F.zeros(x.shape, x.dtype) + x.ndim, [XI])
 add("attr-shape-arith", lambda x: F.reshape(x, (x.shape[1], x.shape[0])), [X])
 
+# ------------------------------------------------------------- sliding windows (tests/test_window_ops.py)
+KW = np.random.default_rng(3).uniform(-1, 1, (4, 1, 3, 2)).astype(np.float32)
+add("conv-pools", lambda x: [F.conv(x, KW, V, stride=(2, 1), padding=((1, 0), (0, 1)), dilation=(1, 2), groups=2),
+                             F.max_pool(x, 2, 1, ceil_mode=True), F.avg_pool(x, 3, 2, 1, count_include_pad=False)],
+    [S(("N", 2, 6, 5))])
+
 CASE_IDS = [c.id for c in CASES]
 assert len(set(CASE_IDS)) == len(CASE_IDS), "duplicate case ids"
 
