@@ -280,7 +280,7 @@ def warm_up(system: str, cache_dir: str) -> float | None:
         with torch.inference_mode():
             f(torch.ones(4, 4))
         torch._dynamo.reset()
-    elif system == "dyntvm":
+    elif system in ("dyntvm", "dyntvm_onnx"):
         import dyntvm as dt
         from dyntvm import F
         dt.compile(lambda x: F.tanh(x) + 1.0, dt.TensorSpec(("N", 4)), cache_dir=cache_dir)(np.ones((2, 4), "float32"))
@@ -589,7 +589,7 @@ def markdown(report: dict) -> str:
               "torch.compile: the first call; ONNX Runtime: ONNX graph + session creation; dyntvm: `dt.compile`). "
               "Start-up of the compiler (a trivial model compiled first, not included): "
               + ", ".join(f"{LABELS[s]} {report['systems'][s]['warmup_s']:.1f} s" for s in build_systems
-                          if report["systems"][s].get("warmup_s") is not None and s in ("torch_compile", "dyntvm"))
+                          if report["systems"][s].get("warmup_s") is not None and s in ("torch_compile", "dyntvm", "dyntvm_onnx"))
               + ".", "",
               "| workload | " + " | ".join(LABELS[s] for s in build_systems) + " |",
               "|---|" + "---:|" * len(build_systems)]

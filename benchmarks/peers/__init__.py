@@ -23,6 +23,7 @@ SYSTEMS = (
     ("ort", "ONNX Runtime"),
     ("ort_lstm", "ORT LSTM op"),
     ("dyntvm", "dyntvm"),
+    ("dyntvm_onnx", "dyntvm from ONNX"),     # ONNX Runtime's model, imported with dt.from_onnx
 )
 # on a CUDA GPU (`bench_peers.py --gpu`): the same builders with `BuildContext.device == "cuda"`
 GPU_SYSTEMS = (
@@ -33,6 +34,7 @@ GPU_SYSTEMS = (
 LABELS = dict(SYSTEMS + GPU_SYSTEMS)
 REQUIRES = {"numpy": (), "torch": ("torch",), "torch_lstm": ("torch",), "torch_compile": ("torch",),
             "ort": ("onnx", "onnxruntime"), "ort_lstm": ("onnx", "onnxruntime"), "dyntvm": (),
+            "dyntvm_onnx": ("onnx",),
             "torch_cuda": ("torch",), "torch_lstm_cuda": ("torch",), "dyntvm_cuda": ()}
 NO_COMPILE_STEP = ("numpy", "torch", "torch_lstm")      # their "build" only wraps weights
 

@@ -232,6 +232,19 @@ def dyntvm_builder(fn, specs, inputs):
     return build
 
 
+def dyntvm_onnx_builder(make_model, inputs):
+    """The ONNX model ONNX Runtime runs (`make_model() -> onnx.ModelProto`), imported with `dt.from_onnx` and
+    compiled: the build time is graph construction + import + compile."""
+    def build(ctx):
+        import dyntvm as dt
+        if ctx.device != "cpu":
+            raise NotApplicable("CPU only")
+        cache = os.path.join(ctx.cache_dir, "onnx") if ctx.cache_dir else None     # cold apart from "dyntvm"'s
+        model = dt.compile(dt.from_onnx(make_model()), cache_dir=cache)
+        return Prepared(lambda *a: as_tuple(model(*a)), tuple(inputs), keep=model)
+    return build
+
+
 def standard_builders(inputs, numpy_fn, torch_factory, onnx_factory, dyntvm_fn, specs) -> dict:
     """The builders every workload has: numpy, PyTorch eager and torch.compile (the same torch function),
     ONNX Runtime, dyntvm."""
@@ -241,4 +254,5 @@ def standard_builders(inputs, numpy_fn, torch_factory, onnx_factory, dyntvm_fn, 
         "torch_compile": torch_compile_builder(torch_factory, inputs),
         "ort": ort_builder(onnx_factory, inputs),
         "dyntvm": dyntvm_builder(dyntvm_fn, specs, inputs),
+        "dyntvm_onnx": dyntvm_onnx_builder(onnx_factory, inputs),
     }
