@@ -29,6 +29,7 @@ from dyntvm.errors import InputError, TraceError, UnsupportedOpError
 from . import onnx_control, onnx_data, onnx_nn, onnx_seq, onnx_vision  # noqa: F401  (register their converters:
 #                                             control flow, indexing, nn, sequences / optionals, conv / pooling)
 from .onnx_ops import CONVERTERS, OnnxImportError, _np_dtype, _tensor
+from ..ir.types import is_unknown
 from . import F
 from .tracer import Tensor, TensorSpec, source_hint, trace
 
@@ -214,7 +215,6 @@ def _pin_declared(v, vi, node=None):
     """A subgraph output with one data-dependent dim (a Slice with computed bounds) where the model declares that
     dim static: reshaped to the declared shape, which checks the size when it runs (exact: its other dims are
     the declared ones, none 0), so a loop-carried value keeps its static shape from one iteration to the next."""
-    from ..ir.types import is_unknown
     tt = vi.type.tensor_type
     if not isinstance(v, Tensor) or not tt.HasField("shape") or len(tt.shape.dim) != len(v.shape):
         return v

@@ -265,13 +265,22 @@ def _unique(attrs, x):
     ax = attrs.axis
     if ax is not None and x.ndim == 0:
         raise ValueError(f"unique: axis {ax} of a 0-d tensor")
-    y, idx, inv, cnt = np.unique(x, return_index=True, return_inverse=True, return_counts=True, axis=ax)
-    inv = inv.reshape(-1)
+    want_idx = attrs.return_index or not attrs.sorted           # (only what is asked: the index needs a stable sort)
+    res = np.unique(x, return_index=want_idx, return_inverse=attrs.return_inverse,
+                    return_counts=attrs.return_counts, axis=ax)
+    res = list(res) if isinstance(res, tuple) else [res]
+    y = res.pop(0)
+    idx = res.pop(0) if want_idx else None
+    inv = res.pop(0).reshape(-1) if attrs.return_inverse else None
+    cnt = res.pop(0) if attrs.return_counts else None
     if not attrs.sorted:                         # in the order of first occurrence
         order = np.argsort(idx, kind="stable")
-        rank = np.empty_like(order)
-        rank[order] = np.arange(len(order))
-        idx, cnt, inv = idx[order], cnt[order], rank[inv]
+        idx = idx[order]
+        if inv is not None:
+            rank = np.empty_like(order)
+            rank[order] = np.arange(len(order))
+            inv = rank[inv]
+        cnt = None if cnt is None else cnt[order]
         y = np.take(x.reshape(-1), idx) if ax is None else np.take(x, idx, axis=ax)
     out = [y]
     if attrs.return_index:
