@@ -18,7 +18,7 @@ def arith_dtype(name):
         dt = np.result_type(*(np.dtype(d) for d in dts))
         if name == "divide" and not np.issubdtype(dt, np.floating):
             dt = np.dtype("float64")
-        if name in ("power", "fmod") and dt == np.bool_:       # numpy has no bool power / fmod loop
+        if name in ("power", "fmod", "floor_divide", "mod") and dt == np.bool_:   # numpy has no bool loop for these
             dt = np.dtype("int8")
         return dt.name
     return rule
