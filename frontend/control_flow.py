@@ -161,6 +161,12 @@ def ifelse(cond_fn, then_fn, else_fn, inputs):
 
 def _case_pairs(cases) -> list:
     """`case`'s pred/fn pairs from a dict ``{pred: fn}`` (in insertion order) or a sequence of pairs."""
+    if isinstance(cases, dict):
+        bad = [k for k in cases if not callable(k)]
+        if bad:     # equal values (two True predicates, eagerly) would have collapsed into one key already
+            raise trace_error(f"case: the keys of a cases dict must be no-argument functions returning the predicate "
+                              f"(got a {type(bad[0]).__name__}); pass predicate tensors as a list of (pred, fn) "
+                              f"pairs")
     pairs = list(cases.items()) if isinstance(cases, dict) else cases
     if not isinstance(pairs, (list, tuple)):
         raise trace_error(f"case: cases must be a dict {{pred: fn}} or a list of (pred, fn) pairs, got "
@@ -183,8 +189,9 @@ def case(cases, default, exclusive=False):
                 return fn()
         return default()
 
-    `cases` is a dict ``{pred: fn}`` (insertion order) or a list of ``(pred, fn)`` pairs. Each `pred` is a
-    0-d bool tensor or a no-argument function returning one; without `exclusive` they run lazily, in order,
+    `cases` is a list of ``(pred, fn)`` pairs, or a dict ``{pred: fn}`` (insertion order) whose keys are
+    functions (as dict keys, two equal predicate values would collapse into one). Each `pred` is a 0-d bool
+    tensor or a no-argument function returning one; without `exclusive` they run lazily, in order,
     up to the first that holds. With ``exclusive=True`` all run and more than one holding is an error (a
     `TraceError` eagerly, an `ExecutionError` from a graph). Output rules as for `cond`.
     """
@@ -199,8 +206,8 @@ def case(cases, default, exclusive=False):
                 return v
             return run
         branch_runs = [lambda _, fn=fn: fn() for _, fn in cases] + [lambda _: default()]
-        return _eager_outputs(_rule(runner.case, [pred_run(i, p) for i, (p, _) in enumerate(cases)], branch_runs,
-                                    [], exclusive=exclusive))
+        pred_runs = [pred_run(i, p) for i, (p, _) in enumerate(cases)]
+        return _eager_outputs(_rule(lambda: runner.case(pred_runs, branch_runs, [], exclusive=exclusive)))
     subs, preds = [], []
     for i, (p, fn) in enumerate(cases):
         ps = trace_sub(p if callable(p) else (lambda p=p: p), [], None, "case", call=lambda f, a: f())

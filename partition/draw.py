@@ -9,8 +9,9 @@ of their predecessors to keep crossings down. Deterministic: same graph, same pi
 The SVG is written by hand, not by a plotting library, so that every size is known here: text is set in a
 monospace font whose advance is a fixed fraction of its size, boxes are sized to their labels (a label
 longer than `MAX_CHARS` is cut, its full text kept as the box's tooltip), and the canvas (``viewBox``) is
-the union of everything drawn. Edges carry the type of the value they hold; subgraph inputs are named
-after the value the control-flow node feeds them (the user's input names where the outer value has one).
+the union of everything drawn. The edges leaving a box are labelled, once, under it with the types of the
+values they carry; subgraph inputs are named after the value the control-flow node feeds them (the user's
+input names where the outer value has one).
 """
 from __future__ import annotations
 
@@ -157,7 +158,9 @@ def layout(g: nx.DiGraph) -> dict:
 
 
 class _Panel:
-    """One panel's boxes (node -> x, y, w, h relative to the panel), edges and size."""
+    """One panel's boxes (node -> x, y, w, h relative to the panel), the label under each box (the types of
+    the values its edges carry), and the panel's size. Each box sits centred in a slot wide enough for
+    both its label and the types under it, so neighbouring texts never overlap."""
 
     def __init__(self, title: str, g: nx.DiGraph):
         self.title, self.g = title, g
@@ -166,18 +169,23 @@ class _Panel:
         for u, (x, y) in pos.items():
             rows.setdefault(-y, []).append((x, u))
         self.lines = {u: [_cut(s) for s in d["label"].split("\n")] for u, d in g.nodes(data=True)}
+        self.types = {}
+        for u, _, d in g.edges(data=True):
+            self.types.setdefault(u, [])
+            self.types[u] += [t for t in d["types"] if t not in self.types[u]]
+        self.types = {u: ", ".join(ts) for u, ts in self.types.items()}
         size = {u: (max(text_width(s) for s in ls) + 2 * PAD, len(ls) * FONT * 1.3 + 2 * PAD)
                 for u, ls in self.lines.items()}
-        label_w = max((text_width(", ".join(d["types"]), SMALL) for *_, d in g.edges(data=True)), default=0)
+        slot = {u: max(size[u][0], text_width(self.types.get(u, ""), SMALL) + 4) for u in size}
         top = FONT * 1.3 + 2 * PAD                         # the panel's title line
-        widths = [sum(size[u][0] for _, u in r) + GAP * (len(r) - 1) for r in rows.values()]
-        self.w = max([text_width(title) + 2 * PAD, label_w + 2 * PAD] + [w + 2 * PAD for w in widths])
+        widths = [sum(slot[u] for _, u in r) + GAP * (len(r) - 1) for r in rows.values()]
+        self.w = max([text_width(title) + 2 * PAD] + [w + 2 * PAD for w in widths])
         self.box, y = {}, top
         for r, rw in zip((sorted(rows[k]) for k in sorted(rows)), widths):
             x = (self.w - rw) / 2
             for _, u in r:
-                self.box[u] = (x, y, *size[u])
-                x += size[u][0] + GAP
+                self.box[u] = (x + (slot[u] - size[u][0]) / 2, y, *size[u])
+                x += slot[u] + GAP
             y += max(size[u][1] for _, u in r) + ROW_GAP
         self.h = y - ROW_GAP + PAD if rows else top
 
@@ -191,14 +199,13 @@ def _svg_text(x, y, text, size=FONT, anchor="start", cls="", weight=""):
 def _draw_panel(p: _Panel, ox: float, oy: float, colour: dict) -> list:
     out = [f'<g class="panel"><rect class="frame" x="{ox:.1f}" y="{oy:.1f}" width="{p.w:.1f}" height="{p.h:.1f}" '
            f'fill="#fbfbfb" stroke="#bbbbbb"/>', _svg_text(ox + PAD, oy + PAD + FONT, p.title, cls="panel-title")]
-    for u, v, d in p.g.edges(data=True):
+    for u, v in p.g.edges():
         (ux, uy, uw, uh), (vx, vy, vw, _) = p.box[u], p.box[v]
-        x1, y1, x2, y2 = ox + ux + uw / 2, oy + uy + uh, ox + vx + vw / 2, oy + vy
-        out.append(f'<line class="edge" x1="{x1:.1f}" y1="{y1:.1f}" x2="{x2:.1f}" y2="{y2:.1f}" stroke="#666666" '
-                   f'marker-end="url(#arrow)"/>')
-        ly = y1 + ROW_GAP / 2 + SMALL / 3                 # halfway down the gap below the producer
-        lx = x1 + (x2 - x1) * (ly - y1) / max(y2 - y1, 1)
-        out.append(_svg_text(lx, ly, ", ".join(d["types"]), SMALL, "middle", "edge-label"))
+        out.append(f'<line class="edge" x1="{ox + ux + uw / 2:.1f}" y1="{oy + uy + uh:.1f}" x2="{ox + vx + vw / 2:.1f}" '
+                   f'y2="{oy + vy:.1f}" stroke="#666666" marker-end="url(#arrow)"/>')
+    for u, types in p.types.items():                  # under the producer: what its edges carry
+        x, y, w, h = p.box[u]
+        out.append(_svg_text(ox + x + w / 2, oy + y + h + SMALL + 2, types, SMALL, "middle", "edge-label"))
     for u, d in p.g.nodes(data=True):
         x, y, w, h = p.box[u]
         face = colour[d["region"]] if d["kind"] == "region" else STYLE[d["kind"]][0]

@@ -48,7 +48,7 @@ def test_floordiv_and_mod_operators_are_numpys(dtype, edges):
         def fn(a, b):
             return [a // b, a % b]
     else:
-        fn = floor_ops
+        fn = floor_ops if dtype != "uint8" else (lambda a, b: [a // b, a % b, 3 // b])    # -7 is no uint8
         if edges is None:
             rng = np.random.default_rng(3)
             lo = 0 if dtype == "uint8" else -20
@@ -74,9 +74,9 @@ def test_floordiv_and_mod_known_values():
 
 
 # ------------------------------------------------------------------------------------------ case
-def case_dict(x):
+def case_pairs(x):
     s = F.sum(x)
-    return F.case({s > 1: lambda: x * 2, s < -1: lambda: x - 1}, lambda: x)
+    return F.case([(s > 1, lambda: x * 2), (lambda: s < -1, lambda: x - 1)], lambda: x)
 
 
 def case_dict_fn_preds(x):
@@ -91,7 +91,7 @@ def case_exclusive(x):
 
 def case_exclusive_overlap(x):
     s = F.sum(x)
-    return F.case({s > 0: lambda: x * 2, s > 1: lambda: -x}, lambda: x + 1, exclusive=True)
+    return F.case({(lambda: s > 0): lambda: x * 2, (lambda: s > 1): lambda: -x}, lambda: x + 1, exclusive=True)
 
 
 def sized(total):
@@ -99,14 +99,14 @@ def sized(total):
     return lambda n: (np.full((n, 2), total / max(2 * n, 1), np.float32),)
 
 
-@pytest.mark.parametrize("fn", [case_dict, case_dict_fn_preds, case_exclusive])
+@pytest.mark.parametrize("fn", [case_pairs, case_dict_fn_preds, case_exclusive])
 def test_case_dict_and_exclusive(fn):
     eager_traced_compiled(fn, [S(("N", 2))], [sized(t)(n) for t in (3.0, -3.0, 0.0) for n in (1, 3)])
 
 
 def test_case_dict_is_first_true_in_insertion_order():
     x = np.ones((2, 2), np.float32)                              # sum 4: both predicates hold
-    got = F.case({F.sum(x) > 1: lambda: x * 2, F.sum(x) > 0: lambda: x * 3}, lambda: x)
+    got = F.case({(lambda: F.sum(x) > 1): lambda: x * 2, (lambda: F.sum(x) > 0): lambda: x * 3}, lambda: x)
     assert (got == 2).all()
 
 
@@ -125,8 +125,9 @@ def test_case_exclusive_with_two_true_predicates_raises():
 @pytest.mark.parametrize("bad, match", [
     (lambda x: F.case(3, lambda: x), "cases must be a dict"),
     (lambda x: F.case([(F.sum(x) > 0,)], lambda: x), r"cases\[0\] must be a \(pred, fn\) pair"),
-    (lambda x: F.case({F.sum(x) > 0: x}, lambda: x), r"with a callable fn"),
-    (lambda x: F.case({F.sum(x) > 0: lambda: x}, lambda: x, exclusive="yes"), "exclusive must be a Python bool"),
+    (lambda x: F.case({(lambda: F.sum(x) > 0): x}, lambda: x), r"with a callable fn"),
+    (lambda x: F.case({F.sum(x) > 0: lambda: x}, lambda: x), r"keys of a cases dict must be no-argument functions"),
+    (lambda x: F.case([(F.sum(x) > 0, lambda: x)], lambda: x, exclusive="yes"), "exclusive must be a Python bool"),
 ])
 def test_case_bad_arguments_are_trace_errors(bad, match):
     x = np.ones((2, 2), np.float32)
