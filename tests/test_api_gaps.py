@@ -203,3 +203,21 @@ def test_while_loop_body_must_keep_one_form():
         F.while_loop(lambda s: F.sum(s) < 10, body, [np.zeros(2, np.float32)])
     with pytest.raises(TraceError, match=r"or only the new loop vars"):
         F.while_loop(lambda s: F.sum(s) < 10, lambda s: (s, s, s), [np.zeros(2, np.float32)])
+
+
+# --------------------------------------------------------------------------- x.shape vs F.shape_of(x)
+def test_shape_dims_vs_shape_of():
+    """x.shape: dims (ints, symbols such as "N") for building shapes; F.shape_of(x): an int64 tensor, a value
+    of the graph. Comparing a symbolic dim with an int in Python cannot be decided while tracing: a TraceError
+    that points to F.shape_of (was: a raw TypeError)."""
+    def branchy(x):
+        return x if x.shape[0] > 3 else -x
+
+    def with_shape_of(x):
+        return F.cond(F.shape_of(x)[0] > 3, lambda: x, lambda: -x)
+    with pytest.raises(TraceError, match=r"'N' > 3: a symbolic dim .* F.shape_of\(x\)\[i\]"):
+        dt.trace(branchy, S(("N", 2)))
+    eager_traced_compiled(with_shape_of, [S(("N", 2))], [(np.ones((n, 2), np.float32),) for n in (2, 5)])
+    seen = {}
+    dt.trace(lambda x: seen.setdefault("dims", x.shape) and x, S(("N", 2)))
+    assert seen["dims"] == ("N", 2) and sorted(["b", seen["dims"][0]]) == ["N", "b"]    # still a str
