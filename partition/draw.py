@@ -11,7 +11,7 @@ monospace font whose advance is a fixed fraction of its size, boxes are sized to
 longer than `MAX_CHARS` is cut, its full text kept as the box's tooltip), and the canvas (``viewBox``) is
 the union of everything drawn. The edges leaving a box are labelled, once, under it with the types of the
 values they carry; subgraph inputs are named after the value the control-flow node feeds them (the user's
-input names where the outer value has one).
+input names where the outer value has one, else the producing node and output number).
 """
 from __future__ import annotations
 
@@ -70,6 +70,17 @@ def _feeds(node) -> list:
     return [None] * len(node.subgraphs)
 
 
+def _display_name(v, names: dict) -> str:
+    """A value as the picture names it: the user's name of an input, else "<producer>.out<k>" (the node's
+    own name, a region's name) rather than an internal SSA name."""
+    if v in names:
+        return names[v]
+    p = v.producer
+    if p is None:
+        return v.name
+    return f"{p.attrs.name if p.op == 'region' else p.name}.out{v.index}"
+
+
 def panels(graph: Graph, title: str = "", names: dict | None = None) -> list[tuple[str, Graph, dict]]:
     """(title, graph, display names of its inputs) for the graph and, depth first, every control-flow
     subgraph inside it. A subgraph input is named after the outer value fed to it."""
@@ -83,7 +94,7 @@ def panels(graph: Graph, title: str = "", names: dict | None = None) -> list[tup
             for i, v in enumerate(sub.inputs):
                 fed = feeds[i] if feeds is not None and len(feeds) == len(sub.inputs) else None
                 outer, suffix = fed if isinstance(fed, tuple) else (fed, "")
-                sub_names[v] = names.get(outer, outer.name) + suffix if outer is not None else v.name
+                sub_names[v] = _display_name(outer, names) + suffix if outer is not None else v.name
             out += panels(sub, f"{n.name} ({n.op}) subgraph {k}: {sub.name}", sub_names)
     return out
 
@@ -201,8 +212,8 @@ def _draw_panel(p: _Panel, ox: float, oy: float, colour: dict) -> list:
            f'fill="#fbfbfb" stroke="#bbbbbb"/>', _svg_text(ox + PAD, oy + PAD + FONT, p.title, cls="panel-title")]
     for u, v in p.g.edges():
         (ux, uy, uw, uh), (vx, vy, vw, _) = p.box[u], p.box[v]
-        out.append(f'<line class="edge" x1="{ox + ux + uw / 2:.1f}" y1="{oy + uy + uh:.1f}" x2="{ox + vx + vw / 2:.1f}" '
-                   f'y2="{oy + vy:.1f}" stroke="#666666" marker-end="url(#arrow)"/>')
+        out.append(f'<line class="edge" x1="{ox + ux + uw / 2:.1f}" y1="{oy + uy + uh:.1f}" '
+                   f'x2="{ox + vx + vw / 2:.1f}" y2="{oy + vy:.1f}" stroke="#666666" marker-end="url(#arrow)"/>')
     for u, types in p.types.items():                  # under the producer: what its edges carry
         x, y, w, h = p.box[u]
         out.append(_svg_text(ox + x + w / 2, oy + y + h + SMALL + 2, types, SMALL, "middle", "edge-label"))

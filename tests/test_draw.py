@@ -3,6 +3,7 @@ small graph included), labels fit their boxes (a long one is cut, its full text 
 inputs carry the user's names, and every edge is labelled with the type of the value it carries."""
 from __future__ import annotations
 
+import re
 import xml.etree.ElementTree as ET
 
 import numpy as np
@@ -111,6 +112,16 @@ def test_subgraph_inputs_carry_the_users_names(tmp_path):
                 "subgraph" in p.find(NS + "text").text)
     inputs = {g.find(NS + "text").text for g in body.iter(NS + "g") if "input" in g.get("class").split()}
     assert inputs == {"xs[t]", "h", "c"}
+
+
+def test_captured_intermediates_are_named_after_their_producer(tmp_path):
+    def captures(x):
+        y = F.relu(x)
+        return F.cond(F.sum(x) > 0, lambda: y * 2, lambda: y + x)
+    root = _draw(tmp_path, captures, S(("N", 4)))
+    inputs = [g.find(NS + "text").text for g in root.iter(NS + "g") if "input" in g.get("class", "").split()]
+    assert "x" in inputs and any(".out" in name for name in inputs)
+    assert not [name for name in inputs if re.fullmatch(r"v\d+(_t)?", name)], inputs
 
 
 def test_long_labels_are_cut_with_the_full_text_as_tooltip(tmp_path):
