@@ -502,10 +502,10 @@ def while_loop(cond_fn, body_fn, loop_vars, max_iterations=None):
     if not isinstance(loop_vars, (list, tuple)) or not loop_vars:
         raise trace_error("while_loop: loop_vars must be a non-empty list of tensors")
     lv_leaves, lv_spec = tree_flatten(list(loop_vars), is_leaf=_is_leaf)
-    form = {}           # "pair" or "vars_only": what body_fn returns, fixed by its first call
+    form = {}           # "kind": "a pair" or "new loop vars", what body_fn returns (fixed by its first call)
 
     def call_body(f, args):
-        res = _body_form(f(*tree_unflatten(lv_spec, list(args[:len(lv_leaves)]))), lv_spec, len(lv_leaves))
+        res = _body_form(f(*tree_unflatten(lv_spec, list(args[:len(lv_leaves)]))), lv_spec)
         if res is None:
             raise trace_error("while_loop: body_fn must return a pair (step_outputs, new_loop_vars) or only the "
                               f"new loop vars (structure {tree_str(lv_spec)})")
@@ -551,16 +551,14 @@ def while_loop(cond_fn, body_fn, loop_vars, max_iterations=None):
     return tree_unflatten(sub.spec[1][0], outs[:n_out]), final_vars
 
 
-def _body_form(res, lv_spec, n_vars):
+def _body_form(res, lv_spec):
     """(form, step outputs, new loop vars as a list) of what a while_loop body returned, or None."""
     def as_vars(x):
         x = list(x) if isinstance(x, (tuple, list)) else [x]
         return x if tree_flatten(x, is_leaf=_is_leaf)[1] == lv_spec else None
-    if isinstance(res, (tuple, list)) and len(res) == 2:
-        new = as_vars(res[1])
-        if new is not None or as_vars(res) is None:      # not the loop vars alone: a pair (checked later)
-            return "a pair", res[0], new if new is not None else (list(res[1]) if isinstance(res[1], (tuple, list))
-                                                                  else [res[1]])
+    if isinstance(res, (tuple, list)) and len(res) == 2 and (as_vars(res[1]) is not None or as_vars(res) is None):
+        new = res[1]        # a pair (new vars of another structure are refused by the caller's checks)
+        return "a pair", res[0], list(new) if isinstance(new, (tuple, list)) else [new]
     new = as_vars(res)
     return None if new is None else ("new loop vars", [], new)
 
