@@ -37,7 +37,8 @@ def floor_ops(a, b):
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 @pytest.mark.parametrize("dtype, edges", [("int8", INT8_EDGES), ("int64", None), ("uint8", None),
-                                          ("float32", FLOAT_EDGES), ("float64", None), ("bool", None)])
+                                          ("float32", FLOAT_EDGES), ("float64", None), ("float16", None),
+                                          ("bool", None)])
 def test_floordiv_and_mod_operators_are_numpys(dtype, edges):
     """Python's // and % on tensors: np.floor_divide / np.mod (the sign of the divisor) eagerly, traced and
     compiled; integer division by 0 gives 0 like numpy, INT_MIN // -1 wraps, float 1 // 0.1 is 9.0."""
@@ -53,7 +54,8 @@ def test_floordiv_and_mod_operators_are_numpys(dtype, edges):
             rng = np.random.default_rng(3)
             lo = 0 if dtype == "uint8" else -20
             edges = (rng.integers(lo, 20, 12).astype(dtype), np.array([3, 0, 7, 5, 1, 2] * 2, dtype)) \
-                if dtype != "float64" else (rng.uniform(-9, 9, 12), rng.uniform(-3, 3, 12))
+                if np.dtype(dtype).kind in "iu" else (rng.uniform(-9, 9, 12).astype(dtype),
+                                                      rng.uniform(-3, 3, 12).astype(dtype))
     a, b = edges
     with np.errstate(all="ignore"):
         want = [np.floor_divide(a, b), np.mod(a, b)]
