@@ -1,4 +1,4 @@
 """`dyntvm.F`: every op and control-flow builder. Works eagerly on numpy arrays and while tracing."""
-from .control_flow import case, cond, foreach, while_loop  # noqa: F401
+from .control_flow import case, cond, foreach, ifelse, while_loop  # noqa: F401
 from .ops import *  # noqa: F401,F403
 from .ops import all_ops_names  # noqa: F401

@@ -145,20 +145,59 @@ def _join_branches(api, subs, names) -> list:
     return types
 
 
-def case(cases, default):
-    """First true predicate wins.
+def ifelse(cond_fn, then_fn, else_fn, inputs):
+    """Run `then_fn(inputs)` if `cond_fn(inputs)` else `else_fn(inputs)` (the seed's ``ifelse``).
 
     Python equivalent::
 
+        return then_fn(inputs) if cond_fn(inputs) else else_fn(inputs)
+
+    `inputs` is a tensor or a list of tensors, handed to each function as given; `cond_fn` returns a 0-d
+    bool tensor (or is one). Output rules as for `cond`, which this is written with.
+    """
+    pred = cond_fn(inputs) if callable(cond_fn) else cond_fn
+    return cond(pred, lambda: then_fn(inputs), lambda: else_fn(inputs))
+
+
+def _case_pairs(cases) -> list:
+    """`case`'s pred/fn pairs from a dict ``{pred: fn}`` (in insertion order) or a sequence of pairs."""
+    if isinstance(cases, dict):
+        bad = [k for k in cases if not callable(k)]
+        if bad:     # equal values (two True predicates, eagerly) would have collapsed into one key already
+            raise trace_error(f"case: the keys of a cases dict must be no-argument functions returning the predicate "
+                              f"(got a {type(bad[0]).__name__}); pass predicate tensors as a list of (pred, fn) "
+                              f"pairs")
+    pairs = list(cases.items()) if isinstance(cases, dict) else cases
+    if not isinstance(pairs, (list, tuple)):
+        raise trace_error(f"case: cases must be a dict {{pred: fn}} or a list of (pred, fn) pairs, got "
+                          f"{type(cases).__name__}")
+    for i, pair in enumerate(pairs):
+        if not (isinstance(pair, (list, tuple)) and len(pair) == 2 and callable(pair[1])):
+            raise trace_error(f"case: cases[{i}] must be a (pred, fn) pair with a callable fn, got {pair!r}")
+    return [tuple(p) for p in pairs]
+
+
+def case(cases, default, exclusive=False):
+    """The branch of the first true predicate, else `default()`.
+
+    Python equivalent::
+
+        if exclusive and sum(bool(pred()) for pred, _ in cases) > 1:
+            raise error                      # every predicate runs; at most one may hold
         for pred, fn in cases:
             if (pred() if callable(pred) else pred):
                 return fn()
         return default()
 
-    Each `pred` is a 0-d bool tensor or a no-argument function returning one (evaluated lazily, in
-    order). Output rules as for `cond`.
+    `cases` is a list of ``(pred, fn)`` pairs, or a dict ``{pred: fn}`` (insertion order) whose keys are
+    functions (as dict keys, two equal predicate values would collapse into one). Each `pred` is a 0-d bool
+    tensor or a no-argument function returning one; without `exclusive` they run lazily, in order,
+    up to the first that holds. With ``exclusive=True`` all run and more than one holding is an error (a
+    `TraceError` eagerly, an `ExecutionError` from a graph). Output rules as for `cond`.
     """
-    cases = list(cases)
+    cases = _case_pairs(cases)
+    if not isinstance(exclusive, bool):
+        raise trace_error(f"case: exclusive must be a Python bool, got {exclusive!r}")
     if not tracing():
         def pred_run(i, p):
             def run(_):
@@ -167,7 +206,8 @@ def case(cases, default):
                 return v
             return run
         branch_runs = [lambda _, fn=fn: fn() for _, fn in cases] + [lambda _: default()]
-        return _eager_outputs(runner.case([pred_run(i, p) for i, (p, _) in enumerate(cases)], branch_runs, []))
+        pred_runs = [pred_run(i, p) for i, (p, _) in enumerate(cases)]
+        return _eager_outputs(_rule(lambda: runner.case(pred_runs, branch_runs, [], exclusive=exclusive)))
     subs, preds = [], []
     for i, (p, fn) in enumerate(cases):
         ps = trace_sub(p if callable(p) else (lambda p=p: p), [], None, "case", call=lambda f, a: f())
@@ -182,7 +222,7 @@ def case(cases, default):
     for i, (ps, fs) in enumerate(zip(preds, subs)):
         graphs += [ps.graph(caps, f"pred{i}"), fs.graph(caps, f"branch{i}")]
     graphs.append(subs[-1].graph(caps, "default"))
-    outs = _emit("case", A.CaseAttrs(len(cases), len(out_types)), caps, out_types, graphs)
+    outs = _emit("case", A.CaseAttrs(len(cases), len(out_types), exclusive), caps, out_types, graphs)
     return tree_unflatten(subs[0].spec, outs)
 
 
@@ -451,29 +491,34 @@ def while_loop(cond_fn, body_fn, loop_vars, max_iterations=None):
             outputs.append(out); i += 1
         return stack(outputs), vars       # stacked to the number of iterations run (no padding)
 
+    `body_fn` returns either the pair ``(step_outputs, new_loop_vars)`` as above, or only the new loop vars
+    (shaped like `loop_vars`; a bare tensor for one var): then ``while_loop`` returns only the final loop vars,
+    ``vars`` above (the loop vars themselves when no iteration runs). A pair whose second item has the
+    structure of `loop_vars` is read as the first form.
+
     Loop vars keep dtype and rank but may change shape between iterations (a growing sequence).
     `max_iterations` is an int or a 0-d integer tensor.
     """
     if not isinstance(loop_vars, (list, tuple)) or not loop_vars:
         raise trace_error("while_loop: loop_vars must be a non-empty list of tensors")
     lv_leaves, lv_spec = tree_flatten(list(loop_vars), is_leaf=_is_leaf)
+    form = {}           # "kind": "a pair" or "new loop vars", what body_fn returns (fixed by its first call)
 
     def call_body(f, args):
-        res = f(*tree_unflatten(lv_spec, list(args[:len(lv_leaves)])))
-        if not (isinstance(res, (tuple, list)) and len(res) == 2):
-            raise trace_error("while_loop: body_fn must return a pair (step_outputs, new_loop_vars)")
-        out, new = res
-        if isinstance(new, tuple):
-            new = list(new)
-        if not isinstance(new, list):
-            new = [new]
+        res = _body_form(f(*tree_unflatten(lv_spec, list(args[:len(lv_leaves)]))), lv_spec)
+        if res is None:
+            raise trace_error("while_loop: body_fn must return a pair (step_outputs, new_loop_vars) or only the "
+                              f"new loop vars (structure {tree_str(lv_spec)})")
+        kind, out, new = res
+        if form.setdefault("kind", kind) != kind:
+            raise trace_error(f"while_loop: body_fn must return one form; it returned {form['kind']} then {kind}")
         return (out, new)
 
     def call_cond(f, args):
         return f(*tree_unflatten(lv_spec, list(args[:len(lv_leaves)])))
 
     if not tracing():
-        return _while_eager(cond_fn, body_fn, lv_leaves, lv_spec, call_body, call_cond, max_iterations)
+        return _while_eager(cond_fn, body_fn, lv_leaves, lv_spec, call_body, call_cond, max_iterations, form)
 
     def body_trace(types):
         sub = trace_sub(body_fn, types, None, "while_loop", call=call_body)
@@ -500,11 +545,25 @@ def while_loop(cond_fn, body_fn, loop_vars, max_iterations=None):
     out_types = [_stacked_type(n_iter, v.type, varying) for v in sub.outputs[:n_out]] + types
     outs = _emit("while_loop", A.WhileAttrs(len(lv_leaves), n_out, static_max, has_t), ins + caps, out_types,
                  [csub.graph(caps, "cond"), sub.graph(caps, "body")])
-    outputs = tree_unflatten(sub.spec[1][0], outs[:n_out])
-    return outputs, tree_unflatten(lv_spec, outs[n_out:])
+    final_vars = tree_unflatten(lv_spec, outs[n_out:])
+    if form["kind"] == "new loop vars":
+        return final_vars
+    return tree_unflatten(sub.spec[1][0], outs[:n_out]), final_vars
 
 
-def _while_eager(cond_fn, body_fn, lv_leaves, lv_spec, call_body, call_cond, max_iterations):
+def _body_form(res, lv_spec):
+    """(form, step outputs, new loop vars as a list) of what a while_loop body returned, or None."""
+    def as_vars(x):
+        x = list(x) if isinstance(x, (tuple, list)) else [x]
+        return x if tree_flatten(x, is_leaf=_is_leaf)[1] == lv_spec else None
+    if isinstance(res, (tuple, list)) and len(res) == 2 and (as_vars(res[1]) is not None or as_vars(res) is None):
+        new = res[1]        # a pair (new vars of another structure are refused by the caller's checks)
+        return "a pair", res[0], list(new) if isinstance(new, (tuple, list)) else [new]
+    new = as_vars(res)
+    return None if new is None else ("new loop vars", [], new)
+
+
+def _while_eager(cond_fn, body_fn, lv_leaves, lv_spec, call_body, call_cond, max_iterations, form):
     loop_vars = [as_array(v) for v in lv_leaves]
 
     def cond_run(args):
@@ -514,4 +573,6 @@ def _while_eager(cond_fn, body_fn, lv_leaves, lv_spec, call_body, call_cond, max
     step = _EagerBody("while_loop", body_fn, call_body, lv_spec, [_leaf_type(v) for v in loop_vars],
                       ("body_fn's new loop vars", "loop_vars", _WHILE_RULE, "loop_vars"))
     stacked, loop_vars = _rule(runner.while_loop, cond_run, step, loop_vars, [], max_iterations, step.types)
+    if form["kind"] == "new loop vars":
+        return tree_unflatten(lv_spec, loop_vars)
     return tree_unflatten(step.out_spec, stacked), tree_unflatten(lv_spec, loop_vars)

@@ -326,6 +326,7 @@ class CondAttrs:
 class CaseAttrs:
     num_cases: int            # subgraphs: pred_0, fn_0, ..., pred_{n-1}, fn_{n-1}, default
     num_outputs: int
+    exclusive: bool = False   # every predicate runs; more than one holding is an error
 
 
 @dataclass(frozen=True)

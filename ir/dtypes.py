@@ -18,8 +18,8 @@ def arith_dtype(name):
         dt = np.result_type(*(np.dtype(d) for d in dts))
         if name == "divide" and not np.issubdtype(dt, np.floating):
             dt = np.dtype("float64")
-        if name in ("power", "fmod") and dt == np.bool_:       # numpy has no bool power / fmod loop
-            dt = np.dtype("int8")
+        if dt == np.bool_ and name != "subtract" and "??->?" not in getattr(np, name).types:
+            dt = np.dtype("int8")       # numpy has no bool loop (power, fmod, floor_divide, mod): its int8 one
         return dt.name
     return rule
 

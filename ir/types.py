@@ -321,6 +321,19 @@ class SymDim(str):
     def __rmod__(self, o): return self._op(o, dim_mod, True)
     __hash__ = str.__hash__
 
+    def _compare(self, other, sym, str_compare):
+        if isinstance(other, (int, np.integer)) and not isinstance(other, (bool, np.bool_)):
+            from dyntvm.errors import TraceError
+            raise TraceError(f"{str(self)!r} {sym} {other}: a symbolic dim (from x.shape) has no value while "
+                             f"tracing, so Python cannot decide the comparison; compare F.shape_of(x)[i] (an int64 "
+                             f"tensor), e.g. in F.cond or F.where, or trace with a fixed size")
+        return str_compare(self, other)
+
+    def __lt__(self, o): return self._compare(o, "<", str.__lt__)
+    def __le__(self, o): return self._compare(o, "<=", str.__le__)
+    def __gt__(self, o): return self._compare(o, ">", str.__gt__)
+    def __ge__(self, o): return self._compare(o, ">=", str.__ge__)
+
 
 def as_shape_dim(d: Dim):
     """`d` as `Tensor.shape` shows it (symbolic dims as `SymDim`)."""

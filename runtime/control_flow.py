@@ -209,9 +209,16 @@ def cond(pred, then_run, else_run, args: list, truth=_truth) -> list:
     return then_run(args) if truth(pred) else else_run(args)
 
 
-def case(pred_runs: list, branch_runs: list, args: list, truth=_truth) -> list:
+def case(pred_runs: list, branch_runs: list, args: list, truth=_truth, exclusive: bool = False) -> list:
     """The branch of the first predicate that holds (predicates run lazily, in order); `branch_runs`
-    has one more entry than `pred_runs`: the default."""
+    has one more entry than `pred_runs`: the default. `exclusive`: every predicate runs first, and more
+    than one holding breaks the rule."""
+    if exclusive:
+        held = [i for i, pred_run in enumerate(pred_runs) if truth(pred_run(args))]
+        if len(held) > 1:
+            raise RuleError(f"case: exclusive=True but predicates {', '.join(map(str, held))} all hold "
+                            f"(at most one may)")
+        return branch_runs[held[0] if held else -1](args)
     for pred_run, branch_run in zip(pred_runs, branch_runs):
         if truth(pred_run(args)):
             return branch_run(args)

@@ -294,7 +294,7 @@ class Executor:
         args_of = self._branch_args(ins)
 
         def run(slots):
-            res = cf.case(preds, branches, args_of(slots), truth=truth)
+            res = cf.case(preds, branches, args_of(slots), truth=truth, exclusive=n.attrs.exclusive)
             for o, r in zip(outs, res):
                 slots[o] = r
         return run

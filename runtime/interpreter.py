@@ -114,7 +114,7 @@ class Interpreter:
     def run_case(self, node: Node, ins: list, env: dict):
         gs = node.subgraphs
         return cf.case([self._runner(g) for g in gs[0:-1:2]], [self._runner(g) for g in gs[1::2] + gs[-1:]], ins,
-                       truth=_first_truth)
+                       truth=_first_truth, exclusive=node.attrs.exclusive)
 
     def run_foreach(self, node: Node, ins: list, env: dict):
         a = node.attrs

@@ -83,8 +83,8 @@ add("clip-float-bounds-i32", lambda x: F.clip(x, -1.5, 2.5), [XI])
 add("clip-inverted", lambda x: F.clip(x, 1.0, -1.0), [X])
 add("clip-nan", lambda x: F.clip(F.log(x), -1.0, 1.0), [X])
 
-BINARY = ["add", "subtract", "multiply", "divide", "power", "maximum", "minimum", "fmod", "equal", "not_equal", "less",
-          "less_equal", "greater", "greater_equal"]
+BINARY = ["add", "subtract", "multiply", "divide", "power", "maximum", "minimum", "fmod", "floor_divide", "mod",
+          "equal", "not_equal", "less", "less_equal", "greater", "greater_equal"]
 for name in BINARY:
     pos = name == "power"
     add(f"{name}-bcast-row", lambda x, y, n=name: getattr(F, n)(x, y), [X, S((4,))], positive=pos)
@@ -109,7 +109,8 @@ SCALAR_EXPRS = {
     "rmul-int": lambda x: 2 * x, "sub-int": lambda x: x - 1, "rsub-float": lambda x: 2.5 - x,
     "div-int": lambda x: x / 2, "rdiv-float": lambda x: 1.0 / (x + 5), "pow-int": lambda x: x ** 2,
     "rpow-int": lambda x: 2 ** x, "gt-float": lambda x: x > 0.5, "rlt-int": lambda x: 1 < x,
-    "eq-int": lambda x: x == 2,
+    "eq-int": lambda x: x == 2, "floordiv-int": lambda x: x // 2, "rfloordiv-float": lambda x: 7.5 // (x + 1),
+    "mod-int": lambda x: x % 3, "rmod-int": lambda x: 7 % (x + 1),
     "neg": lambda x: -x, "bool-scalar": lambda x: x * True,
 }
 for dtype in ["bool", "int8", "uint8", "int32", "int64", "float16", "float32", "float64"]:

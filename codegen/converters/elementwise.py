@@ -180,8 +180,45 @@ def _fmod(a, b, dt):
     return R.where(bad, zero, R.mod(a, R.where(bad, const(1, dt), b)))
 
 
+def _floor_div_mod(name, a, b, dt):
+    """np.floor_divide / np.mod (Python's // and %: the quotient rounded down, the remainder with the divisor's
+    sign). Integers: by 0 both give 0 as numpy does; by -1 the quotient is -a computed unsigned (INT_MIN // -1
+    wraps to INT_MIN as in numpy, no signed overflow), the remainder 0. Floats follow numpy's npy_divmod step by
+    step (floor(a / b) differs: 1 // 0.1 is 9.0, not 10.0); float16 computes in float32 as numpy does."""
+    if is_int(dt):
+        zero, signed = const(0, dt), np.dtype(dt).kind == "i"
+        bad = R.equal(b, zero)
+        if signed:
+            bad = R.logical_or(bad, R.equal(b, const(-1, dt)))
+        safe_b = R.where(bad, const(1, dt), b)
+        if name == "mod":
+            return R.where(bad, zero, R.floor_mod(a, safe_b))
+        q = R.where(R.equal(b, zero), zero, R.floor_divide(a, safe_b))
+        if not signed:
+            return q
+        unsigned = "u" + dt
+        neg_a = R.astype(R.subtract(const(0, unsigned), R.astype(a, unsigned)), dt)
+        return R.where(R.equal(b, const(-1, dt)), neg_a, q)
+    if dt == "float16":
+        return R.astype(_floor_div_mod(name, R.astype(a, "float32"), R.astype(b, "float32"), "float32"), dt)
+    zero = const(0, dt)
+    fmod = R.mod(a, b)                                   # C's fmod (LLVM frem)
+    flip = R.logical_and(R.not_equal(fmod, zero), R.logical_xor(R.less(b, zero), R.less(fmod, zero)))
+    b_zero = R.equal(b, zero)
+    if name == "mod":                                     # by 0: fmod's NaN
+        signed_zero = R.where(R.less(b, zero), const(-0.0, dt), zero)
+        mod = R.where(flip, R.add(fmod, b), R.where(R.equal(fmod, zero), signed_zero, fmod))
+        return R.where(b_zero, fmod, mod)
+    div = R.subtract(R.divide(R.subtract(a, fmod), b), R.where(flip, const(1, dt), zero))
+    floor = R.floor(div)
+    rounded = R.where(R.greater(R.subtract(div, floor), const(0.5, dt)), R.add(floor, const(1, dt)), floor)
+    quotient = R.divide(a, b)
+    zero_div = R.where(R.less(quotient, zero), const(-0.0, dt), zero)
+    return R.where(b_zero, quotient, R.where(R.equal(div, zero), zero_div, rounded))
+
+
 def _arith(name):
-    rel = getattr(R, "mod" if name == "fmod" else name)
+    rel = getattr(R, "mod" if name == "fmod" else name, None)
     dtype_rule = get_op(name).result_dtype
 
     def conv(bb, node, args, ctx):
@@ -193,6 +230,8 @@ def _arith(name):
             return [_int_power(bb, ctx, a, b)]
         if name == "fmod":
             return [_fmod(a, b, dt)]
+        if name in ("floor_divide", "mod"):
+            return [_floor_div_mod(name, a, b, dt)]
         if name in ("maximum", "minimum") and is_float(dt):
             # np.maximum/minimum propagate NaN from either side; TVM's max/min do not.
             either_nan = R.logical_or(R.isnan(a), R.isnan(b))
