@@ -291,22 +291,27 @@ def _driver_symbols() -> list:
 
 
 def stub_dir() -> str:
-    """A folder holding the stub `libcuda.so.1` (built on first use, kept in the compile cache folder or the
-    temp dir). Raises CompileError when no C compiler is available."""
-    from .cache import default_cache_dir
+    """A folder holding the stub `libcuda.so.1` (built on first use, kept in the compile cache folder or this
+    user's private folder in the temp dir). The build child loads it: like a cache entry, it is used only
+    when this user owns it and no one else may write to it (`cache.private_folder`, `cache.open_private`).
+    Raises CompileError when no C compiler is available."""
+    from .cache import RefusedFile, default_cache_dir, open_private, private_folder, uncached_dir
     symbols = _driver_symbols()
     source = "".join(f"int {s}(void) {{ return 999; }}\n" for s in symbols)   # 999: CUDA_ERROR_UNKNOWN
     digest = hashlib.sha256(source.encode()).hexdigest()[:12]
-    for base in (default_cache_dir(), tempfile.gettempdir()):
-        folder = os.path.join(base, f"cuda-stub-{digest}")
-        lib = os.path.join(folder, "libcuda.so.1")
-        if os.path.isfile(lib):
-            if shared_object_problem(lib) is None:
-                return folder
-            with contextlib.suppress(OSError):          # truncated or overwritten: build it again
-                os.remove(lib)
+    refused = []
+    for base in (default_cache_dir, uncached_dir):
         try:
-            os.makedirs(folder, exist_ok=True)
+            folder = private_folder(os.path.join(private_folder(base()), f"cuda-stub-{digest}"))
+            lib = os.path.join(folder, "libcuda.so.1")
+            if os.path.lexists(lib):
+                try:
+                    open_private(lib, lib).close()
+                    if shared_object_problem(lib) is None:
+                        return folder
+                except RefusedFile as e:
+                    refused.append(str(e))
+                os.remove(lib)                              # truncated, overwritten or refused: build it again
             cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
             if cc is None:
                 raise CompileError("compile: a CUDA build on a machine without a GPU needs a C compiler (cc or gcc) "
@@ -321,10 +326,13 @@ def stub_dir() -> str:
                 if r.returncode != 0:
                     why = (r.stderr or r.stdout).strip() or f"{cc} exited with status {r.returncode}"
                     raise CompileError(f"compile: building the stub CUDA driver library with {cc} failed: {why}")
+                os.chmod(os.path.join(tmp, "libcuda.so.1"), 0o700)
                 os.replace(os.path.join(tmp, "libcuda.so.1"), lib)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
             return folder
-        except OSError:
+        except OSError as e:
+            refused.append(str(e))
             continue
-    raise CompileError("compile: no writable folder for the stub CUDA driver library (cache dir and temp dir)")
+    raise CompileError("compile: no usable folder for the stub CUDA driver library (the cache folder and a private "
+                       f"folder in the temp dir): {'; '.join(refused)}")

@@ -1,7 +1,10 @@
 """Checks on native libraries (kernel libraries) before they are loaded: used by `dt.load`
-(`runtime/load.py`) and the compile cache (`codegen/cache.py`). Standard library only."""
+(`runtime/load.py`) and the compile cache (`codegen/cache.py`); the CPU features and the execution binding
+both record and check. Standard library only."""
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import struct
 import sys
@@ -20,21 +23,51 @@ def shared_object_problem(path: str) -> str | None:
     return None
 
 
-#: CPU flags (/proc/cpuinfo names) whose instructions compiled kernels may use
-VECTOR_FEATURES = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_bf16",
-                   "avx512_vnni", "amx_tile")
+#: ISA features compiled kernels may use: /proc/cpuinfo flag -> LLVM's name of the feature. Keyed on the
+#: instructions, never on the CPU model: the host's model name decides LLVM's -mcpu, whose feature set
+#: (scalar BMI1 / BMI2 / LZCNT / MOVBE included, which LLVM emits in every kernel library built here) is
+#: what another CPU must have.
+ISA_FEATURES = {
+    "pni": "sse3", "ssse3": "ssse3", "sse4_1": "sse4.1", "sse4_2": "sse4.2", "sse4a": "sse4a", "cx16": "cx16",
+    "popcnt": "popcnt", "abm": "lzcnt", "bmi1": "bmi", "bmi2": "bmi2", "movbe": "movbe", "adx": "adx",
+    "f16c": "f16c", "fma": "fma", "fma4": "fma4", "avx": "avx", "avx2": "avx2", "aes": "aes",
+    "pclmulqdq": "pclmul", "sha_ni": "sha", "vaes": "vaes", "vpclmulqdq": "vpclmulqdq", "gfni": "gfni",
+    "avx_vnni": "avxvnni", "avx512f": "avx512f", "avx512cd": "avx512cd", "avx512bw": "avx512bw",
+    "avx512dq": "avx512dq", "avx512vl": "avx512vl", "avx512ifma": "avx512ifma", "avx512vbmi": "avx512vbmi",
+    "avx512_vbmi2": "avx512vbmi2", "avx512_vnni": "avx512vnni", "avx512_bitalg": "avx512bitalg",
+    "avx512_vpopcntdq": "avx512vpopcntdq", "avx512_bf16": "avx512bf16", "avx512_fp16": "avx512fp16",
+    "amx_tile": "amx-tile", "amx_bf16": "amx-bf16", "amx_int8": "amx-int8",
+}
+CPUINFO = "/proc/cpuinfo"
 
 
 def cpu_features() -> set:
-    """The VECTOR_FEATURES this CPU has (empty where /proc/cpuinfo cannot be read)."""
+    """The ISA_FEATURES this CPU has (empty where /proc/cpuinfo cannot be read)."""
     try:
-        with open("/proc/cpuinfo") as f:
+        with open(CPUINFO) as f:
             for line in f:
                 if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split()) & set(VECTOR_FEATURES)
+                    return set(line.split(":", 1)[1].split()) & set(ISA_FEATURES)
     except OSError:
         pass
     return set()
+
+
+def execution_binding(graph_binding: str, execution: dict) -> str:
+    """sha256 (hex) compiled into a kernel library: the model's graph binding (`kernel_binding`: structure
+    and constants) plus every recorded fact that decides how the library's kernels are run or may run
+    (`execution_facts`). `dt.load` recomputes it from manifest.json: an edited field does not match."""
+    canon = json.dumps({"graph": graph_binding, **execution}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(b"dyntvm-library-binding-1|" + canon.encode()).hexdigest()
+
+
+def execution_facts(target: str, info: dict) -> dict:
+    """The part of a model's target and info (manifest.json's) that `execution_binding` covers: the CPU
+    features and CUDA arch dt.load checks, the concrete target and the tuning specializations calls are
+    routed to. Missing fields are None (removing one changes the digest too)."""
+    tuning = info.get("tuning") if isinstance(info.get("tuning"), dict) else {}
+    return {"target": target, "built_for": info.get("built_for"), "cpu_features": info.get("cpu_features"),
+            "cuda_arch": info.get("cuda_arch"), "specialized": tuning.get("specialized")}
 
 
 class _Bad(Exception):

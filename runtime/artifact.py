@@ -18,7 +18,6 @@ import hashlib
 import json
 import os
 import re
-import secrets
 import shutil
 import tarfile
 import tempfile
@@ -34,8 +33,10 @@ except ImportError:          # a Python built without lzma cannot open .tar.xz e
 from dyntvm.errors import ArtifactError, GraphError
 
 from ..ir.serialize import graph_from_json, graph_to_json
+from .staging import NEW, OLD, held, new_token, remove_stale, sibling
 
-FORMAT_VERSION = 2        # 2: file sizes and the kernel binding in the manifest
+FORMAT_VERSION = 3        # 2: file sizes and the kernel binding in the manifest; 3: the library binding covers
+                          # the manifest's execution facts (`dyntvm.native.execution_binding`)
 KERNELS = "kernels.so"
 LISTED = ("graph.json", "params.npz", KERNELS)          # what manifest.json may list under "files"
 ARTIFACT_FILES = ("manifest.json",) + LISTED             # all an artifact folder or tar may hold
@@ -189,12 +190,6 @@ def check_destination(path: str) -> None:
                                 f"artifact (it holds {shown}); {hint}")
 
 
-def _sibling(path: str, tag: str) -> str:
-    """A fresh name next to `path` (same file system, so renames are atomic)."""
-    parent, base = os.path.split(os.path.abspath(path))
-    return os.path.join(parent, f".{base}.{tag}-{os.getpid()}-{secrets.token_hex(4)}")
-
-
 def _write_files(model, folder: str) -> list:
     """graph.json, params.npz, kernels.so and manifest.json of `model` into `folder`."""
     text, params = graph_to_json(model.graph)
@@ -242,7 +237,7 @@ def save(model, path: str) -> None:
 
     Refuses (ArtifactError) to write over anything but an empty folder or an existing artifact. The
     artifact is written next to `path` first and then renamed into place, so a failed save leaves
-    what was there before.
+    what was there before; what a killed save left there is removed (`staging.remove_stale`).
     """
     check_destination(path)
     path = os.fspath(path)
@@ -251,39 +246,43 @@ def save(model, path: str) -> None:
         path = os.path.realpath(path)
     parent = os.path.dirname(os.path.abspath(path))
     os.makedirs(parent, exist_ok=True)
-    staging = _sibling(path, "dyntvm-new")
+    remove_stale(path)
+    token = new_token()
+    staging = sibling(path, NEW, token)
     os.mkdir(staging)
     try:
-        files = _write_files(model, staging)
-        if as_tar:
-            tmp_tar = staging + ".tar"
-            try:
-                with tarfile.open(tmp_tar, "w") as tar:
-                    for fn in files:
-                        tar.add(os.path.join(staging, fn), arcname=fn)
-                os.replace(tmp_tar, path)
-            finally:
-                with contextlib.suppress(OSError):
-                    os.remove(tmp_tar)
-        else:
-            _swap_in(staging, path)
+        with held(staging):
+            files = _write_files(model, staging)
+            if as_tar:
+                tmp_tar = staging + ".tar"
+                try:
+                    with tarfile.open(tmp_tar, "w") as tar:
+                        for fn in files:
+                            tar.add(os.path.join(staging, fn), arcname=fn)
+                    os.replace(tmp_tar, path)
+                finally:
+                    with contextlib.suppress(OSError):
+                        os.remove(tmp_tar)
+            else:
+                _swap_in(staging, path, token)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _swap_in(staging: str, path: str) -> None:
+def _swap_in(staging: str, path: str, token: str) -> None:
     """Move the folder `staging` to `path` (absent, an empty folder, or an old artifact)."""
     if not os.path.lexists(path) or not os.listdir(path):
         os.replace(staging, path)           # rename(2) replaces an empty folder atomically
         return
-    old = _sibling(path, "dyntvm-old")
-    os.rename(path, old)
-    try:
-        os.rename(staging, path)
-    except BaseException:
-        os.rename(old, path)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
+    old = sibling(path, OLD, token)
+    with held(path):                        # the old artifact's folder, renamed to `old` below
+        os.rename(path, old)
+        try:
+            os.rename(staging, path)
+        except BaseException:
+            os.rename(old, path)
+            raise
+        shutil.rmtree(old, ignore_errors=True)
 
 
 # ------------------------------------------------------------------------------------------- reading
