@@ -221,8 +221,9 @@ def build(graph: Graph, target: str = "cpu", cache_dir: str | None = None, use_c
 
     `binding` (a hex digest of the whole graph, from the pipeline), combined with the facts the model
     records about its kernels (`recorded_facts`: `Built.facts`) by `native.execution_binding`, is compiled
-    into the library and is part of the cache key. A bad cache entry is discarded and rebuilt, and a cache folder that
-    cannot be used means an uncached build; both with a `cache.CacheWarning`.
+    into the library and is part of the cache key. A bad cache entry is discarded and rebuilt, and a cache
+    folder that cannot be used (or is not this user's own) means an uncached build; both with a
+    `cache.CacheWarning`.
     `tuning`: ``(tuning.TuningLog, specializations)`` to apply, see `build_executable`.
     Returns None when the graph has no region (nothing to compile).
     """

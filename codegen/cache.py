@@ -15,6 +15,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..ir.serialize import graph_to_dict
+from ..native import export_library
 
 _VERSION_SALT = "dyntvm-cache-3"     # 3: libraries carry the execution binding; entries are private
 _CODEGEN_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -278,7 +279,7 @@ def store(cache_dir: str, key: str, executable, binding: str | None = None) -> E
     tmp = tempfile.mkdtemp(prefix=f".{key}.tmp-", dir=cache_dir)       # mode 0700
     try:
         lib = os.path.join(tmp, LIBRARY)
-        executable.export_library(lib)
+        export_library(executable, lib)       # a full disk: LibraryWriteError, an OSError
         os.chmod(lib, 0o600)        # whatever the umask: `_check` refuses a file others may write
         sha, size = file_digest(lib)
         with open(os.open(os.path.join(tmp, SIDECAR), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:

@@ -3,6 +3,8 @@
 both record and check. Standard library only."""
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -68,6 +70,66 @@ def execution_facts(target: str, info: dict) -> dict:
     tuning = info.get("tuning") if isinstance(info.get("tuning"), dict) else {}
     return {"target": target, "built_for": info.get("built_for"), "cpu_features": info.get("cpu_features"),
             "cuda_arch": info.get("cuda_arch"), "specialized": tuning.get("specialized")}
+
+
+class LibraryWriteError(OSError):
+    """A kernel library could not be written (a full disk, most often); the message names the folder."""
+
+
+def export_library(executable, path: str) -> None:
+    """``executable.export_library(path)``, safe against a full disk: the object files and the linker's
+    temporary files go to a private folder next to `path` (not $TMPDIR), and the export runs in a forked
+    child, because LLVM ends the process (``LLVM ERROR: IO failure on output stream``) when it cannot write an
+    object file. Raises LibraryWriteError naming the folder; leaves neither `path` nor a temporary file."""
+    import shutil
+    import tempfile
+    folder = os.path.dirname(os.path.abspath(path))
+    work = tempfile.mkdtemp(prefix=".dyntvm-export-", dir=folder)
+    try:
+        if not hasattr(os, "fork"):
+            executable.export_library(path)
+            return
+        why = _export_in_child(executable, path, work)
+        if why is not None:
+            with contextlib.suppress(OSError):
+                os.remove(path)
+            lines = [ln.strip() for ln in why.strip().splitlines() if ln.strip()] or ["the export process failed"]
+            full = next((ln for ln in lines if "No space left" in ln or "ENOSPC" in ln), None)
+            raise LibraryWriteError(errno.ENOSPC if full else errno.EIO,
+                                    f"cannot write the kernel library to {folder}: "
+                                    + (f"the disk is full ({full})" if full else lines[-1]))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _export_in_child(executable, path: str, work: str) -> str | None:
+    """Export in a forked child whose temporary folder is `work`; None, or why it failed (its stderr)."""
+    import tempfile
+    import warnings
+    read_end, write_end = os.pipe()
+    with warnings.catch_warnings():        # Python 3.12+ warns about fork in a threaded process: the child only
+        warnings.simplefilter("ignore", DeprecationWarning)    # exports (LLVM and the linker), then exits
+        pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.close(read_end)
+            os.dup2(write_end, 2)              # LLVM's fatal message reaches the parent
+            os.environ["TMPDIR"] = tempfile.tempdir = work
+            executable.export_library(path)
+            code = 0
+        except BaseException as e:  # noqa: BLE001 - reported to the parent, which raises
+            with contextlib.suppress(OSError):
+                os.write(2, f"{type(e).__name__}: {e}".encode(errors="replace")[-4000:])
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as f:
+        said = f.read().decode(errors="replace")
+    _, status = os.waitpid(pid, 0)
+    if status == 0:
+        return None
+    return said.strip() or f"the export process ended with status {status}"
 
 
 class _Bad(Exception):

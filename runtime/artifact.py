@@ -33,6 +33,7 @@ except ImportError:          # a Python built without lzma cannot open .tar.xz e
 from dyntvm.errors import ArtifactError, GraphError
 
 from ..ir.serialize import graph_from_json, graph_to_json
+from ..native import LibraryWriteError, export_library
 from .staging import NEW, OLD, held, new_token, remove_stale, sibling
 
 FORMAT_VERSION = 3        # 2: file sizes and the kernel binding in the manifest; 3: the library binding covers
@@ -214,7 +215,7 @@ def _write_files(model, folder: str) -> list:
                 raise ArtifactError(f"the model's kernel library {src} cannot be read ({e.strerror or e}); "
                                     "compile the model again") from None
         else:
-            model.lib.export_library(dst)
+            export_library(model.lib, dst)          # a full disk: an OSError, not the end of the process
         files.append(KERNELS)
         digests[KERNELS] = _sha256(dst)
         want = getattr(model, "lib_sha256", None)
@@ -249,24 +250,32 @@ def save(model, path: str) -> None:
     remove_stale(path)
     token = new_token()
     staging = sibling(path, NEW, token)
-    os.mkdir(staging)
     try:
-        with held(staging):
-            files = _write_files(model, staging)
-            if as_tar:
-                tmp_tar = staging + ".tar"
-                try:
-                    with tarfile.open(tmp_tar, "w") as tar:
-                        for fn in files:
-                            tar.add(os.path.join(staging, fn), arcname=fn)
-                    os.replace(tmp_tar, path)
-                finally:
-                    with contextlib.suppress(OSError):
-                        os.remove(tmp_tar)
-            else:
-                _swap_in(staging, path, token)
+        os.mkdir(staging)
+        _save_into(model, staging, path, token, as_tar)
+    except OSError as e:                # a full disk, a read-only folder...: nothing is left behind
+        raise ArtifactError(f"{path}: cannot write the artifact in {parent}: {e.strerror or e}"
+                            + (f" ({e})" if isinstance(e, LibraryWriteError) else "")) from e
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _save_into(model, staging: str, path: str, token: str, as_tar: bool) -> None:
+    """Write the artifact files into `staging`, then move them to `path` (a tar, or the folder itself)."""
+    with held(staging):
+        files = _write_files(model, staging)
+        if as_tar:
+            tmp_tar = staging + ".tar"
+            try:
+                with tarfile.open(tmp_tar, "w") as tar:
+                    for fn in files:
+                        tar.add(os.path.join(staging, fn), arcname=fn)
+                os.replace(tmp_tar, path)
+            finally:
+                with contextlib.suppress(OSError):
+                    os.remove(tmp_tar)
+        else:
+            _swap_in(staging, path, token)
 
 
 def _swap_in(staging: str, path: str, token: str) -> None:
@@ -357,7 +366,11 @@ def _extract(path: str) -> str:
     artifact files are accepted (no links, devices, folders or paths), each listed in the manifest
     with its size, so no more than the manifest's sizes (capped by `max_artifact_bytes`) is written.
     """
-    folder = tempfile.mkdtemp(prefix="dyntvm-load-")
+    try:
+        folder = tempfile.mkdtemp(prefix="dyntvm-load-")
+    except OSError as e:
+        raise ArtifactError(f"{path}: cannot extract the artifact tar into the temp folder {tempfile.gettempdir()} "
+                            f"({e.strerror or e}; $TMPDIR chooses where)") from e
     try:
         _extract_into(path, folder)
     except BaseException:
@@ -421,13 +434,25 @@ def _copy_member(tar: tarfile.TarFile, m: tarfile.TarInfo, dst: str) -> None:
     """Write member `m` (a checked regular file) to `dst`: at most m.size bytes, a new file."""
     src = tar.extractfile(m)
     left = m.size
-    with open(dst, "xb") as out:
+    try:
+        out = open(dst, "xb")
+    except OSError as e:
+        raise _extract_failed(dst, e) from e
+    with out:
         while left > 0:
             chunk = src.read(min(left, 1 << 20))
             if not chunk:
                 raise ArtifactError(f"{dst}: the tar ends inside {m.name}")
-            out.write(chunk)
+            try:
+                out.write(chunk)
+            except OSError as e:
+                raise _extract_failed(dst, e) from e
             left -= len(chunk)
+
+
+def _extract_failed(dst: str, e: OSError) -> ArtifactError:
+    return ArtifactError(f"cannot extract the artifact tar into the temp folder {os.path.dirname(dst)} "
+                         f"({e.strerror or e}; $TMPDIR chooses where)")
 
 
 @contextlib.contextmanager

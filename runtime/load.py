@@ -65,10 +65,8 @@ def _load_folder(folder: str, label: str, device) -> CompiledModel:
             raise ArtifactError(f"{label}: {KERNELS} does not match its sha256 in manifest.json (edited or corrupt)")
         # loaded from a private copy: dlopen hands back the library already loaded from the same path,
         # so an artifact saved again in place would otherwise run the kernels it had before
-        fd, private = tempfile.mkstemp(prefix="dyntvm-kernels-", suffix=".so")
+        private = _private_copy(blob, label)
         try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(blob)
             check_shared_object(private, label)
             try:
                 lib = tvm.runtime.load_module(private)
@@ -96,6 +94,24 @@ def _load_folder(folder: str, label: str, device) -> CompiledModel:
     if lib is not None:
         model.lib_bytes = blob
     return model
+
+
+def _private_copy(blob: bytes, label: str) -> str:
+    """A new file in the temp folder holding `blob`; ArtifactError naming the folder when it cannot be written
+    (a full disk), with nothing left behind."""
+    try:
+        fd, private = tempfile.mkstemp(prefix="dyntvm-kernels-", suffix=".so")
+    except OSError as e:
+        raise ArtifactError(f"{label}: cannot copy {KERNELS} into the temp folder {tempfile.gettempdir()} to load it "
+                            f"({e.strerror or e}; $TMPDIR chooses where)") from e
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(blob)
+    except OSError as e:
+        os.remove(private)
+        raise ArtifactError(f"{label}: cannot copy {KERNELS} into the temp folder {os.path.dirname(private)} to load "
+                            f"it ({e.strerror or e}; $TMPDIR chooses where)") from e
+    return private
 
 
 def ensure_cuda_runtime() -> str | None:

@@ -373,7 +373,8 @@ def test_library_without_binding_is_refused(compiled, art):
     ex = build_executable(collect_regions(compiled["tiny"][0].graph), "cpu")      # no binding function
     ex.export_library(os.path.join(art, "kernels.so"))
     rehash(art, "kernels.so")
-    with pytest.raises(dt.ArtifactError, match=r"kernels\.so was not built for this graph\.json \+ params\.npz \+ manifest\.json "
+    with pytest.raises(dt.ArtifactError, match=r"kernels\.so was not built for this graph\.json \+ params\.npz "
+                                               r"\+ manifest\.json "
                                                r"\(it carries no binding"):
         dt.load(art)
 

@@ -222,3 +222,23 @@ def test_not_a_tvm_module_is_discarded(golden, planted_library, tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error", CacheWarning)
         assert dt.compile(model_fn, SPEC, cache_dir=cache).info["cache"] == "hit"
+
+
+@pytest.mark.parametrize("plant", ["world_writable", "symlink"])
+def test_a_planted_stub_cuda_driver_is_replaced(tmp_path, monkeypatch, planted_library, plant):
+    """The stub libcuda.so.1 that CUDA builds without a GPU load (kept in the cache folder) is a cache file
+    too: a planted one is rebuilt, never handed to the build process."""
+    monkeypatch.setenv("DYNTVM_CACHE_DIR", str(tmp_path / "cache"))
+    from dyntvm.codegen.gpu import stub_dir
+    folder = stub_dir()
+    lib = os.path.join(folder, "libcuda.so.1")
+    os.remove(lib)
+    if plant == "symlink":
+        os.symlink(planted_library[0], lib)
+    else:
+        shutil.copyfile(planted_library[0], lib)
+        os.chmod(lib, 0o666)
+    assert stub_dir() == folder
+    st = os.lstat(lib)
+    assert not os.path.islink(lib) and st.st_uid == os.getuid() and st.st_mode & 0o022 == 0
+    assert open(lib, "rb").read() != open(planted_library[0], "rb").read()
