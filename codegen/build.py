@@ -260,6 +260,11 @@ def build(graph: Graph, target: str = "cpu", cache_dir: str | None = None, use_c
             built.facts = facts
         else:
             ex = build_executable(regions, target, binding, tvm_target, loops, tuning)
+    except OSError as e:            # the build's own temporary files (CUDA), not the cache: a full $TMPDIR...
+        import tempfile
+        where = e.filename or tempfile.gettempdir()
+        raise CompileError(f"compile: cannot write the build's temporary files in {where} ({e.strerror or e}); "
+                           "$TMPDIR chooses the folder") from e
     except Exception as e:  # noqa: BLE001 - a tuning log is an optimization: never the reason a build fails
         if tuning is None:
             raise

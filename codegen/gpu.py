@@ -31,7 +31,7 @@ import tempfile
 
 from dyntvm.errors import CompileError
 
-from ..native import shared_object_problem
+from ..native import export_library, shared_object_problem
 
 DEFAULT_ARCH = "sm_90"                    # $DYNTVM_CUDA_ARCH overrides it (`default_arch`)
 FATBIN_MAGIC = bytes.fromhex("50ed55ba")          # a fatbin's header (fatBinaryHeader.magic, little endian)
@@ -193,8 +193,8 @@ def build_cuda_library(regions: list, target, binding: str | None, build_executa
         tmp = tempfile.mkdtemp(prefix="dyntvm-cuda-")
         try:
             path = os.path.join(tmp, "kernels.so")
-            ex.export_library(path)
-            check_device_code(path, arch)
+            export_library(ex, path)            # a full temp folder: LibraryWriteError (build turns it into a
+            check_device_code(path, arch)       # CompileError), not the end of the process
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         return ex, None, None
@@ -227,8 +227,10 @@ def _build_in_child(regions: list, arch: str, binding: str | None, tuning=None):
         r = _run_child([sys.executable, "-m", "dyntvm.codegen.cuda_child", work], env)
         if r.returncode != 0:
             lines = (r.stderr or r.stdout).strip().splitlines()
-            err = next((ln for ln in reversed(lines) if ln.strip()), f"exit status {r.returncode}")
+            full = next((ln for ln in lines if "No space left" in ln), None)     # nvcc says it, then stops
+            err = full or next((ln for ln in reversed(lines) if ln.strip()), f"exit status {r.returncode}")
             raise CompileError(f"compile: the CUDA build failed: {err.strip()}"
+                               + (f" (the disk of the build folder {work} is full; $TMPDIR chooses it)" if full else "")
                                + ("" if keep else " (DYNTVM_CUDA_DEBUG=1 keeps the build folder)"))
         path = os.path.join(work, "kernels.so")
         check_device_code(path, arch)

@@ -1,6 +1,6 @@
-"""Checks on native libraries (kernel libraries) before they are loaded: used by `dt.load`
-(`runtime/load.py`) and the compile cache (`codegen/cache.py`); the CPU features and the execution binding
-both record and check. Standard library only."""
+"""Native kernel libraries, for both the compiler and the runtime: checks before one is loaded (`dt.load`,
+`runtime/load.py`, and the compile cache, `codegen/cache.py`), writing one safely (`export_library`), and what
+a library is bound to (the CPU features it may use, `execution_binding`). Standard library only."""
 from __future__ import annotations
 
 import contextlib
@@ -8,8 +8,11 @@ import errno
 import hashlib
 import json
 import os
+import select
+import signal
 import struct
 import sys
+import time
 
 
 def shared_object_problem(path: str) -> str | None:
@@ -72,6 +75,10 @@ def execution_facts(target: str, info: dict) -> dict:
             "cuda_arch": info.get("cuda_arch"), "specialized": tuning.get("specialized")}
 
 
+#: seconds an export may take (a library of thousands of kernels takes well under a minute)
+EXPORT_TIMEOUT_S = 1800
+
+
 class LibraryWriteError(OSError):
     """A kernel library could not be written (a full disk, most often); the message names the folder."""
 
@@ -124,12 +131,21 @@ def _export_in_child(executable, path: str, work: str) -> str | None:
         finally:
             os._exit(code)
     os.close(write_end)
-    with os.fdopen(read_end, "rb") as f:
-        said = f.read().decode(errors="replace")
+    said, deadline = b"", time.monotonic() + EXPORT_TIMEOUT_S
+    with os.fdopen(read_end, "rb", buffering=0) as f:
+        while time.monotonic() < deadline:
+            if select.select([f], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                chunk = f.read(65536)
+                if not chunk:
+                    break                      # the child has exited
+                said += chunk
+        else:                                  # a lock another thread held at the fork, never released
+            os.kill(pid, signal.SIGKILL)
+            said += b"\nthe export process did not finish (stopped)"
     _, status = os.waitpid(pid, 0)
     if status == 0:
         return None
-    return said.strip() or f"the export process ended with status {status}"
+    return said.decode(errors="replace").strip() or f"the export process ended with status {status}"
 
 
 class _Bad(Exception):

@@ -5,6 +5,7 @@ file) and never a temporary folder left behind. The disks are really full: small
 a regression fails the test instead of ending the test session."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -20,8 +21,9 @@ result = {}
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     try:
-        if scenario == "compile":                        # $TMPDIR is the full one
-            result["cache"] = dt.compile(lambda x: F.tanh(x) * 3.0, spec, cache_dir=where).info["cache"]
+        if scenario in ("compile", "cuda_compile"):      # $TMPDIR is the full one
+            target = "cuda" if scenario == "cuda_compile" else "cpu"
+            result["cache"] = dt.compile(lambda x: F.tanh(x) * 3.0, spec, target=target, cache_dir=where).info["cache"]
         elif scenario == "full_cache":
             m = dt.compile(lambda x: F.tanh(x) * 3.0, spec, cache_dir=where)
             result["cache"], result["lib_path"] = m.info["cache"], m.lib_path
@@ -95,3 +97,16 @@ def test_saving_into_a_full_folder_is_an_artifact_error(full_folder, tmp_path, s
     assert kind == "ArtifactError" and f"cannot write the artifact in {disk}" in message, result
     assert "No space left on device" in message or "disk is full" in message, message
     assert sorted(os.listdir(disk)) == ["fill", "private"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("nvcc") is None and not os.access("/usr/local/cuda/bin/nvcc", os.X_OK),
+                    reason="CUDA builds need nvcc")
+def test_a_full_tmpdir_is_a_clear_cuda_compile_error(full_folder, tmp_path):
+    """A CUDA build needs its temporary folder (nvcc's files): a full one is a CompileError naming it."""
+    tmpdir = full_folder(32)
+    result = run("cuda_compile", str(tmp_path / "cache"), "", TMPDIR=tmpdir)
+    kind, message = result.get("error") or (None, "")
+    assert kind == "CompileError" and "No space left on device" in message, result
+    assert f"the disk of the build folder {tmpdir}/" in message and "$TMPDIR chooses it" in message
+    assert sorted(os.listdir(tmpdir)) == ["fill", "private"]
