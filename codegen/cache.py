@@ -72,11 +72,18 @@ def ownership_problem(st: os.stat_result) -> str | None:
 
 
 def private_folder(path: str) -> str:
-    """`path`, created (mode 0700) if absent. Raises UntrustedCacheError when it is not a folder of this
-    user that no one else may write to (a symbolic link to one is followed: a user's ~/.cache may be one),
-    OSError when it cannot be created."""
+    """`path`, created (mode 0700) if absent; made private (with a CacheWarning) if it is this user's but others
+    may write to it. Raises UntrustedCacheError when it is not a folder of this user (a symbolic link to one is
+    followed: a user's ~/.cache may be one), OSError when it cannot be created."""
     os.makedirs(path, mode=0o700, exist_ok=True)
     st = os.stat(path)
+    if stat.S_ISDIR(st.st_mode) and st.st_uid == _uid() and st.st_mode & 0o022:
+        # this user's own folder, made with umask 002 (or by an older dyntvm): made private again; what others
+        # may have put in it meanwhile is refused entry by entry (`_check`: owner, mode, no links)
+        os.chmod(path, stat.S_IMODE(st.st_mode) & ~0o077)
+        warnings.warn(f"dyntvm compile cache: {path} was writable by other users (mode {stat.S_IMODE(st.st_mode):o}); "
+                      "made private (mode 700)", CacheWarning, stacklevel=2)
+        st = os.stat(path)
     why = "it is not a folder" if not stat.S_ISDIR(st.st_mode) else ownership_problem(st)
     if why:
         raise UntrustedCacheError(f"{path} cannot be trusted: {why}; dyntvm loads native code from it")
@@ -224,8 +231,9 @@ def _check(folder: str, binding: str | None) -> Entry | str:
 
 def lookup(cache_dir: str, key: str, binding: str | None = None) -> Entry | None:
     """The verified entry `key`, or None (a miss). A bad entry (truncated, corrupt, a missing or wrong
-    sidecar, a directory in the library's place...) is a miss too: it is removed with a CacheWarning,
-    and the caller rebuilds. Raises OSError only when the cache folder itself cannot be read."""
+    sidecar, a directory in the library's place, another user's entry or file, a symbolic link...) is a miss
+    too: it is removed with a CacheWarning, and the caller rebuilds. Raises OSError only when the cache folder
+    itself cannot be read, UntrustedCacheError (an OSError) when it is not this user's own."""
     folder = os.path.join(cache_dir, key)
     if not os.path.lexists(folder):
         return None

@@ -156,10 +156,12 @@ def test_untrusted_entry_is_never_loaded(golden, planted_library, tmp_path, atta
 
 
 def shared_world_writable(tmp_path, golden, lib):
-    """A cache folder anyone may write to (like /tmp): the other user plants a whole entry, as itself."""
+    """A cache folder anyone may write to (like /tmp, made by someone else): the other user plants a whole
+    entry, as itself."""
     cache = str(tmp_path / "shared")
     os.mkdir(cache)
     os.chmod(cache, 0o1777)
+    os.chown(cache, OTHER.pw_uid, OTHER.pw_gid)
     (key,) = os.listdir(golden)
     staged = str(tmp_path / "staged")
     shutil.copytree(os.path.join(golden, key), staged)
@@ -169,7 +171,7 @@ def shared_world_writable(tmp_path, golden, lib):
     os.chmod(staged, 0o755)
     as_other_user("cp", "-r", staged, os.path.join(cache, key))
     assert os.stat(os.path.join(cache, key)).st_uid == OTHER.pw_uid
-    return cache, "writable by other users (mode 1777)"
+    return cache, "owned by uid"
 
 
 def shared_other_owner(tmp_path, golden, lib):
@@ -242,3 +244,23 @@ def test_a_planted_stub_cuda_driver_is_replaced(tmp_path, monkeypatch, planted_l
     st = os.lstat(lib)
     assert not os.path.islink(lib) and st.st_uid == os.getuid() and st.st_mode & 0o022 == 0
     assert open(lib, "rb").read() != open(planted_library[0], "rb").read()
+
+
+def test_own_cache_folder_writable_by_others_is_made_private(golden, planted_library, tmp_path):
+    """This user's cache folder made group-writable (umask 002, an older dyntvm) is made private again, with a
+    warning; an entry planted meanwhile is still refused (it is not this user's: its folder mode says so
+    here, a chown'ed one with root)."""
+    cache = str(tmp_path / "cache")
+    shutil.copytree(golden, cache)
+    (key,) = os.listdir(cache)
+    plant_into(os.path.join(cache, key), planted_library[0])
+    os.chmod(os.path.join(cache, key), 0o777)
+    os.chmod(cache, 0o775)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = dt.compile(model_fn, SPEC, cache_dir=cache)
+    messages = [str(w.message) for w in caught if issubclass(w.category, CacheWarning)]
+    assert not os.path.exists(planted_library[1]), "the planted library was loaded"
+    assert len(messages) == 2 and "was writable by other users (mode 775); made private" in messages[0], messages
+    assert "writable by other users (mode 777)" in messages[1] and "rebuilding" in messages[1]
+    assert os.stat(cache).st_mode & 0o777 == 0o700 and model.info["cache"] == "miss"
