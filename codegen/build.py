@@ -7,13 +7,14 @@ built once; the library is kept in the on-disk compile cache (`cache`).
 """
 from __future__ import annotations
 
+import json
 import warnings
 from dataclasses import dataclass
 
 from dyntvm.errors import CompileError, UnsupportedOpError
 
 from ..ir.graph import Graph
-from ..native import shared_object_problem
+from ..native import ISA_FEATURES, cpu_features, execution_binding, execution_facts, shared_object_problem
 from . import cache as _cache
 
 TARGETS = ("cpu", "cuda")
@@ -109,6 +110,36 @@ def target_desc(target: str) -> str:
     return str(concrete_target(target))
 
 
+def recorded_facts(kind: str, tvm_target, desc: str, tuning) -> dict:
+    """The model info fields that decide how a library's kernels run, in their JSON form: the concrete target,
+    the CPU features the kernels may use (dt.load refuses a CPU lacking one) or the CUDA arch, and the
+    specializations of a tuning log. The library is bound to them (`native.execution_binding`)."""
+    facts: dict = {"built_for": desc}
+    if kind == "cpu":
+        facts["cpu_features"] = isa_features(tvm_target)
+    else:
+        try:
+            facts["cuda_arch"] = json.loads(desc).get("arch")
+        except (ValueError, AttributeError):
+            facts["cuda_arch"] = None
+    if tuning is not None:
+        facts["tuning"] = {"specialized": {r: [[dict(combo), name] for combo, name in specs]
+                                           for r, specs in tuning[1].items()}}
+    return json.loads(json.dumps(facts))
+
+
+def isa_features(tvm_target) -> list:
+    """This CPU's ISA features (/proc/cpuinfo names, `native.ISA_FEATURES`) that LLVM enables for the target's
+    -mcpu / -mattr: those the kernels may use. All of this CPU's, where LLVM cannot say."""
+    here = cpu_features()
+    try:
+        from tvm.target import codegen
+        llvm = {str(f) for f in codegen.llvm_get_cpu_features(tvm_target)}
+    except Exception:  # noqa: BLE001 - an LLVM without the query: assume every feature of this CPU is used
+        return sorted(here)
+    return sorted(f for f in here if ISA_FEATURES[f] in llvm)
+
+
 BINDING_FUNCTION = "dyntvm_binding"   # runtime/artifact.py reads it under the same name
 
 
@@ -181,19 +212,23 @@ class Built:
     sha256: str | None = None   # of the file at `path` (saving checks its copy against it)
     size: int | None = None
     tuned: bool = False         # built with a tuning log's specializations and kernels
+    facts: dict | None = None   # the model info fields the library is bound to (`recorded_facts`)
 
 
 def build(graph: Graph, target: str = "cpu", cache_dir: str | None = None, use_cache: bool = True,
           binding: str | None = None, tuning=None) -> Built | None:
     """Build (or fetch from the compile cache) the kernels of every region of a partitioned `graph`.
 
-    `binding` (a hex digest of the regions, from the pipeline) is compiled into the library and is
-    part of the cache key. A bad cache entry is discarded and rebuilt, and a cache folder that
-    cannot be used means an uncached build; both with a `cache.CacheWarning`.
+    `binding` (a hex digest of the whole graph, from the pipeline), combined with the facts the model
+    records about its kernels (`recorded_facts`: `Built.facts`) by `native.execution_binding`, is compiled
+    into the library and is part of the cache key. A bad cache entry is discarded and rebuilt, and a cache
+    folder that cannot be used (or is not this user's own) means an uncached build; both with a
+    `cache.CacheWarning`.
     `tuning`: ``(tuning.TuningLog, specializations)`` to apply, see `build_executable`.
     Returns None when the graph has no region (nothing to compile).
     """
     kind = check_target(target)
+    graph_binding = binding
     regions = collect_regions(graph)
     if not regions:
         return None
@@ -206,22 +241,30 @@ def build(graph: Graph, target: str = "cpu", cache_dir: str | None = None, use_c
     if loops and tuning is not None:        # a specialization of a loop body gets a compiled loop of its own
         loops += [(k, name, roles, outs, n_ys) for k, region, roles, outs, n_ys in list(loops)
                   for _, name in tuning[1].get(region, [])]
+    facts = recorded_facts(kind, tvm_target, desc, tuning)
+    binding = execution_binding(binding, execution_facts(kind, facts)) if binding is not None else None
     extra = (binding or "") + (f"|loops:{loops!r}" if loops else "") + \
         (f"|tuning:{tuning[0].digest()}:{tuning[1]!r}" if tuning is not None else "")
     key = _cache.cache_key(regions, desc, extra)
-    cdir = (cache_dir or _cache.default_cache_dir()) if use_cache else None
+    cdir = _usable_cache_dir(cache_dir or _cache.default_cache_dir()) if use_cache else None
     loadable = kind == "cpu" or _gpu_present()
     if cdir is not None:
         hit = _cached(cdir, key, binding, loadable, _arch_of(tvm_target) if kind == "cuda" else None)
         if hit is not None:
             stats.cache_hits += 1
             lib, entry = hit
-            return Built(lib, entry.path, True, desc, entry.sha256, entry.size, tuning is not None)
+            return Built(lib, entry.path, True, desc, entry.sha256, entry.size, tuning is not None, facts)
     try:
         if kind == "cuda":
             built = _build_cuda(regions, tvm_target, binding, cdir, key, desc, tuning)
+            built.facts = facts
         else:
             ex = build_executable(regions, target, binding, tvm_target, loops, tuning)
+    except OSError as e:            # the build's own temporary files (CUDA), not the cache: a full $TMPDIR...
+        import tempfile
+        where = e.filename or tempfile.gettempdir()
+        raise CompileError(f"compile: cannot write the build's temporary files in {where} ({e.strerror or e}); "
+                           "$TMPDIR chooses the folder") from e
     except Exception as e:  # noqa: BLE001 - a tuning log is an optimization: never the reason a build fails
         if tuning is None:
             raise
@@ -229,7 +272,7 @@ def build(graph: Graph, target: str = "cpu", cache_dir: str | None = None, use_c
         warnings.warn(f"dyntvm: tuning log {tuning[0].path} not applied: the build with it failed "
                       f"({type(e).__name__}: {str(e).strip().splitlines()[-1][:200]}); using the default kernels",
                       TuningWarning, stacklevel=3)
-        return build(graph, target, cache_dir, use_cache, binding)
+        return build(graph, target, cache_dir, use_cache, graph_binding)
     if tuning is not None:
         tuning[0].warn_unscheduled()
     if kind == "cuda":
@@ -238,12 +281,12 @@ def build(graph: Graph, target: str = "cpu", cache_dir: str | None = None, use_c
     if entry is not None:           # run what a later hit loads: the stored library
         import tvm
         try:
-            return Built(tvm.runtime.load_module(entry.path), entry.path, False, desc, entry.sha256, entry.size,
-                         tuning is not None)
+            return Built(load_library(entry.path), entry.path, False, desc, entry.sha256, entry.size,
+                         tuning is not None, facts)
         except Exception as e:  # noqa: BLE001 - e.g. the file was removed meanwhile: run the executable
             warnings.warn(f"dyntvm compile cache: cannot load {entry.path} just stored ({type(e).__name__}: {e}); "
                           "using the kernels built in memory", _cache.CacheWarning, stacklevel=3)
-    return Built(ex, None, False, desc, tuned=tuning is not None)
+    return Built(ex, None, False, desc, tuned=tuning is not None, facts=facts)
 
 
 def tuning_tasks(graph: Graph, hints: dict, tvm_target) -> tuple[dict, dict, dict]:
@@ -286,6 +329,17 @@ def tuning_tasks(graph: Graph, hints: dict, tvm_target) -> tuple[dict, dict, dic
     return kept, kernels, failed
 
 
+def _usable_cache_dir(cdir: str) -> str | None:
+    """`cdir` (created, mode 0700), or None when it cannot be created or is not this user's own: warned, the
+    build goes on without the cache."""
+    try:
+        return _cache.private_folder(cdir)
+    except OSError as e:
+        warnings.warn(f"dyntvm compile cache: cannot use {cdir} ({type(e).__name__}: {e}); the kernels were "
+                      "built without the cache", _cache.CacheWarning, stacklevel=4)
+        return None
+
+
 def _store(cdir, key, lib, binding):
     """The cache entry `lib` was stored as, or None (no cache; or it cannot be written: a CacheWarning)."""
     if cdir is None:
@@ -324,7 +378,7 @@ def _build_cuda(regions, tvm_target, binding, cdir, key, desc, tuning=None) -> B
         entry = _store(cdir, key, lib, binding)
         if path is None:                                  # built in this process (a GPU host): runnable
             if entry is not None:
-                return Built(tvm.runtime.load_module(entry.path), entry.path, False, desc, entry.sha256, entry.size,
+                return Built(load_library(entry.path), entry.path, False, desc, entry.sha256, entry.size,
                              tuned)
             return Built(lib, None, False, desc, tuned=tuned)
         if entry is not None:
@@ -363,9 +417,37 @@ def _cached(cdir: str, key: str, binding: str | None, loadable: bool = True, arc
             return None
     if not loadable:
         return None, entry
-    import tvm
     try:
-        return tvm.runtime.load_module(entry.path), entry
+        lib = load_library(entry.path)
     except Exception as e:  # noqa: BLE001 - TVM raises many kinds; all mean the entry is unusable
+        _STALE_PATHS.add(entry.path)
         _cache.discard(cdir, key, f"cannot be loaded ({type(e).__name__}: {e})")
         return None
+    if not lib.implements_function("vm_load_executable"):   # a shared library, but not a TVM executable
+        _STALE_PATHS.add(entry.path)
+        _cache.discard(cdir, key, f"{_cache.LIBRARY} is a shared library but not a TVM Relax executable")
+        return None
+    return lib, entry
+
+
+# Cache paths whose library this process loaded and then discarded: dlopen matches a path it loaded before
+# by name and hands back that library, so what is rebuilt at the same path is loaded from a private copy.
+_STALE_PATHS: set = set()
+
+
+def load_library(path: str):
+    """tvm.runtime.load_module(path), from a private copy where the path is in `_STALE_PATHS`."""
+    import os
+    import shutil
+    import tempfile
+
+    import tvm
+    if path not in _STALE_PATHS:
+        return tvm.runtime.load_module(path)
+    fd, private = tempfile.mkstemp(prefix="dyntvm-kernels-", suffix=".so")
+    try:
+        with os.fdopen(fd, "wb") as out, open(path, "rb") as src:
+            shutil.copyfileobj(src, out)
+        return tvm.runtime.load_module(private)
+    finally:
+        os.remove(private)              # the loaded library stays mapped

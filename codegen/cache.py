@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 import warnings
 from typing import NamedTuple
@@ -14,8 +15,9 @@ from typing import NamedTuple
 import numpy as np
 
 from ..ir.serialize import graph_to_dict
+from ..native import export_library
 
-_VERSION_SALT = "dyntvm-cache-2"     # 2: entries have a sidecar; libraries carry a binding
+_VERSION_SALT = "dyntvm-cache-3"     # 3: libraries carry the execution binding; entries are private
 _CODEGEN_DIR = os.path.dirname(os.path.abspath(__file__))
 _code_digest: str | None = None
 
@@ -40,6 +42,7 @@ def codegen_digest() -> str:
 
 
 def default_cache_dir() -> str:
+    """$DYNTVM_CACHE_DIR, else this user's cache folder (platformdirs: ~/.cache/dyntvm on Linux)."""
     env = os.environ.get("DYNTVM_CACHE_DIR")
     if env:
         return env
@@ -47,17 +50,55 @@ def default_cache_dir() -> str:
     return platformdirs.user_cache_dir("dyntvm")
 
 
+class UntrustedCacheError(PermissionError):
+    """A cache folder, entry or file this user must not trust: another user's, writable by others, or a
+    symbolic link. Code loaded from it could have been planted by someone else."""
+
+
+def _uid() -> int | None:
+    return os.getuid() if hasattr(os, "getuid") else None
+
+
+def ownership_problem(st: os.stat_result) -> str | None:
+    """Why a file or folder with stat `st` may hold code planted by another user, or None."""
+    uid = _uid()
+    if uid is None:                      # no POSIX owners (Windows): nothing to check
+        return None
+    if st.st_uid != uid:
+        return f"it is owned by uid {st.st_uid}, not by this user (uid {uid})"
+    if st.st_mode & 0o022:
+        return f"it is writable by other users (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def private_folder(path: str) -> str:
+    """`path`, created (mode 0700) if absent; made private (with a CacheWarning) if it is this user's but others
+    may write to it. Raises UntrustedCacheError when it is not a folder of this user (a symbolic link to one is
+    followed: a user's ~/.cache may be one), OSError when it cannot be created."""
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    st = os.stat(path)
+    if stat.S_ISDIR(st.st_mode) and st.st_uid == _uid() and st.st_mode & 0o022:
+        # this user's own folder, made with umask 002 (or by an older dyntvm): made private again; what others
+        # may have put in it meanwhile is refused entry by entry (`_check`: owner, mode, no links)
+        os.chmod(path, stat.S_IMODE(st.st_mode) & ~0o077)
+        warnings.warn(f"dyntvm compile cache: {path} was writable by other users (mode {stat.S_IMODE(st.st_mode):o}); "
+                      "made private (mode 700)", CacheWarning, stacklevel=2)
+        st = os.stat(path)
+    why = "it is not a folder" if not stat.S_ISDIR(st.st_mode) else ownership_problem(st)
+    if why:
+        raise UntrustedCacheError(f"{path} cannot be trusted: {why}; dyntvm loads native code from it")
+    return path
+
+
 def _uncached_path() -> str:
-    return os.path.join(tempfile.gettempdir(), f"dyntvm-uncached-{os.getuid() if hasattr(os, 'getuid') else 0}")
+    return os.path.join(tempfile.gettempdir(), f"dyntvm-uncached-{_uid() or 0}")
 
 
 def uncached_dir() -> str:
     """A private folder for libraries built with use_cache=False that cannot be loaded in this process
     (CUDA kernels on a machine without a GPU): the compiler reads the file into the model, then removes it
-    (`is_uncached`)."""
-    folder = _uncached_path()
-    os.makedirs(folder, mode=0o700, exist_ok=True)
-    return folder
+    (`is_uncached`). In the shared temp dir, so it is checked: another user may have made it first."""
+    return private_folder(_uncached_path())
 
 
 def is_uncached(path: str) -> bool:
@@ -100,6 +141,9 @@ SIDECAR = "kernels.json"      # {"sha256", "size", "binding"} of LIBRARY
 # folder and renamed into place in one step, so a reader sees no entry or a whole one; a bad one is
 # renamed away before it is deleted. The sidecar is checked against the library's bytes before the
 # library is loaded: a truncated or overwritten library never reaches dlopen.
+# The cache is one user's: the cache folder, each entry folder and its files must be owned by this user
+# and writable by no one else, and no symbolic link is followed inside the cache folder. Anyone who could
+# write there could make this process run their code (a sidecar is no proof: its writer computes it).
 
 
 class CacheWarning(UserWarning):
@@ -108,12 +152,16 @@ class CacheWarning(UserWarning):
 
 def file_digest(path: str) -> tuple[str, int]:
     """(sha256 hex, size in bytes) of a file."""
+    with open(path, "rb") as f:
+        return _digest_of(f)
+
+
+def _digest_of(f) -> tuple[str, int]:
     h = hashlib.sha256()
     size = 0
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-            size += len(chunk)
+    for chunk in iter(lambda: f.read(1 << 20), b""):
+        h.update(chunk)
+        size += len(chunk)
     return h.hexdigest(), size
 
 
@@ -124,21 +172,54 @@ class Entry(NamedTuple):
     size: int
 
 
+class RefusedFile(Exception):
+    """A cache file that must not be used (missing, a link, another user's...); the message says why."""
+
+
+def open_private(path: str, what: str):
+    """`path` opened for reading in binary mode when it is a regular file of this user that no one else may
+    write to, not a symbolic link (O_NOFOLLOW); raises RefusedFile (why) otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
+        raise RefusedFile(f"{what} is missing") from None
+    except OSError as e:
+        if os.path.islink(path):
+            raise RefusedFile(f"{what} is a symbolic link") from None
+        raise RefusedFile(f"{what} cannot be opened ({type(e).__name__}: {e})") from None
+    try:
+        st = os.fstat(fd)
+        why = "it is not a regular file" if not stat.S_ISREG(st.st_mode) else ownership_problem(st)
+        if why:
+            raise RefusedFile(f"{what} is refused: {why}")
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def _check(folder: str, binding: str | None) -> Entry | str:
     """The Entry in `folder` when it is sound, else why it is not. Reads the whole library and
     compares it with the sidecar (mapping a truncated shared object ends the process with SIGBUS)."""
+    st = os.lstat(folder)
+    if stat.S_ISLNK(st.st_mode):
+        return "the entry is a symbolic link (never followed in the cache)"
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{LIBRARY} is missing or not a regular file (the entry is not a folder)"
+    why = ownership_problem(st)
+    if why:
+        return f"the entry folder is refused: {why}"
     lib, side = os.path.join(folder, LIBRARY), os.path.join(folder, SIDECAR)
-    if not os.path.isfile(lib) or os.path.islink(lib):
-        return f"{LIBRARY} is missing or not a regular file"
-    if not os.path.isfile(side):
-        return f"{SIDECAR} is missing"
     try:
-        with open(side) as f:
-            meta = json.load(f)
+        with open_private(side, SIDECAR) as f:
+            meta = json.loads(f.read(1 << 16))
         sha, size, bound = meta["sha256"], meta["size"], meta.get("binding")
+        with open_private(lib, LIBRARY) as f:
+            have_sha, have_size = _digest_of(f)
+    except RefusedFile as e:
+        return str(e)
     except (ValueError, KeyError, TypeError, RecursionError) as e:
         return f"{SIDECAR} is unreadable ({type(e).__name__}: {e})"
-    have_sha, have_size = file_digest(lib)
     if have_size != size:
         return f"{LIBRARY} has {have_size} bytes, {SIDECAR} says {size!r} (truncated?)"
     if have_sha != sha:
@@ -150,11 +231,13 @@ def _check(folder: str, binding: str | None) -> Entry | str:
 
 def lookup(cache_dir: str, key: str, binding: str | None = None) -> Entry | None:
     """The verified entry `key`, or None (a miss). A bad entry (truncated, corrupt, a missing or wrong
-    sidecar, a directory in the library's place...) is a miss too: it is removed with a CacheWarning,
-    and the caller rebuilds. Raises OSError only when the cache folder itself cannot be read."""
+    sidecar, a directory in the library's place, another user's entry or file, a symbolic link...) is a miss
+    too: it is removed with a CacheWarning, and the caller rebuilds. Raises OSError only when the cache folder
+    itself cannot be read, UntrustedCacheError (an OSError) when it is not this user's own."""
     folder = os.path.join(cache_dir, key)
     if not os.path.lexists(folder):
         return None
+    private_folder(cache_dir)            # an entry of a cache folder others may write to is never trusted
     try:
         found = _check(folder, binding)
     except OSError as e:
@@ -200,14 +283,14 @@ def store(cache_dir: str, key: str, executable, binding: str | None = None) -> E
     Library and sidecar are written into a temporary folder that is then renamed to `key`. If another
     process stored the same key meanwhile, its entry is kept when it is sound (else replaced).
     """
-    os.makedirs(cache_dir, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{key}.tmp-", dir=cache_dir)
+    private_folder(cache_dir)
+    tmp = tempfile.mkdtemp(prefix=f".{key}.tmp-", dir=cache_dir)       # mode 0700
     try:
-        os.chmod(tmp, 0o755)        # mkdtemp makes it 0700: other users of a shared cache could not read it
         lib = os.path.join(tmp, LIBRARY)
-        executable.export_library(lib)
+        export_library(executable, lib)       # a full disk: LibraryWriteError, an OSError
+        os.chmod(lib, 0o600)        # whatever the umask: `_check` refuses a file others may write
         sha, size = file_digest(lib)
-        with open(os.path.join(tmp, SIDECAR), "w") as f:
+        with open(os.open(os.path.join(tmp, SIDECAR), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
             json.dump({"sha256": sha, "size": size, "binding": binding}, f)
         folder = os.path.join(cache_dir, key)
         for attempt in (0, 1):

@@ -31,7 +31,7 @@ import tempfile
 
 from dyntvm.errors import CompileError
 
-from ..native import shared_object_problem
+from ..native import export_library, shared_object_problem
 
 DEFAULT_ARCH = "sm_90"                    # $DYNTVM_CUDA_ARCH overrides it (`default_arch`)
 FATBIN_MAGIC = bytes.fromhex("50ed55ba")          # a fatbin's header (fatBinaryHeader.magic, little endian)
@@ -193,8 +193,8 @@ def build_cuda_library(regions: list, target, binding: str | None, build_executa
         tmp = tempfile.mkdtemp(prefix="dyntvm-cuda-")
         try:
             path = os.path.join(tmp, "kernels.so")
-            ex.export_library(path)
-            check_device_code(path, arch)
+            export_library(ex, path)            # a full temp folder: LibraryWriteError (build turns it into a
+            check_device_code(path, arch)       # CompileError), not the end of the process
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         return ex, None, None
@@ -227,8 +227,10 @@ def _build_in_child(regions: list, arch: str, binding: str | None, tuning=None):
         r = _run_child([sys.executable, "-m", "dyntvm.codegen.cuda_child", work], env)
         if r.returncode != 0:
             lines = (r.stderr or r.stdout).strip().splitlines()
-            err = next((ln for ln in reversed(lines) if ln.strip()), f"exit status {r.returncode}")
+            full = next((ln for ln in lines if "No space left" in ln), None)     # nvcc says it, then stops
+            err = full or next((ln for ln in reversed(lines) if ln.strip()), f"exit status {r.returncode}")
             raise CompileError(f"compile: the CUDA build failed: {err.strip()}"
+                               + (f" (the disk of the build folder {work} is full; $TMPDIR chooses it)" if full else "")
                                + ("" if keep else " (DYNTVM_CUDA_DEBUG=1 keeps the build folder)"))
         path = os.path.join(work, "kernels.so")
         check_device_code(path, arch)
@@ -291,22 +293,27 @@ def _driver_symbols() -> list:
 
 
 def stub_dir() -> str:
-    """A folder holding the stub `libcuda.so.1` (built on first use, kept in the compile cache folder or the
-    temp dir). Raises CompileError when no C compiler is available."""
-    from .cache import default_cache_dir
+    """A folder holding the stub `libcuda.so.1` (built on first use, kept in the compile cache folder or this
+    user's private folder in the temp dir). The build child loads it: like a cache entry, it is used only
+    when this user owns it and no one else may write to it (`cache.private_folder`, `cache.open_private`).
+    Raises CompileError when no C compiler is available."""
+    from .cache import RefusedFile, default_cache_dir, open_private, private_folder, uncached_dir
     symbols = _driver_symbols()
     source = "".join(f"int {s}(void) {{ return 999; }}\n" for s in symbols)   # 999: CUDA_ERROR_UNKNOWN
     digest = hashlib.sha256(source.encode()).hexdigest()[:12]
-    for base in (default_cache_dir(), tempfile.gettempdir()):
-        folder = os.path.join(base, f"cuda-stub-{digest}")
-        lib = os.path.join(folder, "libcuda.so.1")
-        if os.path.isfile(lib):
-            if shared_object_problem(lib) is None:
-                return folder
-            with contextlib.suppress(OSError):          # truncated or overwritten: build it again
-                os.remove(lib)
+    refused = []
+    for base in (default_cache_dir, uncached_dir):
         try:
-            os.makedirs(folder, exist_ok=True)
+            folder = private_folder(os.path.join(private_folder(base()), f"cuda-stub-{digest}"))
+            lib = os.path.join(folder, "libcuda.so.1")
+            if os.path.lexists(lib):
+                try:
+                    open_private(lib, lib).close()
+                    if shared_object_problem(lib) is None:
+                        return folder
+                except RefusedFile as e:
+                    refused.append(str(e))
+                os.remove(lib)                              # truncated, overwritten or refused: build it again
             cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
             if cc is None:
                 raise CompileError("compile: a CUDA build on a machine without a GPU needs a C compiler (cc or gcc) "
@@ -321,10 +328,13 @@ def stub_dir() -> str:
                 if r.returncode != 0:
                     why = (r.stderr or r.stdout).strip() or f"{cc} exited with status {r.returncode}"
                     raise CompileError(f"compile: building the stub CUDA driver library with {cc} failed: {why}")
+                os.chmod(os.path.join(tmp, "libcuda.so.1"), 0o700)
                 os.replace(os.path.join(tmp, "libcuda.so.1"), lib)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
             return folder
-        except OSError:
+        except OSError as e:
+            refused.append(str(e))
             continue
-    raise CompileError("compile: no writable folder for the stub CUDA driver library (cache dir and temp dir)")
+    raise CompileError("compile: no usable folder for the stub CUDA driver library (the cache folder and a private "
+                       f"folder in the temp dir): {'; '.join(refused)}")

@@ -88,17 +88,13 @@ def compile(fn_or_graph, *specs, target: str = "cpu", selector=None, cache_dir: 
     vm = virtual_machine(built.lib, kind) if built and built.lib is not None else None
     info = {"compile_time_s": round(time.perf_counter() - t0, 3),
             "cache": "hit" if built and built.cached else "miss"}
-    if tuning is not None and built is not None and built.tuned:
-        log, table = tuning
-        info["tuning"] = {"log": os.path.abspath(log.path), "kernels_tuned": len(set(log.winners()) - log.unscheduled),
-                          "specialized": {r: [[combo, name] for combo, name in specs] for r, specs in table.items()}}
-    if built:
-        info["built_for"] = built.target_desc      # recorded in artifacts: the CPU the kernels target
-        if kind == "cpu":                          # dt.load refuses a CPU lacking one of these
-            from .native import cpu_features
-            info["cpu_features"] = sorted(cpu_features())
-    if kind == "cuda" and built:
-        info["cuda_arch"] = _arch_of(built.target_desc)
+    if built:       # built_for, cpu_features / cuda_arch, tuning.specialized: the library is bound to them
+        facts = dict(built.facts)
+        if "tuning" in facts:
+            log = tuning[0]
+            facts["tuning"] = {"log": os.path.abspath(log.path),
+                               "kernels_tuned": len(set(log.winners()) - log.unscheduled), **facts["tuning"]}
+        info.update(facts)
     model = CompiledModel(pg, vm, kind, built.lib if built else None, info)
     model.lib_path = built.path if built else None
     model.lib_sha256 = built.sha256 if built else None
@@ -289,14 +285,6 @@ def _check_hints(hints, symbols: list) -> dict:
             raise CompileError(f"tune: shape_hints[{k!r}] must be sizes >= 1 (an int or a list of ints), got {v!r}")
         out[k] = sorted({int(x) for x in vals})
     return out
-
-
-def _arch_of(desc: str) -> str | None:
-    import json
-    try:
-        return json.loads(desc).get("arch")
-    except (ValueError, AttributeError):
-        return None
 
 
 def hybridize(fn, target: str = "cpu", dynamic=(), selector=None, cache_dir=None):

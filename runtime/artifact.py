@@ -18,7 +18,6 @@ import hashlib
 import json
 import os
 import re
-import secrets
 import shutil
 import tarfile
 import tempfile
@@ -34,8 +33,11 @@ except ImportError:          # a Python built without lzma cannot open .tar.xz e
 from dyntvm.errors import ArtifactError, GraphError
 
 from ..ir.serialize import graph_from_json, graph_to_json
+from ..native import LibraryWriteError, export_library
+from .staging import NEW, OLD, held, new_token, remove_stale, sibling
 
-FORMAT_VERSION = 2        # 2: file sizes and the kernel binding in the manifest
+FORMAT_VERSION = 3        # 2: file sizes and the kernel binding in the manifest; 3: the library binding covers
+                          # the manifest's execution facts (`dyntvm.native.execution_binding`)
 KERNELS = "kernels.so"
 LISTED = ("graph.json", "params.npz", KERNELS)          # what manifest.json may list under "files"
 ARTIFACT_FILES = ("manifest.json",) + LISTED             # all an artifact folder or tar may hold
@@ -189,12 +191,6 @@ def check_destination(path: str) -> None:
                                 f"artifact (it holds {shown}); {hint}")
 
 
-def _sibling(path: str, tag: str) -> str:
-    """A fresh name next to `path` (same file system, so renames are atomic)."""
-    parent, base = os.path.split(os.path.abspath(path))
-    return os.path.join(parent, f".{base}.{tag}-{os.getpid()}-{secrets.token_hex(4)}")
-
-
 def _write_files(model, folder: str) -> list:
     """graph.json, params.npz, kernels.so and manifest.json of `model` into `folder`."""
     text, params = graph_to_json(model.graph)
@@ -219,7 +215,7 @@ def _write_files(model, folder: str) -> list:
                 raise ArtifactError(f"the model's kernel library {src} cannot be read ({e.strerror or e}); "
                                     "compile the model again") from None
         else:
-            model.lib.export_library(dst)
+            export_library(model.lib, dst)          # a full disk: an OSError, not the end of the process
         files.append(KERNELS)
         digests[KERNELS] = _sha256(dst)
         want = getattr(model, "lib_sha256", None)
@@ -242,7 +238,7 @@ def save(model, path: str) -> None:
 
     Refuses (ArtifactError) to write over anything but an empty folder or an existing artifact. The
     artifact is written next to `path` first and then renamed into place, so a failed save leaves
-    what was there before.
+    what was there before; what a killed save left there is removed (`staging.remove_stale`).
     """
     check_destination(path)
     path = os.fspath(path)
@@ -251,9 +247,22 @@ def save(model, path: str) -> None:
         path = os.path.realpath(path)
     parent = os.path.dirname(os.path.abspath(path))
     os.makedirs(parent, exist_ok=True)
-    staging = _sibling(path, "dyntvm-new")
-    os.mkdir(staging)
+    remove_stale(path)
+    token = new_token()
+    staging = sibling(path, NEW, token)
     try:
+        os.mkdir(staging)
+        _save_into(model, staging, path, token, as_tar)
+    except OSError as e:                # a full disk, a read-only folder...: nothing is left behind
+        raise ArtifactError(f"{path}: cannot write the artifact in {parent}: {e.strerror or e}"
+                            + (f" ({e})" if isinstance(e, LibraryWriteError) else "")) from e
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _save_into(model, staging: str, path: str, token: str, as_tar: bool) -> None:
+    """Write the artifact files into `staging`, then move them to `path` (a tar, or the folder itself)."""
+    with held(staging):
         files = _write_files(model, staging)
         if as_tar:
             tmp_tar = staging + ".tar"
@@ -266,24 +275,23 @@ def save(model, path: str) -> None:
                 with contextlib.suppress(OSError):
                     os.remove(tmp_tar)
         else:
-            _swap_in(staging, path)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+            _swap_in(staging, path, token)
 
 
-def _swap_in(staging: str, path: str) -> None:
+def _swap_in(staging: str, path: str, token: str) -> None:
     """Move the folder `staging` to `path` (absent, an empty folder, or an old artifact)."""
     if not os.path.lexists(path) or not os.listdir(path):
         os.replace(staging, path)           # rename(2) replaces an empty folder atomically
         return
-    old = _sibling(path, "dyntvm-old")
-    os.rename(path, old)
-    try:
-        os.rename(staging, path)
-    except BaseException:
-        os.rename(old, path)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
+    old = sibling(path, OLD, token)
+    with held(path):                        # the old artifact's folder, renamed to `old` below
+        os.rename(path, old)
+        try:
+            os.rename(staging, path)
+        except BaseException:
+            os.rename(old, path)
+            raise
+        shutil.rmtree(old, ignore_errors=True)
 
 
 # ------------------------------------------------------------------------------------------- reading
@@ -358,7 +366,11 @@ def _extract(path: str) -> str:
     artifact files are accepted (no links, devices, folders or paths), each listed in the manifest
     with its size, so no more than the manifest's sizes (capped by `max_artifact_bytes`) is written.
     """
-    folder = tempfile.mkdtemp(prefix="dyntvm-load-")
+    try:
+        folder = tempfile.mkdtemp(prefix="dyntvm-load-")
+    except OSError as e:
+        raise ArtifactError(f"{path}: cannot extract the artifact tar into the temp folder {tempfile.gettempdir()} "
+                            f"({e.strerror or e}; $TMPDIR chooses where)") from e
     try:
         _extract_into(path, folder)
     except BaseException:
@@ -422,13 +434,25 @@ def _copy_member(tar: tarfile.TarFile, m: tarfile.TarInfo, dst: str) -> None:
     """Write member `m` (a checked regular file) to `dst`: at most m.size bytes, a new file."""
     src = tar.extractfile(m)
     left = m.size
-    with open(dst, "xb") as out:
+    try:
+        out = open(dst, "xb")
+    except OSError as e:
+        raise _extract_failed(dst, e) from e
+    with out:
         while left > 0:
             chunk = src.read(min(left, 1 << 20))
             if not chunk:
                 raise ArtifactError(f"{dst}: the tar ends inside {m.name}")
-            out.write(chunk)
+            try:
+                out.write(chunk)
+            except OSError as e:
+                raise _extract_failed(dst, e) from e
             left -= len(chunk)
+
+
+def _extract_failed(dst: str, e: OSError) -> ArtifactError:
+    return ArtifactError(f"cannot extract the artifact tar into the temp folder {os.path.dirname(dst)} "
+                         f"({e.strerror or e}; $TMPDIR chooses where)")
 
 
 @contextlib.contextmanager

@@ -12,9 +12,10 @@ import tempfile
 
 from dyntvm.errors import ArtifactError
 
-from ..native import shared_object_problem
+from ..native import execution_binding, execution_facts, shared_object_problem
 from .artifact import BINDING_FUNCTION, KERNELS, folder_of, read_folder
 from .model import CompiledModel, virtual_machine
+from .staging import remove_stale
 
 
 def load(path: str, device: str | None = None) -> CompiledModel:
@@ -31,6 +32,8 @@ def load(path: str, device: str | None = None) -> CompiledModel:
         >>> model = dt.load("lstm.dtvm")
         >>> hs, h = model(xs, h0, c0)
     """
+    if isinstance(path, (str, os.PathLike)):
+        remove_stale(path)               # what a killed `model.save` of this path left next to it
     with folder_of(path) as folder:
         return _load_folder(folder, path, device)
 
@@ -62,10 +65,8 @@ def _load_folder(folder: str, label: str, device) -> CompiledModel:
             raise ArtifactError(f"{label}: {KERNELS} does not match its sha256 in manifest.json (edited or corrupt)")
         # loaded from a private copy: dlopen hands back the library already loaded from the same path,
         # so an artifact saved again in place would otherwise run the kernels it had before
-        fd, private = tempfile.mkstemp(prefix="dyntvm-kernels-", suffix=".so")
+        private = _private_copy(blob, label)
         try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(blob)
             check_shared_object(private, label)
             try:
                 lib = tvm.runtime.load_module(private)
@@ -76,10 +77,12 @@ def _load_folder(folder: str, label: str, device) -> CompiledModel:
             with contextlib.suppress(OSError):
                 os.remove(private)                 # the loaded library stays mapped
         got = library_binding(vm)
-        if got != manifest["binding"]:
-            raise ArtifactError(f"{label}: {KERNELS} was not built for this graph.json + params.npz "
+        if got != execution_binding(manifest["binding"], execution_facts(target, info)):
+            raise ArtifactError(f"{label}: {KERNELS} was not built for this graph.json + params.npz + manifest.json "
                                 f"({'it carries no binding' if got is None else 'its binding differs'}: another "
-                                "model's kernels, or files edited after compiling); recompile the model")
+                                "model's kernels, or files edited after compiling: the graph, the weights, or "
+                                "manifest.json's target, info.built_for, info.cpu_features, info.cuda_arch or "
+                                "info.tuning.specialized); recompile the model")
     if vm is None and any(n.op == "region" for n in graph.walk()):
         raise ArtifactError(f"{label}: graph has compiled regions but {KERNELS} is not listed")
     try:
@@ -91,6 +94,24 @@ def _load_folder(folder: str, label: str, device) -> CompiledModel:
     if lib is not None:
         model.lib_bytes = blob
     return model
+
+
+def _private_copy(blob: bytes, label: str) -> str:
+    """A new file in the temp folder holding `blob`; ArtifactError naming the folder when it cannot be written
+    (a full disk), with nothing left behind."""
+    try:
+        fd, private = tempfile.mkstemp(prefix="dyntvm-kernels-", suffix=".so")
+    except OSError as e:
+        raise ArtifactError(f"{label}: cannot copy {KERNELS} into the temp folder {tempfile.gettempdir()} to load it "
+                            f"({e.strerror or e}; $TMPDIR chooses where)") from e
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(blob)
+    except OSError as e:
+        os.remove(private)
+        raise ArtifactError(f"{label}: cannot copy {KERNELS} into the temp folder {os.path.dirname(private)} to load "
+                            f"it ({e.strerror or e}; $TMPDIR chooses where)") from e
+    return private
 
 
 def ensure_cuda_runtime() -> str | None:
@@ -126,10 +147,12 @@ def check_gpu_arch(arch, label: str) -> None:
 
 
 def check_cpu_features(built_with, label: str) -> None:
-    """Kernels built for one CPU use its vector instructions (AVX-512 on this project's machine): refuse a
-    CPU that lacks one of them (it would die of an illegal instruction)."""
-    if not isinstance(built_with, list):
-        return
+    """Kernels built for one CPU use its ISA extensions (AVX-512, BMI2... `native.ISA_FEATURES`): refuse a CPU
+    that lacks one of them (it would die of an illegal instruction). Runs before the library is loaded, so
+    the list must be there (that it was not edited is checked after loading, by the library's binding)."""
+    if not isinstance(built_with, list) or not all(isinstance(f, str) for f in built_with):
+        raise ArtifactError(f"{label}: manifest.json is corrupt: info.cpu_features (the CPU features its kernels "
+                            f"use) must be a list of feature names, got {built_with!r}")
     from ..native import cpu_features
     here = cpu_features()
     missing = sorted(set(built_with) - here) if here else []

@@ -133,7 +133,7 @@ def test_manifest_contents(compiled):
     model, folder, _ = compiled["tiny"]
     with open(os.path.join(folder, "manifest.json")) as f:
         manifest = json.load(f)
-    assert manifest["format_version"] == 2 and manifest["target"] == "cpu"
+    assert manifest["format_version"] == 3 and manifest["target"] == "cpu"
     assert manifest["tvm"] and manifest["dyntvm"] == dt.__version__
     assert manifest["signature"]["inputs"] == [{"name": "x", "shape": ["N", 8], "dtype": "float32"}]
     assert set(manifest["files"]) == {"graph.json", "params.npz", "kernels.so"}
@@ -253,7 +253,7 @@ def test_pickled_params_refused(art):
 
 def test_newer_format_version(art):
     edit_manifest(art, format_version=99)
-    with pytest.raises(dt.ArtifactError, match=r"artifact format version 99 is newer than this dyntvm supports \(2\); "
+    with pytest.raises(dt.ArtifactError, match=r"artifact format version 99 is newer than this dyntvm supports \(3\); "
                                                r"upgrade dyntvm"):
         dt.load(art)
 
@@ -325,7 +325,7 @@ def test_other_models_kernels_are_refused(art, other_art):
     shutil.copyfile(os.path.join(other_art, "kernels.so"), os.path.join(art, "kernels.so"))
     rehash(art, "kernels.so")                      # hashes re-fixed: only the binding can tell
     with pytest.raises(dt.ArtifactError, match=r"copy\.dtvm: kernels\.so was not built for this graph\.json \+ "
-                                               r"params\.npz \(its binding differs"):
+                                               r"params\.npz \+ manifest\.json \(its binding differs"):
         dt.load(art)
 
 
@@ -374,6 +374,7 @@ def test_library_without_binding_is_refused(compiled, art):
     ex.export_library(os.path.join(art, "kernels.so"))
     rehash(art, "kernels.so")
     with pytest.raises(dt.ArtifactError, match=r"kernels\.so was not built for this graph\.json \+ params\.npz "
+                                               r"\+ manifest\.json "
                                                r"\(it carries no binding"):
         dt.load(art)
 
@@ -383,9 +384,82 @@ def test_library_binding_matches(compiled):
     from dyntvm.runtime.artifact import BINDING_FUNCTION as runtime_name
     from dyntvm.runtime.load import library_binding
     assert codegen_name == runtime_name
+    from dyntvm.native import execution_binding, execution_facts
     model = compiled["tiny"][0]
-    assert library_binding(model.vm) == kernel_binding(model.graph)
-    assert library_binding(dt.load(compiled["tiny"][2]).vm) == kernel_binding(model.graph)
+    want = execution_binding(kernel_binding(model.graph), execution_facts("cpu", model.info))
+    assert library_binding(model.vm) == want
+    assert library_binding(dt.load(compiled["tiny"][2]).vm) == want
+
+
+def _edit_info(info: dict, path: str, value):
+    """Set (value not None) or delete the dotted `path` in manifest info."""
+    *outer, last = path.split(".")
+    for k in outer:
+        info = info.setdefault(k, {})
+    if value is None:
+        del info[last]
+    else:
+        info[last] = value(info.get(last)) if callable(value) else value
+
+
+BOUND = r"kernels\.so was not built for this graph\.json \+ params\.npz \+ manifest\.json \(its binding differs"
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("cpu_features", lambda old: old[:-1], BOUND),                 # the CPU check would miss a feature
+    ("cpu_features", lambda old: [], BOUND),
+    ("cpu_features", None, r"info\.cpu_features \(the CPU features its kernels use\) must be a list"),
+    ("cpu_features", "avx2", r"info\.cpu_features \(the CPU features its kernels use\) must be a list"),
+    ("built_for", "llvm -mcpu=x86-64", BOUND),
+    ("tuning.specialized", {"tiny_r0": [[{"N": 3}, "tiny_r0"]]}, BOUND),   # calls would be routed elsewhere
+    ("cuda_arch", "sm_80", BOUND),
+])
+def test_manifest_execution_fields_are_bound(compiled, art, field, value, message):
+    """Found by the hostile review (issue 21): manifest.json's info fields that decide how the kernels run
+    were covered by no digest. Each edit is refused; the library's binding covers them."""
+    assert compiled["tiny"][0].info["cpu_features"]            # this CPU has some: dropping one is an edit
+    with open(os.path.join(art, "manifest.json")) as f:
+        manifest = json.load(f)
+    _edit_info(manifest["info"], field, value)
+    with open(os.path.join(art, "manifest.json"), "w") as f:
+        json.dump(manifest, f)
+    with pytest.raises(dt.ArtifactError, match=message):
+        dt.load(art)
+
+
+def test_cpu_features_include_scalar_isa_extensions(compiled):
+    """Found by the hostile review: LLVM emits BMI1 / BMI2 for -mcpu=<this CPU> (every kernel library built
+    here uses them), but only vector features were recorded, so dt.load let a CPU without them run the kernels.
+    What is recorded is what LLVM enables for the target and this CPU has (feature names, never a CPU model)."""
+    import tvm.target.codegen
+
+    from dyntvm.codegen.build import concrete_target
+    from dyntvm.native import ISA_FEATURES, cpu_features
+    recorded = set(compiled["tiny"][0].info["cpu_features"])
+    llvm = {str(f) for f in tvm.target.codegen.llvm_get_cpu_features(concrete_target("cpu"))}
+    assert recorded == {f for f in cpu_features() if ISA_FEATURES[f] in llvm}
+    assert {"bmi1", "bmi2"} & cpu_features() <= recorded
+
+
+def test_a_cpu_without_bmi2_is_refused(tmp_path, monkeypatch):
+    from dyntvm import native
+    from dyntvm.runtime.load import check_cpu_features
+    with open("/proc/cpuinfo") as f:
+        flags = next(line for line in f if line.startswith("flags")).split(":", 1)[1].split()
+    (tmp_path / "cpuinfo").write_text("flags\t: " + " ".join(f for f in flags if f != "bmi2") + "\n")
+    monkeypatch.setattr(native, "CPUINFO", str(tmp_path / "cpuinfo"))
+    with pytest.raises(dt.ArtifactError, match=r"its kernels use CPU instructions this CPU lacks \(bmi2\)"):
+        check_cpu_features(["avx2", "bmi1", "bmi2"], "m.dtvm")
+
+
+def test_manifest_informative_fields_are_free(art):
+    """Fields that change nothing at run time (compile time, cache hit or miss) may differ."""
+    with open(os.path.join(art, "manifest.json")) as f:
+        manifest = json.load(f)
+    manifest["info"].update(compile_time_s=123.0, cache="hit")
+    with open(os.path.join(art, "manifest.json"), "w") as f:
+        json.dump(manifest, f)
+    assert dt.load(art).info["compile_time_s"] == 123.0
 
 
 @pytest.mark.parametrize("field, value, message", [
@@ -418,7 +492,7 @@ def test_manifest_files_outside_the_artifact(art, files):
     ({"format_version": 0}, r"format_version must be a positive integer"),
     ({"format_version": 1.5}, r"format_version must be a positive integer"),
     ({"format_version": "2"}, r"format_version must be a positive integer, got '2'"),
-    ({"format_version": 1}, r"artifact format version 1 is older than this dyntvm reads \(2\); recompile"),
+    ({"format_version": 1}, r"artifact format version 1 is older than this dyntvm reads \(3\); recompile"),
     ({"target": "tpu"}, r"target must be \"cpu\" or \"cuda\", got 'tpu'"),
     ({"files": ["graph.json"]}, r"files and sizes must be JSON objects"),
     ({"sizes": {"graph.json": 1}}, r"the size of params\.npz is not a byte count"),
@@ -731,7 +805,7 @@ def test_failed_save_keeps_the_old_artifact(compiled, tmp_path, monkeypatch):
             raise OSError("disk full")
         with monkeypatch.context() as m:
             m.setattr(np, "savez", boom)
-            with pytest.raises(OSError, match="disk full"):
+            with pytest.raises(dt.ArtifactError, match=f"cannot write the artifact in {tmp_path}: disk full"):
                 free.save(str(out))
         assert (folder_state(out) if out.is_dir() else out.read_bytes()) == before
     assert sorted(os.listdir(tmp_path)) == ["m.dtvm", "m.tar"]

@@ -107,7 +107,7 @@ def flipped(path):
 
 
 @pytest.mark.parametrize("corrupt, why", [(empty, "has 0 bytes"), (garbage, "bytes, kernels.json says"),
-                                          (folder, "kernels.so is missing or not a regular file"),
+                                          (folder, "kernels.so is refused: it is not a regular file"),
                                           (flipped, "does not match its sha256")])
 def test_bad_library_is_rebuilt(cache, corrupt, why):
     corrupt(os.path.join(entry(cache), LIBRARY))
@@ -243,13 +243,18 @@ def test_store_is_one_rename(tmp_path):
     assert os.listdir(d) == []                                           # both removed, nothing left over
 
 
-def test_entries_are_readable_by_other_users_of_a_shared_cache(tmp_path):
-    """Found by the hostile review: entries were created 0700 (mkdtemp), so another user of a shared cache
-    folder saw each one as bad."""
+def test_entries_are_private(tmp_path):
+    """The cache is one user's (test_cache_trust.py): entries are 0700 folders of 0600 files, whatever the umask."""
     from dyntvm.codegen import cache as c
-    entry_ = c.store(str(tmp_path), "k", FakeExecutable(b"A" * 10), "b1")
-    mode = os.stat(os.path.dirname(entry_.path)).st_mode & 0o777
-    assert mode & 0o055 == 0o055, oct(mode)
+    old = os.umask(0)
+    try:
+        entry_ = c.store(str(tmp_path / "cache"), "k", FakeExecutable(b"A" * 10), "b1")
+    finally:
+        os.umask(old)
+    folder = os.path.dirname(entry_.path)
+    assert [os.stat(p).st_mode & 0o777 for p in (os.path.dirname(folder), folder)] == [0o700, 0o700]
+    assert {os.stat(os.path.join(folder, f)).st_mode & 0o777 for f in os.listdir(folder)} == {0o600}
+    assert c.lookup(str(tmp_path / "cache"), "k", "b1") == entry_
 
 
 def test_an_entry_that_cannot_be_removed_says_so(tmp_path, monkeypatch):

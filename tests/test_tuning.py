@@ -100,6 +100,23 @@ def test_the_dispatch_survives_save_and_load(log, tmp_path):
     assert loaded.specialized_calls == 1
 
 
+def test_an_edited_specialization_in_an_artifact_is_refused(log, tmp_path):
+    """Found by the hostile review (issue 21): manifest.json's info.tuning.specialized was covered by no digest,
+    so routing another size to a specialization (bound to N=16) loaded and computed wrong results. The
+    library's binding covers it now."""
+    model = dt.compile(affine, SPEC, tuning_log=log, use_cache=False)
+    art = str(tmp_path / "m.dtvm")
+    model.save(art)
+    with open(os.path.join(art, "manifest.json")) as f:
+        manifest = json.load(f)
+    assert manifest["info"]["tuning"]["specialized"] == {"affine_r0": [[{"N": 16}, "affine_r0__at_N16"]]}
+    manifest["info"]["tuning"]["specialized"]["affine_r0"][0][0] = {"N": 15}
+    with open(os.path.join(art, "manifest.json"), "w") as f:
+        json.dump(manifest, f)
+    with pytest.raises(dt.ArtifactError, match=r"info\.tuning\.specialized\); recompile the model"):
+        dt.load(art)
+
+
 def test_a_shipped_log_for_the_model_is_picked_up(log, tmp_path, monkeypatch):
     """A log under $DYNTVM_TUNING_LOGS/<model>/<target key>/ (the shipped `tuning_logs/`) applies without
     `tuning_log=`, and says so in the model's summary; another model's compile ignores it silently."""
