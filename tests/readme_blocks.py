@@ -14,6 +14,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from dataclasses import asdict, dataclass
 
 DIRECTIVE = re.compile(r"<!--\s*readme-test:\s*(\w+)\s*(.*?)\s*-->")
@@ -62,8 +63,9 @@ def parse_blocks(path: str, name: str | None = None) -> list[Block]:
 def run_blocks(blocks: list[dict]) -> None:
     """Run the blocks in the current folder; stop at the first failure, naming its file and line."""
     namespace: dict = {"__name__": "__main__"}
+    sys.path.insert(0, os.getcwd())          # as in an interactive session: files the reader saved import
     for b in map(lambda d: Block(**d), blocks):
-        where = f"{b.path}:{b.line}"
+        where, start = f"{b.path}:{b.line}", time.perf_counter()
         print(f"--- {where} ({b.lang}{', saved as ' + b.save_as if b.save_as else ''})", flush=True)
         if b.save_as:
             with open(b.save_as, "w") as f:
@@ -74,7 +76,7 @@ def run_blocks(blocks: list[dict]) -> None:
             r = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", b.code])
             if r.returncode:
                 sys.exit(f"{where}: the bash block exited with {r.returncode}")
-        sys.stdout.flush()
+        print(f"--- {where} done in {time.perf_counter() - start:.1f} s", flush=True)
 
 
 def block_dicts(blocks: list[Block]) -> list[dict]:
