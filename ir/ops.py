@@ -9,7 +9,7 @@ every stage loops over `ops_in(group)`.
 
 Type rules take the input `TensorType`s and the node's attrs and return the output types; they raise
 `ShapeError` with a plain message, which the frontend turns into a `TraceError` naming the API and the
-user's source line. How to add an op: see the README section "Adding an op".
+user's source line. How to add an op: docs/contributing.md, "Adding an op".
 """
 from __future__ import annotations
 

@@ -139,3 +139,18 @@ def test_transformer_mask_and_sizes(traced):
     np.testing.assert_allclose(y2[0, :4], y[0, :4], rtol=1e-5, atol=1e-5)
     assert not np.allclose(y2[0, 4:], y[0, 4:])
     np.testing.assert_allclose(y.mean(axis=-1), 0, atol=1e-4)   # ends in a layer norm
+
+
+@pytest.mark.parametrize("name,i", CASES)
+def test_plain_numpy_version_matches(name, i):
+    """examples/plain_numpy.py (the baseline of `dyntvm demo` and bench_peers' numpy peer) computes the example."""
+    from dyntvm.examples.plain_numpy import BY_EXAMPLE
+    ex = examples.get(name)
+    inputs = ex.make_inputs(np.random.default_rng(i), **ex.test_sizes[i])
+    e_leaves, _ = tree_flatten(ex.fn(*inputs))
+    n_leaves, _ = tree_flatten(BY_EXAMPLE[name](*inputs))
+    assert len(e_leaves) == len(n_leaves)
+    for a, b in zip(e_leaves, n_leaves):
+        a, b = np.asarray(a), np.asarray(b)
+        assert a.dtype == b.dtype and a.shape == b.shape, (name, a.dtype, a.shape, b.dtype, b.shape)
+        np.testing.assert_allclose(b, a, rtol=1e-3, atol=1e-4)

@@ -11,7 +11,7 @@ is dropped; one onnxruntime runs and dyntvm fails on is a failure. Inputs the im
 Reshape target, Slice bounds, a TopK k: the smallest such set, found by retrying the import) keep their stored
 values, and their dims stay fixed; where the symbolic rewrite does not import, the dims stay fixed and only
 the values vary. Each family must compare a few variants at a size other than the stored one, so the test
-cannot pass vacuously; the counts are printed (`pytest -s`) and recorded in README.md.
+cannot pass vacuously; the counts are printed (`pytest -s`) and recorded in docs/onnx.md.
 """
 import itertools
 import warnings

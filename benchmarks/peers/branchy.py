@@ -11,29 +11,12 @@ from __future__ import annotations
 import numpy as np
 
 from dyntvm.examples import branchy as ex
+from dyntvm.examples.plain_numpy import numpy_branchy
 
 from . import Workload
 from .common import (OnnxGraph, onnx_model, standard_builders)
 
 D, H = ex.D, ex.H
-
-
-def _sigmoid(x):
-    return 1.0 / (1.0 + np.exp(-x))
-
-
-def numpy_branchy(x):
-    h = np.stack([np.maximum(row @ ex.W_pos, 0) if row.sum() > 0 else np.tanh(row @ ex.W_neg) for row in x])
-    m = x.mean()
-    if m > 0.5:
-        y = np.maximum(h @ ex.W_wide + ex.b_wide, 0)
-    elif m < -0.5:
-        y = np.tanh(h @ ex.W_narrow)
-    elif np.abs(h).max() > 1.0:
-        y = _sigmoid(h @ ex.W_mid)
-    else:
-        y = h @ ex.W_small
-    return y, y.sum(axis=1)
 
 
 def torch_branchy(inputs):

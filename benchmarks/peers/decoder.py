@@ -9,38 +9,12 @@ from __future__ import annotations
 import numpy as np
 
 from dyntvm.examples import decoder as ex
+from dyntvm.examples.plain_numpy import numpy_decoder
 
 from . import Workload
 from .common import (OnnxGraph, onnx_model, standard_builders)
 
 V, EMB, H, END, BOS = ex.VOCAB, ex.EMBED, ex.HIDDEN, ex.END, ex.BOS
-
-
-def _sigmoid(x):
-    return 1.0 / (1.0 + np.exp(-x))
-
-
-def numpy_decoder(prompt, max_steps):
-    def gru(tok, h):
-        xr, xz, xn = np.split(ex.E[tok][None] @ ex.Wx + ex.bx, 3, axis=-1)
-        hr, hz, hn = np.split(h @ ex.Wh + ex.bh, 3, axis=-1)
-        r, z = _sigmoid(xr + hr), _sigmoid(xz + hz)
-        n = np.tanh(xn + r * hn)
-        return (1.0 - z) * n + z * h
-
-    h, last = np.zeros((1, H), np.float32), BOS
-    for tok in prompt:
-        h, last = gru(tok, h), int(tok)
-    tokens, all_logits = list(prompt), []
-    for _ in range(int(max_steps)):
-        if last == END:
-            break
-        h = gru(last, h)
-        logits = (h @ ex.Wout).reshape(V) + ex.bout + np.float32(len(tokens)) * ex.END_ONEHOT
-        last = int(np.argmax(logits))
-        tokens.append(last)
-        all_logits.append(logits)
-    return np.array(tokens, np.int64), np.array(all_logits, np.float32).reshape(-1, V)
 
 
 def torch_decoder(inputs):

@@ -9,25 +9,12 @@ from __future__ import annotations
 import numpy as np
 
 from dyntvm.examples import detection as ex
+from dyntvm.examples.plain_numpy import numpy_detection
 
 from . import Workload
 from .common import (OnnxGraph, onnx_model, standard_builders)
 
 C, TOP = ex.CLASSES, ex.TOP
-
-
-def numpy_detection(scores, boxes):
-    best = scores.max(axis=1)
-    keep = best > ex.THRESHOLD
-    boxes, scores, best = boxes[keep], scores[keep], best[keep]
-    kept_index = np.nonzero(keep)[0]
-    feats = np.concatenate([scores, boxes], axis=1)
-    boxes = boxes + np.maximum(feats @ ex.W1 + ex.b1, 0) @ ex.W2 + ex.b2
-    x1, y1, x2, y2 = boxes.T
-    areas = np.maximum(x2 - x1, 0) * np.maximum(y2 - y1, 0)
-    classes = scores.argmax(axis=1)
-    top_index = np.argsort(-best, kind="stable")[:min(len(best), TOP)]
-    return boxes, best, classes, areas, kept_index, best[top_index], top_index
 
 
 def torch_detection(inputs):

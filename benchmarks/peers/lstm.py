@@ -7,27 +7,13 @@ from __future__ import annotations
 import numpy as np
 
 from dyntvm.examples import lstm as ex
+from dyntvm.examples.plain_numpy import numpy_lstm
 
 from . import Workload
 from .common import (OnnxGraph, onnx_model, ort_builder, standard_builders, torch_builder)
 
 IN, H = ex.INPUT, ex.HIDDEN
 W, U, b = ex.W, ex.U, ex.b                    # gates i, f, g, o along the 4H axis
-
-
-def _sigmoid(x):
-    return 1.0 / (1.0 + np.exp(-x))
-
-
-def numpy_lstm(xs, h0, c0):
-    h, c = h0, c0
-    hs = np.empty((xs.shape[0],) + h0.shape, np.float32)
-    for t in range(xs.shape[0]):
-        i, f, g, o = np.split(xs[t] @ W + h @ U + b, 4, axis=-1)
-        c = _sigmoid(f) * c + _sigmoid(i) * np.tanh(g)
-        h = _sigmoid(o) * np.tanh(c)
-        hs[t] = h
-    return hs, h
 
 
 def torch_loop(inputs):

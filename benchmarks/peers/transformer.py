@@ -8,38 +8,12 @@ from __future__ import annotations
 import numpy as np
 
 from dyntvm.examples import transformer as ex
+from dyntvm.examples.plain_numpy import numpy_encoder_layer
 
 from . import Workload
 from .common import (OnnxGraph, onnx_model, standard_builders)
 
 D, NH, DH, FF = ex.D_MODEL, ex.HEADS, ex.D_HEAD, ex.D_FF
-
-
-try:                                   # numpy has no erf; a numpy user takes scipy's (installed with xgboost)
-    from scipy.special import erf as _erf
-except ImportError:                    # pragma: no cover
-    import math
-    _erf = np.vectorize(math.erf, otypes=[np.float32])
-
-
-def _layer_norm(x, g, b, eps=1e-5):
-    mean = x.mean(axis=-1, keepdims=True)
-    var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
-    return (x - mean) / np.sqrt(var + np.float32(eps)) * g + b
-
-
-def numpy_encoder_layer(x, mask):
-    B, S, _ = x.shape
-    heads = lambda t: t.reshape(B, S, NH, DH).transpose(0, 2, 1, 3)
-    q, k, v = (heads(t) for t in np.split(x @ ex.W_qkv + ex.b_qkv, 3, axis=-1))
-    scores = q @ k.transpose(0, 1, 3, 2) * np.float32(DH ** -0.5) + mask[:, None, None, :]
-    scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
-    attn = (scores / scores.sum(axis=-1, keepdims=True)) @ v
-    attn = attn.transpose(0, 2, 1, 3).reshape(B, S, D)
-    x = _layer_norm(x + attn @ ex.W_o + ex.b_o, ex.ln1_g, ex.ln1_b)
-    pre = x @ ex.W_1 + ex.b_1
-    gelu = 0.5 * pre * (1.0 + _erf(pre * np.float32(2 ** -0.5)))
-    return _layer_norm(x + gelu @ ex.W_2 + ex.b_2, ex.ln2_g, ex.ln2_b)
 
 
 def torch_encoder_layer(inputs):
