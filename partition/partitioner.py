@@ -4,13 +4,14 @@ Pipeline stage 2 of 4 (`dyntvm.pipeline`): after the frontend, before constant f
 (`dyntvm.runtime.fold`) and codegen. Imports only the IR.
 
 A candidate region grows from a seed along edges the selector accepts. Before a node joins, the
-merge is checked against precomputed reachability: it is refused if some node outside the region
-would be both reachable from the region and able to reach it (A -> dyn -> B plus A -> B must not put
+merge is checked for convexity (`convexity.py`, linear memory): it is refused if some node outside the
+region would be both reachable from the region and able to reach it (A -> dyn -> B plus A -> B must not put
 A and B together). The final partition is asserted acyclic. Deterministic: nodes are visited in
 graph order and regions named by position.
 """
 from __future__ import annotations
 
+import collections
 import logging
 
 import networkx as nx
@@ -23,6 +24,7 @@ from ..ir.dims import parse_dim
 from ..ir.ops import CONTROL_FLOW, attr_dims, attr_symbols
 from ..ir.serialize import graph_from_dict, graph_to_dict
 from ..ir.types import is_symbol
+from .convexity import ConvexityChecker
 from .empty import fold_empty_values
 from .loops import rewrite_loops
 from .selector import Selector, StaticRegionSelector
@@ -63,20 +65,23 @@ def _partition(g: Graph, selector: Selector, prefix: str) -> Graph:
 
 def find_regions(g: Graph, selector: Selector) -> list[list[int]]:
     """Node-index lists, one per region, each convex (no path leaves and re-enters it)."""
-    dag = g.to_networkx()
-    desc = {i: nx.descendants(dag, i) for i in dag}
-    anc = {i: nx.ancestors(dag, i) for i in dag}
     producer = {v: i for i, n in enumerate(g.nodes) for v in n.outputs}
-    consumers: dict[int, list[int]] = {i: sorted(dag.successors(i)) for i in dag}
+    consumers: list[list[int]] = [[] for _ in g.nodes]
+    producers: list[list[int]] = [[] for _ in g.nodes]
+    for i, n in enumerate(g.nodes):
+        for p in sorted({producer[v] for v in n.inputs if v in producer}):
+            producers[i].append(p)
+            consumers[p].append(i)
+    checker = ConvexityChecker(consumers, producers)
     assigned: set[int] = set()
     regions = []
     for seed, node in enumerate(g.nodes):
         if seed in assigned or not selector.select(node):
             continue
-        members, d_union, a_union = {seed}, set(desc[seed]), set(anc[seed])
-        frontier = [seed]
+        members, lo, hi = {seed}, seed, seed
+        frontier = collections.deque([seed])
         while frontier:
-            cur = frontier.pop(0)
+            cur = frontier.popleft()
             cnode = g.nodes[cur]
             cand = []
             for v in cnode.inputs:
@@ -87,13 +92,12 @@ def find_regions(g: Graph, selector: Selector) -> list[list[int]]:
             for c in sorted(set(cand)):
                 if c in members or c in assigned or not selector.select(g.nodes[c]):
                     continue
-                nd, na = d_union | desc[c], a_union | anc[c]
-                if (nd & na) - members - {c}:
+                if not checker.union_is_convex(members, lo, hi, (c,)):
                     log.debug("refused merging node %d (%s) into region of %d: it would create a cycle",
                               c, g.nodes[c].op, seed)
                     continue
                 members.add(c)
-                d_union, a_union = nd, na
+                lo, hi = min(lo, c), max(hi, c)
                 frontier.append(c)
         kept = sorted(_filtered(selector, g, members))
         if not kept:
@@ -102,12 +106,11 @@ def find_regions(g: Graph, selector: Selector) -> list[list[int]]:
         regions.append(kept)
     if not selector.merge_independent:
         return regions
-    producer = {v: i for i, n in enumerate(g.nodes) for v in n.outputs}
-    merged = _merge_independent(regions, desc, anc, lambda m: not _symbol_carriers(g, sorted(m), producer, True),
+    merged = _merge_independent(regions, checker, lambda m: not _symbol_carriers(g, sorted(m), producer, True),
                                 lambda m: _inputless(g, m, producer))
     # each group is convex, but two groups may still reach each other through other nodes (A -> x -> D and
     # C -> y -> B merged as {A, B}, {C, D}): then keep the regions apart
-    return merged if _contracted_acyclic(dag, merged) else regions
+    return merged if _contracted_acyclic(g.to_networkx(), merged) else regions
 
 
 def _contracted_acyclic(dag, groups: list) -> bool:
@@ -120,27 +123,25 @@ def _contracted_acyclic(dag, groups: list) -> bool:
     return nx.is_directed_acyclic_graph(q)
 
 
-def _merge_independent(regions: list, desc: dict, anc: dict, bindable, inputless) -> list[list[int]]:
+def _merge_independent(regions: list, checker: ConvexityChecker, bindable, inputless) -> list[list[int]]:
     """Regions that no path joins through other nodes become one: one compiled call instead of several (in a
     loop body: per step). Each merge keeps the union convex, which keeps the contracted graph acyclic, and
     the symbols its ops' attrs use bindable (`bindable(members)`). Regions without inputs stay apart: they
     are folded into constants at compile time (`runtime.fold`)."""
-    groups: list = []            # [members, descendants, ancestors]
+    groups: list = []            # [members, least position, greatest position, inputless]
     for members in regions:
         if inputless(members):
-            groups.append([set(members), set(), set(), True])
+            groups.append([set(members), 0, 0, True])
             continue
-        d = set().union(*(desc[i] for i in members))
-        a = set().union(*(anc[i] for i in members))
         for gr in groups:
             if gr[3]:
                 continue
-            m, nd, na = gr[0] | set(members), gr[1] | d, gr[2] | a
-            if not (nd & na) - m and bindable(m):
-                gr[:3] = [m, nd, na]
+            if checker.union_is_convex(gr[0], gr[1], gr[2], members) and bindable(gr[0] | set(members)):
+                gr[0].update(members)
+                gr[1], gr[2] = min(gr[1], members[0]), max(gr[2], members[-1])
                 break
         else:
-            groups.append([set(members), d, a, False])
+            groups.append([set(members), members[0], members[-1], False])
     return [sorted(gr[0]) for gr in groups]
 
 
