@@ -5,8 +5,10 @@ The partitioner used to precompute every node's descendant and ancestor sets and
 quadratic memory (a 5k-node chain took 1.5 GB, 50k nodes ran out of memory). Here each check is a search
 that starts at the smaller set only and stays inside the position window the answer can lie in (nodes are
 in topological order), so memory is linear and a chain costs O(1) per merge. A work budget proportional to
-the graph's size bounds the searches in total: once it is spent, further merges are refused, which is
-always safe (more regions, never a cycle) and deterministic (the budget depends on the graph alone).
+the graph's size bounds the searches of one checker in total (the partitioner has one for growing regions,
+one for merging them): once it is spent, further merges are refused, which is always safe (more regions,
+never a cycle) and deterministic (the budget depends on the graph alone). Graphs of everyday size never
+come near it.
 
 Why searching from the small set `b` suffices, given that `a` and `b` are each convex: a path that leaves
 the union and comes back must leave one and enter the other (leaving and re-entering `a` alone would make
@@ -21,7 +23,8 @@ import logging
 log = logging.getLogger("dyntvm.partition")
 
 # searches may visit this many nodes (plus edges) per node and edge of the graph, all checks together
-WORK_PER_ELEMENT = 64
+WORK_PER_ELEMENT = 16
+MIN_BUDGET = 10_000
 
 
 class ConvexityChecker:
@@ -30,7 +33,7 @@ class ConvexityChecker:
     def __init__(self, succ: list[list[int]], pred: list[list[int]]):
         self.succ, self.pred = succ, pred
         size = len(succ) + sum(map(len, succ))
-        self.budget = WORK_PER_ELEMENT * size + 10_000
+        self.budget = WORK_PER_ELEMENT * size + MIN_BUDGET
         self.exhausted = False
 
     def union_is_convex(self, a: set, a_lo: int, a_hi: int, b) -> bool:
@@ -39,6 +42,7 @@ class ConvexityChecker:
         if self.exhausted:
             return False
         b = set(b)
+        self.budget -= len(b)
         both = a.__contains__, b.__contains__
         # forward from b: a node after a's last one cannot reach a
         if self._reaches(b, self.succ, lambda x: x < a_hi, a, both):

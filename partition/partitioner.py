@@ -106,7 +106,9 @@ def find_regions(g: Graph, selector: Selector) -> list[list[int]]:
         regions.append(kept)
     if not selector.merge_independent:
         return regions
-    merged = _merge_independent(regions, checker, lambda m: not _symbol_carriers(g, sorted(m), producer, True),
+    symbolic = {i for i, n in enumerate(g.nodes) if attr_symbols(n.op, n.attrs)}
+    merged = _merge_independent(regions, ConvexityChecker(consumers, producers), symbolic,
+                                lambda m: not _symbol_carriers(g, sorted(m), producer, True),
                                 lambda m: _inputless(g, m, producer))
     # each group is convex, but two groups may still reach each other through other nodes (A -> x -> D and
     # C -> y -> B merged as {A, B}, {C, D}): then keep the regions apart
@@ -123,25 +125,35 @@ def _contracted_acyclic(dag, groups: list) -> bool:
     return nx.is_directed_acyclic_graph(q)
 
 
-def _merge_independent(regions: list, checker: ConvexityChecker, bindable, inputless) -> list[list[int]]:
+def _merge_independent(regions: list, checker: ConvexityChecker, symbolic: set, bindable,
+                       inputless) -> list[list[int]]:
     """Regions that no path joins through other nodes become one: one compiled call instead of several (in a
     loop body: per step). Each merge keeps the union convex, which keeps the contracted graph acyclic, and
-    the symbols its ops' attrs use bindable (`bindable(members)`). Regions without inputs stay apart: they
-    are folded into constants at compile time (`runtime.fold`)."""
-    groups: list = []            # [members, least position, greatest position, inputless]
+    the symbols its ops' attrs use bindable (`bindable(members)`; only asked where a member is in `symbolic`,
+    the nodes whose attrs use symbols). Regions without inputs stay apart: they are folded into constants at
+    compile time (`runtime.fold`)."""
+    groups: list = []            # [members, least position, greatest position, inputless, any member symbolic]
     for members in regions:
         if inputless(members):
-            groups.append([set(members), 0, 0, True])
+            groups.append([set(members), 0, 0, True, False])
             continue
+        uses_symbols = any(i in symbolic for i in members)
         for gr in groups:
-            if gr[3]:
-                continue
-            if checker.union_is_convex(gr[0], gr[1], gr[2], members) and bindable(gr[0] | set(members)):
-                gr[0].update(members)
-                gr[1], gr[2] = min(gr[1], members[0]), max(gr[2], members[-1])
+            if checker.exhausted:
                 break
+            if gr[3] or not checker.union_is_convex(gr[0], gr[1], gr[2], members):
+                continue
+            if (uses_symbols or gr[4]) and not bindable(gr[0] | set(members)):
+                continue
+            gr[0].update(members)
+            gr[1], gr[2] = min(gr[1], members[0]), max(gr[2], members[-1])
+            gr[4] = gr[4] or uses_symbols
+            break
         else:
-            groups.append([set(members), members[0], members[-1], False])
+            groups.append([set(members), members[0], members[-1], False, uses_symbols])
+            continue
+        if checker.exhausted:
+            groups.append([set(members), members[0], members[-1], False, uses_symbols])
     return [sorted(gr[0]) for gr in groups]
 
 
@@ -228,6 +240,8 @@ def _symbol_carriers(g: Graph, members: list, producer: dict, unbound: bool = Fa
                 bound |= {d for d in v.type.shape if is_symbol(d)}
     need = set().union(*(attr_symbols(g.nodes[i].op, g.nodes[i].attrs) for i in members)) - bound
     out: list = []
+    if not need:                 # (most regions: then no need to walk the values before it)
+        return set() if unbound else out
     first = min(members)
     candidates = list(g.inputs) + [v for i, n in enumerate(g.nodes[:first]) if i not in member_set
                                    and n.op != "constant" for v in n.outputs]
@@ -293,17 +307,11 @@ def _region_node(g, members, producer, used_outside, name, carriers=()) -> Node:
         nv = Value(v.type, v.name, v.producer, v.index)
         v.producer.outputs = tuple(nv if o is v else o for o in v.producer.outputs)
         inner_outs.append(nv)
+    rebound = dict(zip(outs, inner_outs))
     for n in body_nodes:
-        n.inputs = tuple(_rebind(v, outs, inner_outs) for v in n.inputs)
+        n.inputs = tuple(rebound.get(v, v) for v in n.inputs)
     sub.outputs = inner_outs
     node.outputs = tuple(outs)
     for k, v in enumerate(outs):
         v.producer, v.index = node, k
     return node
-
-
-def _rebind(v, old, new):
-    for o, n in zip(old, new):
-        if v is o:
-            return n
-    return v
