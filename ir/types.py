@@ -201,12 +201,12 @@ def check_tensor_size(shape, dtype) -> None:
     if elements == 0:
         return
     if elements > INT64_MAX:
-        raise ShapeError(f"a {dtype} tensor of shape {_shape_str(shape)} has {elements} elements, more than int64 "
+        raise ShapeError(f"a tensor of shape {_shape_str(shape)} has {elements} elements, more than int64 "
                          f"(2**63 - 1) can count")
     nbytes = elements * _itemsize(dtype)
     if nbytes > memory_limit():
         at_least = "" if len(static) == len(shape) else " at least (with its symbolic dims 1)"
-        raise ShapeError(f"a {dtype} tensor of shape {_shape_str(shape)} needs{at_least} {format_bytes(nbytes)}, "
+        raise ShapeError(f"a tensor of shape {_shape_str(shape)} and dtype {dtype} needs{at_least} {format_bytes(nbytes)}, "
                          f"more than this machine's memory ({format_bytes(memory_limit())})")
 
 
