@@ -325,7 +325,7 @@ def as_array(x) -> np.ndarray:
     if isinstance(x, float):
         return np.asarray(x, np.float32)
     if is_torch_tensor(x):
-        return torch_to_numpy(x, "a torch tensor argument")
+        return torch_to_numpy(x, "argument")
     a = np.asarray(x)
     return a.astype(np.float32) if a.dtype == np.float64 and not isinstance(x, np.generic) else a
 
