@@ -138,22 +138,15 @@ def _merge_independent(regions: list, checker: ConvexityChecker, symbolic: set, 
             groups.append([set(members), 0, 0, True, False])
             continue
         uses_symbols = any(i in symbolic for i in members)
-        for gr in groups:
-            if checker.exhausted:
-                break
-            if gr[3] or not checker.union_is_convex(gr[0], gr[1], gr[2], members):
-                continue
-            if (uses_symbols or gr[4]) and not bindable(gr[0] | set(members)):
-                continue
-            gr[0].update(members)
-            gr[1], gr[2] = min(gr[1], members[0]), max(gr[2], members[-1])
-            gr[4] = gr[4] or uses_symbols
-            break
-        else:
+        target = None if checker.exhausted else next(
+            (gr for gr in groups if not gr[3] and checker.union_is_convex(gr[0], gr[1], gr[2], members)
+             and (not (uses_symbols or gr[4]) or bindable(gr[0] | set(members)))), None)
+        if target is None:
             groups.append([set(members), members[0], members[-1], False, uses_symbols])
             continue
-        if checker.exhausted:
-            groups.append([set(members), members[0], members[-1], False, uses_symbols])
+        target[0].update(members)
+        target[1], target[2] = min(target[1], members[0]), max(target[2], members[-1])
+        target[4] = target[4] or uses_symbols
     return [sorted(gr[0]) for gr in groups]
 
 
