@@ -206,8 +206,8 @@ def check_tensor_size(shape, dtype) -> None:
     nbytes = elements * _itemsize(dtype)
     if nbytes > memory_limit():
         at_least = "" if len(static) == len(shape) else " at least (with its symbolic dims 1)"
-        raise ShapeError(f"a tensor of shape {_shape_str(shape)} and dtype {dtype} needs{at_least} {format_bytes(nbytes)}, "
-                         f"more than this machine's memory ({format_bytes(memory_limit())})")
+        raise ShapeError(f"a tensor of shape {_shape_str(shape)} and dtype {dtype} needs{at_least} "
+                         f"{format_bytes(nbytes)}, more than this machine's memory ({format_bytes(memory_limit())})")
 
 
 @functools.cache

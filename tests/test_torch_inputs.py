@@ -79,7 +79,7 @@ def test_accepted_tensor_is_not_copied():
     assert np.shares_memory(torch_to_numpy(x, "x"), x.detach().numpy())
 
 
-@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta", "ignore:torch.quantize_per_tensor")
 @pytest.mark.parametrize("name", sorted(REFUSED))
 def test_lossy_tensors_are_refused(model, graph, name):
     make, message = REFUSED[name]
