@@ -43,20 +43,17 @@ class ConvexityChecker:
             return False
         b = set(b)
         self.budget -= len(b)
-        both = a.__contains__, b.__contains__
         # forward from b: a node after a's last one cannot reach a
-        if self._reaches(b, self.succ, lambda x: x < a_hi, a, both):
+        if self._reaches(b, self.succ, lambda x: x < a_hi, a):
             return False
         # backward from b: a node before a's first one cannot be reached from a
-        return not self._reaches(b, self.pred, lambda x: x > a_lo, a, both)
+        return not self._reaches(b, self.pred, lambda x: x > a_lo, a)
 
-    def _reaches(self, start: set, edges, in_window, target: set, both) -> bool:
-        """Whether a path start -> x -> ... -> target (along `edges`) exists whose interior nodes are in
-        neither set; True too when the budget runs out (the caller refuses then)."""
-        in_a, in_b = both
-        seen: set = set()
-        stack = [y for s in start for y in edges[s] if not in_a(y) and not in_b(y) and in_window(y)]
-        seen.update(stack)
+    def _reaches(self, b: set, edges, in_window, a: set) -> bool:
+        """Whether a path b -> x -> ... -> a (along `edges`) exists whose interior nodes are in neither set;
+        True too when the budget runs out (the caller refuses then)."""
+        stack = list(dict.fromkeys(y for s in b for y in edges[s] if y not in a and y not in b and in_window(y)))
+        seen = set(stack)
         while stack:
             x = stack.pop()
             nxt = edges[x]
@@ -67,9 +64,9 @@ class ConvexityChecker:
                 self.exhausted = True
                 return True
             for y in nxt:
-                if y in target:
+                if y in a:
                     return True
-                if y not in seen and not in_b(y) and in_window(y):
+                if y not in seen and y not in b and in_window(y):
                     seen.add(y)
                     stack.append(y)
         return False

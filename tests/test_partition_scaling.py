@@ -96,3 +96,32 @@ def test_spent_budget_refuses_merges_but_stays_acyclic(monkeypatch):
     pg = partition(g)
     pg.lint()
     assert nx.is_directed_acyclic_graph(pg.to_networkx())
+
+
+def _random_graph(seed: int, n: int):
+    """Static ops (tanh, add, reshape) mixed with data-dependent reductions, wired to random earlier values."""
+    import random
+    rng = random.Random(seed)
+
+    def fn(x, y):
+        vals = [x, y]
+        for _ in range(n):
+            r, a = rng.random(), rng.choice(vals[-6:] if rng.random() < .7 else vals)
+            vals.append(F.tanh(a) if r < .3 else a + rng.choice(vals) if r < .6 else
+                        a + F.sum(F.boolean_mask(a, a > 0)) if r < .8 else F.reshape(a, (-1,)))
+        return tuple(vals[-3:])
+    return dt.trace(fn, dt.TensorSpec(("N",)), dt.TensorSpec(("N",)))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_regions_are_convex_on_random_graphs(seed):
+    """Checked against all-pairs reachability (what the partitioner used to precompute): no path leaves a region
+    and re-enters it, and each node is in one region at most."""
+    g = _random_graph(seed, 15 + 3 * seed)
+    dag = g.to_networkx()
+    regions = find_regions(g, StaticRegionSelector())
+    assert len({i for r in regions for i in r}) == sum(map(len, regions))
+    for r in regions:
+        down = set().union(*(nx.descendants(dag, i) for i in r))
+        up = set().union(*(nx.ancestors(dag, i) for i in r))
+        assert not (down & up) - set(r), (seed, r)
