@@ -13,7 +13,6 @@ import os
 import resource
 import subprocess
 import sys
-import textwrap
 
 import numpy as np
 import pytest
