@@ -28,6 +28,7 @@ from .partition import partition
 from .runtime.artifact import kernel_binding
 from .runtime.fold import fold_constants
 from .runtime.model import CompiledModel, virtual_machine
+from .runtime.torch_inputs import is_torch_tensor, torch_to_numpy
 
 
 # TVM's Relax BlockBuilder keeps one stack for the process: builds from several threads (e.g. a hybridized
@@ -305,7 +306,7 @@ def hybridize(fn, target: str = "cpu", dynamic=(), selector=None, cache_dir=None
         leaves, spec = tree_flatten(list(args), is_leaf=is_leaf)
         specs = []
         for i, x in enumerate(leaves):
-            x = np.asarray(x)
+            x = torch_to_numpy(x, f"input {i}") if is_torch_tensor(x) else np.asarray(x)
             names = dynamic if dynamic == "all" else (dynamic[i] if i < len(dynamic) else ())
             shape = tuple(f"d{i}_{ax}" if names == "all" else
                           (names[ax] if ax < len(names) and names[ax] is not None else int(s))

@@ -4,11 +4,14 @@ known at import time, traced tensors otherwise, None for an omitted optional inp
 import context (opset, `run_graph` for subgraphs), the scope and the node; it returns the output values."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from dyntvm.errors import InputError
 
 from . import F
+from ..ir.types import ShapeError, check_tensor_size
 from .tracer import Tensor
 
 INT_MAX = 2 ** 62           # Slice's "to the end" sentinels (INT64_MAX and friends) are clamped above this
@@ -436,6 +439,7 @@ def _expand(ins, a, ctx, env, node):
         zeros = _full_of_shape(ins[1], np.zeros((), np.dtype(x.dtype)))
     else:
         shape = tuple(_ints(ins[1], "Expand's shape", node))
+        _check_size(shape, x.dtype, "Expand")
         zeros = F.zeros(shape, dtype=x.dtype) if x.dtype != np.bool_ else F.full(shape, False, dtype="bool")
     return F.logical_or(x, zeros) if x.dtype == np.bool_ else x + zeros     # ONNX broadcasting, both ways
 
@@ -448,6 +452,14 @@ def _full_of_shape(shape, value: np.ndarray):
     return F.reshape(flat, shape)
 
 
+def _check_size(shape, dtype, op: str) -> None:
+    """An OnnxImportError where a tensor of the constant `shape` could never be allocated (`check_tensor_size`)."""
+    try:
+        check_tensor_size(shape, np.dtype(dtype).name)
+    except ShapeError as e:
+        raise OnnxImportError(f"{op}: {e}") from None
+
+
 @converter("ConstantOfShape")
 def _constant_of_shape(ins, a, ctx, env, node):
     from onnx import numpy_helper
@@ -458,6 +470,7 @@ def _constant_of_shape(ins, a, ctx, env, node):
     if not _is_const(ins[0]):
         return _full_of_shape(ins[0], value.reshape(-1)[0])
     shape = tuple(_ints(ins[0], "ConstantOfShape's shape", node))
+    _check_size(shape, value.dtype, "ConstantOfShape")
     return F.full(shape, value.reshape(-1)[0].item(), dtype=value.dtype.name)
 
 
@@ -466,6 +479,12 @@ def _range(ins, a, ctx, env, node):
     start, limit, delta = ins
     dtype = np.dtype(start.dtype)
     if all(_is_const(v) for v in ins):
+        if delta != 0:       # (numpy's error for a zero step stays the malformed-node error)
+            if dtype.kind in "iu":      # exact in Python ints (int64 bounds may overflow in numpy)
+                length = -((int(start) - int(limit)) // int(delta))
+            else:
+                length = math.ceil((float(limit) - float(start)) / float(delta))
+            _check_size((max(length, 0),), dtype, "Range")
         return np.arange(start, limit, delta, dtype=dtype)
     return F.arange(start, limit, delta, dtype=dtype.name)
 

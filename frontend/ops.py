@@ -324,10 +324,15 @@ def log_softmax(x, axis=-1):
 
 def full(shape, fill_value, dtype=None):
     """`np.full`; dtype defaults to float32 for floats, int64 for ints, bool for bools."""
+    return _full(shape, fill_value, dtype, "full")
+
+
+def _full(shape, fill_value, dtype, api):
+    """`full` under the name the user called (zeros, ones: their errors name them)."""
     if dtype is None:
         dtype = as_array(fill_value).dtype
-    return _one("full", "full", [], _attrs_of("full", A.FullAttrs, _dims(shape, "full"),
-                                              _pyscalar(fill_value, "full"), np.dtype(dtype).name))
+    return _one(api, "full", [], _attrs_of(api, A.FullAttrs, _dims(shape, api),
+                                           _pyscalar(fill_value, api), np.dtype(dtype).name))
 
 
 def _pyscalar(v, api):
@@ -340,12 +345,12 @@ def _pyscalar(v, api):
 
 def zeros(shape, dtype="float32"):
     """`np.zeros` (float32 by default)."""
-    return full(shape, 0, dtype)
+    return _full(shape, 0, dtype, "zeros")
 
 
 def ones(shape, dtype="float32"):
     """`np.ones` (float32 by default)."""
-    return full(shape, 1, dtype)
+    return _full(shape, 1, dtype, "ones")
 
 
 def full_like(x, fill_value, dtype=None):

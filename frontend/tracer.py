@@ -22,6 +22,7 @@ from ..ir.ops import attr_symbols, get_op
 from ..ir.shapes import ShapeError
 from ..ir.tree import LEAF, num_leaves, tree_flatten, tree_unflatten
 from ..ir.types import TensorType, as_shape_dim, is_symbol
+from ..runtime.torch_inputs import is_torch_tensor, torch_to_numpy
 
 _PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _PKG_DIRS = tuple(os.path.join(_PKG_ROOT, d) + os.sep for d in ("dyntvm", "ir", "frontend", "partition",
@@ -258,7 +259,7 @@ class TensorSpec:
     name: str | None = None
 
     def __post_init__(self):
-        from ..ir.types import check_dim, normalize_dtype
+        from ..ir.types import check_dim, check_tensor_size, normalize_dtype
         shape = self.shape
         if isinstance(shape, (str, bytes)) or not isinstance(shape, (tuple, list)):
             raise TraceError(f"TensorSpec: shape must be a tuple of dims (ints, symbol names or None), got "
@@ -266,6 +267,7 @@ class TensorSpec:
         try:
             dims = tuple(None if d is None else check_dim(d) for d in shape)
             dtype = normalize_dtype(self.dtype)
+            check_tensor_size(dims, dtype)
         except (TypeError, ValueError) as e:
             raise TraceError(f"TensorSpec{(' ' + repr(self.name)) if self.name else ''}: {e}") from None
         object.__setattr__(self, "shape", dims)
@@ -322,6 +324,8 @@ def as_array(x) -> np.ndarray:
         return np.asarray(x, np.int64)
     if isinstance(x, float):
         return np.asarray(x, np.float32)
+    if is_torch_tensor(x):
+        return torch_to_numpy(x, "argument")
     a = np.asarray(x)
     return a.astype(np.float32) if a.dtype == np.float64 and not isinstance(x, np.generic) else a
 

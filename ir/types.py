@@ -7,7 +7,9 @@ constants; their structure is read only through `ir.dims.parse_dim`.
 """
 from __future__ import annotations
 
+import functools
 import itertools
+import math
 from dataclasses import dataclass
 from typing import Union
 
@@ -44,6 +46,8 @@ def check_dim(d) -> Dim:
     if isinstance(d, (int, np.integer)):
         if d < 0:
             raise ValueError(f"a dim must be >= 0, got {d}")
+        if d > INT64_MAX:
+            raise ShapeError(f"a dim must fit int64 (at most 2**63 - 1), got {d}")
         return int(d)
     if isinstance(d, str):
         return d
@@ -174,6 +178,55 @@ class ShapeError(ValueError):
     """An op's inputs or attrs (or a type) do not fit its rule."""
 
 
+INT64_MAX = 2 ** 63 - 1
+
+
+@functools.cache
+def memory_limit() -> int:
+    """The most bytes one tensor of a static size may take: this machine's physical memory. A larger one can
+    never be allocated, and folding or running it only exhausts the machine (a 181-byte ONNX file asking for a
+    4 TiB ConstantOfShape took 11 GB before it aborted)."""
+    import psutil
+    return int(psutil.virtual_memory().total)
+
+
+def check_tensor_size(shape, dtype) -> None:
+    """ShapeError where no tensor of `shape` and `dtype` can exist: the product of its int dims overflows int64
+    (TVM's index type) or, times the item size, exceeds `memory_limit()`. Symbolic dims count as 1: a tensor
+    with any elements is at least that large (one with a symbolic dim of 0 is empty, and pointless). Every
+    `TensorType` goes through here, so the tracer, TensorSpec, each op's type rule and the ONNX importer refuse
+    such sizes where the shape is made, before anything is allocated."""
+    static = [d for d in shape if isinstance(d, int)]
+    elements = math.prod(static)
+    if elements == 0:
+        return
+    if elements > INT64_MAX:
+        raise ShapeError(f"a tensor of shape {_shape_str(shape)} has {elements} elements, more than int64 "
+                         f"(2**63 - 1) can count")
+    nbytes = elements * _itemsize(dtype)
+    if nbytes > memory_limit():
+        at_least = "" if len(static) == len(shape) else " at least (with its symbolic dims 1)"
+        raise ShapeError(f"a tensor of shape {_shape_str(shape)} and dtype {dtype} needs{at_least} "
+                         f"{format_bytes(nbytes)}, more than this machine's memory ({format_bytes(memory_limit())})")
+
+
+@functools.cache
+def _itemsize(dtype: str) -> int:
+    return np.dtype(dtype).itemsize
+
+
+def _shape_str(shape) -> str:
+    return "(" + ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+def format_bytes(n: int) -> str:
+    """`n` bytes for a message: "4.0 TiB"."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if n < 1024 or unit == "PiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
+        n /= 1024
+
+
 #: The dtypes tensors may have (numpy names).
 DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "float32",
           "float64")
@@ -202,6 +255,7 @@ class TensorType:
     def __post_init__(self):
         object.__setattr__(self, "shape", tuple(check_dim(d) for d in self.shape))
         object.__setattr__(self, "dtype", normalize_dtype(self.dtype))
+        check_tensor_size(self.shape, self.dtype)
 
     @property
     def ndim(self) -> int:

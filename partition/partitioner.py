@@ -4,13 +4,14 @@ Pipeline stage 2 of 4 (`dyntvm.pipeline`): after the frontend, before constant f
 (`dyntvm.runtime.fold`) and codegen. Imports only the IR.
 
 A candidate region grows from a seed along edges the selector accepts. Before a node joins, the
-merge is checked against precomputed reachability: it is refused if some node outside the region
-would be both reachable from the region and able to reach it (A -> dyn -> B plus A -> B must not put
+merge is checked for convexity (`convexity.py`, linear memory): it is refused if some node outside the
+region would be both reachable from the region and able to reach it (A -> dyn -> B plus A -> B must not put
 A and B together). The final partition is asserted acyclic. Deterministic: nodes are visited in
 graph order and regions named by position.
 """
 from __future__ import annotations
 
+import collections
 import logging
 
 import networkx as nx
@@ -23,6 +24,7 @@ from ..ir.dims import parse_dim
 from ..ir.ops import CONTROL_FLOW, attr_dims, attr_symbols
 from ..ir.serialize import graph_from_dict, graph_to_dict
 from ..ir.types import is_symbol
+from .convexity import ConvexityChecker
 from .empty import fold_empty_values
 from .loops import rewrite_loops
 from .selector import Selector, StaticRegionSelector
@@ -63,20 +65,23 @@ def _partition(g: Graph, selector: Selector, prefix: str) -> Graph:
 
 def find_regions(g: Graph, selector: Selector) -> list[list[int]]:
     """Node-index lists, one per region, each convex (no path leaves and re-enters it)."""
-    dag = g.to_networkx()
-    desc = {i: nx.descendants(dag, i) for i in dag}
-    anc = {i: nx.ancestors(dag, i) for i in dag}
     producer = {v: i for i, n in enumerate(g.nodes) for v in n.outputs}
-    consumers: dict[int, list[int]] = {i: sorted(dag.successors(i)) for i in dag}
+    consumers: list[list[int]] = [[] for _ in g.nodes]
+    producers: list[list[int]] = [[] for _ in g.nodes]
+    for i, n in enumerate(g.nodes):
+        for p in sorted({producer[v] for v in n.inputs if v in producer}):
+            producers[i].append(p)
+            consumers[p].append(i)
+    checker = ConvexityChecker(consumers, producers)
     assigned: set[int] = set()
     regions = []
     for seed, node in enumerate(g.nodes):
         if seed in assigned or not selector.select(node):
             continue
-        members, d_union, a_union = {seed}, set(desc[seed]), set(anc[seed])
-        frontier = [seed]
+        members, lo, hi = {seed}, seed, seed
+        frontier = collections.deque([seed])
         while frontier:
-            cur = frontier.pop(0)
+            cur = frontier.popleft()
             cnode = g.nodes[cur]
             cand = []
             for v in cnode.inputs:
@@ -87,13 +92,12 @@ def find_regions(g: Graph, selector: Selector) -> list[list[int]]:
             for c in sorted(set(cand)):
                 if c in members or c in assigned or not selector.select(g.nodes[c]):
                     continue
-                nd, na = d_union | desc[c], a_union | anc[c]
-                if (nd & na) - members - {c}:
+                if not checker.union_is_convex(members, lo, hi, (c,)):
                     log.debug("refused merging node %d (%s) into region of %d: it would create a cycle",
                               c, g.nodes[c].op, seed)
                     continue
                 members.add(c)
-                d_union, a_union = nd, na
+                lo, hi = min(lo, c), max(hi, c)
                 frontier.append(c)
         kept = sorted(_filtered(selector, g, members))
         if not kept:
@@ -102,12 +106,13 @@ def find_regions(g: Graph, selector: Selector) -> list[list[int]]:
         regions.append(kept)
     if not selector.merge_independent:
         return regions
-    producer = {v: i for i, n in enumerate(g.nodes) for v in n.outputs}
-    merged = _merge_independent(regions, desc, anc, lambda m: not _symbol_carriers(g, sorted(m), producer, True),
+    symbolic = {i for i, n in enumerate(g.nodes) if attr_symbols(n.op, n.attrs)}
+    merged = _merge_independent(regions, ConvexityChecker(consumers, producers), symbolic,
+                                lambda m: not _symbol_carriers(g, sorted(m), producer, True),
                                 lambda m: _inputless(g, m, producer))
     # each group is convex, but two groups may still reach each other through other nodes (A -> x -> D and
     # C -> y -> B merged as {A, B}, {C, D}): then keep the regions apart
-    return merged if _contracted_acyclic(dag, merged) else regions
+    return merged if _contracted_acyclic(g.to_networkx(), merged) else regions
 
 
 def _contracted_acyclic(dag, groups: list) -> bool:
@@ -120,27 +125,28 @@ def _contracted_acyclic(dag, groups: list) -> bool:
     return nx.is_directed_acyclic_graph(q)
 
 
-def _merge_independent(regions: list, desc: dict, anc: dict, bindable, inputless) -> list[list[int]]:
+def _merge_independent(regions: list, checker: ConvexityChecker, symbolic: set, bindable,
+                       inputless) -> list[list[int]]:
     """Regions that no path joins through other nodes become one: one compiled call instead of several (in a
     loop body: per step). Each merge keeps the union convex, which keeps the contracted graph acyclic, and
-    the symbols its ops' attrs use bindable (`bindable(members)`). Regions without inputs stay apart: they
-    are folded into constants at compile time (`runtime.fold`)."""
-    groups: list = []            # [members, descendants, ancestors]
+    the symbols its ops' attrs use bindable (`bindable(members)`; only asked where a member is in `symbolic`,
+    the nodes whose attrs use symbols). Regions without inputs stay apart: they are folded into constants at
+    compile time (`runtime.fold`)."""
+    groups: list = []            # [members, least position, greatest position, inputless, any member symbolic]
     for members in regions:
         if inputless(members):
-            groups.append([set(members), set(), set(), True])
+            groups.append([set(members), 0, 0, True, False])
             continue
-        d = set().union(*(desc[i] for i in members))
-        a = set().union(*(anc[i] for i in members))
-        for gr in groups:
-            if gr[3]:
-                continue
-            m, nd, na = gr[0] | set(members), gr[1] | d, gr[2] | a
-            if not (nd & na) - m and bindable(m):
-                gr[:3] = [m, nd, na]
-                break
-        else:
-            groups.append([set(members), d, a, False])
+        uses_symbols = any(i in symbolic for i in members)
+        target = None if checker.exhausted else next(
+            (gr for gr in groups if not gr[3] and checker.union_is_convex(gr[0], gr[1], gr[2], members)
+             and (not (uses_symbols or gr[4]) or bindable(gr[0] | set(members)))), None)
+        if target is None:
+            groups.append([set(members), members[0], members[-1], False, uses_symbols])
+            continue
+        target[0].update(members)
+        target[1], target[2] = min(target[1], members[0]), max(target[2], members[-1])
+        target[4] = target[4] or uses_symbols
     return [sorted(gr[0]) for gr in groups]
 
 
@@ -227,6 +233,8 @@ def _symbol_carriers(g: Graph, members: list, producer: dict, unbound: bool = Fa
                 bound |= {d for d in v.type.shape if is_symbol(d)}
     need = set().union(*(attr_symbols(g.nodes[i].op, g.nodes[i].attrs) for i in members)) - bound
     out: list = []
+    if not need:                 # (most regions: then no need to walk the values before it)
+        return set() if unbound else out
     first = min(members)
     candidates = list(g.inputs) + [v for i, n in enumerate(g.nodes[:first]) if i not in member_set
                                    and n.op != "constant" for v in n.outputs]
@@ -292,17 +300,11 @@ def _region_node(g, members, producer, used_outside, name, carriers=()) -> Node:
         nv = Value(v.type, v.name, v.producer, v.index)
         v.producer.outputs = tuple(nv if o is v else o for o in v.producer.outputs)
         inner_outs.append(nv)
+    rebound = dict(zip(outs, inner_outs))
     for n in body_nodes:
-        n.inputs = tuple(_rebind(v, outs, inner_outs) for v in n.inputs)
+        n.inputs = tuple(rebound.get(v, v) for v in n.inputs)
     sub.outputs = inner_outs
     node.outputs = tuple(outs)
     for k, v in enumerate(outs):
         v.producer, v.index = node, k
     return node
-
-
-def _rebind(v, old, new):
-    for o, n in zip(old, new):
-        if v is o:
-            return n
-    return v

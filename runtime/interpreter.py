@@ -16,6 +16,7 @@ from . import control_flow as cf
 from .control_flow import bind_symbols
 from .kernels import run_kernel
 from .node_errors import node_failure, note_within
+from .torch_inputs import is_torch_tensor, torch_to_numpy
 
 
 def last_uses(graph: Graph) -> dict:
@@ -145,5 +146,6 @@ def run_reference(graph: Graph, *args):
     """Run `graph` with the numpy reference kernels; outputs nested like the traced function's."""
     from ..ir.tree import tree_flatten, tree_unflatten
     leaves = tree_flatten(list(args))[0] if graph.in_tree is not None else list(args)
-    outs = Interpreter(graph).run(*[np.asarray(a) for a in leaves])
+    outs = Interpreter(graph).run(*[torch_to_numpy(a, f"input {i}") if is_torch_tensor(a) else np.asarray(a)
+                                    for i, a in enumerate(leaves)])
     return tree_unflatten(graph.out_tree, outs) if graph.out_tree is not None else outs

@@ -20,6 +20,7 @@ from .artifact import save as save_artifact
 from .executor import Executor
 from .placement import DevicePlacement
 from .tensors import to_numpy
+from .torch_inputs import is_torch_tensor, torch_to_numpy
 
 
 def virtual_machine(lib, device: str = "cpu"):
@@ -102,6 +103,8 @@ def check_inputs(graph: Graph, args: tuple) -> list:
     out = []
     for i, (x, t, name) in enumerate(zip(leaves, types, names)):
         label = f"input {i} ({name!r})" if name else f"input {i}"
+        if is_torch_tensor(x):
+            x = torch_to_numpy(x, label)
         if not isinstance(x, np.ndarray):
             if isinstance(x, (int, float, bool, list, tuple, np.generic)):
                 try:
