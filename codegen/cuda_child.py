@@ -38,7 +38,8 @@ def main(work: str) -> None:
     ex.export_library(os.path.join(work, "kernels.so"))
     with open(os.path.join(work, "result.json"), "w") as f:
         json.dump({"tuned_kernels": stats.tuned_kernels,
-                   "unscheduled": sorted(tuning[0].unscheduled) if tuning is not None else []}, f)
+                   "unscheduled": sorted(tuning[0].unscheduled) if tuning is not None else [],
+                   "refused": tuning[0].refused if tuning is not None else {}}, f)
 
 
 def cuda_runtime_loaded() -> bool:

@@ -90,7 +90,8 @@ def compile(fn_or_graph, *specs, target: str = "cpu", selector=None, cache_dir: 
             "cache": "hit" if built and built.cached else "miss"}
     if tuning is not None and built is not None and built.tuned:
         log, table = tuning
-        info["tuning"] = {"log": os.path.abspath(log.path), "kernels_tuned": len(set(log.winners()) - log.unscheduled),
+        info["tuning"] = {"log": os.path.abspath(log.path),
+                          "kernels_tuned": len(set(log.winners()) - log.unscheduled - set(log.refused)),
                           "specialized": {r: [[combo, name] for combo, name in specs] for r, specs in table.items()}}
     if built:
         info["built_for"] = built.target_desc      # recorded in artifacts: the CPU the kernels target
