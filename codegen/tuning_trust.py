@@ -116,7 +116,8 @@ ALLOWED_KINDS = {
     "ReverseComputeAt": lambda a: len(a) == 2 and a[0] in _BOOL and _int_in(-2, 64)(a[1]),
     "SampleComputeLocation": lambda a: a == [],
     "SamplePerfectTile": lambda a: len(a) == 2 and _int_in(1, 8)(a[0]) and _int_in(1, MAX_VECTOR_LANES)(a[1]),
-    "SampleCategorical": lambda a: (len(a) == 2 and _int_list(0, MAX_INT, 64)(a[0]) and isinstance(a[1], list)
+    # its candidates: unroll steps, thread extents, vector lanes (all <= 1024)
+    "SampleCategorical": lambda a: (len(a) == 2 and _int_list(0, MAX_UNROLL, 64)(a[0]) and isinstance(a[1], list)
                                     and len(a[1]) == len(a[0]) and a[0]
                                     and all(isinstance(p, (int, float)) for p in a[1])),
     "Split": lambda a: len(a) == 2 and a[0] in _BOOL and a[1] == 0,     # [preserve_unit_iters, disable_predication]
