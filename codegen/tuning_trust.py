@@ -187,9 +187,10 @@ def trace_problem(trace) -> str | None:
 
 
 # ------------------------------------------------------------------------------------------ reading
-def read_capped(path: str, limit: int = MAX_FILE_BYTES) -> bytes:
-    """The bytes of a regular file of at most `limit` bytes (a FIFO, device or larger file: ValueError; opened
-    without blocking, so a FIFO cannot stall the build)."""
+def read_capped(path: str, limit: int | None = None) -> bytes:
+    """The bytes of a regular file of at most `limit` (default `MAX_FILE_BYTES`) bytes (a FIFO, device or larger
+    file: ValueError; opened without blocking, so a FIFO cannot stall the build)."""
+    limit = MAX_FILE_BYTES if limit is None else limit
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(fd)
@@ -197,7 +198,7 @@ def read_capped(path: str, limit: int = MAX_FILE_BYTES) -> bytes:
             raise ValueError(f"{os.path.basename(path)} is not a regular file")
         data = f.read(limit + 1)
     if len(data) > limit:
-        raise ValueError(f"{os.path.basename(path)} is larger than {limit >> 20} MiB")
+        raise ValueError(f"{os.path.basename(path)} is larger than {limit} bytes")
     return data
 
 
@@ -451,3 +452,23 @@ def warn_refused(log) -> None:
 def _tuning_warning():
     from .tuning import TuningWarning
     return TuningWarning
+
+
+def check_database_to_resume(path: str) -> None:
+    """A tune resuming in `path` seeds MetaSchedule's search with the database's records, whose candidates it
+    builds and runs: every record there must pass `trace_problem` (CompileError naming the first that does
+    not). A folder without a database passes."""
+    from ..errors import CompileError
+    if not os.path.exists(os.path.join(path, RECORDS)):
+        return
+    try:
+        records = _json_lines(os.path.join(path, RECORDS), MAX_RECORDS, "records")
+    except (OSError, ValueError) as e:
+        raise CompileError(f"tune: {path}'s MetaSchedule database is not readable ({type(e).__name__}: {e}); remove "
+                           "it or pick another log_dir") from None
+    for n, rec in enumerate(records, 1):
+        trace = rec[1][0] if isinstance(rec, list) and len(rec) == 2 and isinstance(rec[1], list) and rec[1] else None
+        why = trace_problem(trace)
+        if why is not None:
+            raise CompileError(f"tune: record {n} of {os.path.join(path, RECORDS)} is refused: {why}; a tune would "
+                               "build and run it. Remove the database or pick another log_dir")

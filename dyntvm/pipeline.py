@@ -219,6 +219,8 @@ def tune(fn_or_graph, *specs, target: str = "cpu", trials: int = 64, shape_hints
             write_manifest(log_dir, manifest)
         except OSError as e:
             raise CompileError(f"tune: cannot write the log folder {log_dir} ({type(e).__name__}: {e})") from None
+        from .codegen.tuning_trust import check_database_to_resume
+        check_database_to_resume(log_dir)           # its records seed the search: built and run
         from tqdm.auto import tqdm
         with tqdm(total=len(kernels), desc=f"tuning {graph.name}", unit="kernel", disable=not progress) as bar:
             try:
