@@ -221,3 +221,20 @@ def test_winning_kernels_missing_from_the_database_are_warned_about(cuda_log, tm
     with pytest.warns(tuning.TuningWarning, match=r"2 kernels it marks as tuned have no record in its database"):
         m, tuned = _compile(path)
     assert tuned == 0 and m.info["tuning"]["kernels_tuned"] == 0
+
+
+@needs_nvcc
+def test_hostile_records_are_refused_in_a_cuda_build(cuda_log, tmp_path):
+    """A CUDA build without a GPU applies the log in its build child: the child checks every record against the
+    allow-list too (no run-time check without a GPU), and its refusals reach the caller's TuningWarning."""
+    from test_tuning_trust import edit_trace
+    path = str(tmp_path / "hostile")
+    shutil.copytree(cuda_log, path)
+
+    def link_llvm_ir(insts, _):
+        loop = next(i[3][0] for i in reversed(insts) if i[0] == "GetLoops")
+        insts.append(["Annotate", [loop, '"x"'], ["pragma_import_llvm"], []])
+    edit_trace(path, link_llvm_ir)
+    with pytest.warns(tuning.TuningWarning, match=r"2 tuned kernels refused.*'pragma_import_llvm', which is not"):
+        m, tuned = _compile(path)
+    assert tuned == 0 and m.info["tuning"]["kernels_tuned"] == 0
