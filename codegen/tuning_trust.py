@@ -17,13 +17,15 @@ build child):
    kernels (`ALLOWED_KINDS`: its LLVM and CUDA rules and postprocessors, as in the shipped logs), every
    annotation key is one of `ANNOTATIONS` with its value in bounds, no split disables predication.
 3. While the trace is replayed on the kernel (`replay_checked`): split factors multiply to the loop's extent,
-   vectorized, unrolled and thread-bound extents and sampled annotation values are in bounds.
+   vectorized and thread-bound extents and sampled annotation values are in bounds, the kernel's parameters
+   keep their types.
 4. Numerically (`verify_tuned`): the tuned kernel and the default kernel run on the same random inputs;
    any difference beyond float rounding (integers: any) refuses it. CUDA kernels run only where a GPU is
    (a CUDA build without one gets steps 1-3).
 
 A refused record costs only its kernel: the default schedule is used, with a `TuningWarning` naming the
-kernel and the reason. What a log is trusted for: choosing among schedules MetaSchedule itself could have
+kernel and the reason. A tune resuming in a folder (`check_database_to_resume`) refuses a database holding
+any record that fails step 2: MetaSchedule builds and runs the records it finds there. What a log is trusted for: choosing among schedules MetaSchedule itself could have
 chosen; nothing else.
 """
 from __future__ import annotations
@@ -245,8 +247,8 @@ def load_checked_database(path: str):
     rejected, kept = {}, []
     for index, (_, rec) in best.items():
         why = trace_problem(rec[1][0])
-        if why is None:
-            kept.append((index, rec[1]))
+        if why is None:                 # the record's target and argument info are not needed: not passed on
+            kept.append((index, [rec[1][0], rec[1][1], None, None]))
         else:
             rejected.setdefault(workloads[index][0], why)
     tmp = tempfile.mkdtemp(prefix="dyntvm-log-")
@@ -409,10 +411,14 @@ def verify_tuned(func, tuned, target, name: str = "") -> str | None:
         from .gpu import default_schedule, gpu_present
         if not gpu_present():
             return None
-        default, dev = default_schedule(func, target), tvm.cuda(0)
+        schedule_default, dev = (lambda: default_schedule(func, target)), tvm.cuda(0)
     else:
         from .cpu_schedule import _schedule_func
-        default, dev = _schedule_func(func, target, name), tvm.cpu(0)
+        schedule_default, dev = (lambda: _schedule_func(func, target, name)), tvm.cpu(0)
+    try:
+        default = schedule_default()
+    except Exception as e:  # noqa: BLE001 - no default kernel to compare with: the tuned one is not used unchecked
+        return f"the default kernel to compare it with failed ({type(e).__name__}: {str(e).strip()[-200:]})"
     seed = int.from_bytes(os.urandom(4), "little")        # not known to whoever wrote the log
     kernels = {"tuned": tuned, "default": default}
     try:                                                 # one build of both: half the time of two
