@@ -274,7 +274,9 @@ def build(graph: Graph, target: str = "cpu", cache_dir: str | None = None, use_c
                       TuningWarning, stacklevel=3)
         return build(graph, target, cache_dir, use_cache, graph_binding)
     if tuning is not None:
+        from .tuning_trust import warn_refused
         tuning[0].warn_unscheduled()
+        warn_refused(tuning[0])
     if kind == "cuda":
         return built
     entry = _store(cdir, key, ex, binding)

@@ -39,7 +39,8 @@ def main(work: str) -> None:
     export_library(ex, os.path.join(work, "kernels.so"))       # a full disk: a message, not "LLVM ERROR"
     with open(os.path.join(work, "result.json"), "w") as f:
         json.dump({"tuned_kernels": stats.tuned_kernels,
-                   "unscheduled": sorted(tuning[0].unscheduled) if tuning is not None else []}, f)
+                   "unscheduled": sorted(tuning[0].unscheduled) if tuning is not None else [],
+                   "refused": tuning[0].refused if tuning is not None else {}}, f)
 
 
 def cuda_runtime_loaded() -> bool:

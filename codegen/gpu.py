@@ -240,6 +240,7 @@ def _build_in_child(regions: list, arch: str, binding: str | None, tuning=None):
             tuned = int(result.get("tuned_kernels", 0))
             if tuning is not None:              # winners the child found no record of: warned by the caller
                 tuning[0].unscheduled.update(str(k) for k in result.get("unscheduled", []))
+                tuning[0].refused.update({str(k): str(v) for k, v in dict(result.get("refused", {})).items()})
         # the caller stores the file in the compile cache (or keeps it) before `work` is removed
         final = tempfile.NamedTemporaryFile(prefix="dyntvm-cuda-", suffix=".so", delete=False).name
         shutil.copyfile(path, final)

@@ -233,8 +233,8 @@ def target_identity(target) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- timing
-def _random_args(func: tirx.PrimFunc, dev) -> list:
-    rng = np.random.default_rng(0)
+def _random_args(func: tirx.PrimFunc, dev, seed: int = 0) -> list:
+    rng = np.random.default_rng(seed)
     args = []
     for p in func.params:                           # buffers (static shapes: `static_kernels`)
         shape = [int(d) for d in p.shape]
@@ -270,6 +270,8 @@ class TuningLog:
     database: object = None
     _tuned: dict = field(default_factory=dict)
     unscheduled: set = field(default_factory=set)   # workload keys of winners the database has no record of
+    rejected: dict = field(default_factory=dict)    # {database workload hash: why its best record is refused}
+    refused: dict = field(default_factory=dict)     # {workload key: why its tuned kernel is refused}
 
     @property
     def hints(self) -> dict:
@@ -294,11 +296,9 @@ class TuningLog:
         key = workload_key(func)
         if key not in self.winners():
             return None
-        if key not in self._tuned:
-            sch = self.database.query_schedule(_main_mod(task_func(func)), target=target, workload_name="main")
-            self._tuned[key] = None if sch is None else sch.mod["main"].with_attr("tirx.is_scheduled", True)
-            if sch is None:
-                self.unscheduled.add(key)
+        if key not in self._tuned:                  # a log is untrusted: checked, and run against the default
+            from .tuning_trust import trusted_schedule
+            self._tuned[key] = trusted_schedule(self, key, func, target)
         return self._tuned[key]
 
     def warn_unscheduled(self) -> None:
@@ -353,13 +353,11 @@ def load_log(path: str, model_hash: str | None, target) -> TuningLog | None:
     if model_hash is not None and manifest.get("model_hash") != model_hash:
         return refuse(f"it was made for another model (or this model changed since): {manifest.get('model')!r}")
     try:
-        from tvm.s_tir import meta_schedule as ms
-        db = ms.database.JSONDatabase(path_workload=os.path.join(path, "database_workload.json"),
-                                      path_tuning_record=os.path.join(path, "database_tuning_record.json"),
-                                      allow_missing=False)
+        from .tuning_trust import load_checked_database
+        db, rejected = load_checked_database(path)          # bounded, and only records that pass the allow-list
     except Exception as e:  # noqa: BLE001 - TVM raises various errors on bad JSON
         return refuse(f"its MetaSchedule database does not load ({type(e).__name__}: {str(e).strip()[:200]})")
-    return TuningLog(path, manifest, db)
+    return TuningLog(path, manifest, db, rejected=rejected)
 
 
 def write_manifest(path: str, manifest: dict) -> None:

@@ -94,7 +94,7 @@ def compile(fn_or_graph, *specs, target: str = "cpu", selector=None, cache_dir: 
         if "tuning" in facts:
             log = tuning[0]
             facts["tuning"] = {"log": os.path.abspath(log.path),
-                               "kernels_tuned": len(set(log.winners()) - log.unscheduled), **facts["tuning"]}
+                               "kernels_tuned": len(set(log.winners()) - log.unscheduled - set(log.refused)), **facts["tuning"]}
         info.update(facts)
     model = CompiledModel(pg, vm, kind, built.lib if built else None, info)
     model.lib_path = built.path if built else None
@@ -215,6 +215,8 @@ def tune(fn_or_graph, *specs, target: str = "cpu", trials: int = 64, shape_hints
             write_manifest(log_dir, manifest)
         except OSError as e:
             raise CompileError(f"tune: cannot write the log folder {log_dir} ({type(e).__name__}: {e})") from None
+        from .codegen.tuning_trust import check_database_to_resume
+        check_database_to_resume(log_dir)           # its records seed the search: built and run
         from tqdm.auto import tqdm
         with tqdm(total=len(kernels), desc=f"tuning {graph.name}", unit="kernel", disable=not progress) as bar:
             try:

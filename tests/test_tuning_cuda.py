@@ -36,9 +36,12 @@ def model(x):
 SPEC = dt.TensorSpec(("N", 64))
 
 
-def _search_without_a_gpu(kernels: dict, target, log: str) -> None:
-    """MetaSchedule's CUDA search over each kernel, its candidates 'timed' by the dummy runner: a database
-    of real CUDA schedules (sampled from the design space and checked by its GPU postprocessors)."""
+def searched_log(fn, spec, target, search_target, path: str, trials: int = 4, strategy: str = "evolutionary") -> dict:
+    """A log at `path` for `fn` at N=16 made by MetaSchedule's search over each kernel for `search_target`, its
+    candidates 'timed' by the dummy runner: a database of real schedules (for CUDA: sampled from the design
+    space and checked by its GPU postprocessors; "replay-trace": random samples of it, much faster), every kernel
+    marked as won by its tuned schedule. Returns
+    ``{workload key: kernel name}``."""
     from tvm.ir.utils import derived_object
     from tvm.s_tir import meta_schedule as ms
     from tvm.s_tir.meta_schedule.builder import BuilderResult, PyBuilder
@@ -49,17 +52,28 @@ def _search_without_a_gpu(kernels: dict, target, log: str) -> None:
         def build(self, build_inputs):
             out = []
             for _ in build_inputs:
-                path = os.path.join(tempfile.mkdtemp(prefix="dyntvm-ms-"), "x.so")
-                open(path, "w").close()
-                out.append(BuilderResult(path, None))
+                artifact = os.path.join(tempfile.mkdtemp(prefix="dyntvm-ms-"), "x.so")
+                open(artifact, "w").close()
+                out.append(BuilderResult(artifact, None))
             return out
-    full = target if "max_threads_per_block" in target.attrs else tvm_cuda_limits(target)
-    db = ms.database.JSONDatabase(work_dir=log)
+    os.makedirs(path)
+    graph = dt.trace(fn, spec)
+    pg = partition_graph(graph)
+    table, kernels, failed = tuning_tasks(pg, {"N": [16]}, target)
+    assert not failed, failed
+    db = ms.database.JSONDatabase(work_dir=path)
     for name, func in kernels.values():
         with tuning._meta_schedule_logging():       # pytest's handlers would break MetaSchedule's logging setup
-            ms.tune_tir(tuning._main_mod(tuning.task_func(func)), full, os.path.join(log, "logs"),
-                        max_trials_global=4, num_trials_per_iter=4, builder=FileBuilder(), runner=DummyRunner(),
-                        database=db, cost_model="random", seed=0)
+            ms.tune_tir(tuning._main_mod(tuning.task_func(func)), search_target, os.path.join(path, "logs"),
+                        max_trials_global=trials, num_trials_per_iter=trials, builder=FileBuilder(),
+                        runner=DummyRunner(), database=db, cost_model="random", strategy=strategy, seed=0)
+    tuning.write_manifest(path, {
+        "format": tuning.FORMAT, "model": graph.name, "model_hash": kernel_binding(pg),
+        **tuning.target_identity(target), "hints": {"N": [16]},
+        "specialized": {r: [[c, n] for c, n in specs] for r, specs in table.items()}, "not_specialized": {},
+        "kernels": [{"workload": k, "name": n, "status": "done", "default_us": 2.0, "tuned_us": 1.0, "use": "tuned"}
+                    for k, (n, _) in kernels.items()]})
+    return {k: n for k, (n, _) in kernels.items()}
 
 
 def tvm_cuda_limits(target):
@@ -72,19 +86,10 @@ def tvm_cuda_limits(target):
 def cuda_log(tmp_path_factory):
     """A CUDA log for `model` at N=16 whose every kernel is marked as won by its tuned schedule."""
     path = str(tmp_path_factory.mktemp("cuda-tune") / "model")
-    os.makedirs(path)
-    graph = dt.trace(model, SPEC)
-    pg = partition_graph(graph)
     target = cuda_target()
-    table, kernels, failed = tuning_tasks(pg, {"N": [16]}, target)
-    assert not failed and len(kernels) == 2, (failed, kernels)
-    _search_without_a_gpu(kernels, target, path)
-    tuning.write_manifest(path, {
-        "format": tuning.FORMAT, "model": graph.name, "model_hash": kernel_binding(pg),
-        **tuning.target_identity(target), "hints": {"N": [16]},
-        "specialized": {r: [[c, n] for c, n in specs] for r, specs in table.items()}, "not_specialized": {},
-        "kernels": [{"workload": k, "name": n, "status": "done", "default_us": 2.0, "tuned_us": 1.0, "use": "tuned"}
-                    for k, (n, _) in kernels.items()]})
+    kernels = searched_log(model, SPEC, target, target if "max_threads_per_block" in target.attrs
+                           else tvm_cuda_limits(target), path)
+    assert len(kernels) == 2, kernels
     return path
 
 
@@ -214,5 +219,22 @@ def test_winning_kernels_missing_from_the_database_are_warned_about(cuda_log, tm
     shutil.copytree(cuda_log, path)
     open(os.path.join(path, "database_tuning_record.json"), "w").close()
     with pytest.warns(tuning.TuningWarning, match=r"2 kernels it marks as tuned have no record in its database"):
+        m, tuned = _compile(path)
+    assert tuned == 0 and m.info["tuning"]["kernels_tuned"] == 0
+
+
+@needs_nvcc
+def test_hostile_records_are_refused_in_a_cuda_build(cuda_log, tmp_path):
+    """A CUDA build without a GPU applies the log in its build child: the child checks every record against the
+    allow-list too (no run-time check without a GPU), and its refusals reach the caller's TuningWarning."""
+    from test_tuning_trust import edit_trace
+    path = str(tmp_path / "hostile")
+    shutil.copytree(cuda_log, path)
+
+    def link_llvm_ir(insts, _):
+        loop = next(i[3][0] for i in reversed(insts) if i[0] == "GetLoops")
+        insts.append(["Annotate", [loop, '"x"'], ["pragma_import_llvm"], []])
+    edit_trace(path, link_llvm_ir)
+    with pytest.warns(tuning.TuningWarning, match=r"2 tuned kernels refused.*'pragma_import_llvm', which is not"):
         m, tuned = _compile(path)
     assert tuned == 0 and m.info["tuning"]["kernels_tuned"] == 0
