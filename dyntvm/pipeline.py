@@ -125,12 +125,9 @@ def _tuning_for(pg: Graph, name: str, binding: str, target: str, kind: str, tuni
     tvm_target = concrete_target(target)
     if tuning_log is None:                      # a shipped log for this model and target, if any: silently
         path = os.path.join(shipped_logs(), name, target_key(tvm_target))
-        if not os.path.isfile(os.path.join(path, "manifest.json")):
+        if not os.path.lexists(os.path.join(path, "manifest.json")):
             return None
-        import warnings
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            log = load_log(path, binding, tvm_target)
+        log = load_log(path, binding, tvm_target, quiet_mismatch=True)    # a bad file warns, another CPU not
     else:
         if not isinstance(tuning_log, (str, os.PathLike)):
             raise CompileError(f"compile: tuning_log must be a folder path, got {type(tuning_log).__name__}")
@@ -165,6 +162,7 @@ def tune(fn_or_graph, *specs, target: str = "cpu", trials: int = 64, shape_hints
         >>> model = dt.compile(lstm, *specs, tuning_log=log)
     """
     from .codegen.build import concrete_target, tuning_tasks
+    from .codegen.log_files import LogFileError, check_folder_to_resume, read_json
     from .codegen.tuning import FORMAT, MANIFEST, target_identity, target_key, tune_kernels, write_manifest
     kind = check_target(target)
     if not isinstance(trials, int) or isinstance(trials, bool) or trials < 1:
@@ -197,14 +195,17 @@ def tune(fn_or_graph, *specs, target: str = "cpu", trials: int = 64, shape_hints
         raise CompileError(f"tune: cannot write the log folder {log_dir} ({type(e).__name__}: {e})") from None
     with _log_lock(log_dir):
         mpath = os.path.join(log_dir, MANIFEST)
-        if os.path.exists(mpath):
-            import json
+        try:
+            check_folder_to_resume(log_dir)
+        except LogFileError as e:
+            raise CompileError(f"tune: cannot resume the log in {log_dir}: {e}; remove it or pick another "
+                               "log_dir") from None
+        if os.path.lexists(mpath):
             try:
-                with open(mpath) as f:
-                    old = json.load(f)
+                old = read_json(mpath)
                 if not isinstance(old, dict):
                     raise ValueError(f"a JSON {type(old).__name__}, not a dyntvm tuning manifest")
-            except (OSError, ValueError) as e:
+            except ValueError as e:                         # LogFileError too
                 raise CompileError(f"tune: {mpath} exists but is not readable ({type(e).__name__}: {e}); remove it or "
                                    "pick another log_dir") from None
             same = {k: old.get(k) for k in ("model_hash", "target_key", "cpu", "hints")} == \
@@ -238,9 +239,13 @@ def _log_lock(log_dir: str):
     except ImportError:                         # not POSIX: no lock
         yield
         return
+    import stat
     path = os.path.join(log_dir, ".lock")
-    try:
-        f = open(path, "a")
+    try:                                        # non-blocking: a FIFO there would block a plain open
+        f = os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK | os.O_CLOEXEC), "a")
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            f.close()
+            raise OSError(f"{path} is not a regular file")
     except OSError as e:
         raise CompileError(f"tune: cannot write the log folder {log_dir} ({type(e).__name__}: {e})") from None
     with f:
