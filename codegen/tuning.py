@@ -443,9 +443,14 @@ def tune_kernels(kernels: dict, target, log_dir: str, manifest: dict, trials: in
         from .cpu_schedule import _schedule_func
         schedule = lambda func, name: _schedule_func(func, target, name)  # noqa: E731 - our CPU rules
         workers = max(1, int(target.attrs.get("num-cores", 1)))
-    from .tuning_interrupt import deferred_interrupt
+    from .tuning_interrupt import StoppableBuilder, StoppableRunner, deferred_interrupt
     with deferred_interrupt() as stop:      # Ctrl-C: acted upon at safe points (`tuning_interrupt`)
-        _tune_each(todo, target, log_dir, manifest, trials, schedule, workers, stop, progress, on_done)
+        builder = StoppableBuilder(stop, max_workers=workers, f_build=_build, timeout_sec=120)
+        runner = StoppableRunner(stop)
+        try:
+            _tune_each(todo, target, log_dir, manifest, trials, schedule, (builder, runner), stop, progress, on_done)
+        finally:
+            runner.close()
     return manifest
 
 
@@ -454,13 +459,13 @@ def _first_line(e: BaseException) -> str:
     return lines[0][:200] if lines else "(no message)"
 
 
-def _tune_each(todo, target, log_dir, manifest, trials, schedule, workers, stop, progress, on_done) -> None:
+def _tune_each(todo, target, log_dir, manifest, trials, schedule, measurers, stop, progress, on_done) -> None:
+    """`tune_kernels`' loop over the kernels to tune; `stop.check()` at its safe points."""
     from tvm.s_tir import meta_schedule as ms
 
-    from .tuning_interrupt import MeasuredOnly, StoppableBuilder, StoppableRoundRobin, StoppableRunner
+    from .tuning_interrupt import MeasuredOnly, StoppableRoundRobin
+    builder, runner = measurers
     db = ms.database.JSONDatabase(work_dir=log_dir)
-    builder = StoppableBuilder(stop, max_workers=workers, f_build=_build, timeout_sec=120)
-    runner = StoppableRunner(stop)
     best = None
     for key, name, func in todo:
         stop.check()

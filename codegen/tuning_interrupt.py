@@ -79,6 +79,8 @@ class StoppableBuilder(LocalBuilder._cls):
         self.stop = stop
 
     def build(self, build_inputs: list) -> list:
+        if self.stop.requested:
+            return [BuilderResult(None, INTERRUPTED)] * len(build_inputs)
         pool = PopenPoolExecutor(max_workers=self.max_workers, timeout=self.timeout_sec,
                                  initializer=self.initializer)  # one per call, as LocalBuilder (its workers leak)
         results = []
@@ -125,6 +127,11 @@ class StoppableRunner(LocalRunner._cls):
                     continue
             futures.append(LocalRunnerFuture(error_message=INTERRUPTED))
         return futures
+
+    def close(self) -> None:
+        """Ends the measuring process now, not whenever the garbage collector gets to it (maybe in one of the
+        pool's own threads: "cannot join current thread")."""
+        self.pool.shutdown()
 
 
 @derived_object
