@@ -162,8 +162,8 @@ def tune(fn_or_graph, *specs, target: str = "cpu", trials: int = 64, shape_hints
         >>> model = dt.compile(lstm, *specs, tuning_log=log)
     """
     from .codegen.build import concrete_target, tuning_tasks
-    from .codegen.log_files import LogFileError, check_folder_to_resume, read_json
-    from .codegen.tuning import FORMAT, MANIFEST, target_identity, target_key, tune_kernels, write_manifest
+    from .codegen.tuning import FORMAT, target_identity, target_key, tune_kernels, write_manifest
+    from .codegen.tuning_interrupt import deferred_interrupt
     kind = check_target(target)
     if not isinstance(trials, int) or isinstance(trials, bool) or trials < 1:
         raise CompileError(f"tune: trials must be a positive int, got {trials!r}")
@@ -184,7 +184,7 @@ def tune(fn_or_graph, *specs, target: str = "cpu", trials: int = 64, shape_hints
         tvm_target = _check_tuning_gpu(target, tvm_target)
     log_dir = os.fspath(log_dir) if log_dir is not None else \
         os.path.join("tuning_logs", graph.name, target_key(tvm_target))
-    with _BUILD_LOCK:
+    with _BUILD_LOCK, deferred_interrupt():     # Ctrl-C in TVM's (Python) passes: KeyboardInterrupt after them
         table, kernels, failed = tuning_tasks(pg, hints, tvm_target)
     manifest = {"format": FORMAT, "model": graph.name, "model_hash": binding, **target_identity(tvm_target),
                 "hints": hints, "specialized": {r: [[c, n] for c, n in specs] for r, specs in table.items()},
@@ -194,40 +194,49 @@ def tune(fn_or_graph, *specs, target: str = "cpu", trials: int = 64, shape_hints
     except OSError as e:
         raise CompileError(f"tune: cannot write the log folder {log_dir} ({type(e).__name__}: {e})") from None
     with _log_lock(log_dir):
-        mpath = os.path.join(log_dir, MANIFEST)
         try:
-            check_folder_to_resume(log_dir)
-        except LogFileError as e:
-            raise CompileError(f"tune: cannot resume the log in {log_dir}: {e}; remove it or pick another "
-                               "log_dir") from None
-        if os.path.lexists(mpath):
+            manifest["kernels"] = _kernels_to_resume(log_dir, manifest)
             try:
-                old = read_json(mpath)
-                if not isinstance(old, dict):
-                    raise ValueError(f"a JSON {type(old).__name__}, not a dyntvm tuning manifest")
-            except ValueError as e:                         # LogFileError too
-                raise CompileError(f"tune: {mpath} exists but is not readable ({type(e).__name__}: {e}); remove it or "
-                                   "pick another log_dir") from None
-            same = {k: old.get(k) for k in ("model_hash", "target_key", "cpu", "hints")} == \
-                {k: manifest.get(k) for k in ("model_hash", "target_key", "cpu", "hints")}
-            if not same:
-                raise CompileError(f"tune: {log_dir} holds a log of another model, target or hints "
-                                   f"({old.get('model')!r}, {old.get('target_key')}, hints {old.get('hints')}); pick "
-                                   "another log_dir")
-            manifest["kernels"] = [k for k in old.get("kernels", []) if isinstance(k, dict) and "workload" in k]
-        try:
-            write_manifest(log_dir, manifest)
-        except OSError as e:
-            raise CompileError(f"tune: cannot write the log folder {log_dir} ({type(e).__name__}: {e})") from None
-        from tqdm.auto import tqdm
-        with tqdm(total=len(kernels), desc=f"tuning {graph.name}", unit="kernel", disable=not progress) as bar:
-            try:
-                with _BUILD_LOCK:
-                    tune_kernels(kernels, tvm_target, log_dir, manifest, trials, progress=bar)
-            except KeyboardInterrupt:
-                bar.write(f"dyntvm tune: interrupted; what was tuned is kept in {log_dir} (run again to resume)")
-                raise
+                write_manifest(log_dir, manifest)
+            except OSError as e:
+                raise CompileError(f"tune: cannot write the log folder {log_dir} ({type(e).__name__}: {e})") from None
+            from tqdm.auto import tqdm
+            with tqdm(total=len(kernels), desc=f"tuning {graph.name}", unit="kernel", disable=not progress) as bar, \
+                    _BUILD_LOCK:
+                tune_kernels(kernels, tvm_target, log_dir, manifest, trials, progress=bar)
+        except KeyboardInterrupt:     # raised at a safe point of `tune_kernels`, or in plain Python code here
+            print(f"dyntvm tune: interrupted; what was tuned is kept in {log_dir} (run again to resume)")
+            raise
     return log_dir
+
+
+def _kernels_to_resume(log_dir: str, manifest: dict) -> list:
+    """The kernel entries of the log already in `log_dir` (none if there is none), which must be a log of the
+    same model, target and hints as `manifest`, in files a tune can read and append to (`log_files`)."""
+    from .codegen.log_files import LogFileError, check_folder_to_resume, read_json
+    from .codegen.tuning import MANIFEST
+    mpath = os.path.join(log_dir, MANIFEST)
+    try:
+        check_folder_to_resume(log_dir)
+    except LogFileError as e:
+        raise CompileError(f"tune: cannot resume the log in {log_dir}: {e}; remove it or pick another "
+                           "log_dir") from None
+    if not os.path.lexists(mpath):
+        return []
+    try:
+        old = read_json(mpath)
+        if not isinstance(old, dict):
+            raise ValueError(f"a JSON {type(old).__name__}, not a dyntvm tuning manifest")
+    except ValueError as e:                         # LogFileError too
+        raise CompileError(f"tune: {mpath} exists but is not readable ({type(e).__name__}: {e}); remove it or "
+                           "pick another log_dir") from None
+    same = {k: old.get(k) for k in ("model_hash", "target_key", "cpu", "hints")} == \
+        {k: manifest.get(k) for k in ("model_hash", "target_key", "cpu", "hints")}
+    if not same:
+        raise CompileError(f"tune: {log_dir} holds a log of another model, target or hints "
+                           f"({old.get('model')!r}, {old.get('target_key')}, hints {old.get('hints')}); pick "
+                           "another log_dir")
+    return [k for k in old.get("kernels", []) if isinstance(k, dict) and "workload" in k]
 
 
 @contextlib.contextmanager
