@@ -162,6 +162,7 @@ def tune(fn_or_graph, *specs, target: str = "cpu", trials: int = 64, shape_hints
         >>> model = dt.compile(lstm, *specs, tuning_log=log)
     """
     from .codegen.build import concrete_target, tuning_tasks
+    from .codegen.log_files import create_database_files
     from .codegen.tuning import FORMAT, target_identity, target_key, tune_kernels, write_manifest
     from .codegen.tuning_interrupt import deferred_interrupt
     kind = check_target(target)
@@ -198,6 +199,7 @@ def tune(fn_or_graph, *specs, target: str = "cpu", trials: int = 64, shape_hints
             manifest["kernels"] = _kernels_to_resume(log_dir, manifest)
             try:
                 write_manifest(log_dir, manifest)
+                create_database_files(log_dir)
             except OSError as e:
                 raise CompileError(f"tune: cannot write the log folder {log_dir} ({type(e).__name__}: {e})") from None
             from tqdm.auto import tqdm
