@@ -152,4 +152,4 @@ def create_database_files(folder: str) -> None:
     """Empty MetaSchedule database files in `folder` where there are none, so that a log interrupted before
     MetaSchedule wrote any is still complete (an empty database is a valid one)."""
     for name in DATABASE_FILES:
-        os.close(os.open(os.path.join(folder, name), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK))
+        os.close(os.open(os.path.join(folder, name), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK, 0o666))

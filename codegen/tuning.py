@@ -369,10 +369,11 @@ def load_log(path: str, model_hash: str | None, target, quiet_mismatch: bool = F
 
 
 def write_manifest(path: str, manifest: dict) -> None:
-    """Atomically: a reader sees the old or the new manifest. The temporary file is a new one (mkstemp), never
+    """Atomically: a reader sees the old or the new manifest. The temporary file is a new one (O_EXCL), never
     whatever a fixed name holds (a FIFO would block the open, a symlink redirect the write)."""
-    import tempfile
-    fd, tmp = tempfile.mkstemp(prefix=MANIFEST + ".", suffix=".tmp", dir=path)
+    import secrets
+    tmp = os.path.join(path, f"{MANIFEST}.{secrets.token_hex(8)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(manifest, f, indent=1, sort_keys=True)
