@@ -145,7 +145,8 @@ def tune(fn_or_graph, *specs, target: str = "cpu", trials: int = 64, shape_hints
     Every region whose symbolic dims all have hints is specialized to each combination of hinted sizes;
     each resulting static kernel is tuned (`trials` candidates), timed against our default schedule, and
     the faster one recorded (`codegen/tuning.py`). Running again with the same folder resumes: finished
-    kernels are not tuned again. Ctrl-C keeps what was tuned (the KeyboardInterrupt goes on).
+    kernels are not tuned again. Ctrl-C stops at the next safe point (once the candidates being built or
+    measured are done), keeps what was finished and measured, and raises KeyboardInterrupt.
 
     Args:
         fn_or_graph, *specs, selector: as for `compile`.
