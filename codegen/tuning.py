@@ -19,7 +19,8 @@ Applying a log (`load_log`, then `codegen.build` with ``tuning=``): the same spe
 next to the generic symbolic functions, their kernels scheduled with the tuned trace where the manifest says
 it won; the executor dispatches each region call on its actual sizes (`runtime.executor`, the model's
 ``info["tuning"]["specialized"]``). A log that does not parse, or was made for another model or target,
-warns and is ignored.
+warns and is ignored; its files are read as untrusted input (`log_files`). Ctrl-C during a tune is acted upon
+at safe points only (`tuning_interrupt`).
 """
 from __future__ import annotations
 
