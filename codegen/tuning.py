@@ -19,7 +19,8 @@ Applying a log (`load_log`, then `codegen.build` with ``tuning=``): the same spe
 next to the generic symbolic functions, their kernels scheduled with the tuned trace where the manifest says
 it won; the executor dispatches each region call on its actual sizes (`runtime.executor`, the model's
 ``info["tuning"]["specialized"]``). A log that does not parse, or was made for another model or target,
-warns and is ignored.
+warns and is ignored; its files are read as untrusted input (`log_files`). Ctrl-C during a tune is acted upon
+at safe points only (`tuning_interrupt`).
 """
 from __future__ import annotations
 
@@ -272,20 +273,15 @@ class TuningLog:
     unscheduled: set = field(default_factory=set)   # workload keys of winners the database has no record of
     rejected: dict = field(default_factory=dict)    # {database workload hash: why its best record is refused}
     refused: dict = field(default_factory=dict)     # {workload key: why its tuned kernel is refused}
+    sha256: str = ""                                # of the files as read (`load_log`)
 
     @property
     def hints(self) -> dict:
         return self.manifest.get("hints", {})
 
     def digest(self) -> str:
-        """Of the manifest and the database files: part of the compile cache key."""
-        h = hashlib.sha256()
-        for name in (MANIFEST, "database_workload.json", "database_tuning_record.json"):
-            p = os.path.join(self.path, name)
-            if os.path.exists(p):
-                with open(p, "rb") as f:
-                    h.update(f.read())
-        return h.hexdigest()
+        """Of the manifest and the database files as they were read: part of the compile cache key."""
+        return self.sha256
 
     def winners(self) -> dict:
         """``{workload key: kernel entry}`` of the kernels whose tuned schedule beat the default."""
@@ -323,19 +319,23 @@ def _valid_specialized(table) -> bool:
         for r, specs in table.items())
 
 
-def load_log(path: str, model_hash: str | None, target) -> TuningLog | None:
+def load_log(path: str, model_hash: str | None, target, quiet_mismatch: bool = False) -> TuningLog | None:
     """Read the log in `path` for a model (`model_hash`; None: any) and `target`; None, with a TuningWarning
-    naming the reason, when it cannot be applied."""
+    naming the reason, when it cannot be applied (`quiet_mismatch`: no warning when it is a sound log of
+    another model or target). Its files are untrusted input (`log_files`)."""
+    from .log_files import MAX_MANIFEST_BYTES, LogFileError, parse_json, read_database_files, \
+        read_regular_file
+
     def refuse(why: str):
         warnings.warn(f"dyntvm: tuning log {path} not applied: {why}; using the default kernels", TuningWarning,
                       stacklevel=3)
         return None
-    mpath = os.path.join(path, MANIFEST)
     if not os.path.isdir(path):
         return refuse("no such folder")
     try:
-        with open(mpath) as f:
-            manifest = json.load(f)
+        mpath = os.path.join(path, MANIFEST)
+        manifest_bytes = read_regular_file(mpath, MAX_MANIFEST_BYTES)
+        manifest = parse_json(manifest_bytes, mpath)
         if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or \
                 not isinstance(manifest.get("kernels"), list) or not isinstance(manifest.get("hints"), dict):
             raise ValueError("not a dyntvm tuning manifest")
@@ -343,28 +343,47 @@ def load_log(path: str, model_hash: str | None, target) -> TuningLog | None:
             raise ValueError("its 'specialized' is not {region: [[{symbol: size}, function name], ...]}")
         if not all(isinstance(k, dict) and isinstance(k.get("workload"), str) for k in manifest["kernels"]):
             raise ValueError("its 'kernels' are not entries with a 'workload'")
-    except (OSError, ValueError) as e:
+    except ValueError as e:                                 # LogFileError too
         return refuse(f"{MANIFEST} is missing or corrupt ({type(e).__name__}: {e})")
     ident = target_identity(target)
+    mismatch = None
     if manifest.get("target_key") != ident["target_key"] or ("cpu" in ident and manifest.get("cpu") != ident["cpu"]):
         where = lambda d: f" on {d['cpu']!r}" if d.get("cpu") else ""    # noqa: E731
-        return refuse(f"it was made for another target ({manifest.get('target_key')}{where(manifest)}; "
-                      f"this is {ident['target_key']}{where(ident)})")
-    if model_hash is not None and manifest.get("model_hash") != model_hash:
-        return refuse(f"it was made for another model (or this model changed since): {manifest.get('model')!r}")
+        mismatch = (f"it was made for another target ({manifest.get('target_key')}{where(manifest)}; "
+                    f"this is {ident['target_key']}{where(ident)})")
+    elif model_hash is not None and manifest.get("model_hash") != model_hash:
+        mismatch = f"it was made for another model (or this model changed since): {manifest.get('model')!r}"
+    if mismatch:
+        return None if quiet_mismatch else refuse(mismatch)
+    try:
+        files = read_database_files(path)
+    except LogFileError as e:
+        return refuse(f"its MetaSchedule database is refused ({e})")
     try:
         from .tuning_trust import load_checked_database
-        db, rejected = load_checked_database(path)          # bounded, and only records that pass the allow-list
-    except Exception as e:  # noqa: BLE001 - TVM raises various errors on bad JSON
-        return refuse(f"its MetaSchedule database does not load ({type(e).__name__}: {str(e).strip()[:200]})")
-    return TuningLog(path, manifest, db, rejected=rejected)
+        db, rejected = load_checked_database(path, files)   # bounded, and only records that pass the allow-list
+    except Exception as e:  # noqa: BLE001 - TVM raises various errors on bad records
+        return refuse(f"its MetaSchedule database does not load ({type(e).__name__}: {_first_line(e)})")
+    digest = hashlib.sha256(manifest_bytes)
+    for data in files.values():
+        digest.update(hashlib.sha256(data).digest())
+    return TuningLog(path, manifest, db, rejected=rejected, sha256=digest.hexdigest())
 
 
 def write_manifest(path: str, manifest: dict) -> None:
-    tmp = os.path.join(path, MANIFEST + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(manifest, f, indent=1, sort_keys=True)
-    os.replace(tmp, os.path.join(path, MANIFEST))
+    """Atomically: a reader sees the old or the new manifest. The temporary file is a new one (O_EXCL), never
+    whatever a fixed name holds (a FIFO would block the open, a symlink redirect the write)."""
+    import secrets
+    tmp = os.path.join(path, f"{MANIFEST}.{secrets.token_hex(8)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(manifest, f, indent=1, sort_keys=True)
+        os.replace(tmp, os.path.join(path, MANIFEST))
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
 
 
 # ------------------------------------------------------------------------------------------ tuning
@@ -410,15 +429,14 @@ def tune_kernels(kernels: dict, target, log_dir: str, manifest: dict, trials: in
                  on_done=None) -> dict:
     """Tune each kernel of `kernels` (``static_kernels``) not yet finished in `manifest`, into the database in
     `log_dir`; updates and writes the manifest after each kernel. `progress`: a tqdm-like bar (``update``,
-    ``set_postfix_str``). Returns the manifest."""
-    from tvm.s_tir import meta_schedule as ms
+    ``set_postfix_str``). Returns the manifest. Ctrl-C stops at the next safe point (`tuning_interrupt`): the
+    manifest and database keep what was finished and measured, then KeyboardInterrupt is raised."""
     done = {k["workload"]: k for k in manifest["kernels"] if k.get("status") in ("done", "failed")}
     todo = [(key, name, func) for key, (name, func) in kernels.items() if key not in done]
     if progress is not None:
         progress.update(len(kernels) - len(todo))
     if not todo:
         return manifest
-    db = ms.database.JSONDatabase(work_dir=log_dir)
     if is_cuda(target):                 # candidates are built with nvcc (in the builder's worker processes)
         from .gpu import default_schedule, prepare_nvcc
         prepare_nvcc()
@@ -428,15 +446,38 @@ def tune_kernels(kernels: dict, target, log_dir: str, manifest: dict, trials: in
         from .cpu_schedule import _schedule_func
         schedule = lambda func, name: _schedule_func(func, target, name)  # noqa: E731 - our CPU rules
         workers = max(1, int(target.attrs.get("num-cores", 1)))
-    builder = ms.builder.LocalBuilder(max_workers=workers, f_build=_build, timeout_sec=120)
-    runner = ms.runner.LocalRunner()
+    from .tuning_interrupt import StoppableBuilder, StoppableRunner, deferred_interrupt
+    with deferred_interrupt() as stop:      # Ctrl-C: acted upon at safe points (`tuning_interrupt`)
+        builder = StoppableBuilder(stop, max_workers=workers, f_build=_build, timeout_sec=120)
+        runner = StoppableRunner(stop)
+        try:
+            _tune_each(todo, target, log_dir, manifest, trials, schedule, (builder, runner), stop, progress, on_done)
+        finally:
+            runner.close()
+    return manifest
+
+
+def _first_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[0][:200] if lines else "(no message)"
+
+
+def _tune_each(todo, target, log_dir, manifest, trials, schedule, measurers, stop, progress, on_done) -> None:
+    """`tune_kernels`' loop over the kernels to tune; `stop.check()` at its safe points."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from .tuning_interrupt import MeasuredOnly, StoppableRoundRobin
+    builder, runner = measurers
+    db = ms.database.JSONDatabase(work_dir=log_dir)
     best = None
     for key, name, func in todo:
+        stop.check()
         entry = {"workload": key, "name": name, "trials": trials}
         t0 = time.perf_counter()
         try:
             default = schedule(func, name)
             entry["default_us"] = round(measure(default, target) * 1e6, 3)
+            stop.check()
         except Exception as e:  # noqa: BLE001 - our schedule cannot be timed alone: nothing to compare with
             entry.update(status="failed", reason=f"default schedule: {type(e).__name__}: {str(e)[:200]}")
             default = None
@@ -446,7 +487,9 @@ def tune_kernels(kernels: dict, target, log_dir: str, manifest: dict, trials: in
                 with warnings.catch_warnings(), _meta_schedule_logging():
                     warnings.simplefilter("ignore")
                     ms.tune_tir(task, target, log_dir, max_trials_global=trials, num_trials_per_iter=min(trials, 64),
-                                builder=builder, runner=runner, database=db, cost_model="xgb", seed=0)
+                                builder=builder, runner=runner, database=db, cost_model="xgb", seed=0,
+                                task_scheduler=StoppableRoundRobin(stop), measure_callbacks=[MeasuredOnly(stop)])
+                stop.check()                # interrupted: what was measured is in the database, not finished
                 sch = db.query_schedule(task, target=target, workload_name="main")
                 if sch is None:
                     raise CompileError("no valid candidate was found")
@@ -458,7 +501,7 @@ def tune_kernels(kernels: dict, target, log_dir: str, manifest: dict, trials: in
             except Exception as e:  # noqa: BLE001 - MetaSchedule fails on some kernels: keep the default
                 import traceback
                 entry.update(status="failed", use="default",
-                             reason=f"tuning: {type(e).__name__}: {str(e).strip().splitlines()[0][:200]}",
+                             reason=f"tuning: {type(e).__name__}: {_first_line(e)}",
                              where=[f"{f.filename}:{f.lineno} {f.name}"
                                     for f in traceback.extract_tb(e.__traceback__)[-4:]])
         entry["seconds"] = round(time.perf_counter() - t0, 1)
@@ -472,4 +515,3 @@ def tune_kernels(kernels: dict, target, log_dir: str, manifest: dict, trials: in
                                      f"{entry.get('tuned_us', '-')} us")
         if on_done is not None:
             on_done(entry)
-    return manifest

@@ -34,9 +34,6 @@ import json
 import math
 import os
 import re
-import shutil
-import stat
-import tempfile
 import warnings
 
 import numpy as np
@@ -189,32 +186,15 @@ def trace_problem(trace) -> str | None:
 
 
 # ------------------------------------------------------------------------------------------ reading
-def read_capped(path: str, limit: int | None = None) -> bytes:
-    """The bytes of a regular file of at most `limit` (default `MAX_FILE_BYTES`) bytes (a FIFO, device or larger
-    file: ValueError; opened without blocking, so a FIFO cannot stall the build)."""
-    limit = MAX_FILE_BYTES if limit is None else limit
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ValueError(f"{os.path.basename(path)} is not a regular file")
-        data = f.read(limit + 1)
-    if len(data) > limit:
-        raise ValueError(f"{os.path.basename(path)} is larger than {limit} bytes")
-    return data
-
-
-def _json_lines(path: str, limit: int, what: str) -> list:
+def _json_lines(data: bytes, name: str, limit: int, what: str) -> list:
+    """The JSON values of the lines of a database file's checked bytes (`log_files.read_database_files`)."""
     out = []
-    for n, line in enumerate(read_capped(path).splitlines(), 1):
+    for line in data.splitlines():
         if not line.strip():
             continue
         if len(out) == limit:
-            raise ValueError(f"{os.path.basename(path)} has more than {limit} {what}")
-        try:
-            out.append(json.loads(line))
-        except (ValueError, RecursionError) as e:
-            raise ValueError(f"{os.path.basename(path)} line {n} is not JSON ({type(e).__name__})") from None
+            raise ValueError(f"{name} has more than {limit} {what}")
+        out.append(json.loads(line))          # parsed (depth-checked) once already: cannot fail
     return out
 
 
@@ -229,15 +209,18 @@ def _mean_run_secs(run_secs) -> float | None:
     return mean if math.isfinite(mean) else None
 
 
-def load_checked_database(path: str):
-    """``(JSONDatabase, rejected)`` of the log folder `path`: the database holds, per workload, its best record
-    if that passed `trace_problem`; `rejected` maps the structural hash (as the workload file writes it) of
-    each workload whose best record did not to the reason. ValueError / OSError: the files are unusable."""
-    workloads = _json_lines(os.path.join(path, WORKLOADS), MAX_WORKLOADS, "workloads")
+def load_checked_database(path: str, files: dict | None = None):
+    """``(JSONDatabase, rejected)`` of the log folder `path` (its database files' bytes `files`, read by
+    `log_files.read_database_files` when not given): the database holds, per workload, its best record if that
+    passed `trace_problem`; `rejected` maps the structural hash (as the workload file writes it) of each
+    workload whose best record did not to the reason. ValueError (LogFileError too): the files are unusable."""
+    from .log_files import load_database, read_database_files
+    files = read_database_files(path) if files is None else files
+    workloads = _json_lines(files[WORKLOADS], WORKLOADS, MAX_WORKLOADS, "workloads")
     if not all(isinstance(w, list) and len(w) == 2 and all(isinstance(x, str) for x in w) for w in workloads):
         raise ValueError(f"{WORKLOADS} holds entries other than [structural hash, module]")
     best: dict = {}
-    for rec in _json_lines(os.path.join(path, RECORDS), MAX_RECORDS, "records"):
+    for rec in _json_lines(files[RECORDS], RECORDS, MAX_RECORDS, "records"):
         if not (isinstance(rec, list) and len(rec) == 2 and _int_in(0, len(workloads) - 1)(rec[0])
                 and isinstance(rec[1], list) and len(rec[1]) == 4):
             raise ValueError(f"{RECORDS} holds an entry other than [workload index, [trace, times, target, args]]")
@@ -251,18 +234,9 @@ def load_checked_database(path: str):
             kept.append((index, [rec[1][0], rec[1][1], None, None]))
         else:
             rejected.setdefault(workloads[index][0], why)
-    tmp = tempfile.mkdtemp(prefix="dyntvm-log-")
-    try:
-        numbers = {index: n for n, (index, _) in enumerate(kept)}
-        with open(os.path.join(tmp, WORKLOADS), "w") as f:
-            f.writelines(json.dumps(workloads[index]) + "\n" for index, _ in kept)
-        with open(os.path.join(tmp, RECORDS), "w") as f:
-            f.writelines(json.dumps([numbers[index], body]) + "\n" for index, body in kept)
-        from tvm.s_tir import meta_schedule as ms
-        db = ms.database.JSONDatabase(path_workload=os.path.join(tmp, WORKLOADS),
-                                      path_tuning_record=os.path.join(tmp, RECORDS), allow_missing=False)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    numbers = {index: n for n, (index, _) in enumerate(kept)}
+    db = load_database({WORKLOADS: "".join(json.dumps(workloads[index]) + "\n" for index, _ in kept).encode(),
+                        RECORDS: "".join(json.dumps([numbers[index], body]) + "\n" for index, body in kept).encode()})
     return db, rejected
 
 
@@ -465,11 +439,14 @@ def check_database_to_resume(path: str) -> None:
     builds and runs: every record there must pass `trace_problem` (CompileError naming the first that does
     not). A folder without a database passes."""
     from ..errors import CompileError
-    if not os.path.exists(os.path.join(path, RECORDS)):
+    from .log_files import MAX_DATABASE_BYTES, check_json_lines, read_regular_file
+    if not os.path.lexists(os.path.join(path, RECORDS)):
         return
     try:
-        records = _json_lines(os.path.join(path, RECORDS), MAX_RECORDS, "records")
-    except (OSError, ValueError) as e:
+        data = read_regular_file(os.path.join(path, RECORDS), MAX_DATABASE_BYTES)
+        check_json_lines(data, os.path.join(path, RECORDS))
+        records = _json_lines(data, RECORDS, MAX_RECORDS, "records")
+    except ValueError as e:                         # LogFileError too
         raise CompileError(f"tune: {path}'s MetaSchedule database is not readable ({type(e).__name__}: {e}); remove "
                            "it or pick another log_dir") from None
     for n, rec in enumerate(records, 1):

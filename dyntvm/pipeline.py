@@ -122,12 +122,9 @@ def _tuning_for(pg: Graph, name: str, binding: str, target: str, kind: str, tuni
     tvm_target = concrete_target(target)
     if tuning_log is None:                      # a shipped log for this model and target, if any: silently
         path = os.path.join(shipped_logs(), name, target_key(tvm_target))
-        if not os.path.isfile(os.path.join(path, "manifest.json")):
+        if not os.path.lexists(os.path.join(path, "manifest.json")):
             return None
-        import warnings
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            log = load_log(path, binding, tvm_target)
+        log = load_log(path, binding, tvm_target, quiet_mismatch=True)    # a bad file warns, another CPU not
     else:
         if not isinstance(tuning_log, (str, os.PathLike)):
             raise CompileError(f"compile: tuning_log must be a folder path, got {type(tuning_log).__name__}")
@@ -145,7 +142,8 @@ def tune(fn_or_graph, *specs, target: str = "cpu", trials: int = 64, shape_hints
     Every region whose symbolic dims all have hints is specialized to each combination of hinted sizes;
     each resulting static kernel is tuned (`trials` candidates), timed against our default schedule, and
     the faster one recorded (`codegen/tuning.py`). Running again with the same folder resumes: finished
-    kernels are not tuned again. Ctrl-C keeps what was tuned (the KeyboardInterrupt goes on).
+    kernels are not tuned again. Ctrl-C stops at the next safe point (once the candidates being built or
+    measured are done), keeps what was finished and measured, and raises KeyboardInterrupt.
 
     Args:
         fn_or_graph, *specs, selector: as for `compile`.
@@ -162,7 +160,9 @@ def tune(fn_or_graph, *specs, target: str = "cpu", trials: int = 64, shape_hints
         >>> model = dt.compile(lstm, *specs, tuning_log=log)
     """
     from .codegen.build import concrete_target, tuning_tasks
-    from .codegen.tuning import FORMAT, MANIFEST, target_identity, target_key, tune_kernels, write_manifest
+    from .codegen.log_files import create_database_files
+    from .codegen.tuning import FORMAT, target_identity, target_key, tune_kernels, write_manifest
+    from .codegen.tuning_interrupt import deferred_interrupt
     kind = check_target(target)
     if not isinstance(trials, int) or isinstance(trials, bool) or trials < 1:
         raise CompileError(f"tune: trials must be a positive int, got {trials!r}")
@@ -183,7 +183,7 @@ def tune(fn_or_graph, *specs, target: str = "cpu", trials: int = 64, shape_hints
         tvm_target = _check_tuning_gpu(target, tvm_target)
     log_dir = os.fspath(log_dir) if log_dir is not None else \
         os.path.join("tuning_logs", graph.name, target_key(tvm_target))
-    with _BUILD_LOCK:
+    with _BUILD_LOCK, deferred_interrupt():     # Ctrl-C in TVM's (Python) passes: KeyboardInterrupt after them
         table, kernels, failed = tuning_tasks(pg, hints, tvm_target)
     manifest = {"format": FORMAT, "model": graph.name, "model_hash": binding, **target_identity(tvm_target),
                 "hints": hints, "specialized": {r: [[c, n] for c, n in specs] for r, specs in table.items()},
@@ -193,39 +193,52 @@ def tune(fn_or_graph, *specs, target: str = "cpu", trials: int = 64, shape_hints
     except OSError as e:
         raise CompileError(f"tune: cannot write the log folder {log_dir} ({type(e).__name__}: {e})") from None
     with _log_lock(log_dir):
-        mpath = os.path.join(log_dir, MANIFEST)
-        if os.path.exists(mpath):
-            import json
-            try:
-                with open(mpath) as f:
-                    old = json.load(f)
-                if not isinstance(old, dict):
-                    raise ValueError(f"a JSON {type(old).__name__}, not a dyntvm tuning manifest")
-            except (OSError, ValueError) as e:
-                raise CompileError(f"tune: {mpath} exists but is not readable ({type(e).__name__}: {e}); remove it or "
-                                   "pick another log_dir") from None
-            same = {k: old.get(k) for k in ("model_hash", "target_key", "cpu", "hints")} == \
-                {k: manifest.get(k) for k in ("model_hash", "target_key", "cpu", "hints")}
-            if not same:
-                raise CompileError(f"tune: {log_dir} holds a log of another model, target or hints "
-                                   f"({old.get('model')!r}, {old.get('target_key')}, hints {old.get('hints')}); pick "
-                                   "another log_dir")
-            manifest["kernels"] = [k for k in old.get("kernels", []) if isinstance(k, dict) and "workload" in k]
         try:
-            write_manifest(log_dir, manifest)
-        except OSError as e:
-            raise CompileError(f"tune: cannot write the log folder {log_dir} ({type(e).__name__}: {e})") from None
-        from .codegen.tuning_trust import check_database_to_resume
-        check_database_to_resume(log_dir)           # its records seed the search: built and run
-        from tqdm.auto import tqdm
-        with tqdm(total=len(kernels), desc=f"tuning {graph.name}", unit="kernel", disable=not progress) as bar:
+            manifest["kernels"] = _kernels_to_resume(log_dir, manifest)
+            from .codegen.tuning_trust import check_database_to_resume
+            check_database_to_resume(log_dir)           # its records seed the search: built and run
             try:
-                with _BUILD_LOCK:
-                    tune_kernels(kernels, tvm_target, log_dir, manifest, trials, progress=bar)
-            except KeyboardInterrupt:
-                bar.write(f"dyntvm tune: interrupted; what was tuned is kept in {log_dir} (run again to resume)")
-                raise
+                write_manifest(log_dir, manifest)
+                create_database_files(log_dir)
+            except OSError as e:
+                raise CompileError(f"tune: cannot write the log folder {log_dir} ({type(e).__name__}: {e})") from None
+            from tqdm.auto import tqdm
+            with tqdm(total=len(kernels), desc=f"tuning {graph.name}", unit="kernel", disable=not progress) as bar, \
+                    _BUILD_LOCK:
+                tune_kernels(kernels, tvm_target, log_dir, manifest, trials, progress=bar)
+        except KeyboardInterrupt:     # raised at a safe point of `tune_kernels`, or in plain Python code here
+            print(f"dyntvm tune: interrupted; what was tuned is kept in {log_dir} (run again to resume)")
+            raise
     return log_dir
+
+
+def _kernels_to_resume(log_dir: str, manifest: dict) -> list:
+    """The kernel entries of the log already in `log_dir` (none if there is none), which must be a log of the
+    same model, target and hints as `manifest`, in files a tune can read and append to (`log_files`)."""
+    from .codegen.log_files import LogFileError, check_folder_to_resume, read_json
+    from .codegen.tuning import MANIFEST
+    mpath = os.path.join(log_dir, MANIFEST)
+    try:
+        check_folder_to_resume(log_dir)
+    except LogFileError as e:
+        raise CompileError(f"tune: cannot resume the log in {log_dir}: {e}; remove it or pick another "
+                           "log_dir") from None
+    if not os.path.lexists(mpath):
+        return []
+    try:
+        old = read_json(mpath)
+        if not isinstance(old, dict):
+            raise ValueError(f"a JSON {type(old).__name__}, not a dyntvm tuning manifest")
+    except ValueError as e:                         # LogFileError too
+        raise CompileError(f"tune: {mpath} exists but is not readable ({type(e).__name__}: {e}); remove it or "
+                           "pick another log_dir") from None
+    same = {k: old.get(k) for k in ("model_hash", "target_key", "cpu", "hints")} == \
+        {k: manifest.get(k) for k in ("model_hash", "target_key", "cpu", "hints")}
+    if not same:
+        raise CompileError(f"tune: {log_dir} holds a log of another model, target or hints "
+                           f"({old.get('model')!r}, {old.get('target_key')}, hints {old.get('hints')}); pick "
+                           "another log_dir")
+    return [k for k in old.get("kernels", []) if isinstance(k, dict) and "workload" in k]
 
 
 @contextlib.contextmanager
@@ -237,9 +250,13 @@ def _log_lock(log_dir: str):
     except ImportError:                         # not POSIX: no lock
         yield
         return
+    import stat
     path = os.path.join(log_dir, ".lock")
-    try:
-        f = open(path, "a")
+    try:                                        # non-blocking: a FIFO there would block a plain open
+        f = os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK | os.O_CLOEXEC), "a")
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            f.close()
+            raise OSError(f"{path} is not a regular file")
     except OSError as e:
         raise CompileError(f"tune: cannot write the log folder {log_dir} ({type(e).__name__}: {e})") from None
     with f:

@@ -7,7 +7,7 @@ equal to the one written. Normalising is idempotent.
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -326,7 +326,8 @@ class CondAttrs:
 class CaseAttrs:
     num_cases: int            # subgraphs: pred_0, fn_0, ..., pred_{n-1}, fn_{n-1}, default
     num_outputs: int
-    exclusive: bool = False   # every predicate runs; more than one holding is an error
+    # every predicate runs; more than one holding is an error (added later: see `attrs_to_json`)
+    exclusive: bool = field(default=False, metadata={"omit_default": True})
 
 
 @dataclass(frozen=True)
@@ -353,7 +354,11 @@ class RegionAttrs:
 
 # ------------------------------------------------------------------------------------- JSON
 def attrs_to_json(attrs) -> dict:
-    return {f.name: _jsonable(getattr(attrs, f.name)) for f in fields(attrs)}
+    """The JSON form of `attrs`. A field added after graphs were saved and hashed (metadata `omit_default`) is
+    written only when it is not at its default, so a graph that does not use it keeps its JSON and its hash
+    (artifacts, and the tuning logs keyed by a model's hash, stay valid)."""
+    return {f.name: _jsonable(getattr(attrs, f.name)) for f in fields(attrs)
+            if not (f.metadata.get("omit_default") and getattr(attrs, f.name) == f.default)}
 
 
 def _jsonable(v):

@@ -19,7 +19,7 @@ import pytest
 
 import dyntvm as dt
 from dyntvm import F
-from dyntvm.codegen import tuning, tuning_trust
+from dyntvm.codegen import log_files, tuning, tuning_trust
 from dyntvm.codegen.build import concrete_target, stats, tuning_tasks
 from dyntvm.pipeline import partition_graph
 from dyntvm.runtime.artifact import kernel_binding
@@ -201,10 +201,10 @@ def test_bounded_reading(task, tmp_path, monkeypatch):
     monkeypatch.setattr(tuning_trust, "MAX_RECORDS", 4)
     _, tuned, (warning,) = compile_with(path)
     assert tuned == 0 and "more than 4 records" in warning
-    monkeypatch.setattr(tuning_trust, "MAX_FILE_BYTES", len(line) * 4)
+    monkeypatch.setattr(log_files, "MAX_DATABASE_BYTES", len(line) * 4)
     monkeypatch.setattr(tuning_trust, "MAX_RECORDS", 10)
     _, tuned, (warning,) = compile_with(path)
-    assert tuned == 0 and "larger than" in warning
+    assert tuned == 0 and "more than" in warning
 
 
 def test_a_tune_does_not_resume_from_a_hostile_database(task, tmp_path):

@@ -1,0 +1,182 @@
+"""Ctrl-C during a tune: acted upon only at safe points.
+
+A KeyboardInterrupt raised wherever SIGINT happens to land broke MetaSchedule: raised inside one of its
+Python callbacks (builder, runner, cost model) called from its C++ task scheduler, it unwound through C++
+frames (a SIGSEGV, or a TVM error with an empty message), or left a builder's process pool unclosed, which
+the garbage collector then shut down from one of the pool's own threads ("cannot join current thread").
+
+So while kernels are tuned, SIGINT only sets a flag (`deferred_interrupt`). MetaSchedule sees it through
+the objects it is given here: the builder stops starting builds, the runner stops measuring, the task
+scheduler hands out no further batch, and only the candidates actually measured are committed to the
+database. Between kernels the tune checks the flag itself, and raises KeyboardInterrupt with the manifest
+and database as the last finished step left them.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+
+from tvm.ir.utils import derived_object
+from tvm.s_tir.meta_schedule import measure_callback
+from tvm.s_tir.meta_schedule.builder import BuilderResult, LocalBuilder
+from tvm.s_tir.meta_schedule.builder.local_builder import _serialize_params, _worker_func
+from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
+from tvm.s_tir.meta_schedule.runner import LocalRunner
+from tvm.s_tir.meta_schedule.runner.local_runner import LocalRunnerFuture
+from tvm.s_tir.meta_schedule.task_scheduler import PyTaskScheduler
+from tvm.support.popen_pool import PopenPoolExecutor, StatusKind
+
+INTERRUPTED = "dyntvm: not measured: the tune was interrupted (Ctrl-C)"
+NOTICE = (b"\ndyntvm tune: interrupted: stopping once the candidates being built or measured are done "
+          b"(what was tuned is kept; Ctrl-\\ quits at once, keeping less)\n")
+
+
+class StopRequest:
+    """Whether SIGINT arrived during the tune; `check` raises KeyboardInterrupt at a safe point if so."""
+
+    def __init__(self):
+        self.requested = False
+
+    def check(self) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def deferred_interrupt():
+    """A `StopRequest` that SIGINT sets (with a notice on stderr) for the duration instead of raising
+    KeyboardInterrupt; on leaving, KeyboardInterrupt is raised if it was set. Only where Ctrl-C means
+    KeyboardInterrupt (Python's default handler, in the main thread): a program that ignores SIGINT or handles
+    it itself keeps its way, and the flag is never set."""
+    stop = StopRequest()
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield stop
+        return
+
+    def on_sigint(_signum, _frame):
+        if not stop.requested:
+            stop.requested = True
+            os.write(2, NOTICE)             # not print: the handler may run while sys.stderr is mid-write
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    stop.check()                            # one that arrived after the last check
+
+
+@derived_object
+class StoppableBuilder(LocalBuilder._cls):
+    """MetaSchedule's LocalBuilder, which starts no further build once a stop is requested: those candidates
+    (and any build failing after the request: a Ctrl-C in a terminal also kills the build processes) get the
+    INTERRUPTED error."""
+
+    def __init__(self, stop: StopRequest, **kwargs):
+        super().__init__(**kwargs)
+        self.stop = stop
+
+    def build(self, build_inputs: list) -> list:
+        if self.stop.requested:
+            return [BuilderResult(None, INTERRUPTED)] * len(build_inputs)
+        pool = PopenPoolExecutor(max_workers=self.max_workers, timeout=self.timeout_sec,
+                                 initializer=self.initializer)  # one per call, as LocalBuilder (its workers leak)
+        results = []
+        try:
+            outcomes = pool.map_with_error_catching(
+                lambda args: _worker_func(*args),
+                [(self.f_build, self.f_export, b.mod, b.target, _serialize_params(b.params)) for b in build_inputs])
+            for outcome in outcomes:
+                results.append(self._result(outcome))
+                if self.stop.requested:
+                    break
+            outcomes.close()                # cancels the builds not started yet
+        finally:
+            pool.shutdown()
+        return results + [BuilderResult(None, INTERRUPTED)] * (len(build_inputs) - len(results))
+
+    def _result(self, outcome) -> BuilderResult:
+        """As LocalBuilder.build reads a pool's outcome."""
+        if outcome.status == StatusKind.COMPLETE:
+            return BuilderResult(outcome.value, None)
+        if self.stop.requested:
+            return BuilderResult(None, INTERRUPTED)
+        if outcome.status == StatusKind.TIMEOUT:
+            return BuilderResult(None, f"LocalBuilder: Timeout, killed after {self.timeout_sec} seconds")
+        return BuilderResult(None, "LocalBuilder: An exception occurred\n" + str(outcome.value))
+
+
+@derived_object
+class StoppableRunner(LocalRunner._cls):
+    """MetaSchedule's LocalRunner (which measures one candidate at a time), measuring no further candidate
+    once a stop is requested: those, and a measurement failing after the request, get the INTERRUPTED error."""
+
+    def __init__(self, stop: StopRequest, **kwargs):
+        super().__init__(**kwargs)
+        self.stop = stop
+
+    def run(self, runner_inputs: list) -> list:
+        futures = []
+        for one in runner_inputs:
+            if not self.stop.requested:
+                (future,) = super().run([one])
+                if future.error_message is None or not self.stop.requested:
+                    futures.append(future)
+                    continue
+            futures.append(LocalRunnerFuture(error_message=INTERRUPTED))
+        return futures
+
+    def close(self) -> None:
+        """Ends the measuring process now, not whenever the garbage collector gets to it (maybe in one of the
+        pool's own threads: "cannot join current thread")."""
+        self.pool.shutdown()
+
+
+@derived_object
+class StoppableRoundRobin(PyTaskScheduler):
+    """MetaSchedule's round-robin task scheduler, which hands out no further batch once a stop is requested
+    (MetaSchedule then joins the batch being measured and ends the tune)."""
+
+    def __init__(self, stop: StopRequest):
+        super().__init__()
+        self.stop = stop
+        self.last = -1
+
+    def next_task_id(self) -> int:
+        if self.stop.requested:
+            return -1
+        scheduler = self._outer()
+        tasks = scheduler.tasks_
+        for task_id in range(len(tasks)):
+            scheduler.touch_task(task_id)
+        for _ in range(len(tasks)):
+            self.last = (self.last + 1) % len(tasks)
+            if not tasks[self.last].is_terminated:
+                if tasks[self.last].runner_futures is not None:
+                    scheduler.join_running_task(self.last)
+                return self.last
+        return -1
+
+
+@derived_object
+class MeasuredOnly(PyMeasureCallback):
+    """MetaSchedule's default measure callbacks, which record only the candidates that were measured (or
+    failed on their own): an INTERRUPTED one is not a failed schedule, and recorded as one (1e10 s) it would
+    never be tried again when the tune resumes. The cost model is not trained once a stop is requested."""
+
+    def __init__(self, stop: StopRequest):
+        super().__init__()
+        self.stop = stop
+        self.record = measure_callback.AddToDatabase()
+        self.train = measure_callback.UpdateCostModel()
+        self.cleanup = measure_callback.RemoveBuildArtifact()
+
+    def apply(self, task_scheduler, task_id, candidates, builder_results, runner_results) -> None:
+        keep = [i for i, r in enumerate(runner_results) if r.error_msg is None or str(r.error_msg) != INTERRUPTED]
+        if keep:
+            kept = [[items[i] for i in keep] for items in (candidates, builder_results, runner_results)]
+            for callback in (self.record,) if self.stop.requested else (self.record, self.train):
+                callback.apply(task_scheduler, task_id, *kept)
+        self.cleanup.apply(task_scheduler, task_id, candidates, builder_results, runner_results)

@@ -1,0 +1,98 @@
+"""Ctrl-C during `dt.tune` (`codegen/tuning_interrupt.py`): a real subprocess tuning a small model is sent a real
+SIGINT, to its whole process group as a terminal's Ctrl-C is (MetaSchedule's build and run workers get it too),
+at moments found by polling the log folder. Each time the tune must end in KeyboardInterrupt (it was a SIGSEGV,
+"RuntimeError: cannot join current thread" or an IndexError in tuning.py), leave a sound log, and the next run
+resume it: the kernel finished before the last Ctrl-C is not tuned again."""
+import os
+import signal
+import subprocess
+import sys
+import time
+import warnings
+
+import pytest
+
+from dyntvm.codegen import log_files, tuning
+from dyntvm.codegen.build import concrete_target
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = """import sys
+import numpy as np
+import dyntvm as dt
+from dyntvm import F
+W = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)
+def affine(x):
+    return F.tanh(F.matmul(x, W) + 1.0)
+dt.tune(affine, dt.TensorSpec(("N", 64)), trials=4, shape_hints={"N": [8, 16]}, log_dir=sys.argv[1], progress=False)
+print("tuned")
+"""
+SCHEDULER_LOG = os.path.join("logs", "tvm.s_tir.meta_schedule.logging.task_scheduler.log")
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def _finished(log: str) -> list:
+    return [k for k in log_files.read_json(os.path.join(log, tuning.MANIFEST))["kernels"] if k["status"] == "done"]
+
+
+# when to press Ctrl-C: a test of the log folder, given the scheduler log's text written by this run
+MOMENTS = {
+    "at the start (default timing, MetaSchedule's imports)":
+        lambda log, new: os.path.exists(os.path.join(log, tuning.MANIFEST)),
+    "while the first batch is built": lambda log, new: "to builder" in new,
+    "while the first batch is measured": lambda log, new: "to runner" in new,
+    "in the second kernel": lambda log, new: bool(_finished(log)),
+}
+
+
+def _tune(script: str, log: str, moment=None) -> subprocess.CompletedProcess:
+    """Run the tune; with a `moment`, Ctrl-C it when the moment comes (it must not end before)."""
+    before = len(_read(os.path.join(log, SCHEDULER_LOG)))
+    proc = subprocess.Popen([sys.executable, script, log], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        while moment is not None and not moment(log, _read(os.path.join(log, SCHEDULER_LOG))[before:]):
+            assert proc.poll() is None, "the tune ended before the moment to interrupt it"
+            time.sleep(0.1)
+        if moment is not None:
+            os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=900)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def _assert_sound(log: str) -> None:
+    manifest = log_files.read_json(os.path.join(log, tuning.MANIFEST))
+    assert all(k["status"] in ("done", "failed") for k in manifest["kernels"])
+    log_files.read_database_files(log)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert tuning.load_log(log, None, concrete_target("cpu")) is not None
+
+
+def test_ctrl_c_keeps_what_was_tuned_and_raises_keyboard_interrupt(tmp_path):
+    script, log = str(tmp_path / "tune_affine.py"), str(tmp_path / "log")
+    with open(script, "w") as f:
+        f.write(SCRIPT)
+    finished = []
+    for what, moment in MOMENTS.items():
+        run = _tune(script, log, moment)
+        assert run.returncode == -signal.SIGINT, f"Ctrl-C {what}: exit {run.returncode}\n{run.stderr[-3000:]}"
+        assert run.stderr.rstrip().splitlines()[-1] == "KeyboardInterrupt", f"Ctrl-C {what}:\n{run.stderr[-3000:]}"
+        assert "what was tuned is kept" in run.stdout
+        _assert_sound(log)
+        finished = _finished(log)       # one, if the Ctrl-C came as the first kernel was finishing
+        assert len(finished) == 1 if what == "in the second kernel" else len(finished) < 2, what
+    run = _tune(script, log)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert len(_finished(log)) == 2 and finished[0] in _finished(log)     # resumed: the first not tuned again
+    _assert_sound(log)
