@@ -18,7 +18,6 @@ symbols. Unsupported ops are listed all at once, subgraphs included, before anyt
 """
 from __future__ import annotations
 
-import os
 import re
 
 import numpy as np
@@ -28,6 +27,7 @@ from dyntvm.errors import InputError, TraceError, UnsupportedOpError
 
 from . import onnx_control, onnx_data, onnx_nn, onnx_seq, onnx_vision  # noqa: F401  (register their converters:
 #                                             control flow, indexing, nn, sequences / optionals, conv / pooling)
+from .onnx_load import load, walk_nodes
 from .onnx_ops import CONVERTERS, OnnxImportError, _np_dtype, _tensor
 from ..ir.types import is_unknown
 from . import F
@@ -35,48 +35,14 @@ from .tracer import Tensor, TensorSpec, source_hint, trace
 
 __all__ = ["from_onnx", "unsupported_ops", "CONVERTERS", "OnnxImportError"]
 
-# ------------------------------------------------------------------------------------------ loading
-def _load(model):
-    try:
-        import onnx
-    except ImportError:
-        raise InputError("from_onnx: the `onnx` package is needed to read ONNX models (pip install onnx)") from None
-    if isinstance(model, (str, os.PathLike)):
-        path = os.fspath(model)
-        if os.path.isdir(path):
-            raise InputError(f"from_onnx: {path!r} is a directory, not an ONNX model file")
-        if not os.path.isfile(path):
-            raise InputError(f"from_onnx: no such file {path!r}")
-        try:
-            model = onnx.load(path)
-        except Exception as e:  # noqa: BLE001 - protobuf raises DecodeError and friends
-            raise InputError(f"from_onnx: {path!r} is not a readable ONNX model ({type(e).__name__}: {e})") from None
-    if not isinstance(model, onnx.ModelProto):
-        raise InputError(f"from_onnx: expected a path or an onnx.ModelProto, got {type(model).__name__}")
-    if not model.HasField("graph"):         # an empty file, or another protobuf, parses as an empty ModelProto
-        where = f"{path!r}" if "path" in locals() else "the model"
-        raise InputError(f"from_onnx: {where} is not an ONNX model (it has no graph)")
-    return model
-
-
 def _opsets(model) -> dict:
     return {(o.domain or "ai.onnx"): o.version for o in model.opset_import}
-
-
-def _walk_nodes(graph):
-    for node in graph.node:
-        yield node
-        for a in node.attribute:
-            if a.g is not None and a.HasField("g"):
-                yield from _walk_nodes(a.g)
-            for g in a.graphs:
-                yield from _walk_nodes(g)
 
 
 def unsupported_ops(model) -> list:
     """The ONNX op types of `model` (subgraphs included) without a converter, sorted."""
     return sorted({(n.domain + "." if n.domain not in ("", "ai.onnx") else "") + n.op_type
-                   for n in _walk_nodes(model.graph)
+                   for n in walk_nodes(model.graph)
                    if n.domain not in ("", "ai.onnx") or n.op_type not in CONVERTERS})
 
 
@@ -328,7 +294,7 @@ def _run_nodes(graph, env: dict, ctx: _Ctx) -> None:
                 env[name] = v
 
 
-def from_onnx(model, input_shapes: dict | None = None, constant_inputs: dict | None = None):
+def from_onnx(model, input_shapes: dict | None = None, constant_inputs: dict | None = None, base_dir=None):
     """Import an ONNX model (a file path or an `onnx.ModelProto`) as a dyntvm Graph.
 
     Args:
@@ -339,6 +305,10 @@ def from_onnx(model, input_shapes: dict | None = None, constant_inputs: dict | N
         constant_inputs: ``{input name: array}``: inputs fixed at import time (they are no longer inputs of
             the graph), for operands dyntvm needs constant (a `Reshape` target fed as an input, say); a list
             of arrays for a sequence input, None for an optional input that is empty.
+        base_dir: the directory holding the model's external data files (tensors stored outside the model).
+            A model read from a path reads them from its own directory; a ``ModelProto`` with external data
+            needs ``base_dir`` (it is never read relative to the current directory). Either way onnx refuses
+            locations outside that directory (absolute paths, ``..``, symlinks).
 
     Returns:
         A `dt.Graph` whose inputs are the model's graph inputs (initializers excluded), named after them; a
@@ -351,7 +321,7 @@ def from_onnx(model, input_shapes: dict | None = None, constant_inputs: dict | N
         >>> graph = dt.from_onnx("model.onnx")
         >>> model = dt.compile(graph)
     """
-    model = _load(model)
+    model = load(model, base_dir)
     missing = unsupported_ops(model)
     if missing:
         raise UnsupportedOpError(f"from_onnx: no converter for ONNX op(s) {', '.join(missing)} "
