@@ -29,6 +29,7 @@ from . import onnx_control, onnx_data, onnx_nn, onnx_seq, onnx_vision  # noqa: F
 #                                             control flow, indexing, nn, sequences / optionals, conv / pooling)
 from .onnx_load import load, walk_nodes
 from .onnx_ops import CONVERTERS, OnnxImportError, _np_dtype, _tensor
+from .onnx_schema import _n, check_declared, check_node
 from ..ir.types import is_unknown
 from . import F
 from .tracer import Tensor, TensorSpec, source_hint, trace
@@ -55,7 +56,7 @@ def _declared(vi, tt=None) -> str:
     """An input's declared type, for messages: float32[N, 4]."""
     tt = onnx_seq.value_type(vi)[1] if tt is None else tt
     dims = ", ".join(str(d.dim_value) if d.HasField("dim_value") else d.dim_param or "?" for d in tt.shape.dim)
-    return f"{_np_dtype(tt.elem_type).name}" + (f"[{dims}]" if tt.HasField("shape") else " (rank unknown)")
+    return f"{_np_dtype(tt.elem_type, f'input {vi.name!r}').name}" + (f"[{dims}]" if tt.HasField("shape") else " (rank unknown)")
 
 
 _NOT_GIVEN = object()
@@ -94,7 +95,7 @@ def _input_specs(model, input_shapes, constants=()) -> list:
         while name in used:                                 # "x.1" and "x_1" both sanitize to x_1
             name += "_"
         used.add(name)
-        return TensorSpec(shape, _np_dtype(tt.elem_type).name, name=name)
+        return TensorSpec(shape, _np_dtype(tt.elem_type, f"input {vi.name!r}").name, name=name)
 
     for vi in (i for i in model.graph.input if i.name not in init):
         kind, tt = onnx_seq.value_type(vi)
@@ -130,7 +131,7 @@ def _constant_input(vi, value):
 
 
 def _constant_tensor(vi, tt, value, what: str) -> np.ndarray:
-    want = _np_dtype(tt.elem_type)
+    want = _np_dtype(tt.elem_type, f"input {vi.name!r}")
     try:
         arr = np.asarray(value)
         if arr.dtype != want and arr.dtype.kind in "iub" and np.can_cast(arr, want) and want.kind in "iuf":
@@ -153,19 +154,20 @@ def _constant_tensor(vi, tt, value, what: str) -> np.ndarray:
 class _Ctx:
     """What converters see: the opset and how to run a subgraph (control flow)."""
 
-    def __init__(self, opset: int, model_name: str):
+    def __init__(self, opset: int, model_name: str, check_dims: bool):
         self.opset = opset
         self.model_name = model_name
+        self.check_dims = check_dims    # declared static dims of outputs hold (input_shapes may change them)
         self.dims: dict = {}        # id(tensor) -> (tensor, dims, scalar): shape vectors with symbolic entries
         self.node = None            # the node being converted (innermost)
 
     def run_graph(self, graph, env: dict, inputs: list) -> list:
         """Run subgraph `graph` (an attribute of the node being converted) with its formal inputs bound to
         `inputs` (as many as it declares); names it does not define are read from `env` (the enclosing scope)."""
+        op = self.node.op_type if self.node is not None else "node"
+        part = next((a.name for a in (self.node.attribute if self.node is not None else ())
+                     if a.HasField("g") and a.g is graph), "subgraph")
         if len(graph.input) != len(inputs):
-            op = self.node.op_type if self.node is not None else "node"
-            part = next((a.name for a in (self.node.attribute if self.node is not None else ())
-                         if a.HasField("g") and a.g is graph), "subgraph")
             raise OnnxImportError(f"{op}'s {part} has {_n(len(graph.input), 'input')}, the {op} gives it "
                                   f"{len(inputs)}")
         local = _Scope(env)
@@ -174,7 +176,18 @@ class _Ctx:
         for t in graph.initializer:
             local[t.name] = _tensor(t)
         _run_nodes(graph, local, self)
-        return [_pin_declared(local[o.name], o, self.node) for o in graph.output]
+        outs = [_pin_declared(_output(local, o.name, f"{op}'s {part}"), o, self.node) for o in graph.output]
+        for o, v in zip(graph.output, outs):
+            check_declared(o, v, self.check_dims, f"{op}'s {part}")
+        return outs
+
+
+def _output(env, name: str, where: str):
+    try:
+        return env[name]
+    except KeyError:
+        raise OnnxImportError(f"{where} output {name!r} is not computed by any node (nor an input or initializer)"
+                              ) from None
 
 
 def _pin_declared(v, vi, node=None):
@@ -208,44 +221,6 @@ class _Scope(dict):
         return self.parent[key]
 
 
-def _n(k: int, what: str) -> str:
-    return f"{k} {what}{'' if k == 1 else 's'}"
-
-
-def _check_node(node, opset: int) -> None:
-    """`node` against its op's ONNX schema at `opset`: input / output counts, no empty name for a required
-    input ('' marks an omitted optional one), required attributes present, attributes of the declared types."""
-    from onnx import AttributeProto, defs
-    try:
-        s = defs.get_schema(node.op_type, opset, "")
-    except Exception:  # noqa: BLE001 - no schema at this opset: the converter judges
-        return
-
-    def count(lo, hi, what):
-        return _n(lo, what) if lo == hi else f"at least {_n(lo, what)}" if hi > 1 << 20 else f"{lo} to {hi} {what}s"
-    op = node.op_type
-    if not s.min_input <= len(node.input) <= s.max_input:
-        raise OnnxImportError(f"{op} takes {count(s.min_input, s.max_input, 'input')}, the node has {len(node.input)}")
-    if not s.min_output <= len(node.output) <= s.max_output:
-        raise OnnxImportError(f"{op} has {count(s.min_output, s.max_output, 'output')}, the node names "
-                              f"{len(node.output)}")
-    single = defs.OpSchema.FormalParameterOption.Single
-    for k, name in enumerate(node.input):
-        formal = s.inputs[min(k, len(s.inputs) - 1)]
-        if not name and formal.option == single:
-            raise OnnxImportError(f"{op}'s input {k} ({formal.name!r}) is required, but its name is empty ('' marks "
-                                  "an omitted optional input)")
-    for a in node.attribute:
-        want = s.attributes.get(a.name)
-        if want is not None and a.type and int(a.type) != int(want.type):
-            raise OnnxImportError(f"{op}'s attribute {a.name!r} must be an {want.type.name}, got a "
-                                  f"{AttributeProto.AttributeType.Name(a.type)}")
-    given = {a.name for a in node.attribute}
-    for name, at in s.attributes.items():
-        if at.required and name not in given:
-            raise OnnxImportError(f"{op}'s required attribute {name!r} is missing")
-
-
 # the ops that take sequences / optionals (the others take tensors only)
 def _takes_structured(op: str) -> bool:
     return op in ("Identity", "Loop") or CONVERTERS[op].__module__ == onnx_seq.__name__
@@ -267,11 +242,11 @@ def _run_nodes(graph, env: dict, ctx: _Ctx) -> None:
                                   "initializer or earlier node output)") from None
         prev, ctx.node = ctx.node, node
         try:
-            _check_node(node, ctx.opset)
             if not _takes_structured(node.op_type):
                 for k, v in enumerate(ins):
                     if onnx_seq.is_structured(v):
                         raise OnnxImportError(f"{node.op_type}'s input {k} is {onnx_seq.describe(v)}; it takes tensors")
+            check_node(node, ctx.opset, ins)
             with source_hint(where):        # its nodes' run-time errors name it
                 outs = conv(ins, _attrs(node), ctx, env, node)
         except (TraceError, InputError) as e:
@@ -341,17 +316,16 @@ def from_onnx(model, input_shapes: dict | None = None, constant_inputs: dict | N
     inits.update({vi.name: _constant_input(vi, constants[vi.name]) for vi in g.input if vi.name in constants})
     names = [vi.name for vi in g.input if vi.name not in inits]
     name = _symbol(g.name or "onnx_model")
-    ctx = _Ctx(opset, name)
+    ctx = _Ctx(opset, name, check_dims=input_shapes is None)
 
     def run(*xs):
         env = _Scope()
         env.update(inits)
         env.update(zip(names, xs))
         _run_nodes(g, env, ctx)
-        try:
-            outs = [onnx_seq.check_output(o.name, env[o.name]) for o in g.output]
-        except KeyError as e:
-            raise OnnxImportError(f"from_onnx: graph output {e.args[0]!r} is not computed by any node") from None
+        outs = [onnx_seq.check_output(o.name, _output(env, o.name, "from_onnx: graph")) for o in g.output]
+        for o, v in zip(g.output, outs):
+            check_declared(o, v, ctx.check_dims, "from_onnx: graph")
         return outs[0] if len(outs) == 1 else tuple(outs)
     run.__name__ = name
     return trace(run, *specs, name=name)

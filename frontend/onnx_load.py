@@ -49,6 +49,7 @@ def load(model, base_dir=None):
         raise InputError(f"from_onnx: {'the model' if path is None else repr(path)} is not an ONNX model (it has "
                          "no graph)")
     check_nesting(model.graph)
+    check_text(model)
     return _with_external_data(model, base_dir, copy=path is None)
 
 
@@ -73,6 +74,24 @@ def check_nesting(graph) -> None:
                                           f"subgraph {depth + 1} levels deep; at most {MAX_SUBGRAPH_DEPTH} levels "
                                           "of If / Loop / Scan bodies are supported")
                 stack.append((sub, depth + 1))
+
+
+def check_text(model) -> None:
+    """Refuses text fields (names, op types, attribute names...) that are not valid UTF-8: protobuf hands them
+    over as bytes, which every later string operation would trip on."""
+    from google.protobuf.descriptor import FieldDescriptor as FD
+    stack = [model]
+    while stack:
+        msg = stack.pop()
+        for field, value in msg.ListFields():
+            many = field.is_repeated if hasattr(field, "is_repeated") else field.label == FD.LABEL_REPEATED
+            if field.type == FD.TYPE_MESSAGE:
+                stack.extend(value if many else [value])
+            elif field.type == FD.TYPE_STRING:
+                bad = next((v for v in (value if many else [value]) if not isinstance(v, str)), None)
+                if bad is not None:
+                    raise OnnxImportError(f"from_onnx: the {type(msg).__name__} field {field.name!r} holds "
+                                          f"{bytes(bad)[:40]!r}, which is not UTF-8 text: the model is corrupt")
 
 
 def walk_nodes(graph):

@@ -18,9 +18,14 @@ class OnnxImportError(InputError):
     """An ONNX model that cannot be imported as it is (a malformed node, an operand that must be constant)."""
 
 
-def _np_dtype(elem_type: int) -> np.dtype:
+def _np_dtype(elem_type: int, what: str = "a tensor") -> np.dtype:
+    """The numpy dtype of ONNX element type `elem_type` (the type of `what`, for the message)."""
     from onnx import helper
-    return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
+    try:
+        return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
+    except (KeyError, TypeError, ValueError):
+        raise OnnxImportError(f"{what} has element type {elem_type}, " + ("undefined (0)" if elem_type == 0 else
+                              "not an ONNX tensor element type")) from None
 
 
 def _tensor(t, what: str = "initializer") -> np.ndarray:
@@ -36,6 +41,7 @@ def _tensor(t, what: str = "initializer") -> np.ndarray:
                               "only from the model file's directory, or from_onnx(..., base_dir=))")
     if any(d < 0 for d in t.dims):
         raise OnnxImportError(f"{name} has negative dims {list(t.dims)}")
+    _np_dtype(t.data_type, name)
     try:
         return numpy_helper.to_array(t)
     except Exception as e:  # noqa: BLE001 - onnx / numpy raise TypeError, KeyError, ValueError... on bad data
@@ -228,8 +234,9 @@ def _constant(ins, a, ctx, env, node):
 
 @converter("Cast")
 def _cast(ins, a, ctx, env, node):
-    out = F.astype(ins[0], _np_dtype(a["to"]).name)
-    kd = _known_dims(ctx, ins[0]) if _np_dtype(a["to"]).kind in "iu" else None
+    to = _np_dtype(a["to"], "Cast's 'to'")
+    out = F.astype(ins[0], to.name)
+    kd = _known_dims(ctx, ins[0]) if to.kind in "iu" else None
     return out if kd is None else _note(ctx, out, *kd)
 
 
