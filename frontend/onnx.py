@@ -56,7 +56,8 @@ def _declared(vi, tt=None) -> str:
     """An input's declared type, for messages: float32[N, 4]."""
     tt = onnx_seq.value_type(vi)[1] if tt is None else tt
     dims = ", ".join(str(d.dim_value) if d.HasField("dim_value") else d.dim_param or "?" for d in tt.shape.dim)
-    return f"{_np_dtype(tt.elem_type, f'input {vi.name!r}').name}" + (f"[{dims}]" if tt.HasField("shape") else " (rank unknown)")
+    dtype = _np_dtype(tt.elem_type, f"input {vi.name!r}").name
+    return dtype + (f"[{dims}]" if tt.HasField("shape") else " (rank unknown)")
 
 
 _NOT_GIVEN = object()

@@ -48,7 +48,7 @@ def load(model, base_dir=None):
     if not model.HasField("graph"):         # an empty file, or another protobuf, parses as an empty ModelProto
         raise InputError(f"from_onnx: {'the model' if path is None else repr(path)} is not an ONNX model (it has "
                          "no graph)")
-    check_nesting(model.graph)
+    check_nesting(model)
     check_text(model)
     return _with_external_data(model, base_dir, copy=path is None)
 
@@ -61,10 +61,11 @@ def _graphs_of(node):
         yield from a.graphs
 
 
-def check_nesting(graph) -> None:
-    """Refuses subgraphs nested deeper than MAX_SUBGRAPH_DEPTH (walked with a stack: a model built in memory
-    can nest deeper than any recursive walk survives)."""
-    stack = [(graph, 0)]
+def check_nesting(model) -> None:
+    """Refuses subgraphs (of the graph or of the model's functions) nested deeper than MAX_SUBGRAPH_DEPTH, walked
+    with a stack: a model built in memory can nest deeper than any recursive walk survives (onnx's own walks
+    over its tensors included)."""
+    stack = [(model.graph, 0)] + [(f, 0) for f in model.functions]
     while stack:
         g, depth = stack.pop()
         for node in g.node:

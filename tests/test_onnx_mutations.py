@@ -24,7 +24,8 @@ def vi(name, elem, shape):
 
 
 def model(nodes, inputs, outputs, inits: dict):
-    g = h.make_graph(nodes, "m", inputs, outputs, initializer=[nh.from_array(np.asarray(v), k) for k, v in inits.items()])
+    g = h.make_graph(nodes, "m", inputs, outputs,
+                     initializer=[nh.from_array(np.asarray(v), k) for k, v in inits.items()])
     return h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
 
 
@@ -53,7 +54,8 @@ def control_flow():
 
 def shape_chain():
     return model([h.make_node("Shape", ["x"], ["sh"]), h.make_node("Gather", ["sh", "i0"], ["d0"], axis=0),
-                  h.make_node("Unsqueeze", ["d0", "ax"], ["d0u"]), h.make_node("Concat", ["d0u", "m1"], ["tgt"], axis=0),
+                  h.make_node("Unsqueeze", ["d0", "ax"], ["d0u"]),
+                  h.make_node("Concat", ["d0u", "m1"], ["tgt"], axis=0),
                   h.make_node("Reshape", ["x", "tgt"], ["r"]), h.make_node("Slice", ["r", "st", "en", "ax1"], ["sl"]),
                   h.make_node("Cast", ["sl"], ["c"], to=TP.DOUBLE), h.make_node("Concat", ["c", "c"], ["y"], axis=1),
                   h.make_node("Transpose", ["y"], ["yt"], perm=[1, 0])],
@@ -222,3 +224,16 @@ def test_subgraphs_nested_too_deep_are_refused_before_python_recursion_fails(kin
         with pytest.raises(OnnxImportError, match=f"nests a subgraph {MAX_SUBGRAPH_DEPTH + 1} levels deep; at most "
                                                   f"{MAX_SUBGRAPH_DEPTH}"):
             dt.from_onnx(nested(kind, depth))
+
+
+def test_subgraphs_nested_too_deep_in_a_function_are_refused():
+    """The model's functions are walked too (onnx's recursive walk over the model's tensors reaches them)."""
+    m = mlp()
+    f = m.functions.add(name="deep", domain="local")
+    f.opset_import.append(h.make_opsetid("", 17))
+    g = f
+    for d in range(1000):
+        node = g.node.add(op_type="If", input=["c"], output=[f"r{d}"])
+        g = node.attribute.add(name="then_branch", type=AP.GRAPH).g
+    with pytest.raises(OnnxImportError, match=f"nests a subgraph {MAX_SUBGRAPH_DEPTH + 1} levels deep"):
+        dt.from_onnx(m)
