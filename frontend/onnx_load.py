@@ -9,10 +9,11 @@ from dyntvm.errors import InputError
 
 from .onnx_ops import OnnxImportError
 
-# If / Loop / Scan bodies nested deeper than this are refused. Importing one level costs the Python stack some
-# 20 frames (converter, control-flow builder, tracer, subgraph run), so this keeps well under Python's recursion
-# limit; a model parsed from a file cannot nest deeper than ~33 anyway (protobuf's parser stops at 100 levels of
-# messages: graph, node, attribute per level).
+# If / Loop / Scan bodies nested deeper than this are refused. Importing one level of If or Loop costs the Python
+# stack 10-12 frames (converter, control-flow builder, tracer, subgraph run: Python's default limit of 1000 is hit
+# near 90 levels), Scan of opset 8 twice that; 24 leaves room for the caller's own stack. A model parsed from a
+# file cannot nest deeper than ~33 anyway (protobuf's parser stops at 100 levels of messages: graph, node and
+# attribute per level); one built in memory can.
 MAX_SUBGRAPH_DEPTH = 24
 
 

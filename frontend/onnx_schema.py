@@ -92,7 +92,8 @@ def _check_input_types(node, schema, ins: list) -> None:
 def check_declared(vi, v, check_dims: bool, where: str) -> None:
     """Output `v` of a graph (`where`: "from_onnx: graph", "Loop's body") against its declared type `vi`: a
     tensor of the declared dtype and rank, its static dims the declared ones (when `check_dims`: not where
-    input_shapes changed the inputs' sizes); a sequence or optional likewise for its elements."""
+    input_shapes changed the inputs' sizes); an optional likewise; a sequence of elements of the declared
+    dtype."""
     tp = vi.type
     if tp.HasField("optional_type"):
         if v is EMPTY:
@@ -101,8 +102,8 @@ def check_declared(vi, v, check_dims: bool, where: str) -> None:
     if tp.HasField("sequence_type"):
         if not isinstance(v, list):
             raise OnnxImportError(f"{where} output {vi.name!r} is declared a sequence, it is a tensor")
-        for k, e in enumerate(v):
-            _check_tensor(f"{where} output {vi.name!r}[{k}]", tp.sequence_type.elem_type.tensor_type, e, check_dims)
+        for k, e in enumerate(v):       # the dtype only: the elements' shapes may differ, a declared one is loose
+            _check_tensor(f"{where} output {vi.name!r}[{k}]", tp.sequence_type.elem_type.tensor_type, e, None)
     elif tp.HasField("tensor_type"):
         if isinstance(v, list) or v is EMPTY:
             raise OnnxImportError(f"{where} output {vi.name!r} is declared a tensor, it is "
@@ -110,12 +111,14 @@ def check_declared(vi, v, check_dims: bool, where: str) -> None:
         _check_tensor(f"{where} output {vi.name!r}", tp.tensor_type, v, check_dims)
 
 
-def _check_tensor(what: str, tt, v, check_dims: bool) -> None:
+def _check_tensor(what: str, tt, v, check_dims: bool | None) -> None:
+    """A tensor against its declared type: the dtype; the rank unless check_dims is None, its static dims too
+    when check_dims is true."""
     if tt.elem_type:
         want = _np_dtype(tt.elem_type, what)
         if np.dtype(v.dtype) != want:
             raise OnnxImportError(f"{what} is declared {want.name}, it is {np.dtype(v.dtype).name}")
-    if not tt.HasField("shape"):
+    if check_dims is None or not tt.HasField("shape"):
         return
     shape, dims = tuple(v.shape), tt.shape.dim
     if len(dims) != len(shape):
