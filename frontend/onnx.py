@@ -15,6 +15,10 @@ values as loop vars, scan outputs stacked to the iterations run, zero included),
 optionals exist at import time only (`onnx_seq.py`: a sequence is a list of element values; a `Loop`
 carrying one is unrolled). Symbolic dims (`dim_param`) become symbols of the same name; unknown dims fresh
 symbols. Unsupported ops are listed all at once, subgraphs included, before anything is converted.
+
+Checks: the model is read by `onnx_load.py` (external data only from a named directory, subgraph nesting
+bounded, text fields UTF-8); each node is checked against its op's schema at the model's opset, input types
+included, and each (sub)graph output against its declared type, by `onnx_schema.py`.
 """
 from __future__ import annotations
 
@@ -292,6 +296,10 @@ def from_onnx(model, input_shapes: dict | None = None, constant_inputs: dict | N
 
     Raises:
         UnsupportedOpError: listing every op of the model (subgraphs included) without a converter.
+        OnnxImportError: a model that is malformed (a node against its op's schema at the model's opset:
+            counts, attributes, input types; an output against its declared type; corrupt data or names;
+            subgraphs nested deeper than `onnx_load.MAX_SUBGRAPH_DEPTH`), external data without a directory
+            to read it from, or a form of an op dyntvm does not support.
 
     Example:
         >>> graph = dt.from_onnx("model.onnx")

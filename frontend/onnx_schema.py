@@ -114,6 +114,8 @@ def check_declared(vi, v, check_dims: bool, where: str) -> None:
 def _check_tensor(what: str, tt, v, check_dims: bool | None) -> None:
     """A tensor against its declared type: the dtype; the rank unless check_dims is None, its static dims too
     when check_dims is true."""
+    if getattr(v, "dtype", None) is None:
+        raise OnnxImportError(f"{what} has no value (an output the node that names it does not yield)")
     if tt.elem_type:
         want = _np_dtype(tt.elem_type, what)
         if np.dtype(v.dtype) != want:
