@@ -106,3 +106,14 @@ def test_a_model_file_reads_external_data_from_its_own_directory(secret_in_cwd, 
 def test_base_dir_must_be_a_directory(tmp_path):
     with pytest.raises(dt.InputError, match="base_dir must be an existing directory"):
         dt.from_onnx(external_model("w.bin"), base_dir=tmp_path / "nowhere")
+
+
+def test_base_dir_overrides_a_model_files_own_directory(tmp_path):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "weights").mkdir()
+    w = np.array([1, 1, 2, 3], np.float32)
+    (tmp_path / "weights" / "w.bin").write_bytes(w.tobytes())
+    onnx.save(external_model("w.bin"), tmp_path / "model" / "m.onnx")
+    with pytest.raises(OnnxImportError, match="cannot be read"):
+        dt.from_onnx(tmp_path / "model" / "m.onnx")
+    np.testing.assert_array_equal(add_of(dt.from_onnx(tmp_path / "model" / "m.onnx", base_dir=tmp_path / "weights")), w)
