@@ -15,10 +15,13 @@ values as loop vars, scan outputs stacked to the iterations run, zero included),
 optionals exist at import time only (`onnx_seq.py`: a sequence is a list of element values; a `Loop`
 carrying one is unrolled). Symbolic dims (`dim_param`) become symbols of the same name; unknown dims fresh
 symbols. Unsupported ops are listed all at once, subgraphs included, before anything is converted.
+
+Checks: the model is read by `onnx_load.py` (external data only from a named directory, subgraph nesting
+bounded, text fields UTF-8); each node is checked against its op's schema at the model's opset, input types
+included, and each (sub)graph output against its declared type, by `onnx_schema.py`.
 """
 from __future__ import annotations
 
-import os
 import re
 
 import numpy as np
@@ -28,55 +31,23 @@ from dyntvm.errors import InputError, TraceError, UnsupportedOpError
 
 from . import onnx_control, onnx_data, onnx_nn, onnx_seq, onnx_vision  # noqa: F401  (register their converters:
 #                                             control flow, indexing, nn, sequences / optionals, conv / pooling)
+from .onnx_load import load, walk_nodes
 from .onnx_ops import CONVERTERS, OnnxImportError, _np_dtype, _tensor
+from .onnx_schema import _n, check_declared, check_node
 from ..ir.types import is_unknown
 from . import F
 from .tracer import Tensor, TensorSpec, source_hint, trace
 
 __all__ = ["from_onnx", "unsupported_ops", "CONVERTERS", "OnnxImportError"]
 
-# ------------------------------------------------------------------------------------------ loading
-def _load(model):
-    try:
-        import onnx
-    except ImportError:
-        raise InputError("from_onnx: the `onnx` package is needed to read ONNX models (pip install onnx)") from None
-    if isinstance(model, (str, os.PathLike)):
-        path = os.fspath(model)
-        if os.path.isdir(path):
-            raise InputError(f"from_onnx: {path!r} is a directory, not an ONNX model file")
-        if not os.path.isfile(path):
-            raise InputError(f"from_onnx: no such file {path!r}")
-        try:
-            model = onnx.load(path)
-        except Exception as e:  # noqa: BLE001 - protobuf raises DecodeError and friends
-            raise InputError(f"from_onnx: {path!r} is not a readable ONNX model ({type(e).__name__}: {e})") from None
-    if not isinstance(model, onnx.ModelProto):
-        raise InputError(f"from_onnx: expected a path or an onnx.ModelProto, got {type(model).__name__}")
-    if not model.HasField("graph"):         # an empty file, or another protobuf, parses as an empty ModelProto
-        where = f"{path!r}" if "path" in locals() else "the model"
-        raise InputError(f"from_onnx: {where} is not an ONNX model (it has no graph)")
-    return model
-
-
 def _opsets(model) -> dict:
     return {(o.domain or "ai.onnx"): o.version for o in model.opset_import}
-
-
-def _walk_nodes(graph):
-    for node in graph.node:
-        yield node
-        for a in node.attribute:
-            if a.g is not None and a.HasField("g"):
-                yield from _walk_nodes(a.g)
-            for g in a.graphs:
-                yield from _walk_nodes(g)
 
 
 def unsupported_ops(model) -> list:
     """The ONNX op types of `model` (subgraphs included) without a converter, sorted."""
     return sorted({(n.domain + "." if n.domain not in ("", "ai.onnx") else "") + n.op_type
-                   for n in _walk_nodes(model.graph)
+                   for n in walk_nodes(model.graph)
                    if n.domain not in ("", "ai.onnx") or n.op_type not in CONVERTERS})
 
 
@@ -89,7 +60,8 @@ def _declared(vi, tt=None) -> str:
     """An input's declared type, for messages: float32[N, 4]."""
     tt = onnx_seq.value_type(vi)[1] if tt is None else tt
     dims = ", ".join(str(d.dim_value) if d.HasField("dim_value") else d.dim_param or "?" for d in tt.shape.dim)
-    return f"{_np_dtype(tt.elem_type).name}" + (f"[{dims}]" if tt.HasField("shape") else " (rank unknown)")
+    dtype = _np_dtype(tt.elem_type, f"input {vi.name!r}").name
+    return dtype + (f"[{dims}]" if tt.HasField("shape") else " (rank unknown)")
 
 
 _NOT_GIVEN = object()
@@ -128,7 +100,7 @@ def _input_specs(model, input_shapes, constants=()) -> list:
         while name in used:                                 # "x.1" and "x_1" both sanitize to x_1
             name += "_"
         used.add(name)
-        return TensorSpec(shape, _np_dtype(tt.elem_type).name, name=name)
+        return TensorSpec(shape, _np_dtype(tt.elem_type, f"input {vi.name!r}").name, name=name)
 
     for vi in (i for i in model.graph.input if i.name not in init):
         kind, tt = onnx_seq.value_type(vi)
@@ -164,7 +136,7 @@ def _constant_input(vi, value):
 
 
 def _constant_tensor(vi, tt, value, what: str) -> np.ndarray:
-    want = _np_dtype(tt.elem_type)
+    want = _np_dtype(tt.elem_type, f"input {vi.name!r}")
     try:
         arr = np.asarray(value)
         if arr.dtype != want and arr.dtype.kind in "iub" and np.can_cast(arr, want) and want.kind in "iuf":
@@ -187,19 +159,20 @@ def _constant_tensor(vi, tt, value, what: str) -> np.ndarray:
 class _Ctx:
     """What converters see: the opset and how to run a subgraph (control flow)."""
 
-    def __init__(self, opset: int, model_name: str):
+    def __init__(self, opset: int, model_name: str, check_dims: bool):
         self.opset = opset
         self.model_name = model_name
+        self.check_dims = check_dims    # declared static dims of outputs hold (input_shapes may change them)
         self.dims: dict = {}        # id(tensor) -> (tensor, dims, scalar): shape vectors with symbolic entries
         self.node = None            # the node being converted (innermost)
 
     def run_graph(self, graph, env: dict, inputs: list) -> list:
         """Run subgraph `graph` (an attribute of the node being converted) with its formal inputs bound to
         `inputs` (as many as it declares); names it does not define are read from `env` (the enclosing scope)."""
+        op = self.node.op_type if self.node is not None else "node"
+        part = next((a.name for a in (self.node.attribute if self.node is not None else ())
+                     if a.HasField("g") and a.g is graph), "subgraph")
         if len(graph.input) != len(inputs):
-            op = self.node.op_type if self.node is not None else "node"
-            part = next((a.name for a in (self.node.attribute if self.node is not None else ())
-                         if a.HasField("g") and a.g is graph), "subgraph")
             raise OnnxImportError(f"{op}'s {part} has {_n(len(graph.input), 'input')}, the {op} gives it "
                                   f"{len(inputs)}")
         local = _Scope(env)
@@ -208,7 +181,18 @@ class _Ctx:
         for t in graph.initializer:
             local[t.name] = _tensor(t)
         _run_nodes(graph, local, self)
-        return [_pin_declared(local[o.name], o, self.node) for o in graph.output]
+        outs = [_pin_declared(_output(local, o.name, f"{op}'s {part}"), o, self.node) for o in graph.output]
+        for o, v in zip(graph.output, outs):
+            check_declared(o, v, self.check_dims, f"{op}'s {part}")
+        return outs
+
+
+def _output(env, name: str, where: str):
+    try:
+        return env[name]
+    except KeyError:
+        raise OnnxImportError(f"{where} output {name!r} is not computed by any node (nor an input or initializer)"
+                              ) from None
 
 
 def _pin_declared(v, vi, node=None):
@@ -242,44 +226,6 @@ class _Scope(dict):
         return self.parent[key]
 
 
-def _n(k: int, what: str) -> str:
-    return f"{k} {what}{'' if k == 1 else 's'}"
-
-
-def _check_node(node, opset: int) -> None:
-    """`node` against its op's ONNX schema at `opset`: input / output counts, no empty name for a required
-    input ('' marks an omitted optional one), required attributes present, attributes of the declared types."""
-    from onnx import AttributeProto, defs
-    try:
-        s = defs.get_schema(node.op_type, opset, "")
-    except Exception:  # noqa: BLE001 - no schema at this opset: the converter judges
-        return
-
-    def count(lo, hi, what):
-        return _n(lo, what) if lo == hi else f"at least {_n(lo, what)}" if hi > 1 << 20 else f"{lo} to {hi} {what}s"
-    op = node.op_type
-    if not s.min_input <= len(node.input) <= s.max_input:
-        raise OnnxImportError(f"{op} takes {count(s.min_input, s.max_input, 'input')}, the node has {len(node.input)}")
-    if not s.min_output <= len(node.output) <= s.max_output:
-        raise OnnxImportError(f"{op} has {count(s.min_output, s.max_output, 'output')}, the node names "
-                              f"{len(node.output)}")
-    single = defs.OpSchema.FormalParameterOption.Single
-    for k, name in enumerate(node.input):
-        formal = s.inputs[min(k, len(s.inputs) - 1)]
-        if not name and formal.option == single:
-            raise OnnxImportError(f"{op}'s input {k} ({formal.name!r}) is required, but its name is empty ('' marks "
-                                  "an omitted optional input)")
-    for a in node.attribute:
-        want = s.attributes.get(a.name)
-        if want is not None and a.type and int(a.type) != int(want.type):
-            raise OnnxImportError(f"{op}'s attribute {a.name!r} must be an {want.type.name}, got a "
-                                  f"{AttributeProto.AttributeType.Name(a.type)}")
-    given = {a.name for a in node.attribute}
-    for name, at in s.attributes.items():
-        if at.required and name not in given:
-            raise OnnxImportError(f"{op}'s required attribute {name!r} is missing")
-
-
 # the ops that take sequences / optionals (the others take tensors only)
 def _takes_structured(op: str) -> bool:
     return op in ("Identity", "Loop") or CONVERTERS[op].__module__ == onnx_seq.__name__
@@ -301,11 +247,11 @@ def _run_nodes(graph, env: dict, ctx: _Ctx) -> None:
                                   "initializer or earlier node output)") from None
         prev, ctx.node = ctx.node, node
         try:
-            _check_node(node, ctx.opset)
             if not _takes_structured(node.op_type):
                 for k, v in enumerate(ins):
                     if onnx_seq.is_structured(v):
                         raise OnnxImportError(f"{node.op_type}'s input {k} is {onnx_seq.describe(v)}; it takes tensors")
+            check_node(node, ctx.opset, ins)
             with source_hint(where):        # its nodes' run-time errors name it
                 outs = conv(ins, _attrs(node), ctx, env, node)
         except (TraceError, InputError) as e:
@@ -328,7 +274,7 @@ def _run_nodes(graph, env: dict, ctx: _Ctx) -> None:
                 env[name] = v
 
 
-def from_onnx(model, input_shapes: dict | None = None, constant_inputs: dict | None = None):
+def from_onnx(model, input_shapes: dict | None = None, constant_inputs: dict | None = None, base_dir=None):
     """Import an ONNX model (a file path or an `onnx.ModelProto`) as a dyntvm Graph.
 
     Args:
@@ -339,6 +285,10 @@ def from_onnx(model, input_shapes: dict | None = None, constant_inputs: dict | N
         constant_inputs: ``{input name: array}``: inputs fixed at import time (they are no longer inputs of
             the graph), for operands dyntvm needs constant (a `Reshape` target fed as an input, say); a list
             of arrays for a sequence input, None for an optional input that is empty.
+        base_dir: the directory holding the model's external data files (tensors stored outside the model).
+            A model read from a path reads them from its own directory; a ``ModelProto`` with external data
+            needs ``base_dir`` (it is never read relative to the current directory). Either way onnx refuses
+            locations outside that directory (absolute paths, ``..``, symlinks).
 
     Returns:
         A `dt.Graph` whose inputs are the model's graph inputs (initializers excluded), named after them; a
@@ -346,12 +296,16 @@ def from_onnx(model, input_shapes: dict | None = None, constant_inputs: dict | N
 
     Raises:
         UnsupportedOpError: listing every op of the model (subgraphs included) without a converter.
+        OnnxImportError: a model that is malformed (a node against its op's schema at the model's opset:
+            counts, attributes, input types; an output against its declared type; corrupt data or names;
+            subgraphs nested deeper than `onnx_load.MAX_SUBGRAPH_DEPTH`), external data without a directory
+            to read it from, or a form of an op dyntvm does not support.
 
     Example:
         >>> graph = dt.from_onnx("model.onnx")
         >>> model = dt.compile(graph)
     """
-    model = _load(model)
+    model = load(model, base_dir)
     missing = unsupported_ops(model)
     if missing:
         raise UnsupportedOpError(f"from_onnx: no converter for ONNX op(s) {', '.join(missing)} "
@@ -371,17 +325,16 @@ def from_onnx(model, input_shapes: dict | None = None, constant_inputs: dict | N
     inits.update({vi.name: _constant_input(vi, constants[vi.name]) for vi in g.input if vi.name in constants})
     names = [vi.name for vi in g.input if vi.name not in inits]
     name = _symbol(g.name or "onnx_model")
-    ctx = _Ctx(opset, name)
+    ctx = _Ctx(opset, name, check_dims=input_shapes is None)
 
     def run(*xs):
         env = _Scope()
         env.update(inits)
         env.update(zip(names, xs))
         _run_nodes(g, env, ctx)
-        try:
-            outs = [onnx_seq.check_output(o.name, env[o.name]) for o in g.output]
-        except KeyError as e:
-            raise OnnxImportError(f"from_onnx: graph output {e.args[0]!r} is not computed by any node") from None
+        outs = [onnx_seq.check_output(o.name, _output(env, o.name, "from_onnx: graph")) for o in g.output]
+        for o, v in zip(g.output, outs):
+            check_declared(o, v, ctx.check_dims, "from_onnx: graph")
         return outs[0] if len(outs) == 1 else tuple(outs)
     run.__name__ = name
     return trace(run, *specs, name=name)

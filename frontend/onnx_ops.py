@@ -21,14 +21,35 @@ class OnnxImportError(InputError):
     """An ONNX model that cannot be imported as it is (a malformed node, an operand that must be constant)."""
 
 
-def _np_dtype(elem_type: int) -> np.dtype:
+def _np_dtype(elem_type: int, what: str = "a tensor") -> np.dtype:
+    """The numpy dtype of ONNX element type `elem_type` (the type of `what`, for the message)."""
     from onnx import helper
-    return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
+    try:
+        return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
+    except (KeyError, TypeError, ValueError):
+        raise OnnxImportError(f"{what} has element type {elem_type}, " + ("undefined (0)" if elem_type == 0 else
+                              "not an ONNX tensor element type")) from None
 
 
-def _tensor(t) -> np.ndarray:
+def _tensor(t, what: str = "initializer") -> np.ndarray:
+    """The array of TensorProto `t` (an initializer, a Constant's value), checked: its data read by onnx must be
+    whole, of a known dtype and its declared dims. Its external data (if any) was read in when the model was
+    loaded (`onnx_load.py`); a tensor still pointing outside is refused, never read relative to the current
+    directory."""
     from onnx import numpy_helper
-    return numpy_helper.to_array(t)
+    from onnx.external_data_helper import uses_external_data
+    name = f"{what} {t.name!r}" if t.name else what
+    if uses_external_data(t):
+        raise OnnxImportError(f"{name} keeps its data in an external file that was not loaded (external data is read "
+                              "only from the model file's directory, or from_onnx(..., base_dir=))")
+    if any(d < 0 for d in t.dims):
+        raise OnnxImportError(f"{name} has negative dims {list(t.dims)}")
+    _np_dtype(t.data_type, name)
+    try:
+        return numpy_helper.to_array(t)
+    except Exception as e:  # noqa: BLE001 - onnx / numpy raise TypeError, KeyError, ValueError... on bad data
+        raise OnnxImportError(f"{name} is malformed: its data does not decode as {list(t.dims)} of ONNX type "
+                              f"{t.data_type} ({type(e).__name__}: {e})") from None
 
 
 # ------------------------------------------------------------------------------------------ helpers
@@ -114,15 +135,41 @@ for _name, _fn in {"Relu": F.relu, "Sigmoid": F.sigmoid, "Tanh": F.tanh, "Exp": 
 def _identity(ins, a, ctx, env, node):
     return [ins[0]]         # one output, whatever it is: a sequence (a Python list) too
 
+def _operands(ins, a, ctx, node) -> tuple:
+    """The two operands of a binary elementwise op. From opset 7 on they broadcast both ways (numpy's rules).
+    Before, B is broadcast to A only with ``broadcast=1``: its shape matches A's from axis ``axis`` on (B
+    reshaped to A's rank with ones around it), or without ``axis`` A's trailing dims (numpy's rule); with
+    ``broadcast=0`` the shapes must be equal."""
+    x, y = ins
+    if ctx.opset >= 7:
+        return x, y
+    sx, sy = _shape(x), _shape(y)
+    if not a.get("broadcast", 0):
+        if len(sx) != len(sy) or any(isinstance(p, int) and isinstance(q, int) and p != q for p, q in zip(sx, sy)):
+            raise OnnxImportError(f"{node.op_type} of shapes {sx} and {sy} without broadcast=1: before opset 7 the "
+                                  "shapes must be equal")
+        return x, y
+    axis = a.get("axis")
+    if axis is None or all(d == 1 for d in sy):
+        return x, y                             # suffix matching, or a one-element B: numpy's broadcasting
+    if not 0 <= axis <= len(sx) - len(sy):
+        raise OnnxImportError(f"{node.op_type} with broadcast=1, axis={axis}: B of shape {sy} does not fit A of shape "
+                              f"{sx} from axis {axis} (axis must be in [0, {len(sx) - len(sy)}])")
+    for _ in range(len(sx) - axis - len(sy)):     # trailing ones: B's dims line up with A's from `axis` on
+        y = np.expand_dims(y, -1) if _is_const(y) else F.expand_dims(y, -1)
+    return x, y
+
+
 for _name, _fn in {"Add": F.add, "Sub": F.subtract, "Mul": F.multiply,
                    "Equal": F.equal, "Less": F.less, "Greater": F.greater, "LessOrEqual": F.less_equal,
-                   "GreaterOrEqual": F.greater_equal, "And": F.logical_and, "Or": F.logical_or}.items():
-    CONVERTERS[_name] = (lambda fn: lambda ins, a, ctx, env, node: fn(ins[0], ins[1]))(_fn)
+                   "GreaterOrEqual": F.greater_equal, "And": F.logical_and, "Or": F.logical_or,
+                   "Xor": F.not_equal}.items():
+    CONVERTERS[_name] = (lambda fn: lambda ins, a, ctx, env, node: fn(*_operands(ins, a, ctx, node)))(_fn)
 
 
 @converter("Div")
 def _div(ins, a, ctx, env, node):
-    x, y = ins
+    x, y = _operands(ins, a, ctx, node)
     q = F.divide(x, y)
     if np.dtype(x.dtype).kind in "iu":          # integer division truncates toward zero, keeping the dtype
         q = F.astype(q, np.dtype(x.dtype).name)
@@ -149,7 +196,7 @@ def _mod(ins, a, ctx, env, node):
 
 @converter("Pow")
 def _pow(ins, a, ctx, env, node):
-    x, y = ins
+    x, y = _operands(ins, a, ctx, node)
     if np.dtype(x.dtype) == np.dtype(y.dtype):
         return F.power(x, y)
     ft = x.dtype if np.dtype(x.dtype).kind == "f" else "float64"     # the result has the base's dtype
@@ -180,8 +227,7 @@ def _dropout(ins, a, ctx, env, node):
 @converter("Constant")
 def _constant(ins, a, ctx, env, node):
     if "value" in a:
-        from onnx import numpy_helper
-        return numpy_helper.to_array(a["value"])
+        return _tensor(a["value"], "Constant's value")
     for key, dtype in (("value_float", np.float32), ("value_floats", np.float32), ("value_int", np.int64),
                        ("value_ints", np.int64)):
         if key in a:
@@ -191,8 +237,9 @@ def _constant(ins, a, ctx, env, node):
 
 @converter("Cast")
 def _cast(ins, a, ctx, env, node):
-    out = F.astype(ins[0], _np_dtype(a["to"]).name)
-    kd = _known_dims(ctx, ins[0]) if _np_dtype(a["to"]).kind in "iu" else None
+    to = _np_dtype(a["to"], "Cast's 'to'")
+    out = F.astype(ins[0], to.name)
+    kd = _known_dims(ctx, ins[0]) if to.kind in "iu" else None
     return out if kd is None else _note(ctx, out, *kd)
 
 
@@ -275,7 +322,7 @@ def _gather(ins, a, ctx, env, node):
 
 @converter("Concat")
 def _concat(ins, a, ctx, env, node):
-    out = F.concat(list(ins), axis=a["axis"])
+    out = F.concat(list(ins), axis=a.get("axis", 1))     # required from opset 4; Concat-1's default is 1
     kds = [_known_dims(ctx, v) for v in ins]
     if all(kd is not None and not kd[1] for kd in kds):
         return _note(ctx, out, [d for kd in kds for d in kd[0]])
@@ -363,11 +410,6 @@ def _clip(ins, a, ctx, env, node):
 def _c(v, like):
     """A scalar constant in `like`'s dtype."""
     return np.asarray(v, dtype=like.dtype)
-
-
-@converter("Xor")
-def _xor(ins, a, ctx, env, node):
-    return F.not_equal(ins[0], ins[1])
 
 
 @converter("OneHot")
@@ -462,8 +504,7 @@ def _check_size(shape, dtype, op: str) -> None:
 
 @converter("ConstantOfShape")
 def _constant_of_shape(ins, a, ctx, env, node):
-    from onnx import numpy_helper
-    value = numpy_helper.to_array(a["value"]) if "value" in a else np.zeros(1, np.float32)
+    value = _tensor(a["value"], "ConstantOfShape's value") if "value" in a else np.zeros(1, np.float32)
     kd = _known_dims(ctx, ins[0])
     if kd is not None and not _is_const(ins[0]):
         return F.full(tuple(kd[0]), value.reshape(-1)[0].item(), dtype=value.dtype.name)

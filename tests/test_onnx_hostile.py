@@ -132,6 +132,53 @@ def test_split_sizes_are_checked_on_a_symbolic_dim_at_run_time():
                 run(f32(n, 2))
 
 
+# ------------------------------------------------------------------------------------------ types
+@pytest.mark.parametrize("op", ["Add", "Mul", "Equal", "Max", "Where"])
+def test_inputs_of_one_type_parameter_must_share_a_dtype(op):
+    """A float32 + int64 Add was imported (promoted silently); ONNX has no promotion: the model is malformed."""
+    ins = ["c", "x", "k"] if op == "Where" else ["x", "k"]
+    m = model_of([h.make_node(op, ins, ["y"])], [vi("c", B, [2]), vi("x", FL, [2]), vi("k", I64, [2])],
+                 [vi("y", FL, None)])
+    first, second = ins.index("x"), ins.index("k")
+    with pytest.raises(OnnxImportError, match=rf"\({op}\): {op}'s input {second} .* is tensor\(int64\), but input "
+                                              rf"{first} is tensor\(float\): both are of type T"):
+        dt.from_onnx(m)
+
+
+@pytest.mark.parametrize("op, ins, why", [
+    ("Add", ["c", "c"], r"Add's input 0 \('A'\) is tensor\(bool\); the spec allows .*tensor\(float\)"),
+    ("Reshape", ["x", "x"], r"Reshape's input 1 \('shape'\) is tensor\(float\); the spec allows tensor\(int64\)"),
+    ("Not", ["x"], r"Not's input 0 \('X'\) is tensor\(float\); the spec allows tensor\(bool\)"),
+])
+def test_inputs_of_a_type_the_spec_does_not_allow_are_refused(op, ins, why):
+    m = model_of([h.make_node(op, ins, ["y"])], [vi("c", B, [2]), vi("x", FL, [2])], [vi("y", FL, None)])
+    with pytest.raises(OnnxImportError, match=why):
+        dt.from_onnx(m)
+
+
+def test_declared_graph_outputs_are_checked():
+    """A declared output type was not compared with what the import computed."""
+    relu = [h.make_node("Relu", ["x"], ["y"])]
+    for declared, why in [(vi("y", I64, [2]), "graph output 'y' is declared int64, it is float32"),
+                          (vi("y", FL, [3]), r"graph output 'y' is declared with dim 3 at axis 0, it has 2"),
+                          (vi("y", FL, [2, 1]), "graph output 'y' is declared of rank 2, it has rank 1")]:
+        with pytest.raises(OnnxImportError, match=why):
+            dt.from_onnx(model_of(relu, [vi("x", FL, [2])], [declared]))
+    dt.from_onnx(model_of(relu, [vi("x", FL, ["N"])], [vi("y", FL, [2])]))         # a symbolic dim: not known
+    # input_shapes may change the sizes the model declares: its declared output dims no longer hold
+    m = model_of(relu, [vi("x", FL, [2])], [vi("y", FL, [2])])
+    assert dt.run_reference(dt.from_onnx(m, input_shapes={"x": (3,)}), f32(3)).shape == (3,)
+
+
+def test_declared_subgraph_outputs_are_checked():
+    then = h.make_graph([h.make_node("Cast", ["x"], ["t"], to=I64)], "then", [], [vi("t", FL, [2])])
+    other = h.make_graph([h.make_node("Neg", ["x"], ["e"])], "else", [], [vi("e", FL, [2])])
+    m = model_of([h.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)],
+                 [vi("x", FL, [2]), vi("c", B, [])], [vi("y", FL, None)])
+    with pytest.raises(OnnxImportError, match=r"\(If\): If's then_branch output 't' is declared float32, it is int64"):
+        dt.from_onnx(m)
+
+
 # -------------------------------------------------------------------------------------- subgraphs
 def _loop_body(n_in, n_out):
     ins = [vi("i", I64, []), vi("c", B, []), vi("v", FL, [2]), vi("w", FL, [2])][:n_in]
@@ -200,13 +247,15 @@ def test_sequences_and_optionals_fed_to_tensor_ops_are_refused_by_name():
         dt.from_onnx(m)
 
 
-@pytest.mark.parametrize("split", [np.array(2.5, np.float32), np.array([[2], [2]])])
-def test_split_to_sequence_refuses_non_integer_or_2d_splits(split):
+@pytest.mark.parametrize("split, why", [(np.array(2.5, np.float32), r"input 1 \('split'\) is tensor\(float\); the "
+                                                                    r"spec allows tensor\(int32\), tensor\(int64\)"),
+                                        (np.array([[2], [2]]), "split must be")])
+def test_split_to_sequence_refuses_non_integer_or_2d_splits(split, why):
     """A float split was truncated (2.5 -> 2), a 2-d one flattened."""
     m = model_of([h.make_node("SplitToSequence", ["x", "sp"], ["s"]),
                   h.make_node("ConcatFromSequence", ["s"], ["y"], axis=0)],
                  [vi("x", FL, [4])], [vi("y", FL, None)], {"sp": split})
-    with pytest.raises(OnnxImportError, match="split must be"):
+    with pytest.raises(OnnxImportError, match=why):
         dt.from_onnx(m)
 
 

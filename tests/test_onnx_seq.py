@@ -305,7 +305,7 @@ def test_refusals_name_the_op():
     # malformed: an element of another dtype, an empty optional read, an empty concat, a symbolic split axis
     for nodes, ins, match in [
             ([h.make_node("SequenceConstruct", ["x", "k"], ["s"])], [vi("k", TP.INT64, [2])],
-             r"\(SequenceConstruct\).*int64 tensor cannot join a sequence of float32"),
+             r"\(SequenceConstruct\).*input 1 \('inputs'\) is tensor\(int64\), but input 0 is tensor\(float\)"),
             ([h.make_node("Optional", [], ["o"], type=h.make_tensor_type_proto(TP.FLOAT, [2])),
               h.make_node("OptionalGetElement", ["o"], ["s"])], [], r"\(OptionalGetElement\).*empty optional"),
             ([h.make_node("SequenceEmpty", [], ["e"]), h.make_node("ConcatFromSequence", ["e"], ["s"], axis=0)], [],
