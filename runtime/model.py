@@ -103,7 +103,7 @@ def check_inputs(graph: Graph, args: tuple) -> list:
     out = []
     for i, (x, t, name) in enumerate(zip(leaves, types, names)):
         label = f"input {i} ({name!r})" if name else f"input {i}"
-        if is_torch_tensor(x):
+        if type(x) is not np.ndarray and is_torch_tensor(x):      # numpy arrays: no lookup per call
             x = torch_to_numpy(x, label)
         if not isinstance(x, np.ndarray):
             if isinstance(x, (int, float, bool, list, tuple, np.generic)):
