@@ -43,13 +43,10 @@ import tvm_ffi
 from tvm import relax, tirx
 
 from ..errors import CompileError
+from .tuning_task import TuningWarning, _as_main, _main_mod, _random_args, is_cuda, task_func  # noqa: F401
 
 FORMAT = 1
 MANIFEST = "manifest.json"
-
-
-class TuningWarning(UserWarning):
-    """A tuning log that cannot be applied (corrupt, another model or target): the default kernels are used."""
 
 
 # ------------------------------------------------------------------------------------ specializations
@@ -164,28 +161,6 @@ def workload_key(func: tirx.PrimFunc) -> str:
     return f"{tvm_ffi.structural_hash(_as_main(func)) & (2 ** 64 - 1):016x}"
 
 
-def task_func(func: tirx.PrimFunc) -> tirx.PrimFunc:
-    """What MetaSchedule tunes for `func`: the same kernel with every ``Let`` expression inlined (our fast
-    exp / tanh / sigmoid bind intermediate values with ``Let``, which MetaSchedule's analyses refuse: "Do not
-    have a default for prim.Let"). One op's formula per block before scheduling, so the expansion stays small."""
-    bound: dict = {}
-
-    def let(e, m):
-        bound[e.var.__chandle__()] = m.mutate(e.value)
-        return m.mutate(e.body)
-    body = tvm_ffi.structural_mutate(func.body, [(tirx.Let, let),
-                                                 (tirx.Var, lambda v, m: bound.get(v.__chandle__(), v))])
-    return func if body.same_as(func.body) else func.with_body(body)
-
-
-def _as_main(func: tirx.PrimFunc) -> tirx.PrimFunc:
-    return func.with_attr("global_symbol", "main")
-
-
-def _main_mod(func: tirx.PrimFunc) -> tvm.IRModule:
-    return tvm.IRModule({"main": _as_main(func)})
-
-
 # ------------------------------------------------------------------------------------------ target keys
 def cpu_model() -> str:
     try:
@@ -210,10 +185,6 @@ def target_key(target) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", "-".join(parts))
 
 
-def is_cuda(target) -> bool:
-    return str(target.kind.name) == "cuda"
-
-
 def gpu_name() -> str | None:
     try:
         dev = tvm.cuda(0)
@@ -234,20 +205,6 @@ def target_identity(target) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- timing
-def _random_args(func: tirx.PrimFunc, dev, seed: int = 0) -> list:
-    rng = np.random.default_rng(seed)
-    args = []
-    for p in func.params:                           # buffers (static shapes: `static_kernels`)
-        shape = [int(d) for d in p.shape]
-        dtype = str(p.dtype)
-        if dtype == "bool":
-            a = rng.integers(0, 2, shape).astype(bool)
-        elif np.dtype(dtype).kind in "iu":
-            a = rng.integers(0, 2, shape).astype(dtype)     # small: valid indices for gathers
-        else:
-            a = rng.standard_normal(shape).astype(dtype)
-        args.append(tvm.runtime.tensor(a, dev))
-    return args
 
 
 def measure(func: tirx.PrimFunc, target, repeat: int = 20) -> float:

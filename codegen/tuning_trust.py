@@ -331,7 +331,7 @@ def trusted_schedule(log, key: str, func, target):
     refused by the checks above or by `verify_tuned` (``log.refused[key]``: why)."""
     import tvm_ffi
 
-    from .tuning import _main_mod, task_func
+    from .tuning_task import _main_mod, task_func
     task = _main_mod(task_func(func))
     why = log.rejected.get(str(tvm_ffi.structural_hash(task) & (2 ** 64 - 1)))
     if why is None:
@@ -380,7 +380,7 @@ def verify_tuned(func, tuned, target, name: str = "") -> str | None:
     parameter buffer (the outputs, written over the same random contents) matches. A CUDA kernel is not run without a GPU (None)."""
     import tvm
 
-    from .tuning import _random_args, is_cuda
+    from .tuning_task import _random_args, is_cuda
     if is_cuda(target):
         from .gpu import default_schedule, gpu_present
         if not gpu_present():
@@ -430,7 +430,7 @@ def warn_refused(log) -> None:
 
 
 def _tuning_warning():
-    from .tuning import TuningWarning
+    from .tuning_task import TuningWarning
     return TuningWarning
 
 
