@@ -246,7 +246,8 @@ def test_parse_input_spec():
     assert (s.name, s.shape, s.dtype) == ("xs", ("T", "B", 128), "float32")
     assert parse_input_spec("n::int64").shape == () and parse_input_spec("m:4").dtype == "float32"
     for bad, msg in [("xs", "expected NAME:DIMS"), ("xs:T,-1", "dim '-1'"), ("xs:T:float99", "unknown dtype"),
-                     ("1x:T", "not a valid input name")]:
+                     ("1x:T", "not a valid input name"), ("xs:T:float", "by its name, 'float64'"),
+                     ("xs:T:f4", "by its name, 'float32'")]:
         with pytest.raises(InputError, match=msg):
             parse_input_spec(bad)
     assert parse_sizes(["T=16", "B=2"]) == {"T": 16, "B": 2}
