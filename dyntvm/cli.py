@@ -234,7 +234,7 @@ def _run(args) -> int:
         os.makedirs(args.output, exist_ok=True)
         for i, a in enumerate(outs):
             np.save(os.path.join(args.output, f"output_{i}.npy"), np.ascontiguousarray(a))
-        print(f"saved {len(outs)} output(s) to {args.output}/output_<i>.npy")
+        print(f"saved {len(outs)} output(s) to {os.path.join(args.output, 'output_<i>.npy')}")
     return 0
 
 

@@ -89,7 +89,8 @@ def test_compile_then_run_in_fresh_process_matches_eager(env, work, detection_ar
         np.save(work / f"{spec.name}_{n}.npy", a)
         args += ["--input", f"{spec.name}={work / f'{spec.name}_{n}.npy'}"]
     out = work / f"out_{n}"
-    r = dyntvm(env, "run", detection_art, *args, "--repeat", "3", "--output", out)
+    r = dyntvm(env, "run", detection_art, *args, "--repeat", "3", "--output", f"{out}/")   # as the README writes it
+    assert f"to {out}/output_<i>.npy" in r.stdout          # one slash, not out//output_<i>.npy
     assert "input scores: float32[%d,16] (file)" % n in r.stdout
     assert "output 0: float32[" in r.stdout and "median of 3 runs" in r.stdout
     assert_outputs(out, leaves(ex.fn(*inputs)))
