@@ -27,7 +27,7 @@ def ensure_env():
         want = hashlib.sha256(f.read()).hexdigest()
     if os.path.exists(stamp) and open(stamp).read() == want:
         return
-    # say what is happening: the first install downloads and unpacks ~800 MB and takes minutes
+    # say what is happening: the first install downloads ~800 MB, unpacks to ~2 GB and takes minutes
     if not os.path.exists(os.path.join(BIN, "python")):
         say(f"creating the virtual environment {VENV} ...")
         subprocess.check_call([sys.executable, "-m", "venv", VENV])
