@@ -52,6 +52,7 @@ def main():
         cmd = [os.path.join(BIN, "dyntvm"), "demo"] + (rest or ["--example", "lstm"])
     elif task == "docs":
         cmd = [os.path.join(BIN, "mkdocs")] + (rest or ["build", "--strict"])
+        os.environ.setdefault("NO_MKDOCS_2_WARNING", "1")   # mkdocs-material's banner about MkDocs 2.0, not about us
     else:
         cmd = [os.path.join(BIN, "python"), "-m", "pytest", "-n", "2", "--dist", "loadfile", "-q"] + rest
     os.chdir(ROOT)
