@@ -242,6 +242,9 @@ def _run(args) -> int:
 def _inspect(args) -> int:
     from dyntvm.loader import is_artifact, load_model
     from dyntvm.runtime.model import partition_summary
+    if args.svg:                                       # a .png path: say so before printing the whole graph
+        from dyntvm.partition.draw import check_svg_path
+        check_svg_path(args.svg, "--svg")
     if args.model and is_artifact(args.model):
         from dyntvm.runtime.artifact import read
         manifest, pg = read(args.model)               # no native code runs while inspecting

@@ -197,6 +197,12 @@ def test_inspect_artifact_svg(env, work, detection_art):
     check_svg(svg, "detection_r0", "boolean_mask", "topk")
 
 
+def test_inspect_refuses_a_png_before_printing(env, work, detection_art):
+    """Found by the new-user review: `--svg m.png` printed the whole graph, then refused the path."""
+    r = dyntvm(env, "inspect", detection_art, "--svg", work / "d.png", ok=False)
+    assert r.returncode == 1 and r.stdout == "" and "--svg writes SVG" in r.stderr and "rsvg-convert" in r.stderr
+
+
 def test_demo(env):
     r = dyntvm(env, "demo", "--example", "detection", "--repeat", "2")    # the compile cache makes it quick
     assert "compiled matches eager: True" in r.stdout
