@@ -27,7 +27,7 @@ def ensure_env():
         want = hashlib.sha256(f.read()).hexdigest()
     if os.path.exists(stamp) and open(stamp).read() == want:
         return
-    # say what is happening: the first install downloads and unpacks ~800 MB and takes minutes
+    # say what is happening: the first install downloads ~800 MB, unpacks to ~2 GB and takes minutes
     if not os.path.exists(os.path.join(BIN, "python")):
         say(f"creating the virtual environment {VENV} ...")
         subprocess.check_call([sys.executable, "-m", "venv", VENV])
@@ -52,6 +52,7 @@ def main():
         cmd = [os.path.join(BIN, "dyntvm"), "demo"] + (rest or ["--example", "lstm"])
     elif task == "docs":
         cmd = [os.path.join(BIN, "mkdocs")] + (rest or ["build", "--strict"])
+        os.environ.setdefault("NO_MKDOCS_2_WARNING", "1")   # mkdocs-material's banner about MkDocs 2.0, not about us
     else:
         cmd = [os.path.join(BIN, "python"), "-m", "pytest", "-n", "2", "--dist", "loadfile", "-q"] + rest
     os.chdir(ROOT)

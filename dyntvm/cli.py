@@ -234,7 +234,7 @@ def _run(args) -> int:
         os.makedirs(args.output, exist_ok=True)
         for i, a in enumerate(outs):
             np.save(os.path.join(args.output, f"output_{i}.npy"), np.ascontiguousarray(a))
-        print(f"saved {len(outs)} output(s) to {args.output}/output_<i>.npy")
+        print(f"saved {len(outs)} output(s) to {os.path.join(args.output, 'output_<i>.npy')}")
     return 0
 
 
@@ -242,6 +242,9 @@ def _run(args) -> int:
 def _inspect(args) -> int:
     from dyntvm.loader import is_artifact, load_model
     from dyntvm.runtime.model import partition_summary
+    if args.svg:                                       # a .png path: say so before printing the whole graph
+        from dyntvm.partition.draw import check_svg_path
+        check_svg_path(args.svg, "--svg")
     if args.model and is_artifact(args.model):
         from dyntvm.runtime.artifact import read
         manifest, pg = read(args.model)               # no native code runs while inspecting
@@ -326,13 +329,13 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
                         help="show tracebacks on errors")
     p = _Parser(prog="dyntvm", description="Compile dynamic neural networks with Apache TVM.",
-                epilog="MODEL is a saved graph (graph.json), path/to/file.py:function with --input specs, "
-                       "or --example NAME. Run `dyntvm COMMAND --help` for each command.")
+                epilog="MODEL is path/to/file.py:function with --input specs, a saved graph (graph.json), an "
+                       "ONNX model (model.onnx), or --example NAME. Run `dyntvm COMMAND --help` for each command.")
     p.add_argument("-v", "--verbose", action="store_true", help="show tracebacks on errors")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
     def model_args(q):
-        q.add_argument("model", nargs="?", metavar="MODEL", help="graph.json or path/to/file.py:function")
+        q.add_argument("model", nargs="?", metavar="MODEL", help="path/to/file.py:function, graph.json or model.onnx")
         q.add_argument("--example", metavar="NAME", help=f"a bundled example instead of MODEL: {EXAMPLES}")
         q.add_argument("--input", action="append", metavar="NAME:DIMS:DTYPE",
                        help="input spec of a model function, e.g. xs:T,B,128:float32 (dims: ints or "
@@ -396,7 +399,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.set_defaults(func=_bundle)
 
     d = sub.add_parser("demo", parents=[common], help="trace, compile and run a bundled example",
-                       description="Trace an example, run it eagerly and compiled, compare results and latency.")
+                       description="Trace a bundled example, compile it, and compare its results and latency with the "
+                                   "same model written in plain numpy (and with dyntvm's eager mode).")
     d.add_argument("--example", default="lstm", metavar="NAME", help=f"{EXAMPLES} (default lstm)")
     d.add_argument("--target", type=_target, default="cpu", metavar="cpu|cuda[:sm_XX]", help="default cpu")
     d.add_argument("--repeat", type=_positive_int, default=20, metavar="N", help="timed runs per side (default 20)")

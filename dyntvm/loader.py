@@ -46,7 +46,7 @@ def parse_input_spec(text: str):
         TensorSpec(shape=('T', 'B', 128), dtype='float32', name='xs')
     """
     from .frontend.tracer import TensorSpec
-    from .ir.types import normalize_dtype
+    from .ir.types import DTYPES, normalize_dtype
     parts = text.split(":")
     if len(parts) not in (2, 3):
         raise InputError(f"--input {text!r}: expected NAME:DIMS[:DTYPE], e.g. xs:T,B,128:float32")
@@ -65,9 +65,12 @@ def parse_input_spec(text: str):
             raise InputError(f"--input {text!r}: dim {d!r} is neither a size nor a symbol name "
                              "(symbols start with a letter)")
     try:
-        dtype = normalize_dtype(dtype)
+        canonical = normalize_dtype(dtype)
     except ValueError as e:
         raise InputError(f"--input {text!r}: unknown dtype {dtype!r} ({e})") from e
+    if canonical != dtype:           # numpy aliases: 'float' is float64 (torch's float is float32), 'f4', 'int'
+        raise InputError(f"--input {text!r}: write the dtype by its name, {canonical!r} (numpy reads {dtype!r} "
+                         f"as {canonical}); dtypes are {', '.join(DTYPES)}")
     return TensorSpec(tuple(shape), dtype, name=name)
 
 

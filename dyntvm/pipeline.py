@@ -185,6 +185,8 @@ def tune(fn_or_graph, *specs, target: str = "cpu", trials: int = 64, shape_hints
         os.path.join("tuning_logs", graph.name, target_key(tvm_target))
     with _BUILD_LOCK, deferred_interrupt():     # Ctrl-C in TVM's (Python) passes: KeyboardInterrupt after them
         table, kernels, failed = tuning_tasks(pg, hints, tvm_target)
+    if not kernels:
+        _warn_nothing_to_tune(pg, hints)
     manifest = {"format": FORMAT, "model": graph.name, "model_hash": binding, **target_identity(tvm_target),
                 "hints": hints, "specialized": {r: [[c, n] for c, n in specs] for r, specs in table.items()},
                 "not_specialized": failed, "kernels": []}
@@ -287,6 +289,24 @@ def _check_tuning_gpu(target: str, tvm_target):
                            f"for it with target='cuda' (or on a GPU of {target_arch(tvm_target)})")
     find_nvcc()
     return gpu
+
+
+def _warn_nothing_to_tune(pg, hints: dict) -> None:
+    """A TuningWarning saying why no kernel of `pg` is tuned (a region's dims made by a dynamic-shape op)."""
+    import warnings
+
+    from .codegen.build import collect_regions
+    from .codegen.tuning import TuningWarning, _all_values
+    why = []
+    for name, g in collect_regions(pg):
+        syms = sorted(set().union(*(v.type.symbols() for v in _all_values(g))) - set(hints))
+        if syms:
+            why.append(f"{name} uses {', '.join(syms)}")
+    warnings.warn(TuningWarning(
+        "tune: no kernel to tune: a region is tuned only at sizes that fix every symbolic dim it uses, and only "
+        "the model's input dims can be hinted (" + ("; ".join(why) or "no region") + "; a dim such as _d0 is a "
+        "size made at run time by a dynamic-shape op such as boolean_mask). The log records no kernel."),
+        stacklevel=3)
 
 
 def _check_hints(hints, symbols: list) -> dict:

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import functools
 import itertools
+import linecache
 import math
+import os
+import sys
 from dataclasses import dataclass
 from typing import Union
 
@@ -245,6 +248,23 @@ def normalize_dtype(dtype) -> str:
     return name
 
 
+_PKG_DIRS = tuple(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), d) + os.sep
+                  for d in ("dyntvm", "ir", "frontend", "partition", "codegen", "runtime"))
+
+
+def _user_line() -> str:
+    """'file.py:LINE: code' of the innermost frame outside dyntvm, as TraceErrors name it (frontend's
+    `user_source`; ir may not import the frontend)."""
+    f = sys._getframe(1)
+    while f is not None and f.f_code.co_filename.startswith(_PKG_DIRS):
+        f = f.f_back
+    if f is None:
+        return ""
+    fn, line = f.f_code.co_filename, f.f_lineno
+    code = linecache.getline(fn, line).strip()
+    return f"{os.path.basename(fn)}:{line}: {code}" if code else f"{os.path.basename(fn)}:{line}"
+
+
 @dataclass(frozen=True)
 class TensorType:
     """Shape and dtype of a tensor value. ``shape`` is a tuple of dims."""
@@ -378,9 +398,11 @@ class SymDim(str):
     def _compare(self, other, sym, str_compare):
         if isinstance(other, (int, np.integer)) and not isinstance(other, (bool, np.bool_)):
             from dyntvm.errors import TraceError
+            where = _user_line()
             raise TraceError(f"{str(self)!r} {sym} {other}: a symbolic dim (from x.shape) has no value while "
                              f"tracing, so Python cannot decide the comparison; compare F.shape_of(x)[i] (an int64 "
-                             f"tensor), e.g. in F.cond or F.where, or trace with a fixed size")
+                             f"tensor), e.g. in F.cond or F.where, or trace with a fixed size"
+                             + (f"\n    at {where}" if where else ""))
         return str_compare(self, other)
 
     def __lt__(self, o): return self._compare(o, "<", str.__lt__)

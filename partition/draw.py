@@ -243,15 +243,20 @@ def _legend(items: list, width: float, oy: float) -> tuple[list, float]:
     return out + ["</g>"], y + FONT * 1.8 - oy
 
 
+def check_svg_path(path, who: str = "draw_partition") -> None:
+    """An InputError for a picture path that is not SVG (`dyntvm inspect --svg` checks it before any work)."""
+    if os.path.splitext(str(path))[1].lower() in (".png", ".pdf", ".jpg", ".jpeg"):
+        raise InputError(f"{who} writes SVG, got the path {path!r}; write a .svg file and convert it "
+                         "(e.g. rsvg-convert -o model.png model.svg)")
+
+
 def draw_partition(graph: Graph, path: str, title: str | None = None) -> str:
     """Write an SVG of the partitioned `graph` to `path` and return `path`.
 
     Example:
         >>> draw_partition(partition(dt.trace(fn, *specs)), "model.svg")
     """
-    if os.path.splitext(str(path))[1].lower() in (".png", ".pdf", ".jpg", ".jpeg"):
-        raise InputError(f"draw_partition writes SVG, got the path {path!r}; write a .svg file and convert it "
-                         "(e.g. rsvg-convert -o model.png model.svg)")
+    check_svg_path(path, "draw_partition")
     regions = [n.attrs.name for n in graph.walk() if n.op == "region"]
     colour = {r: REGION_COLOURS[i % len(REGION_COLOURS)] for i, r in enumerate(regions)}
     views = [_Panel(name, to_networkx(sub, names)) for name, sub, names in panels(graph)]

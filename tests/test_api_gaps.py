@@ -217,8 +217,9 @@ def test_shape_dims_vs_shape_of():
 
     def with_shape_of(x):
         return F.cond(F.shape_of(x)[0] > 3, lambda: x, lambda: -x)
-    with pytest.raises(TraceError, match=r"'N' > 3: a symbolic dim .* F.shape_of\(x\)\[i\]"):
+    with pytest.raises(TraceError, match=r"'N' > 3: a symbolic dim .* F.shape_of\(x\)\[i\]") as e:
         dt.trace(branchy, S(("N", 2)))
+    assert "at test_api_gaps.py:" in str(e.value) and "x.shape[0] > 3" in str(e.value)   # the user's line
     eager_traced_compiled(with_shape_of, [S(("N", 2))], [(np.ones((n, 2), np.float32),) for n in (2, 5)])
     seen = {}
     dt.trace(lambda x: seen.setdefault("dims", x.shape) and x, S(("N", 2)))

@@ -89,7 +89,8 @@ def test_compile_then_run_in_fresh_process_matches_eager(env, work, detection_ar
         np.save(work / f"{spec.name}_{n}.npy", a)
         args += ["--input", f"{spec.name}={work / f'{spec.name}_{n}.npy'}"]
     out = work / f"out_{n}"
-    r = dyntvm(env, "run", detection_art, *args, "--repeat", "3", "--output", out)
+    r = dyntvm(env, "run", detection_art, *args, "--repeat", "3", "--output", f"{out}/")   # as the README writes it
+    assert f"to {out}/output_<i>.npy" in r.stdout          # one slash, not out//output_<i>.npy
     assert "input scores: float32[%d,16] (file)" % n in r.stdout
     assert "output 0: float32[" in r.stdout and "median of 3 runs" in r.stdout
     assert_outputs(out, leaves(ex.fn(*inputs)))
@@ -196,6 +197,12 @@ def test_inspect_artifact_svg(env, work, detection_art):
     check_svg(svg, "detection_r0", "boolean_mask", "topk")
 
 
+def test_inspect_refuses_a_png_before_printing(env, work, detection_art):
+    """Found by the new-user review: `--svg m.png` printed the whole graph, then refused the path."""
+    r = dyntvm(env, "inspect", detection_art, "--svg", work / "d.png", ok=False)
+    assert r.returncode == 1 and r.stdout == "" and "--svg writes SVG" in r.stderr and "rsvg-convert" in r.stderr
+
+
 def test_demo(env):
     r = dyntvm(env, "demo", "--example", "detection", "--repeat", "2")    # the compile cache makes it quick
     assert "compiled matches eager: True" in r.stdout
@@ -246,7 +253,8 @@ def test_parse_input_spec():
     assert (s.name, s.shape, s.dtype) == ("xs", ("T", "B", 128), "float32")
     assert parse_input_spec("n::int64").shape == () and parse_input_spec("m:4").dtype == "float32"
     for bad, msg in [("xs", "expected NAME:DIMS"), ("xs:T,-1", "dim '-1'"), ("xs:T:float99", "unknown dtype"),
-                     ("1x:T", "not a valid input name")]:
+                     ("1x:T", "not a valid input name"), ("xs:T:float", "by its name, 'float64'"),
+                     ("xs:T:f4", "by its name, 'float32'")]:
         with pytest.raises(InputError, match=msg):
             parse_input_spec(bad)
     assert parse_sizes(["T=16", "B=2"]) == {"T": 16, "B": 2}

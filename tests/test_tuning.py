@@ -315,3 +315,16 @@ def test_a_second_tune_into_a_folder_being_tuned_is_refused(log, tmp_path):
         with pytest.raises(dt.CompileError, match="another dyntvm tune is writing"):
             dt.tune(affine, SPEC, trials=8, shape_hints={"N": [16]}, log_dir=path, progress=False)
     assert dt.tune(affine, SPEC, trials=8, shape_hints={"N": [16]}, log_dir=path, progress=False) == path
+
+
+def test_tune_says_why_nothing_is_tuned_when_regions_use_data_dependent_dims(tmp_path):
+    """Found by the new-user review: the docs' `dyntvm tune my_model.py:model ... --hint N=1000` tuned 0 of 0
+    kernels without a word (its one region reads boolean_mask's rows, a dim _d0 that no hint can fix)."""
+    W = np.ones((8, 4), np.float32)
+
+    def masked(xs, mask):
+        return F.tanh(F.matmul(F.boolean_mask(xs, mask), W))
+    with pytest.warns(tuning.TuningWarning, match=r"no kernel to tune: .*masked_r0 uses _d0"):
+        log = dt.tune(masked, dt.TensorSpec(("N", 8)), dt.TensorSpec(("N",), "bool"), trials=1,
+                      shape_hints={"N": [100]}, log_dir=str(tmp_path / "masked"), progress=False)
+    assert json.load(open(os.path.join(log, "manifest.json")))["kernels"] == []
