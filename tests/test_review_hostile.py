@@ -1,0 +1,54 @@
+"""Regressions found by a hostile review of the issue-21 hardening (each failed before its fix)."""
+import numpy as np
+import pytest
+
+import dyntvm as dt
+
+onnx = pytest.importorskip("onnx")
+from onnx import TensorProto as T, helper as h, numpy_helper as nh  # noqa: E402
+
+from dyntvm.frontend.onnx_ops import OnnxImportError  # noqa: E402
+
+
+def _model(nodes, inits, out, outtype=T.FLOAT, opset=17):
+    g = h.make_graph(nodes, "g", [], [h.make_tensor_value_info(out, outtype, None)], initializer=inits)
+    return h.make_model(g, opset_imports=[h.make_opsetid("", opset)])
+
+
+def _x():
+    return nh.from_array(np.ones((4,), np.float32), "x")
+
+
+# ------------------------------------------------------------------------------ ONNX folding sizes
+def test_onnx_reflect_pad_of_huge_size_is_an_import_error():
+    # its index vector was made with np.pad before any size check: a raw numpy MemoryError (64 GiB)
+    m = _model([h.make_node("Pad", ["x", "p"], ["y"], mode="reflect")],
+               [_x(), nh.from_array(np.array([0, 2 ** 33], np.int64), "p")], "y")
+    with pytest.raises(OnnxImportError, match="Pad mode 'reflect'.*more than this machine's memory"):
+        dt.from_onnx(m)
+
+
+def test_onnx_one_hot_of_huge_depth_is_an_import_error():
+    # np.arange(depth) was made before any size check: a raw numpy MemoryError (512 GiB)
+    m = _model([h.make_node("OneHot", ["i", "d", "v"], ["y"])],
+               [nh.from_array(np.array([1], np.int64), "i"), nh.from_array(np.array([2 ** 36], np.int64), "d"),
+                nh.from_array(np.array([0, 1], np.float32), "v")], "y")
+    with pytest.raises(OnnxImportError, match="OneHot's depth.*more than this machine's memory"):
+        dt.from_onnx(m)
+
+
+def test_onnx_folding_out_of_process_memory_is_an_import_error(monkeypatch):
+    # a fold under the machine's memory but over what the process may allocate (ulimit -v, a cgroup) gave a
+    # raw MemoryError: in a converter, and when the folded output is copied into the graph
+    from dyntvm.frontend import onnx_ops, tracer
+
+    def oom(*_a, **_k):
+        raise MemoryError("Unable to allocate 4.00 GiB")
+    m = _model([h.make_node("Tile", ["x", "r"], ["y"])], [_x(), nh.from_array(np.array([2], np.int64), "r")], "y")
+    monkeypatch.setitem(onnx_ops.CONVERTERS, "Tile", oom)
+    with pytest.raises(OnnxImportError, match="more memory than this process can allocate"):
+        dt.from_onnx(m)
+    monkeypatch.undo()
+    monkeypatch.setattr(tracer.Builder, "constant", oom)
+    with pytest.raises(OnnxImportError, match="more memory than this process can allocate"):
+        dt.from_onnx(m)
