@@ -52,3 +52,17 @@ def test_onnx_folding_out_of_process_memory_is_an_import_error(monkeypatch):
     monkeypatch.setattr(tracer.Builder, "constant", oom)
     with pytest.raises(OnnxImportError, match="more memory than this process can allocate"):
         dt.from_onnx(m)
+
+
+# ------------------------------------------------------------------------------ torch inputs
+def test_torch_nested_tensor_error_does_not_blame_the_dtype():
+    # a nested float32 tensor was refused with "dyntvm has no tensors of this dtype" (float32 is one)
+    torch = pytest.importorskip("torch")
+    from dyntvm.errors import InputError
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")          # torch: nested tensors are a prototype
+        x = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])
+    with pytest.raises(InputError, match="cannot be read as an array") as e:
+        dt.F.add(x, 1.0)
+    assert "no tensors of this dtype" not in str(e.value)
