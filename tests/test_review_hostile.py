@@ -98,3 +98,21 @@ def test_floor_divide_and_mod_compiled_match_numpy_bitwise(dtype):
             same = got == exp
         bad = np.flatnonzero(~same)
         assert bad.size == 0, [(a[i], b[i], got[i], exp[i]) for i in bad[:5]]
+
+
+# ------------------------------------------------------------------------------ staging cleanup
+@pytest.mark.parametrize("tag", ["dyntvm-new", "dyntvm-old"])
+def test_stale_cleanup_leaves_other_users_folders(tmp_path, monkeypatch, tag):
+    # a dead writer's staging folder was removed (or, "old" with no artifact, renamed into place as the
+    # artifact) whoever owned it: in a shared folder another user's could be deleted or planted
+    import os
+    from dyntvm.runtime import staging
+    folder = tmp_path / f".model.{tag}-999999999-ab12"
+    folder.mkdir()
+    (folder / "manifest.json").write_text("{}")
+    monkeypatch.setattr(os, "getuid", lambda: os.stat(folder).st_uid + 1)     # as seen by another user
+    staging.remove_stale(str(tmp_path / "model"))
+    assert folder.is_dir() and not (tmp_path / "model").exists()
+    monkeypatch.undo()
+    staging.remove_stale(str(tmp_path / "model"))                              # this user's: cleaned up
+    assert not folder.exists()
