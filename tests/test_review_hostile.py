@@ -116,3 +116,25 @@ def test_stale_cleanup_leaves_other_users_folders(tmp_path, monkeypatch, tag):
     monkeypatch.undo()
     staging.remove_stale(str(tmp_path / "model"))                              # this user's: cleaned up
     assert not folder.exists()
+
+
+# ------------------------------------------------------------------------------ tuning logs
+@pytest.mark.parametrize("secs", [[-1e300], [-1.0], [0.0], [1e300]])
+def test_tuning_record_with_impossible_run_time_is_skipped(tmp_path, secs):
+    # run_secs -1e300 passed the "finite mean" check; TVM then refused the whole database with a raw
+    # RuntimeError (float32 overflow), and a negative time ranked a record above every measured one
+    import json
+    import shutil
+    from pathlib import Path
+    from dyntvm.codegen.tuning_trust import RECORDS, load_checked_database
+    src = Path(__file__).resolve().parent.parent / "tuning_logs" / "lstm" / "llvm-znver4-2c"
+    log = tmp_path / "log"
+    shutil.copytree(src, log)
+    lines = [json.loads(x) for x in (log / RECORDS).read_text().splitlines() if x.strip()]
+    first = lines[0][0]
+    kept = [r for r in lines if r[0] == first]
+    lines.append([first, [kept[0][1][0], secs, kept[0][1][2], kept[0][1][3]]])
+    (log / RECORDS).write_text("".join(json.dumps(r) + "\n" for r in lines))
+    db, rejected = load_checked_database(str(log))
+    records = db.get_all_tuning_records()
+    assert records and all(0 < float(s) < 1e10 for r in records for s in r.run_secs)
