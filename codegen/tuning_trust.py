@@ -201,8 +201,8 @@ def _json_lines(data: bytes, name: str, limit: int, what: str) -> list:
 def _mean_run_secs(run_secs) -> float | None:
     """The mean measured time of a record as MetaSchedule ranks records; None: not a usable measurement."""
     if not (isinstance(run_secs, list) and run_secs
-            and all(isinstance(s, (int, float)) and not isinstance(s, bool) for s in run_secs)):
-        return None
+            and all(isinstance(s, (int, float)) and not isinstance(s, bool) and 0 < s <= 1e10 for s in run_secs)):
+        return None         # a time that is not one (negative: ranked first; beyond float32: TVM refuses the log)
     if all(s == 1e10 for s in run_secs):                # MetaSchedule's stub for a failed measurement
         return None
     mean = sum(run_secs) / len(run_secs)

@@ -257,6 +257,9 @@ def _run_nodes(graph, env: dict, ctx: _Ctx) -> None:
         except (TraceError, InputError) as e:
             msg = str(e).replace(f"\n    at {where}", "")
             raise type(e)(f"{where}: {msg}") from None
+        except MemoryError:         # folding a constant under the machine's size but over what this process may take
+            raise OnnxImportError(f"{where}: folding it at import needs more memory than this process can allocate "
+                                  "(its constant operands ask for a very large tensor)") from None
         except (KeyError, IndexError, TypeError, ValueError, AttributeError, ArithmeticError) as e:   # malformed
             raise OnnxImportError(f"{where}: malformed node, not as the ONNX spec defines it for opset "
                                   f"{ctx.opset} ({type(e).__name__}: {e})") from None
@@ -299,7 +302,8 @@ def from_onnx(model, input_shapes: dict | None = None, constant_inputs: dict | N
         OnnxImportError: a model that is malformed (a node against its op's schema at the model's opset:
             counts, attributes, input types; an output against its declared type; corrupt data or names;
             subgraphs nested deeper than `onnx_load.MAX_SUBGRAPH_DEPTH`), external data without a directory
-            to read it from, or a form of an op dyntvm does not support.
+            to read it from, a constant too large to fold (over the machine's or the process's memory), or a
+            form of an op dyntvm does not support.
 
     Example:
         >>> graph = dt.from_onnx("model.onnx")
@@ -337,4 +341,8 @@ def from_onnx(model, input_shapes: dict | None = None, constant_inputs: dict | N
             check_declared(o, v, ctx.check_dims, "from_onnx: graph")
         return outs[0] if len(outs) == 1 else tuple(outs)
     run.__name__ = name
-    return trace(run, *specs, name=name)
+    try:
+        return trace(run, *specs, name=name)
+    except MemoryError:         # a folded output copied into the graph (each node's own folding is caught above)
+        raise OnnxImportError("from_onnx: the model's constant outputs need more memory than this process can "
+                              "allocate") from None

@@ -7,7 +7,7 @@ import numpy as np
 from ..ir.types import dim_add, dim_floordiv, dim_min, dim_mul
 from . import F
 from .tracer import source_hint
-from .onnx_ops import INT_MAX, OnnxImportError, _const, _ints, _is_const, _rank, _shape, converter
+from .onnx_ops import INT_MAX, OnnxImportError, _check_size, _const, _ints, _is_const, _rank, _shape, converter
 
 PAD_MODES = ("constant", "edge", "reflect", "wrap")
 
@@ -27,6 +27,7 @@ def _pad_index(x, axis: int, lo: int, hi: int, mode: str):
     if isinstance(n, (int, np.integer)):
         if n == 0:
             raise OnnxImportError(f"Pad mode {mode!r} cannot pad axis {axis}: it is empty")
+        _check_size((int(n) + lo + hi,), np.int64, f"Pad mode {mode!r}")     # its index vector, made here
         return np.pad(np.arange(n, dtype=np.int64), (lo, hi), mode=mode)
     i = F.arange(0, dim_add(n, lo + hi)) - np.int64(lo)
     size = F.take(F.shape_of(x), np.int64(axis))

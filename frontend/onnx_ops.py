@@ -417,6 +417,7 @@ def _one_hot(ins, a, ctx, env, node):
     idx, depth, values = ins
     d = int(np.asarray(_const(depth, "OneHot's depth", node)).reshape(-1)[0])
     axis = a.get("axis", -1)
+    _check_size((d,), np.int64, "OneHot's depth")          # its position vector, made here
     idx = F.astype(idx, "int64")
     idx = F.where(F.less(idx, np.int64(0)), idx + np.int64(d), idx)         # negative indices count from the end
     hot = F.equal(F.expand_dims(idx, axis if axis >= 0 else _rank(idx) + 1 + axis),

@@ -4,8 +4,9 @@ A save writes ``.<name>.dyntvm-new-<pid>-<token>`` (plus ``.tar`` for a tar arti
 place; replacing an old artifact renames that to ``.<name>.dyntvm-old-<pid>-<token>`` first. A writer holds
 an exclusive flock on each folder while it works, so a process killed mid-save (SIGKILL, power loss) leaves
 folders no one holds. The next save or load of the same path removes those: a folder counts as stale
-only when its lock is free and its writer's pid is not running, so a concurrent writer's folder (another
-process, also one in another pid namespace on the same machine) is never touched. A stale "old" folder
+only when its lock is free, its writer's pid is not running and it belongs to this user, so a concurrent
+writer's folder (another process, also one in another pid namespace on the same machine) and another user's
+folder in a shared directory are never touched. A stale "old" folder
 whose artifact was never replaced (killed between the two renames) is renamed back instead.
 """
 from __future__ import annotations
@@ -75,6 +76,11 @@ def _unheld(folder: str) -> bool:
         os.close(fd)
 
 
+def _own(path: str) -> bool:
+    """Whether `path` (not followed) belongs to this user (always, without POSIX owners)."""
+    return not hasattr(os, "getuid") or os.lstat(path).st_uid == os.getuid()
+
+
 def remove_stale(path: str) -> None:
     """Remove the folders (and tar files) that killed saves of `path` left next to it. Errors are ignored:
     cleaning up is a courtesy, never the reason a save or load fails."""
@@ -90,6 +96,8 @@ def remove_stale(path: str) -> None:
             continue
         found = os.path.join(parent, name)
         with contextlib.suppress(OSError):
+            if not _own(found):         # another user's (a shared folder): never removed, nor renamed into place
+                continue
             if m.group(3):                                  # a tar being written: stale with its folder
                 if not os.path.lexists(found[:-len(".tar")]):
                     os.remove(found)

@@ -47,6 +47,9 @@ def torch_to_numpy(x, label: str) -> np.ndarray:
         a = x.numpy()
     except (TypeError, RuntimeError) as e:       # a dtype numpy has not (bfloat16, float8), a tensor subclass
         a, reason = None, str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    if a is None and str(x.dtype).removeprefix("torch.") in DTYPES:      # a dtype dyntvm has: not the dtype
+        raise InputError(f"{what} ({type(x).__name__}) cannot be read as an array: torch: {reason}; {expected}, "
+                         "e.g. from .to_padded_tensor(0) for a nested tensor, or a plain torch.Tensor")
     if a is None or a.dtype.name not in DTYPES:
         hint = ": use .float()" if x.dtype == torch.bfloat16 else ""
         raise InputError(f"{what}: dyntvm has no tensors of this dtype; {expected} of one of "

@@ -182,8 +182,8 @@ def _fmod(a, b, dt):
 
 def _floor_div_mod(name, a, b, dt):
     """np.floor_divide / np.mod (Python's // and %: the quotient rounded down, the remainder with the divisor's
-    sign). Integers: by 0 both give 0 as numpy does; by -1 the quotient is -a computed unsigned (INT_MIN // -1
-    wraps to INT_MIN as in numpy, no signed overflow), the remainder 0. Floats follow numpy's npy_divmod step by
+    sign). Integers: by 0 both give 0 as numpy does; by -1 the quotient is -a (INT_MIN // -1
+    wraps to INT_MIN as in numpy, computed without signed overflow), the remainder 0. Floats follow numpy's npy_divmod step by
     step (floor(a / b) differs: 1 // 0.1 is 9.0, not 10.0); float16 computes in float32 as numpy does."""
     if is_int(dt):
         zero, signed = const(0, dt), np.dtype(dt).kind == "i"
@@ -196,8 +196,11 @@ def _floor_div_mod(name, a, b, dt):
         q = R.where(R.equal(b, zero), zero, R.floor_divide(a, safe_b))
         if not signed:
             return q
-        unsigned = "u" + dt
-        neg_a = R.astype(R.subtract(const(0, unsigned), R.astype(a, unsigned)), dt)
+        # -a without signed overflow: INT_MIN stays INT_MIN (numpy wraps). Not as unsigned 0 - a cast back: in
+        # this where() TVM 0.27 compiled that to 0 for every int32 / int64 a (x // -1 was 0)
+        lowest = const(np.iinfo(dt).min, dt)
+        is_min = R.equal(a, lowest)
+        neg_a = R.where(is_min, lowest, R.subtract(zero, R.where(is_min, zero, a)))
         return R.where(R.equal(b, const(-1, dt)), neg_a, q)
     if dt == "float16":
         return R.astype(_floor_div_mod(name, R.astype(a, "float32"), R.astype(b, "float32"), "float32"), dt)
@@ -213,7 +216,8 @@ def _floor_div_mod(name, a, b, dt):
     floor = R.floor(div)
     rounded = R.where(R.greater(R.subtract(div, floor), const(0.5, dt)), R.add(floor, const(1, dt)), floor)
     quotient = R.divide(a, b)
-    zero_div = R.where(R.less(quotient, zero), const(-0.0, dt), zero)
+    # numpy: copysign(0, a / b), and a / b may be -0.0 (0 // -1): its sign read as 1 / (a / b) < 0 (-inf)
+    zero_div = R.where(R.less(R.divide(const(1, dt), quotient), zero), const(-0.0, dt), zero)
     return R.where(b_zero, quotient, R.where(R.equal(div, zero), zero_div, rounded))
 
 
