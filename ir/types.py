@@ -189,8 +189,11 @@ def memory_limit() -> int:
     """The most bytes one tensor of a static size may take: this machine's physical memory. A larger one can
     never be allocated, and folding or running it only exhausts the machine (a 181-byte ONNX file asking for a
     4 TiB ConstantOfShape took 11 GB before it aborted)."""
-    import psutil
-    return int(psutil.virtual_memory().total)
+    try:        # POSIX, no dependency: the runtime-only bundle (`dyntvm bundle`) has no psutil
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        import psutil
+        return int(psutil.virtual_memory().total)
 
 
 def check_tensor_size(shape, dtype) -> None:
