@@ -7,9 +7,6 @@ subgraph is closed (JAX style) and the owning control-flow node passes captures 
 from __future__ import annotations
 
 import contextlib
-import linecache
-import os
-import sys
 import threading
 from dataclasses import dataclass
 
@@ -21,12 +18,8 @@ from ..ir.attrs import ConstantAttrs
 from ..ir.ops import attr_symbols, get_op
 from ..ir.shapes import ShapeError
 from ..ir.tree import LEAF, num_leaves, tree_flatten, tree_unflatten
-from ..ir.types import TensorType, as_shape_dim, is_symbol
+from ..ir.types import TensorType, as_shape_dim, is_symbol, user_line
 from ..runtime.torch_inputs import is_torch_tensor, torch_to_numpy
-
-_PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_PKG_DIRS = tuple(os.path.join(_PKG_ROOT, d) + os.sep for d in ("dyntvm", "ir", "frontend", "partition",
-                                                                  "codegen", "runtime"))
 
 
 class _Builders(threading.local):
@@ -56,14 +49,7 @@ def user_source() -> str:
     """'file.py:LINE: code' of the innermost frame outside dyntvm (the user's line), or the `source_hint` set."""
     if _BUILDERS.source_hint is not None:
         return _BUILDERS.source_hint
-    f = sys._getframe(1)
-    while f is not None and f.f_code.co_filename.startswith(_PKG_DIRS):
-        f = f.f_back
-    if f is None:
-        return ""
-    fn, line = f.f_code.co_filename, f.f_lineno
-    code = linecache.getline(fn, line).strip()
-    return f"{os.path.basename(fn)}:{line}: {code}" if code else f"{os.path.basename(fn)}:{line}"
+    return user_line()
 
 
 def trace_error(msg: str, source: str | None = None) -> TraceError:

@@ -255,9 +255,9 @@ _PKG_DIRS = tuple(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(_
                   for d in ("dyntvm", "ir", "frontend", "partition", "codegen", "runtime"))
 
 
-def _user_line() -> str:
-    """'file.py:LINE: code' of the innermost frame outside dyntvm, as TraceErrors name it (frontend's
-    `user_source`; ir may not import the frontend)."""
+def user_line() -> str:
+    """'file.py:LINE: code' of the innermost frame outside dyntvm (the user's line), as TraceErrors name it
+    (the frontend's `user_source` reports it too)."""
     f = sys._getframe(1)
     while f is not None and f.f_code.co_filename.startswith(_PKG_DIRS):
         f = f.f_back
@@ -401,7 +401,7 @@ class SymDim(str):
     def _compare(self, other, sym, str_compare):
         if isinstance(other, (int, np.integer)) and not isinstance(other, (bool, np.bool_)):
             from dyntvm.errors import TraceError
-            where = _user_line()
+            where = user_line()
             raise TraceError(f"{str(self)!r} {sym} {other}: a symbolic dim (from x.shape) has no value while "
                              f"tracing, so Python cannot decide the comparison; compare F.shape_of(x)[i] (an int64 "
                              f"tensor), e.g. in F.cond or F.where, or trace with a fixed size"
