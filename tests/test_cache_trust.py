@@ -132,6 +132,14 @@ def symlinked_library(cache, entry, lib):
     return "kernels.so is a symbolic link"
 
 
+def compile_with_cache(cache: str):
+    """``(model, CacheWarning messages)`` of compiling `model_fn` with the cache folder `cache`."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = dt.compile(model_fn, SPEC, cache_dir=cache)
+    return model, [str(w.message) for w in caught if issubclass(w.category, CacheWarning)]
+
+
 @pytest.mark.parametrize("attack", [
     pytest.param(entry_of_other_user, marks=needs_root), pytest.param(library_of_other_user, marks=needs_root),
     group_writable_entry, world_writable_library, symlinked_entry, symlinked_library])
@@ -142,10 +150,7 @@ def test_untrusted_entry_is_never_loaded(golden, planted_library, tmp_path, atta
     lib, marker = planted_library
     why = attack(cache, os.path.join(cache, key), lib)
     before = stats.builds
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        model = dt.compile(model_fn, SPEC, cache_dir=cache)
-    messages = [str(w.message) for w in caught if issubclass(w.category, CacheWarning)]
+    model, messages = compile_with_cache(cache)
     assert not os.path.exists(marker), "the planted library was loaded"
     assert len(messages) == 1 and why in messages[0] and "rebuilding" in messages[0], messages
     assert stats.builds == before + 1 and model.info["cache"] == "miss"
@@ -189,10 +194,7 @@ def shared_other_owner(tmp_path, golden, lib):
 def test_untrusted_cache_folder_builds_uncached(golden, planted_library, open_folder, make):
     lib, marker = planted_library
     cache, why = make(open_folder, golden, lib)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        model = dt.compile(model_fn, SPEC, cache_dir=cache)
-    messages = [str(w.message) for w in caught if issubclass(w.category, CacheWarning)]
+    model, messages = compile_with_cache(cache)
     assert not os.path.exists(marker), "the planted library was loaded"
     assert len(messages) == 1 and why in messages[0] and "built without the cache" in messages[0], messages
     assert model.info["cache"] == "miss" and model.lib_path is None
