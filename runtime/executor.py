@@ -292,9 +292,10 @@ class Executor:
         preds, branches = runs[0:-1:2], runs[1::2] + runs[-1:]
         truth = self.pl.first_truth if self.pl else first_truth
         args_of = self._branch_args(ins)
+        exclusive = n.attrs.exclusive                  # read once, not on every call
 
         def run(slots):
-            res = cf.case(preds, branches, args_of(slots), truth=truth, exclusive=n.attrs.exclusive)
+            res = cf.case(preds, branches, args_of(slots), truth=truth, exclusive=exclusive)
             for o, r in zip(outs, res):
                 slots[o] = r
         return run
