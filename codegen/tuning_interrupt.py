@@ -24,6 +24,7 @@ from tvm.s_tir.meta_schedule.builder import BuilderResult, LocalBuilder
 from tvm.s_tir.meta_schedule.builder.local_builder import _serialize_params, _worker_func
 from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
 from tvm.s_tir.meta_schedule.runner import LocalRunner
+from tvm.s_tir.meta_schedule.utils import get_global_func_with_default_on_worker
 from tvm.s_tir.meta_schedule.runner.local_runner import LocalRunnerFuture
 from tvm.s_tir.meta_schedule.task_scheduler import PyTaskScheduler
 from tvm.support.popen_pool import PopenPoolExecutor, StatusKind
@@ -68,6 +69,24 @@ def deferred_interrupt():
     stop.check()                            # one that arrived after the last check
 
 
+def _checked(sanity_check, stop: StopRequest) -> None:
+    """Run a builder's / runner's sanity check (a job in a worker process, while they are made). A Ctrl-C from a
+    terminal reaches that worker too, which then fails ("Subprocess terminated"): with a stop requested, that
+    is the KeyboardInterrupt it stands for (here Python, not MetaSchedule's C++, is running)."""
+    try:
+        sanity_check()
+    except Exception:
+        if not stop.requested:
+            raise
+        raise KeyboardInterrupt from None
+
+
+def _check_builder(f_build, f_export) -> None:
+    """LocalBuilder's sanity check, run in a worker."""
+    get_global_func_with_default_on_worker(name=f_build, default=None)
+    get_global_func_with_default_on_worker(name=f_export, default=None)
+
+
 @derived_object
 class StoppableBuilder(LocalBuilder._cls):
     """MetaSchedule's LocalBuilder, which starts no further build once a stop is requested: those candidates
@@ -75,8 +94,17 @@ class StoppableBuilder(LocalBuilder._cls):
     INTERRUPTED error."""
 
     def __init__(self, stop: StopRequest, **kwargs):
+        self.stop = stop                    # before LocalBuilder's __init__, which runs `_sanity_check`
         super().__init__(**kwargs)
-        self.stop = stop
+
+    def _sanity_check(self) -> None:
+        """LocalBuilder's (its builder functions can be found in a worker), with its one-use pool always shut
+        down (LocalBuilder's is left to the garbage collector when the check fails)."""
+        pool = PopenPoolExecutor(max_workers=self.max_workers, timeout=self.timeout_sec, initializer=self.initializer)
+        try:
+            _checked(lambda: pool.submit(_check_builder, self.f_build, self.f_export).result(), self.stop)
+        finally:
+            pool.shutdown()
 
     def build(self, build_inputs: list) -> list:
         if self.stop.requested:
@@ -114,8 +142,15 @@ class StoppableRunner(LocalRunner._cls):
     once a stop is requested: those, and a measurement failing after the request, get the INTERRUPTED error."""
 
     def __init__(self, stop: StopRequest, **kwargs):
+        self.stop = stop                    # before LocalRunner's __init__, which runs `_sanity_check`
         super().__init__(**kwargs)
-        self.stop = stop
+
+    def _sanity_check(self) -> None:
+        try:
+            _checked(super()._sanity_check, self.stop)
+        except KeyboardInterrupt:
+            self.pool.shutdown()
+            raise
 
     def run(self, runner_inputs: list) -> list:
         futures = []

@@ -96,3 +96,20 @@ def test_ctrl_c_keeps_what_was_tuned_and_raises_keyboard_interrupt(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     assert len(_finished(log)) == 2 and finished[0] in _finished(log)     # resumed: the first not tuned again
     _assert_sound(log)
+
+
+@pytest.mark.parametrize("part", ["builder", "runner"])
+def test_ctrl_c_while_the_builder_or_runner_is_made(part):
+    """Their sanity check runs a job in a worker process, which a terminal's Ctrl-C kills too: with a stop
+    requested, that failure is the KeyboardInterrupt (it was "ChildProcessError: Subprocess terminated"); without
+    one, their own error. A function name no worker has makes the check fail here as the killed worker did."""
+    from dyntvm.codegen.tuning_interrupt import StopRequest, StoppableBuilder, StoppableRunner
+    make = {"builder": lambda stop: StoppableBuilder(stop, max_workers=1, f_build="dyntvm.no_such_function"),
+            "runner": lambda stop: StoppableRunner(stop, f_run_evaluator="dyntvm.no_such_function")}[part]
+    stop = StopRequest()
+    with pytest.raises(Exception) as failed:
+        make(stop)
+    assert not isinstance(failed.value, KeyboardInterrupt)
+    stop.requested = True
+    with pytest.raises(KeyboardInterrupt):
+        make(stop)
