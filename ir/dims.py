@@ -15,7 +15,7 @@ import ast
 import functools
 from dataclasses import dataclass
 
-__all__ = ["DimExpr", "Sym", "Const", "BinOp", "Call", "Neg", "DimVisitor", "parse_dim", "canonical_dim", "BINOPS",
+__all__ = ["DimExpr", "Sym", "Const", "BinOp", "Call", "Neg", "DimVisitor", "parse_dim", "BINOPS",
            "FUNCS"]
 
 #: Binary operators a dim may use, with their Python semantics on ints (floor division, floor mod).
@@ -39,7 +39,7 @@ class DimExpr:
 
     @functools.cached_property
     def text(self) -> str:
-        """The canonical string (as stored in types)."""
+        """The expression's rendering (as `ir.dim_algebra` renders its canonical form, the stored one)."""
         return str(self)
 
     def evaluate(self, env: dict) -> int:
@@ -186,12 +186,6 @@ def _parse_str(s: str) -> DimExpr:
         raise ValueError(f"bad dim expression {_shown(s)}") from None
     except RecursionError:
         raise ValueError(f"dim expression {_shown(s)} is nested too deeply") from None
-
-
-@functools.lru_cache(maxsize=8192)
-def canonical_dim(s: str):
-    """The stored form of a dim string: its canonical rendering, or an int for a constant."""
-    return _parse_str(s).to_dim()
 
 
 def _from_ast(n, src) -> DimExpr:
