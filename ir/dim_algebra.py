@@ -14,8 +14,8 @@ those that use bounds, which hold for sizes: symbols are >= 0 (`bounds`). The ca
 grammar of `ir.dims` (ints, symbols, ``+ - * // %``, ``min``, ``max``), so stored graphs, artifacts and the TIR
 translation read it as before.
 
-    >>> simplify_dim("((H + 2) - 3) // 1 + 1"), simplify_dim("(H + 2 - 3) // 2 + 1"), simplify_dim("max(N - 1, 0)")
-    ('H', '((H + 1) // 2)', '(max(N, 1) - 1)')
+    >>> simplify_dim("((H + 2) - 3) // 1 + 1"), simplify_dim("(H + 2 - 3) // 2 + 1"), simplify_dim("max(N + 1 - 2, 0)")
+    ('H', '((H + 1) // 2)', 'max((N - 1), 0)')
     >>> dims_equal("2 * (N // 2) + N % 2", "N"), dim_compare("N + 1", ">", "N"), dims_equal("N", "M")
     (True, True, None)
 """
@@ -308,8 +308,8 @@ def _mod(p: _Poly, q: _Poly) -> _Poly:
 
 def _minmax(kind: str, args) -> _Poly:
     """min / max of polys: nested ones of the same kind flattened, duplicates and dominated args dropped
-    (``min(N, N + 2)`` is N: their difference's bounds decide), the smallest constant and the common factor of
-    the args pulled out (``max(N - 1, 0)`` is ``max(N, 1) - 1``, ``min(2*N, 2*M)`` is ``2 * min(M, N)``)."""
+    (``min(N, N + 2)`` is N: their difference's bounds decide), the common factor of the args pulled out
+    (``min(2*N, 2*M)`` is ``2 * min(M, N)``), the args sorted (constants last: ``min(N, 2)``)."""
     flat: dict = {}
     todo = list(args)
     while todo:
@@ -327,15 +327,15 @@ def _minmax(kind: str, args) -> _Poly:
         kept = [k for k in kept if not _sign_of_diff(a, k, kind)] + [a]
     if len(kept) == 1:
         return kept[0]
-    offset = min(a.const for a in kept)
-    kept = [_add(a, _const(-offset)) for a in kept]
+    # Constants stay inside (``max(N - 1, 0)``, not ``max(N, 1) - 1``): pulled out, ``N * max(N - 1, 0)`` would
+    # distribute into ``N * max(N, 1) - N``, whose interval bounds are lost; a positive factor scales them exactly.
     g = 0
     for a in kept:
         g = _coef_gcd(a, g)
     if g > 1:
         kept = [_divide_exact(a, g) for a in kept]
     atom = _Atom(kind, tuple(sorted(kept, key=lambda p: (p.is_const(), p.text))))     # min(N, 2)
-    return _add(_scale(_atom_poly(atom), max(g, 1)), _const(offset))
+    return _scale(_atom_poly(atom), max(g, 1))
 
 
 def _sign_of_diff(a: _Poly, b: _Poly, kind: str) -> bool:
