@@ -421,8 +421,36 @@ def dim_compare(a, op: str, b):
     if isinstance(a, int) and isinstance(b, int):
         lo = hi = a - b
     else:
-        lo, hi = _add(_poly(a), _poly(b), -1).bounds()
+        lo, hi = _sign_bounds(_add(_poly(a), _poly(b), -1))
     return _DECIDE[op](lo, hi)
+
+
+def _sign_bounds(p: _Poly, depth: int = 2) -> tuple:
+    """Bounds of `p` tight enough to decide its sign (they may be fractions): interval bounds, tightened
+    where a term is one atom whose relation to its arguments interval arithmetic forgets. ``k * max(X, Y)`` with
+    k > 0 is at least ``k * X`` and ``k * Y`` (``max(N, 3) - N >= 0``), ``k * min(...)`` at most each argument, and
+    ``c * (X // c)`` is ``X - X % c`` (``N // 2 - N <= 0``)."""
+    lo, hi = p.bounds()
+    if depth == 0 or (lo != -_INF and hi != _INF):       # finite: already as tight as the terms allow
+        return lo, hi
+    for mono, k in p.terms.items():
+        if len(mono) != 1:
+            continue
+        atom, rest = mono[0], dict(p.terms)
+        del rest[mono]
+        rest = _Poly(rest)
+        if atom.kind in ("min", "max"):
+            # the side each argument bounds: a max from below (k > 0), a min from above (k > 0)
+            below = (atom.kind == "max") == (k > 0)
+            for arg in atom.args:
+                alo, ahi = _sign_bounds(_add(rest, _scale(arg, k)), depth - 1)
+                lo, hi = (max(lo, alo), hi) if below else (lo, min(hi, ahi))
+        elif atom.kind == "//" and atom.args[1].is_const() and atom.args[1].const > 0:
+            x, c = atom.args[0], atom.args[1].const
+            exact = _add(_scale(rest, c), _scale(_add(x, _mod(x, atom.args[1]), -1), k))       # c * p
+            elo, ehi = _sign_bounds(exact, depth - 1)
+            lo, hi = max(lo, elo / c), min(hi, ehi / c)
+    return lo, hi
 
 
 def dims_equal(a, b):

@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from .types import (Dim, ShapeError, TensorType, dim_add, dim_bounds, dim_floordiv, dim_max, dim_min, dim_mul,
-                    dim_prod, dim_sub, dims_equal, is_unknown)
+                    dim_prod, dim_sub, dims_equal, is_unknown, simplify_dim)
 
 
 def norm_axes(axis, ndim: int) -> tuple:
@@ -36,7 +36,7 @@ def broadcast_dims(a: Dim, b: Dim) -> Dim:
     if isinstance(a, int) and isinstance(b, int):
         raise ShapeError(f"cannot broadcast dims {a} and {b}")
     if dims_equal(a, b):
-        return a
+        return simplify_dim(a)
     # A symbol against an int: the int wins (the symbol must equal it at run time).
     if isinstance(a, int):
         return a
@@ -73,7 +73,7 @@ def unify_dims(a, b, what):
         raise ShapeError(f"{what}: dims {a} and {b} differ")
     equal = dims_equal(a, b)
     if equal:
-        return a
+        return simplify_dim(a)
     if equal is False:
         raise ShapeError(f"{what}: dims {a} and {b} differ for every size")
     if isinstance(a, int):
