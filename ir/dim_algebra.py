@@ -29,11 +29,15 @@ from .dims import DimExpr, parse_dim
 __all__ = ["simplify_dim", "canonical_dim", "dims_equal", "dim_compare", "dim_bounds", "dim_binop", "dim_minmax"]
 
 _INF = float("inf")
+#: A product of sums whose distributed text is longer than this and than the product written as is stays one
+#: ``*`` atom (``(A + 1) * (B + 1) * ...`` would grow exponentially, past what `ir.dims` parses); its factors
+#: are canonical, so it is too, except that such products are not compared through their expansions.
+_MAX_EXPANDED = 800
 
 
 class _Atom:
-    """A factor of a monomial: a symbol (``kind == "sym"``, ``args == name``), ``//`` or ``%`` of two polys, or
-    ``min`` / ``max`` of a tuple of polys. Its canonical text identifies it (equal texts, equal atoms)."""
+    """A factor of a monomial: a symbol (``kind == "sym"``, ``args == name``), ``//`` or ``%`` of two polys,
+    ``min`` / ``max`` of a tuple of polys, or ``*`` of two sums too long to distribute (`_MAX_EXPANDED`). Its canonical text identifies it (equal texts, equal atoms)."""
 
     __slots__ = ("kind", "args", "text", "_hash", "_bounds")
 
@@ -41,7 +45,7 @@ class _Atom:
         self.kind, self.args = kind, args
         if kind == "sym":
             self.text = args
-        elif kind in ("//", "%"):
+        elif kind in ("//", "%", "*"):
             self.text = f"({args[0].text} {kind} {args[1].text})"
         else:
             self.text = f"{kind}({', '.join(a.text for a in args)})"
@@ -155,6 +159,8 @@ def _atom_bounds(atom: _Atom) -> tuple:
     """Bounds of an atom for sizes (every symbol >= 0), where it is defined (no division by zero)."""
     if atom.kind == "sym":
         return 0, _INF
+    if atom.kind == "*":
+        return _mul_bounds(atom.args[0].bounds(), atom.args[1].bounds())
     if atom.kind in ("min", "max"):
         bs = [a.bounds() for a in atom.args]
         f = min if atom.kind == "min" else max
@@ -219,7 +225,10 @@ def _mul(p: _Poly, q: _Poly) -> _Poly:
         for m2, k2 in q.terms.items():
             m = tuple(sorted(m1 + m2, key=_Atom.sort_key))
             terms[m] = terms.get(m, 0) + k1 * k2
-    return _make(terms)
+    out = _make(terms)
+    if len(out.text) > _MAX_EXPANDED and len(out.text) > len(p.text) + len(q.text) + 5:
+        return _atom_poly(_Atom("*", tuple(sorted((p, q), key=lambda a: a.text))))     # kept as one product
+    return out
 
 
 def _split(p: _Poly, c: int):

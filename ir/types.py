@@ -246,7 +246,7 @@ def map_type_dims(t: "TensorType", fn) -> "TensorType":
 def join_dims(a: Dim, b: Dim, keep=frozenset()) -> Dim:
     """The dim of a value that is `a` on one path and `b` on another: `a` if they agree, else a fresh
     unknown dim. Dims in `keep` (unknowns made by an earlier join of the same value) stay as they are."""
-    return a if a == b or a in keep else fresh_dim()
+    return a if a == b or a in keep or dims_equal(a, b) else fresh_dim()
 
 
 def join_types(a: TensorType, b: TensorType, keep=frozenset()) -> TensorType:
@@ -336,6 +336,9 @@ class SymDim(str):
 
     def _compare(self, other, sym, str_compare):
         if isinstance(other, (int, np.integer)) and not isinstance(other, (bool, np.bool_)):
+            decided = dim_compare(str(self), sym, int(other))      # true for every size: N >= 0, min(N, 2) <= 2
+            if decided is not None:
+                return decided
             from dyntvm.errors import TraceError
             where = user_line()
             raise TraceError(f"{str(self)!r} {sym} {other}: a symbolic dim (from x.shape) has no value while "
