@@ -3,7 +3,9 @@
 Types store a dim as an ``int`` or a string (``"T"``, ``"(T + 1)"``, ``"max((N - 1), 0)"``): strings keep
 `TensorType` hashable, printable and JSON-friendly. Every stage that needs the *structure* of a dim
 (its symbols, its value, its translation to TIR, renaming unknown dims) goes through `parse_dim`, which
-returns a `DimExpr` tree (cached per string), and walks it with `DimExpr.fold` or a `DimVisitor`.
+returns a `DimExpr` tree (cached per string), and walks it with `DimExpr.fold` or a `DimVisitor`. Stored
+strings are in the canonical form of `ir.dim_algebra` (which builds and compares them); this file only reads
+them, so the runtime evaluates dims without the algebra, and old non-canonical strings still parse.
 
     >>> e = parse_dim("((T + 1) * 2)")
     >>> sorted(e.symbols), e.evaluate({"T": 3}), str(e.rename({"T": "S"}))
