@@ -3,7 +3,9 @@
 Types store a dim as an ``int`` or a string (``"T"``, ``"(T + 1)"``, ``"max((N - 1), 0)"``): strings keep
 `TensorType` hashable, printable and JSON-friendly. Every stage that needs the *structure* of a dim
 (its symbols, its value, its translation to TIR, renaming unknown dims) goes through `parse_dim`, which
-returns a `DimExpr` tree (cached per string), and walks it with `DimExpr.fold` or a `DimVisitor`.
+returns a `DimExpr` tree (cached per string), and walks it with `DimExpr.fold` or a `DimVisitor`. Stored
+strings are in the canonical form of `ir.dim_algebra` (which builds and compares them); this file only reads
+them, so the runtime evaluates dims without the algebra, and old non-canonical strings still parse.
 
     >>> e = parse_dim("((T + 1) * 2)")
     >>> sorted(e.symbols), e.evaluate({"T": 3}), str(e.rename({"T": "S"}))
@@ -15,7 +17,7 @@ import ast
 import functools
 from dataclasses import dataclass
 
-__all__ = ["DimExpr", "Sym", "Const", "BinOp", "Call", "Neg", "DimVisitor", "parse_dim", "canonical_dim", "BINOPS",
+__all__ = ["DimExpr", "Sym", "Const", "BinOp", "Call", "Neg", "DimVisitor", "parse_dim", "BINOPS",
            "FUNCS"]
 
 #: Binary operators a dim may use, with their Python semantics on ints (floor division, floor mod).
@@ -39,7 +41,7 @@ class DimExpr:
 
     @functools.cached_property
     def text(self) -> str:
-        """The canonical string (as stored in types)."""
+        """The expression's rendering (as `ir.dim_algebra` renders its canonical form, the stored one)."""
         return str(self)
 
     def evaluate(self, env: dict) -> int:
@@ -186,12 +188,6 @@ def _parse_str(s: str) -> DimExpr:
         raise ValueError(f"bad dim expression {_shown(s)}") from None
     except RecursionError:
         raise ValueError(f"dim expression {_shown(s)} is nested too deeply") from None
-
-
-@functools.lru_cache(maxsize=8192)
-def canonical_dim(s: str):
-    """The stored form of a dim string: its canonical rendering, or an int for a constant."""
-    return _parse_str(s).to_dim()
 
 
 def _from_ast(n, src) -> DimExpr:

@@ -29,7 +29,8 @@ from .lift import lift_all_axis, lift_axis, lift_elementwise, lift_matmul, lift_
 from .dtypes import arith_dtype, float_dtype, reduce_dtype
 from .shapes import (ShapeError, arange_length, broadcast_shapes, infer_reshape, norm_axis, reduce_shape, slice_length,
                      unify_dims)
-from .types import Dim, TensorType, dim_add, dim_floordiv, dim_max, dim_mul, dim_sub, dim_symbols, fresh_dim
+from .types import (Dim, TensorType, dim_add, dim_floordiv, dim_max, dim_mul, dim_sub, dim_symbols, dims_equal,
+                    fresh_dim)
 
 
 class OpKind(Enum):
@@ -268,7 +269,8 @@ def _matmul(ts, a):
     xs = x.shape if x.ndim > 1 else (1,) + x.shape
     ys = y.shape if y.ndim > 1 else y.shape + (1,)
     k1, k2 = xs[-1], ys[-2]
-    if k1 != k2 and not (isinstance(k1, str) != isinstance(k2, str)):
+    same = dims_equal(k1, k2)           # canonical forms: provably equal, provably different, or undecided (None)
+    if same is False or (same is None and isinstance(k1, str) and isinstance(k2, str)):
         raise ShapeError(f"matmul contraction dims differ: {x} @ {y}")
     batch = broadcast_shapes(xs[:-2], ys[:-2])
     out = batch + (xs[-2] if x.ndim > 1 else None, ys[-1] if y.ndim > 1 else None)

@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from .types import (Dim, ShapeError, TensorType, dim_add, dim_bounds, dim_floordiv, dim_max, dim_min, dim_mul,
-                    dim_prod, dim_sub, is_unknown)
+                    dim_prod, dim_sub, dims_equal, is_unknown, simplify_dim)
 
 
 def norm_axes(axis, ndim: int) -> tuple:
@@ -25,6 +25,8 @@ def norm_axis(axis: int, ndim: int, what="axis") -> int:
 
 
 def broadcast_dims(a: Dim, b: Dim) -> Dim:
+    """The dim of two broadcast dims: equal ones (compared in canonical form: ``(H - 1) + 1`` is ``H``), or the
+    other where one is 1. Symbolic dims that are not provably equal raise here (the one place that does)."""
     if a == b:
         return a
     if a == 1:
@@ -33,6 +35,8 @@ def broadcast_dims(a: Dim, b: Dim) -> Dim:
         return a
     if isinstance(a, int) and isinstance(b, int):
         raise ShapeError(f"cannot broadcast dims {a} and {b}")
+    if dims_equal(a, b):
+        return simplify_dim(a)
     # A symbol against an int: the int wins (the symbol must equal it at run time).
     if isinstance(a, int):
         return a
@@ -42,7 +46,7 @@ def broadcast_dims(a: Dim, b: Dim) -> Dim:
     # where it is 0; that is d * it, or simply d against min(d, 1).
     for one, d in ((a, b), (b, a)):
         if dim_bounds(one)[1] <= 1:
-            return d if one in (f"min({d}, 1)", f"min(1, {d})") else dim_mul(d, one)
+            return d if dims_equal(one, dim_min(d, 1)) else dim_mul(d, one)
     raise ShapeError(f"cannot broadcast symbolic dims {a} and {b}: they are not known to be equal")
 
 
@@ -61,11 +65,17 @@ def broadcast_shapes(*shapes) -> tuple:
 
 def unify_dims(a, b, what):
     """The one dim that `a` and `b` must both be (ShapeError where they provably differ or are unrelated
-    symbols); an int or a known symbol wins over an unknown dim."""
+    symbols); an int or a known symbol wins over an unknown dim. Dims are compared in canonical form, so
+    ``(H - 1) + 1`` and ``H`` are one dim."""
     if a == b:
         return a
     if isinstance(a, int) and isinstance(b, int):
         raise ShapeError(f"{what}: dims {a} and {b} differ")
+    equal = dims_equal(a, b)
+    if equal:
+        return simplify_dim(a)
+    if equal is False:
+        raise ShapeError(f"{what}: dims {a} and {b} differ for every size")
     if isinstance(a, int):
         return a
     if isinstance(b, int):
@@ -75,7 +85,6 @@ def unify_dims(a, b, what):
     if is_unknown(b):
         return a
     raise ShapeError(f"{what}: symbolic dims {a} and {b} are not known to be equal")
-
 
 
 def reduce_shape(t: TensorType, axis, keepdims):

@@ -2,8 +2,9 @@
 
 A dim is an ``int``, a symbol name (``"T"``), or an expression string over symbols (``"(T + S)"``).
 Symbols created by dynamic-shape ops are *unknown* dims, named with a leading underscore (``"_u3"``).
-Strings keep types hashable, printable and JSON-friendly; `dim_add` and friends build them and fold
-constants; their structure is read only through `ir.dims.parse_dim`.
+Strings keep types hashable, printable and JSON-friendly. Every stored dim is in the canonical form of
+`ir.dim_algebra` (equal expressions are equal strings); `dim_add` and friends build canonical results, and the
+structure of a string is read only through `ir.dims.parse_dim`.
 """
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ from typing import Union
 
 import numpy as np
 
-from .dims import canonical_dim, parse_dim
+from .dim_algebra import (canonical_dim, dim_binop, dim_bounds, dim_compare, dim_minmax,  # noqa: F401 (re-exported)
+                          dims_equal, simplify_dim)
+from .dims import parse_dim
 
 Dim = Union[int, str]
 
@@ -40,8 +43,8 @@ def is_unknown(d: Dim) -> bool:
 
 def check_dim(d) -> Dim:
     """`d` as stored in a type: an int >= 0, or the canonical string of a dim expression (``"N+1"`` is
-    stored as ``"(N + 1)"``, ``"4"`` as 4), so that equal dims compare equal and expressions built on top
-    of it (`dim_mul`) keep their meaning."""
+    stored as ``"(N + 1)"``, ``"(H - 1) + 1"`` as ``"H"``, ``"4"`` as 4), so that equal dims compare equal
+    and expressions built on top of it (`dim_mul`) keep their meaning."""
     if isinstance(d, (bool, np.bool_)):
         raise TypeError(f"a dim must be an int or a symbol name, got {d!r}")
     if isinstance(d, str):
@@ -57,102 +60,35 @@ def check_dim(d) -> Dim:
     raise TypeError(f"a dim must be an int or a symbol name, got {type(d).__name__} {d!r}")
 
 
-def _binop(a: Dim, b: Dim, sym: str) -> Dim:
-    return f"({a} {sym} {b})"
-
-
 def dim_add(a: Dim, b: Dim) -> Dim:
-    if isinstance(a, int) and isinstance(b, int):
-        return a + b
-    if a == 0:
-        return b
-    if b == 0:
-        return a
-    if isinstance(b, int) and b < 0:
-        return _binop(a, -b, "-")
-    return _binop(a, b, "+")
+    """a + b in canonical form (`ir.dim_algebra`): ``dim_add(dim_sub("H", 1), 1)`` is ``"H"``."""
+    return a + b if isinstance(a, int) and isinstance(b, int) else dim_binop("+", a, b)
 
 
 def dim_sub(a: Dim, b: Dim) -> Dim:
-    if isinstance(a, int) and isinstance(b, int):
-        return a - b
-    if b == 0:
-        return a
-    if a == b:
-        return 0
-    if isinstance(b, int) and b < 0:
-        return _binop(a, -b, "+")
-    return _binop(a, b, "-")
+    return a - b if isinstance(a, int) and isinstance(b, int) else dim_binop("-", a, b)
 
 
 def dim_mul(a: Dim, b: Dim) -> Dim:
-    if isinstance(a, int) and isinstance(b, int):
-        return a * b
-    if a == 1:
-        return b
-    if b == 1:
-        return a
-    if a == 0 or b == 0:
-        return 0
-    return _binop(a, b, "*")
+    return a * b if isinstance(a, int) and isinstance(b, int) else dim_binop("*", a, b)
 
 
 def dim_floordiv(a: Dim, b: Dim) -> Dim:
-    if isinstance(a, int) and isinstance(b, int):
-        return a // b
-    if b == 1:
-        return a
-    return _binop(a, b, "//")
+    return a // b if isinstance(a, int) and isinstance(b, int) else dim_binop("//", a, b)
 
 
 def dim_mod(a: Dim, b: Dim) -> Dim:
-    if isinstance(a, int) and isinstance(b, int):
-        return a % b
-    return 0 if b == 1 else _binop(a, b, "%")
+    return a % b if isinstance(a, int) and isinstance(b, int) else dim_binop("%", a, b)
 
 
 def dim_min(a: Dim, b: Dim) -> Dim:
-    if isinstance(a, int) and isinstance(b, int):
-        return min(a, b)
-    (lo_a, hi_a), (lo_b, hi_b) = dim_bounds(a), dim_bounds(b)
-    if hi_a <= lo_b or hi_b <= lo_a:     # one is never the larger: min(N, 0) is 0, min(min(N, 2), 5) is min(N, 2)
-        return a if hi_a <= lo_b else b
-    return a if a == b else f"min({a}, {b})"
+    """min(a, b) in canonical form: ``min(N, 0)`` is 0, ``min(N, N + 2)`` is N."""
+    return min(a, b) if isinstance(a, int) and isinstance(b, int) else dim_minmax("min", a, b)
 
 
 def dim_max(a: Dim, b: Dim) -> Dim:
-    if isinstance(a, int) and isinstance(b, int):
-        return max(a, b)
-    (lo_a, hi_a), (lo_b, hi_b) = dim_bounds(a), dim_bounds(b)
-    if lo_a >= hi_b or lo_b >= hi_a:         # max(N, 0) is N
-        return a if lo_a >= hi_b else b
-    return a if a == b else f"max({a}, {b})"
-
-
-_INF = float("inf")
-
-
-def _mul_bounds(x, y):
-    ends = [p * q if p and q else 0 for p in x for q in y]      # 0 * inf is 0 here: a 0 dim stays 0
-    return min(ends), max(ends)
-
-
-_BOUNDS = {"+": lambda x, y: (x[0] + y[0], x[1] + y[1]), "-": lambda x, y: (x[0] - y[1], x[1] - y[0]),
-           "*": _mul_bounds,
-           "//": lambda x, y: (tuple(v if abs(v) == _INF else v // y[0] for v in x) if y[0] == y[1] > 0
-                               else (-_INF, _INF)),
-           "%": lambda x, y: (0, y[0] - 1) if y[0] == y[1] > 0 else (-_INF, _INF)}
-
-
-def dim_bounds(d: Dim) -> tuple:
-    """(lowest, highest) value a dim can take (symbols are sizes: 0 to infinity), by interval arithmetic:
-    ``min(N, 2)`` is in (0, 2), ``max((N - 1), 0)`` in (0, inf)."""
-    if isinstance(d, int):
-        return d, d
-    return parse_dim(d).fold(lambda c: (c, c), lambda s: (0, _INF), lambda op, x, y: _BOUNDS[op](x, y),
-                             lambda fn, args: (min(a[0] for a in args), min(a[1] for a in args)) if fn == "min"
-                             else (max(a[0] for a in args), max(a[1] for a in args)),
-                             lambda x: (-x[1], -x[0]))
+    """max(a, b) in canonical form: ``max(N, 0)`` is N."""
+    return max(a, b) if isinstance(a, int) and isinstance(b, int) else dim_minmax("max", a, b)
 
 
 def dim_prod(dims) -> Dim:
@@ -310,7 +246,7 @@ def map_type_dims(t: "TensorType", fn) -> "TensorType":
 def join_dims(a: Dim, b: Dim, keep=frozenset()) -> Dim:
     """The dim of a value that is `a` on one path and `b` on another: `a` if they agree, else a fresh
     unknown dim. Dims in `keep` (unknowns made by an earlier join of the same value) stay as they are."""
-    return a if a == b or a in keep else fresh_dim()
+    return a if a == b or a in keep or dims_equal(a, b) else fresh_dim()
 
 
 def join_types(a: TensorType, b: TensorType, keep=frozenset()) -> TensorType:
@@ -400,6 +336,9 @@ class SymDim(str):
 
     def _compare(self, other, sym, str_compare):
         if isinstance(other, (int, np.integer)) and not isinstance(other, (bool, np.bool_)):
+            decided = dim_compare(str(self), sym, int(other))      # true for every size: N >= 0, min(N, 2) <= 2
+            if decided is not None:
+                return decided
             from dyntvm.errors import TraceError
             where = user_line()
             raise TraceError(f"{str(self)!r} {sym} {other}: a symbolic dim (from x.shape) has no value while "

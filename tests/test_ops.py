@@ -473,7 +473,7 @@ def test_traced_attributes():
     dt.trace(f, S(("N", 4), "int32"))
     assert seen["shape"] == ("N", 4) and seen["dtype"] == np.dtype("int32") and seen["ndim"] == 2
     assert seen["Tshape"] == (4, "N")
-    assert seen["dim_expr"] == "((N * 2) + 1)"
+    assert seen["dim_expr"] == "((2 * N) + 1)"          # canonical form of N * 2 + 1
 
 
 @pytest.mark.parametrize("dtype", ["bool", "int8", "int32", "int64", "float16", "float32", "float64"])
