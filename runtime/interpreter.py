@@ -14,6 +14,7 @@ from ..ir.graph import Graph, Node
 from ..ir.types import expression_dim_errors, shape_matches
 from . import control_flow as cf
 from .control_flow import bind_symbols
+from .dim_check_run import check_node
 from .kernels import run_kernel
 from .node_errors import node_failure, note_within
 from .torch_inputs import is_torch_tensor, torch_to_numpy
@@ -69,6 +70,8 @@ class Interpreter:
             last = self._last[id(graph)] = last_uses(graph)
         for i, node in enumerate(graph.nodes):
             try:
+                if node.checks:         # dims unified while tracing: checked before the node runs
+                    check_node(node, [values[v] for v in node.inputs], self.graph.dim_origins)
                 outs = self.run_node(node, [values[v] for v in node.inputs], env)
                 for v, o in zip(node.outputs, outs):
                     self.check_output(node, v, o, env)

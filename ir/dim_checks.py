@@ -1,0 +1,133 @@
+"""Dims that must be equal but cannot be proved so while tracing: unified, and checked at run time.
+
+Two symbolic dims that an op needs equal (broadcast, concat, matmul, `where`, a loop's carried value) may be
+neither provably equal nor provably different: ``h[k, H]`` and ``score[k']`` in a beam search, where both
+shrink by the same boolean mask inside a `while_loop`. Like torch.export, JAX shape polymorphism and ONNX
+Runtime, such dims are *unified* (later ops see one dim, the representative) and a `DimCheck` is recorded
+on the node; the check runs once per call of the node, at run time, before it (`runtime/dim_check_run.py`).
+
+Two dims the user named (symbols of the inputs, ``N`` and ``M``) are a statement that they are independent:
+those are still refused, with a hint to `F.assert_dims_equal` (which records the same check on purpose).
+
+Dims also have *origins*: where an unknown dim comes from ("rows kept by boolean_mask at beam.py:12").
+`fresh_dim(origin=...)` records them (ir/types.py); `describe_dim` is the one way errors name a dim.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+from dataclasses import dataclass
+
+from .dims import Sym, parse_dim
+from .types import Dim, ShapeError, dim_origin, is_unknown
+
+__all__ = ["DimCheck", "dims_equal", "equate_dims", "recording_checks", "describe_dim", "undecided_fix"]
+
+
+@dataclass(frozen=True)
+class DimCheck:
+    """At run time `other` must equal `kept` (the dim later ops see). `what`: the op rule that needs it
+    ("broadcast", "concat", "assert_dims_equal", ...)."""
+
+    kept: Dim
+    other: Dim
+    what: str
+
+    def renamed(self, fn) -> "DimCheck":
+        """The check with `fn` applied to each symbolic dim (a whole dim string)."""
+        return DimCheck(fn(self.kept) if isinstance(self.kept, str) else self.kept,
+                        fn(self.other) if isinstance(self.other, str) else self.other, self.what)
+
+    def to_json(self):
+        return [self.kept, self.other, self.what]
+
+    @staticmethod
+    def from_json(obj) -> "DimCheck":
+        kept, other, what = obj
+        return DimCheck(kept, other, str(what))
+
+
+def dims_equal(a: Dim, b: Dim):
+    """True where `a` and `b` are provably equal, False where provably different, None where undecided.
+    (The one decision point: the canonical dim algebra replaces this body.)"""
+    if a == b:
+        return True
+    if isinstance(a, int) and isinstance(b, int):
+        return False
+    return None
+
+
+class _Recording(threading.local):
+    def __init__(self):
+        self.checks: list | None = None     # where a Builder.emit (or lint) collects checks; None: refuse
+
+
+_REC = _Recording()
+
+
+@contextlib.contextmanager
+def recording_checks():
+    """Within: undecided dims an op needs equal are unified and their `DimCheck`s appended to the yielded
+    list (the tracer puts them on the node it emits). Outside: refused, as ShapeErrors."""
+    prev, _REC.checks = _REC.checks, []
+    try:
+        yield _REC.checks
+    finally:
+        _REC.checks = prev
+
+
+def _user_named(d: Dim) -> bool:
+    """A dim made only of the user's symbols (no unknown dim inside)."""
+    return isinstance(d, int) or not any(is_unknown(s) for s in parse_dim(d).symbols)
+
+
+def _representative(a: Dim, b: Dim) -> tuple:
+    """(kept, other): a dim of the user's over an unknown one, a plain symbol over an expression, else `a`."""
+    def rank(d):
+        return (0 if _user_named(d) else 1, 0 if isinstance(parse_dim(d), Sym) else 1)
+    return (b, a) if rank(b) < rank(a) else (a, b)
+
+
+def equate_dims(a: Dim, b: Dim, what: str) -> Dim:
+    """The dim that `a` and `b` must both be, for an op rule `what`: `a` where equal; ShapeError where they
+    provably differ, or where both are the user's own symbols; else (undecided) the representative, with a
+    `DimCheck` recorded (ShapeError when no node records checks, e.g. a rule called outside tracing)."""
+    eq = dims_equal(a, b)
+    if eq:
+        return a
+    if eq is False:
+        raise ShapeError(f"{what}: dims {a} and {b} differ")
+    if (_user_named(a) and _user_named(b)) or _REC.checks is None:
+        raise ShapeError(f"{what}: {describe_dim(a)} and {describe_dim(b)} are not known to be equal; "
+                         f"{undecided_fix()}")
+    kept, other = _representative(a, b)
+    _REC.checks.append(DimCheck(kept, other, what))
+    return kept
+
+
+def undecided_fix() -> str:
+    return ("if they are always equal, say so with F.assert_dims_equal(x, y, axis_x, axis_y) (checked at run time) "
+            "or give both inputs the same symbol")
+
+
+def describe_dim(d: Dim, origins: dict | None = None) -> str:
+    """`d` for a message, never a bare internal name: an int as itself; the user's symbol ``N`` as
+    "N (a symbolic dim of the inputs)"; an unknown dim by its origin ("the rows kept by boolean_mask at
+    m.py:3"); an expression with its unknown parts named by origin. `origins`: a graph's `dim_origins`
+    (renamed dims of a traced graph); the process-wide registry of `fresh_dim` is asked otherwise."""
+    if isinstance(d, int):
+        return str(d)
+    e = parse_dim(d)
+    unknown = sorted(s for s in e.symbols if is_unknown(s))
+    if not unknown:
+        return f"{d} (a symbolic dim of the inputs)" if isinstance(e, Sym) else \
+            f"{d} (over symbolic dims of the inputs)"
+
+    def origin(s):
+        got = (origins or {}).get(s) or dim_origin(s)
+        return got or "a size known only at run time"
+    if len(unknown) == 1 and isinstance(e, Sym):
+        return origin(unknown[0])
+    letters = {s: f"<{k}>" for k, s in enumerate(unknown)}
+    text = str(e.rename(lambda s: letters.get(s, s))).replace("<", "u").replace(">", "")
+    return text + " where " + "; ".join(f"u{k} is {origin(s)}" for k, s in enumerate(unknown))
