@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from .dims import Sym, parse_dim
 from .types import Dim, ShapeError, dim_origin, is_unknown
 
-__all__ = ["DimCheck", "dims_equal", "equate_dims", "recording_checks", "describe_dim", "undecided_fix"]
+__all__ = ["DimCheck", "dims_equal", "equate_dims", "recording_checks", "describe_dim", "undecided_fix", "state_equal"]
 
 
 @dataclass(frozen=True)
@@ -98,11 +98,18 @@ def equate_dims(a: Dim, b: Dim, what: str) -> Dim:
     if eq is False:
         raise ShapeError(f"{what}: dims {a} and {b} differ")
     if (_user_named(a) and _user_named(b)) or _REC.checks is None:
-        raise ShapeError(f"{what}: {describe_dim(a)} and {describe_dim(b)} are not known to be equal; "
-                         f"{undecided_fix()}")
+        raise ShapeError(f"{what} needs {describe_dim(a)} and {describe_dim(b)} equal, but they are not known to "
+                         f"be equal; {undecided_fix()}")
     kept, other = _representative(a, b)
     _REC.checks.append(DimCheck(kept, other, what))
     return kept
+
+
+def state_equal(kept: Dim, other: Dim, what: str) -> None:
+    """Record that `other` must equal `kept` (the user said so: `F.assert_dims_equal`); nothing is recorded
+    where no node records checks (lint re-running a rule)."""
+    if _REC.checks is not None:
+        _REC.checks.append(DimCheck(kept, other, what))
 
 
 def undecided_fix() -> str:
