@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from .dims import Sym, parse_dim
 from .types import Dim, ShapeError, dim_origin, is_unknown
 
-__all__ = ["DimCheck", "dims_equal", "equate_dims", "recording_checks", "describe_dim", "undecided_fix", "state_equal"]
+__all__ = ["DimCheck", "dims_equal", "equate_dims", "recording_checks", "describe_dim", "undecided_fix", "state_equal",
+           "undeclared_symbols"]
 
 
 @dataclass(frozen=True)
@@ -60,25 +61,47 @@ def dims_equal(a: Dim, b: Dim):
 class _Recording(threading.local):
     def __init__(self):
         self.checks: list | None = None     # where a Builder.emit (or lint) collects checks; None: refuse
+        self.undeclared: dict = {}          # symbols an importer named for dims the model left unnamed -> origin
 
 
 _REC = _Recording()
 
 
 @contextlib.contextmanager
-def recording_checks():
+def recording_checks(checked: tuple = ()):
     """Within: undecided dims an op needs equal are unified and their `DimCheck`s appended to the yielded
-    list (the tracer puts them on the node it emits). Outside: refused, as ShapeErrors."""
-    prev, _REC.checks = _REC.checks, []
+    list (the tracer puts them on the node it emits). Outside: refused, as ShapeErrors. `checked`: a node's
+    checks, when its rule is run again (lint): the dims they name are accepted as unified."""
+    prev = _REC.checks, _REC.undeclared
+    _REC.checks = []
+    if checked:
+        named = {s for c in checked for d in (c.kept, c.other) if isinstance(d, str) for s in parse_dim(d).symbols}
+        _REC.undeclared = {**_REC.undeclared, **{s: "" for s in named}}
     try:
         yield _REC.checks
     finally:
-        _REC.checks = prev
+        _REC.checks, _REC.undeclared = prev
+
+
+@contextlib.contextmanager
+def undeclared_symbols(origins: dict):
+    """Within: the symbols of `origins` (symbol -> where it comes from) count as unknown dims, not as the user's:
+    an importer names the dims a model leaves unnamed (ONNX dims without ``dim_param``), but nobody declared
+    them independent, so they are unified (and checked) like unknown dims."""
+    prev, _REC.undeclared = _REC.undeclared, {**_REC.undeclared, **origins}
+    try:
+        yield
+    finally:
+        _REC.undeclared = prev
+
+
+def _made_by_us(s: str) -> bool:
+    return is_unknown(s) or s in _REC.undeclared
 
 
 def _user_named(d: Dim) -> bool:
     """A dim made only of the user's symbols (no unknown dim inside)."""
-    return isinstance(d, int) or not any(is_unknown(s) for s in parse_dim(d).symbols)
+    return isinstance(d, int) or not any(_made_by_us(s) for s in parse_dim(d).symbols)
 
 
 def _representative(a: Dim, b: Dim) -> tuple:
@@ -125,13 +148,14 @@ def describe_dim(d: Dim, origins: dict | None = None) -> str:
     if isinstance(d, int):
         return str(d)
     e = parse_dim(d)
-    unknown = sorted(s for s in e.symbols if is_unknown(s))
+    origins = origins or {}
+    unknown = sorted(s for s in e.symbols if _made_by_us(s) or s in origins)
     if not unknown:
         return f"{d} (a symbolic dim of the inputs)" if isinstance(e, Sym) else \
             f"{d} (over symbolic dims of the inputs)"
 
     def origin(s):
-        got = (origins or {}).get(s) or dim_origin(s)
+        got = origins.get(s) or dim_origin(s) or _REC.undeclared.get(s)
         return got or "a size known only at run time"
     if len(unknown) == 1 and isinstance(e, Sym):
         return origin(unknown[0])

@@ -72,7 +72,7 @@ def lint(graph, _path: str = "") -> None:
             if n.subgraphs:
                 raise GraphError(f"lint({where}): {label} is not control flow but has subgraphs")
             try:
-                with recording_checks():      # dims the tracer unified (and checks at run time) stay unified
+                with recording_checks(n.checks):    # dims the tracer unified (checked at run time) stay unified
                     want = opdef.infer_type([v.type for v in n.inputs], n.attrs)
             except ShapeError as e:
                 raise GraphError(f"lint({where}): {label} fails its type rule: {e}") from e
