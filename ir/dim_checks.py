@@ -142,7 +142,7 @@ def undecided_fix() -> str:
 
 def describe_dim(d: Dim, origins: dict | None = None) -> str:
     """`d` for a message, never a bare internal name: an int as itself; the user's symbol ``N`` as
-    "N (a symbolic dim of the inputs)"; an unknown dim by its origin ("the rows kept by boolean_mask at
+    "the symbolic dim N"; an unknown dim by its origin ("the rows kept by boolean_mask at
     m.py:3"); an expression with its unknown parts named by origin. `origins`: a graph's `dim_origins`
     (renamed dims of a traced graph); the process-wide registry of `fresh_dim` is asked otherwise."""
     if isinstance(d, int):
@@ -151,8 +151,7 @@ def describe_dim(d: Dim, origins: dict | None = None) -> str:
     origins = origins or {}
     unknown = sorted(s for s in e.symbols if _made_by_us(s) or s in origins)
     if not unknown:
-        return f"{d} (a symbolic dim of the inputs)" if isinstance(e, Sym) else \
-            f"{d} (over symbolic dims of the inputs)"
+        return f"the symbolic dim {d}" if isinstance(e, Sym) else f"the dim {d}"
 
     def origin(s):
         got = origins.get(s) or dim_origin(s) or _REC.undeclared.get(s)
