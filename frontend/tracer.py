@@ -15,7 +15,7 @@ import numpy as np
 from dyntvm.errors import TraceError
 from ..ir.graph import Graph, Node, Value, assign_names, canonicalize_unknown_dims
 from ..ir.attrs import ConstantAttrs
-from ..ir.dim_checks import recording_checks
+from ..ir.dim_checks import name_internal_dims, recording_checks
 from ..ir.ops import attr_symbols, get_op
 from ..ir.shapes import ShapeError
 from ..ir.tree import LEAF, num_leaves, tree_flatten, tree_unflatten
@@ -55,7 +55,7 @@ def user_source() -> str:
 
 def trace_error(msg: str, source: str | None = None) -> TraceError:
     source = user_source() if source is None else source
-    return TraceError(f"{msg}\n    at {source}" if source else msg)
+    return TraceError(name_internal_dims(f"{msg}\n    at {source}" if source else msg))
 
 
 def infer_types(op: str, api: str | None, in_types: list, attrs, source: str | None = None) -> list:

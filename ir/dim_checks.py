@@ -15,6 +15,7 @@ Dims also have *origins*: where an unknown dim comes from ("rows kept by boolean
 from __future__ import annotations
 
 import contextlib
+import re
 import threading
 from dataclasses import dataclass
 
@@ -22,7 +23,7 @@ from .dims import Sym, parse_dim
 from .types import Dim, ShapeError, dim_origin, is_unknown
 
 __all__ = ["DimCheck", "dims_equal", "equate_dims", "recording_checks", "describe_dim", "undecided_fix", "state_equal",
-           "undeclared_symbols"]
+           "undeclared_symbols", "name_internal_dims"]
 
 
 @dataclass(frozen=True)
@@ -161,3 +162,20 @@ def describe_dim(d: Dim, origins: dict | None = None) -> str:
     letters = {s: f"<{k}>" for k, s in enumerate(unknown)}
     text = str(e.rename(lambda s: letters.get(s, s))).replace("<", "u").replace(">", "")
     return text + " where " + "; ".join(f"u{k} is {origin(s)}" for k, s in enumerate(unknown))
+
+
+_INTERNAL = re.compile(r"(?<![A-Za-z0-9_])_[a-z]+\d+(?![A-Za-z0-9_])")      # `fresh_dim` names: _u5, _in2, _d3
+
+
+def name_internal_dims(text: str, origins: dict | None = None) -> str:
+    """`text` with each internal dim name (``_u5``, ``_d3``) written ``#1``, ``#2``, ..., and a line saying where
+    each comes from (``#1 is the rows kept by boolean_mask at m.py:3``): the funnel for messages that show types
+    (``float32[_d0,4]``), so no message shows a bare internal name."""
+    found = list(dict.fromkeys(_INTERNAL.findall(text)))
+    if not found:
+        return text
+    marks = {d: f"#{k + 1}" for k, d in enumerate(found)}
+    body = _INTERNAL.sub(lambda m: marks[m.group(0)], text)
+    legend = "; ".join(f"{marks[d]} is {describe_dim(d, origins)}" for d in found)
+    head, at, tail = body.partition("\n    at ")       # keep the user's line last
+    return f"{head}\n    ({legend}){at}{tail}"

@@ -10,6 +10,7 @@ import numpy as np
 
 from dyntvm.errors import ExecutionError, GraphError, InputError
 
+from ..ir.dim_checks import name_internal_dims
 from ..ir.graph import Graph, Node
 from ..ir.types import expression_dim_errors, shape_matches
 from . import control_flow as cf
@@ -43,6 +44,13 @@ class Interpreter:
 
     # -- graph walking -------------------------------------------------------------------------
     def run(self, *args):
+        try:
+            self.check_inputs(args)
+        except InputError as e:     # types with unknown dims (TensorSpec None): named by their origin
+            raise InputError(name_internal_dims(str(e), self.graph.dim_origins)) from None
+        return self.run_graph(self.graph, list(args))
+
+    def check_inputs(self, args) -> None:
         g = self.graph
         if len(args) != len(g.inputs):
             raise InputError(f"graph {g.name!r} takes {len(g.inputs)} inputs, got {len(args)}")
@@ -55,7 +63,6 @@ class Interpreter:
         for i, ax, d, size in expression_dim_errors([v.type for v in g.inputs], [np.shape(a) for a in args], env):
             raise InputError(f"graph {g.name!r}: input {i} (%{g.inputs[i].name}) axis {ax} has size {size}, which "
                              f"does not fit its dim {d} (symbols: {env})")
-        return self.run_graph(g, list(args))
 
     def run_graph(self, graph: Graph, args: list) -> list:
         if len(args) != len(graph.inputs):

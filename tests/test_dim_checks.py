@@ -305,3 +305,21 @@ def test_onnx_loop_adds_carried_to_a_row():
     with pytest.raises(ExecutionError) as e:
         m(np.array(2, np.int64), np.zeros(3, np.float32), np.zeros((2, 4), np.float32))
     assert_names_origins(e.value, "axis 1 of input 'x' (unnamed in the model)", "ONNX node 'Add'")
+
+
+# ------------------------------------------------------------------- messages that show types
+def test_messages_showing_types_name_unknown_dims_by_origin():
+    from dyntvm.errors import InputError
+    m = dt.compile(lambda x: x * 2.0, S((None, 2), name="x"))
+    for run in (lambda: m(np.zeros((3, 3), np.float32)), lambda: dt.run_reference(m.graph, np.zeros((3, 3), np.float32))):
+        with pytest.raises(InputError) as e:
+            run()
+        assert_names_origins(e.value, "#1", "#1 is axis 0 of input 'x'")
+
+    def f(x, w):
+        return F.matmul(F.boolean_mask(x, F.sum(x, axis=1) > 0), w)  # the matmul
+    with pytest.raises(TraceError) as e:
+        dt.trace(f, S(("N", 3)), S((4, 2)))
+    assert_names_origins(e.value, "float32[#1,3]", f"#1 is rows kept by boolean_mask at {line_of('# the matmul')}",
+                         "# the matmul")
+    assert str(e.value).rstrip().endswith("# the matmul")         # the user's line stays last
