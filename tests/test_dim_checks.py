@@ -44,7 +44,8 @@ Y_BAD = np.array([1.0, 2.0, 3.0], np.float32)        # 3 rows kept
 def line_of(snippet: str) -> str:
     """"test_dim_checks.py:LINE" of the line of this file holding `snippet`."""
     with open(__file__) as f:
-        return next(f"test_dim_checks.py:{i}" for i, line in enumerate(f, 1) if snippet in line and "line_of" not in line)
+        return next(f"test_dim_checks.py:{i}" for i, line in enumerate(f, 1)
+                    if snippet in line and "line_of" not in line)
 
 
 def assert_names_origins(err: Exception, *texts):
@@ -57,7 +58,8 @@ def assert_names_origins(err: Exception, *texts):
 def check_mask_failure(err, line="# the add"):
     assert_names_origins(err, "dims that must be equal differ",
                          f"rows kept by boolean_mask at {line_of('a = F.boolean_mask(x, x > 0)')}",
-                         f"rows kept by boolean_mask at {line_of('b = F.boolean_mask(y, y > 0)')}", "is 3", "is 2", "add needs them equal",
+                         f"rows kept by boolean_mask at {line_of('b = F.boolean_mask(y, y > 0)')}", "is 3", "is 2",
+                         "add needs them equal",
                          "To fix", line)
 
 
@@ -275,15 +277,22 @@ def _loop_model():
     return oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)])
 
 
-def test_onnx_scan_adds_carried_to_scanned():
+def _compiled_and_ort(model, feeds_list):
+    """The model compiled once, checked equal to onnxruntime on each of `feeds_list` (dicts in input order)."""
     ort = pytest.importorskip("onnxruntime")
-    model = _scan_model()
     m = dt.compile(dt.from_onnx(model))
     sess = ort.InferenceSession(model.SerializeToString())
+    for feeds in feeds_list:
+        got = m(*feeds.values())
+        assert_same(list(got) if isinstance(got, tuple) else [got], sess.run(None, feeds))
+    return m
+
+
+def test_onnx_scan_adds_carried_to_scanned():
     rng = np.random.default_rng(0)
-    for t, d in [(1, 1), (2, 3), (4, 5)]:           # (onnxruntime refuses a Scan over 0 steps)
-        y0, x = rng.standard_normal(d).astype(np.float32), rng.standard_normal((t, d)).astype(np.float32)
-        assert_same(list(m(y0, x)), sess.run(None, {"y0": y0, "x": x}))
+    m = _compiled_and_ort(_scan_model(), [{"y0": rng.standard_normal(d).astype(np.float32),
+                                           "x": rng.standard_normal((t, d)).astype(np.float32)}
+                                          for t, d in [(1, 1), (2, 3), (4, 5)]])  # (ORT refuses a Scan of 0 steps)
     y, ys = m(np.ones(2, np.float32), np.zeros((0, 2), np.float32))           # 0 steps: numpy's answer
     assert_same([y, ys], [np.ones(2, np.float32), np.zeros((0, 2), np.float32)])
     with pytest.raises(ExecutionError) as e:
@@ -293,15 +302,10 @@ def test_onnx_scan_adds_carried_to_scanned():
 
 
 def test_onnx_loop_adds_carried_to_a_row():
-    ort = pytest.importorskip("onnxruntime")
-    model = _loop_model()
-    m = dt.compile(dt.from_onnx(model))
-    sess = ort.InferenceSession(model.SerializeToString())
     rng = np.random.default_rng(1)
-    for n, rows, d in [(0, 2, 3), (1, 1, 1), (3, 4, 5)]:
-        feeds = {"n": np.array(n, np.int64), "v0": rng.standard_normal(d).astype(np.float32),
-                 "x": rng.standard_normal((rows, d)).astype(np.float32)}
-        assert_same(m(*feeds.values()), sess.run(None, feeds)[0])
+    m = _compiled_and_ort(_loop_model(), [{"n": np.array(n, np.int64), "v0": rng.standard_normal(d).astype(np.float32),
+                                           "x": rng.standard_normal((rows, d)).astype(np.float32)}
+                                          for n, rows, d in [(0, 2, 3), (1, 1, 1), (3, 4, 5)]])
     with pytest.raises(ExecutionError) as e:
         m(np.array(2, np.int64), np.zeros(3, np.float32), np.zeros((2, 4), np.float32))
     assert_names_origins(e.value, "axis 1 of input 'x' (unnamed in the model)", "ONNX node 'Add'")
@@ -311,7 +315,8 @@ def test_onnx_loop_adds_carried_to_a_row():
 def test_messages_showing_types_name_unknown_dims_by_origin():
     from dyntvm.errors import InputError
     m = dt.compile(lambda x: x * 2.0, S((None, 2), name="x"))
-    for run in (lambda: m(np.zeros((3, 3), np.float32)), lambda: dt.run_reference(m.graph, np.zeros((3, 3), np.float32))):
+    bad = np.zeros((3, 3), np.float32)
+    for run in (lambda: m(bad), lambda: dt.run_reference(m.graph, bad)):
         with pytest.raises(InputError) as e:
             run()
         assert_names_origins(e.value, "#1", "#1 is axis 0 of input 'x'")
