@@ -20,7 +20,7 @@ import threading
 from dataclasses import dataclass
 
 from .dims import Sym, parse_dim
-from .types import Dim, ShapeError, dim_origin, is_unknown
+from .types import Dim, ShapeError, check_dim, dim_origin, is_unknown
 
 __all__ = ["DimCheck", "dims_equal", "equate_dims", "recording_checks", "describe_dim", "undecided_fix", "state_equal",
            "undeclared_symbols", "name_internal_dims"]
@@ -46,7 +46,7 @@ class DimCheck:
     @staticmethod
     def from_json(obj) -> "DimCheck":
         kept, other, what = obj
-        return DimCheck(kept, other, str(what))
+        return DimCheck(check_dim(kept), check_dim(other), str(what))     # ValueError for a malformed one
 
 
 def dims_equal(a: Dim, b: Dim):

@@ -18,7 +18,7 @@ import pytest
 
 import dyntvm as dt
 from dyntvm import F
-from dyntvm.errors import ExecutionError, TraceError
+from dyntvm.errors import ExecutionError, GraphError, TraceError
 from dyntvm.ir.dim_checks import DimCheck, describe_dim
 from dyntvm.ir.serialize import graph_from_json, graph_to_json
 from dyntvm.partition.selector import OpListSelector
@@ -127,6 +127,9 @@ def test_checks_survive_json_and_old_graphs_keep_their_json():
     copy = graph_from_json(text, params)
     assert [n.checks for n in copy.walk()] == [n.checks for n in g.walk()]
     assert all(isinstance(c, DimCheck) for n in copy.walk() for c in n.checks)
+    for bad in ('["N", "(N +", "broadcast"]', '["N", -1, "broadcast"]', '["N"]', '7'):     # hostile or broken
+        with pytest.raises(GraphError, match="malformed"):
+            graph_from_json(re.sub(r'"checks": \[\[[^]]*\]\]', f'"checks": [{bad}]', text), params)
     plain, _ = graph_to_json(dt.trace(lambda x: F.boolean_mask(x, x > 0) * 2.0, S(("N",))))
     assert '"checks"' not in plain and '"dim_origins"' in plain
 
