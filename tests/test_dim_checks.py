@@ -331,3 +331,14 @@ def test_messages_showing_types_name_unknown_dims_by_origin():
     assert_names_origins(e.value, "float32[#1,3]", f"#1 is rows kept by boolean_mask at {line_of('# the matmul')}",
                          "# the matmul")
     assert str(e.value).rstrip().endswith("# the matmul")         # the user's line stays last
+
+
+def test_hashes_leave_origins_out():
+    """Origins hold source lines: editing a line must not change the model's hash (artifact binding, tuning logs);
+    a graph without checks serializes as before (its hashes were checked equal to main's when this was written)."""
+    from dyntvm.runtime.artifact import kernel_binding
+    g = dt.trace(lambda x, m: F.boolean_mask(x, m) * 2.0, S((None, 2)), S((None,), "bool"))
+    assert g.dim_origins and not any(n.checks for n in g.walk())
+    before = kernel_binding(g)
+    g.dim_origins = {d: "somewhere else" for d in g.dim_origins}
+    assert kernel_binding(g) == before
