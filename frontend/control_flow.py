@@ -16,10 +16,10 @@ from ..ir import attrs as A
 from ..ir.graph import Graph, Node, Value
 from ..ir.shapes import ShapeError, unify_dims
 from ..ir.tree import tree_flatten, tree_str, tree_unflatten
-from ..ir.types import TensorType, dim_symbols, fresh_dim, is_symbol, is_unknown, join_types
+from ..ir.types import TensorType, dim_symbols, fresh_dim, is_symbol, is_unknown, join_types, set_dim_origin
 from ..runtime import control_flow as runner
 from ..runtime.control_flow import RuleError
-from .tracer import Builder, Tensor, as_array, current, finish_outputs, trace_error, tracing, user_source
+from .tracer import Builder, Tensor, as_array, current, finish_outputs, site, trace_error, tracing, user_source
 
 _is_leaf = lambda x: isinstance(x, (Tensor, np.ndarray, np.generic))
 
@@ -239,9 +239,19 @@ def _state_types_fixpoint(api, body_trace, in_types, rule, slot):
         joined = [join_types(a, b, made) for a, b in zip(types, new_types)]
         if joined == types:
             return sub, types, made
-        made |= {d for t in joined for d in t.shape} - {d for t in types for d in t.shape}
+        new = {d for t in joined for d in t.shape} - {d for t in types for d in t.shape}
+        _name_varying_dims(api, slot, joined, new)
+        made |= new
         types = joined
     raise trace_error(f"{api}: {slot} types did not settle after 4 traces")  # pragma: no cover
+
+
+def _name_varying_dims(api, slot, types, new) -> None:
+    where = site(user_source())
+    for i, t in enumerate(types):
+        for ax, d in enumerate(t.shape):
+            if d in new:
+                set_dim_origin(d, f"axis {ax} of {slot}[{i}] of {api} at {where} (it changes between iterations)")
 
 
 def _check_carried(api, rule, slot, old_types, new_types):
@@ -260,7 +270,8 @@ def _check_structure(api, new_name, init_name, got, expected):
 def _stacked_type(lead, t: TensorType, varying: set) -> TensorType:
     """Type of per-step outputs of type `t` stacked on a new axis of size `lead`; a dim that refers to
     a loop-carried dim which varies between iterations is unknown outside the loop."""
-    dims = tuple(fresh_dim() if isinstance(d, str) and dim_symbols(d) & varying else d for d in t.shape)
+    dims = tuple(fresh_dim(origin=f"axis {ax + 1} of a stacked per-step output (it changes between iterations)")
+                 if isinstance(d, str) and dim_symbols(d) & varying else d for ax, d in enumerate(t.shape))
     return TensorType((lead,) + dims, t.dtype)
 
 
@@ -541,7 +552,7 @@ def while_loop(cond_fn, body_fn, loop_vars, max_iterations=None):
         has_t = True
     else:
         static_max = _rule(runner.iteration_limit, max_iterations)
-    n_iter = fresh_dim()
+    n_iter = fresh_dim(origin=f"the number of iterations of while_loop at {site(user_source())}")
     out_types = [_stacked_type(n_iter, v.type, varying) for v in sub.outputs[:n_out]] + types
     outs = _emit("while_loop", A.WhileAttrs(len(lv_leaves), n_out, static_max, has_t), ins + caps, out_types,
                  [csub.graph(caps, "cond"), sub.graph(caps, "body")])

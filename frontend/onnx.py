@@ -34,6 +34,7 @@ from . import onnx_control, onnx_data, onnx_nn, onnx_seq, onnx_vision  # noqa: F
 from .onnx_load import load, walk_nodes
 from .onnx_ops import CONVERTERS, OnnxImportError, _np_dtype, _tensor
 from .onnx_schema import _n, check_declared, check_node
+from ..ir.dim_checks import undeclared_symbols
 from ..ir.types import is_unknown
 from . import F
 from .tracer import Tensor, TensorSpec, source_hint, trace
@@ -84,6 +85,19 @@ def _shape_of(vi, tt, shape, what: str) -> tuple:
     return tuple(d.dim_value if d.HasField("dim_value") else
                  _symbol(d.dim_param) if d.HasField("dim_param") and d.dim_param else
                  f"{_symbol(vi.name)}_{ax}" for ax, d in enumerate(tt.shape.dim))
+
+
+def _unnamed_dims(g, skip: set) -> dict:
+    """The symbols `_shape_of` names the dims a model leaves unnamed (no dim_param) -> where they come from."""
+    out = {}
+    for vi in g.input:
+        tt = vi.type.tensor_type if vi.type.HasField("tensor_type") else None
+        if vi.name in skip or tt is None or not tt.HasField("shape"):
+            continue
+        for ax, d in enumerate(tt.shape.dim):
+            if not d.HasField("dim_value") and not (d.HasField("dim_param") and d.dim_param):
+                out[f"{_symbol(vi.name)}_{ax}"] = f"axis {ax} of input {vi.name!r} (unnamed in the model)"
+    return out
 
 
 def _input_specs(model, input_shapes, constants=()) -> list:
@@ -341,8 +355,12 @@ def from_onnx(model, input_shapes: dict | None = None, constant_inputs: dict | N
             check_declared(o, v, ctx.check_dims, "from_onnx: graph")
         return outs[0] if len(outs) == 1 else tuple(outs)
     run.__name__ = name
+    unnamed = {} if input_shapes is not None else _unnamed_dims(g, set(inits))
     try:
-        return trace(run, *specs, name=name)
+        with undeclared_symbols(unnamed):       # dims the model left unnamed: unified and checked when needed
+            graph = trace(run, *specs, name=name)
+        graph.dim_origins.update({d: o for d, o in unnamed.items()})
+        return graph
     except MemoryError:         # a folded output copied into the graph (each node's own folding is caught above)
         raise OnnxImportError("from_onnx: the model's constant outputs need more memory than this process can "
                               "allocate") from None

@@ -15,10 +15,11 @@ import numpy as np
 from dyntvm.errors import TraceError
 from ..ir.graph import Graph, Node, Value, assign_names, canonicalize_unknown_dims
 from ..ir.attrs import ConstantAttrs
+from ..ir.dim_checks import name_internal_dims, recording_checks
 from ..ir.ops import attr_symbols, get_op
 from ..ir.shapes import ShapeError
 from ..ir.tree import LEAF, num_leaves, tree_flatten, tree_unflatten
-from ..ir.types import TensorType, as_shape_dim, is_symbol, user_line
+from ..ir.types import TensorType, as_shape_dim, dim_origin, is_symbol, is_unknown, set_dim_origin, user_line
 from ..runtime.torch_inputs import is_torch_tensor, torch_to_numpy
 
 
@@ -54,7 +55,7 @@ def user_source() -> str:
 
 def trace_error(msg: str, source: str | None = None) -> TraceError:
     source = user_source() if source is None else source
-    return TraceError(f"{msg}\n    at {source}" if source else msg)
+    return TraceError(name_internal_dims(f"{msg}\n    at {source}" if source else msg))
 
 
 def infer_types(op: str, api: str | None, in_types: list, attrs, source: str | None = None) -> list:
@@ -65,6 +66,24 @@ def infer_types(op: str, api: str | None, in_types: list, attrs, source: str | N
     except ShapeError as e:
         raise trace_error(f"{api or op}: {e}; inputs are "
                           f"{', '.join(str(t) for t in in_types) or 'none'}", source) from None
+
+
+def site(source: str) -> str:
+    """"file.py:12" of a node's source ("file.py:12: code"), for a dim's origin."""
+    return source.split(": ", 1)[0] if source else "an unknown line"
+
+
+def name_new_dims(in_types: list, out_types: list, api: str, source: str) -> None:
+    """Give each unknown dim an op's rule made (one no input has) its origin: what the rule said ("rows kept
+    by boolean_mask"), else "axis 1 of the result of nonzero", and where ("at model.py:12")."""
+    seen = {d for t in in_types for d in t.shape}
+    for k, t in enumerate(out_types):
+        for ax, d in enumerate(t.shape):
+            if is_unknown(d) and d not in seen:
+                seen.add(d)
+                what = dim_origin(d) or (f"axis {ax} of the result of {api}" if len(out_types) == 1 else
+                                         f"axis {ax} of result {k} of {api}")
+                set_dim_origin(d, f"{what} at {site(source)}")
 
 
 def tracing() -> bool:
@@ -150,8 +169,11 @@ class Builder:
         ins = [self.lift(v) for v in inputs]
         for sym in sorted(attr_symbols(op, attrs)):
             self.define_symbol(sym)
-        types = infer_types(op, api, [v.type for v in ins], attrs, source)
-        node = Node(op, tuple(ins), attrs, source=user_source() if source is None else source)
+        source = user_source() if source is None else source
+        with recording_checks() as checks:     # undecided dims the rule unifies: checked at run time
+            types = infer_types(op, api, [v.type for v in ins], attrs, source)
+        node = Node(op, tuple(ins), attrs, source=source, checks=tuple(checks))
+        name_new_dims([v.type for v in ins], types, api or op, source)
         node.outputs = tuple(self.own(Value(t, "", node, i)) for i, t in enumerate(types))
         self.nodes.append(node)
         return list(node.outputs)
@@ -363,6 +385,9 @@ def trace(fn, *specs, name: str | None = None) -> Graph:
     for v, default in zip(g.inputs, _input_names(fn, in_spec, len(g.inputs))):
         if not v.name:
             v.name = default
+        for ax, d in enumerate(v.type.shape):
+            if is_unknown(d):           # a TensorSpec None dim
+                set_dim_origin(d, f"axis {ax} of input {v.name!r}")
     canonicalize_unknown_dims(g)
     assign_names(g)
     return g.lint()

@@ -34,6 +34,8 @@ def _single_region(body, n_ys: int, n_states: int, first_state: int, n_data: int
     a body input as the step got it, ``("state", k)`` / ``("data", k)`` (the k-th state / data row)."""
     if len(body.nodes) != 1 or body.nodes[0].op != "region":
         return None
+    if any(m.checks for m in body.nodes[0].subgraphs[0].nodes):
+        return None         # run-time dim checks: the executor's plan runs them before each step
     region = body.nodes[0]
     pos = {v: k for k, v in enumerate(body.inputs)}
     made = {v: k for k, v in enumerate(region.outputs)}

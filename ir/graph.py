@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .dims import parse_dim
-from .types import TensorType, map_type_dims
+from .types import TensorType, dim_origin, map_type_dims
 
 
 class Value:
@@ -34,6 +34,7 @@ class Node:
     subgraphs: tuple = ()
     source: str = ""           # user's source line, "file.py:12: code"
     name: str = ""
+    checks: tuple = ()         # `dim_checks.DimCheck`s run before the node (dims unified while tracing)
 
     @property
     def opdef(self):
@@ -56,6 +57,7 @@ class Graph:
     name: str = "main"
     in_tree: Any = None
     out_tree: Any = None
+    dim_origins: dict = field(default_factory=dict)    # unknown dim -> where it comes from (for messages)
 
     def values(self):
         yield from self.inputs
@@ -156,7 +158,12 @@ def canonicalize_unknown_dims(graph: Graph) -> Graph:
                 n.attrs = n.opdef.map_dim_attrs(n.attrs, canon)
             for v in n.outputs:
                 v.type = retype(v.type)
+            if n.checks:
+                n.checks = tuple(c.renamed(canon) for c in n.checks)
             for sg in n.subgraphs:
                 walk(sg)
     walk(graph)
+    old = {new: old for old, new in mapping.items()}
+    graph.dim_origins = {new: graph.dim_origins.get(o) or dim_origin(o) for new, o in old.items()
+                         if graph.dim_origins.get(o) or dim_origin(o)}
     return graph

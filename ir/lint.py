@@ -5,6 +5,7 @@ import numpy as np
 
 from dyntvm.errors import GraphError
 
+from .dim_checks import recording_checks
 from .ops import CONTROL_FLOW, REGION, attr_symbols, get_op
 from .shapes import ShapeError
 from .types import TensorType, dim_symbols, is_symbol, is_unknown
@@ -71,7 +72,8 @@ def lint(graph, _path: str = "") -> None:
             if n.subgraphs:
                 raise GraphError(f"lint({where}): {label} is not control flow but has subgraphs")
             try:
-                want = opdef.infer_type([v.type for v in n.inputs], n.attrs)
+                with recording_checks(n.checks):    # dims the tracer unified (checked at run time) stay unified
+                    want = opdef.infer_type([v.type for v in n.inputs], n.attrs)
             except ShapeError as e:
                 raise GraphError(f"lint({where}): {label} fails its type rule: {e}") from e
             if len(want) != len(n.outputs) or not all(_compatible(v.type, t) for v, t in zip(n.outputs, want)):

@@ -25,6 +25,7 @@ from .attrs import (check_fill, ArangeAttrs, ArgReduceAttrs, AxesAttrs, AxisAttr
                     PadAttrs, ReduceAttrs, RegionAttrs, ShapeAttrs, SliceAttrs, SplitAttrs, TileAttrs, TopkAttrs,
                     TransposeAttrs, WhileAttrs)
 from .dims import parse_dim
+from .dim_checks import equate_dims
 from .lift import lift_all_axis, lift_axis, lift_elementwise, lift_matmul, lift_reduce
 from .dtypes import arith_dtype, float_dtype, reduce_dtype
 from .shapes import (ShapeError, arange_length, broadcast_shapes, infer_reshape, norm_axis, reduce_shape, slice_length,
@@ -270,8 +271,10 @@ def _matmul(ts, a):
     ys = y.shape if y.ndim > 1 else y.shape + (1,)
     k1, k2 = xs[-1], ys[-2]
     same = dims_equal(k1, k2)           # canonical forms: provably equal, provably different, or undecided (None)
-    if same is False or (same is None and isinstance(k1, str) and isinstance(k2, str)):
+    if same is False:
         raise ShapeError(f"matmul contraction dims differ: {x} @ {y}")
+    if same is None and isinstance(k1, str) and isinstance(k2, str):
+        equate_dims(k1, k2, "matmul contraction")       # unified, checked at run time (or refused)
     batch = broadcast_shapes(xs[:-2], ys[:-2])
     out = batch + (xs[-2] if x.ndim > 1 else None, ys[-1] if y.ndim > 1 else None)
     return [TensorType(tuple(d for d in out if d is not None), np.result_type(x.dtype, y.dtype).name)]
@@ -517,7 +520,8 @@ def _boolean_mask(ts, a):
     if mask.ndim != 1:
         raise ShapeError(f"mask must be 1-d, got {mask}")
     unify_dims(data.shape[ax], mask.shape[0], "boolean_mask")
-    return [TensorType(data.shape[:ax] + (fresh_dim(),) + data.shape[ax + 1:], data.dtype)]
+    kept = fresh_dim(origin="rows kept by boolean_mask" if ax == 0 else f"entries of axis {ax} kept by boolean_mask")
+    return [TensorType(data.shape[:ax] + (kept,) + data.shape[ax + 1:], data.dtype)]
 
 
 register("boolean_mask", AxisAttrs, _boolean_mask, kind=DYNAMIC_SHAPE, num_inputs=2)
@@ -528,7 +532,8 @@ def mask_gather_name(dtype: str, rank: int, axis: int) -> str:
     and rank (`codegen.build.mask_gathers` builds it, the executor calls it: on a GPU only the mask crosses
     to the host, never the data)."""
     return f"dt_mask_gather_{dtype}_{rank}_{axis % rank}"
-register("nonzero", NoAttrs, lambda ts, a: [TensorType((ts[0].ndim, fresh_dim()), "int64")],
+register("nonzero", NoAttrs, lambda ts, a: [TensorType((ts[0].ndim, fresh_dim(
+    origin="the number of non-zero entries found by nonzero")), "int64")],
          kind=DYNAMIC_SHAPE, num_inputs=1, api="nonzero",
          doc="int64 indices of the non-zero entries, shape (x.ndim, n): `np.stack(np.nonzero(x))`.")
 
@@ -541,7 +546,7 @@ def _scalar_inputs(ts, what):
 
 def _arange_dyn(ts, a):
     _scalar_inputs(ts, "arange bounds")
-    return [TensorType((fresh_dim(),), a.dtype)]
+    return [TensorType((fresh_dim(origin="the length of arange"),), a.dtype)]
 
 
 register("arange_dyn", DtypeAttrs, _arange_dyn, kind=DYNAMIC_SHAPE, num_inputs=3)
@@ -566,7 +571,7 @@ def _topk(ts, a):
     ax = norm_axis(a.axis, x.ndim)
     if a.k is None:
         _scalar_inputs(ts[1:], "topk's k")
-        k: Dim = fresh_dim()
+        k: Dim = fresh_dim(origin="the k given to topk")
     else:
         k = a.k
         if isinstance(x.shape[ax], int) and k > x.shape[ax]:

@@ -24,7 +24,8 @@ def format_graph(graph, indent: int = 0) -> str:
         outs = ", ".join(f"%{v.name}: {v.type}" for v in n.outputs)
         args = ", ".join(f"%{v.name}" for v in n.inputs)
         a = _attr_str(n.attrs)
-        lines.append(f"{pad}  {outs} = {n.op}({args}{'; ' + a if a else ''})")
+        checks = "".join(f"  # checked: {c.other} == {c.kept} ({c.what})" for c in n.checks)
+        lines.append(f"{pad}  {outs} = {n.op}({args}{'; ' + a if a else ''}){checks}")
         for g in n.subgraphs:
             lines.append(format_graph(g, indent + 2))
     lines.append(f"{pad}  return {', '.join('%' + v.name for v in graph.outputs)}")

@@ -9,6 +9,7 @@ from dyntvm.errors import GraphError
 
 from .graph import Graph, Node, Value
 from .attrs import ConstantAttrs, attrs_from_json, attrs_to_json
+from .dim_checks import DimCheck
 from .ops import get_op
 from .types import TensorType
 
@@ -35,10 +36,15 @@ def graph_to_dict(graph: Graph, params: dict | None = None) -> tuple[dict, dict]
             nodes.append({"op": n.op, "name": n.name, "inputs": [vid(v) for v in n.inputs], "attrs": attrs,
                           "outputs": [[vid(v), v.name, v.type.to_json()] for v in n.outputs],
                           "subgraphs": [enc(s) for s in n.subgraphs], "source": n.source})
+            if n.checks:                # only then: graphs without checks keep their JSON (and hashes)
+                nodes[-1]["checks"] = [c.to_json() for c in n.checks]
         return {"name": g.name, "inputs": [[vid(v), v.name, v.type.to_json()] for v in g.inputs],
                 "nodes": nodes, "outputs": [vid(v) for v in g.outputs],
                 "in_tree": g.in_tree, "out_tree": g.out_tree}
-    return {"format": FORMAT, "graph": enc(graph)}, params
+    out = {"format": FORMAT, "graph": enc(graph)}
+    if graph.dim_origins:       # messages only: hashes of the graph leave it out (`strip_messages`)
+        out["dim_origins"] = dict(graph.dim_origins)
+    return out, params
 
 
 def graph_from_dict(obj: dict, params: dict) -> Graph:
@@ -73,7 +79,7 @@ def graph_from_dict(obj: dict, params: dict) -> Graph:
                 attrs = attrs_from_json(opdef.attrs, nd["attrs"])
             subs = tuple(dec(s) for s in nd["subgraphs"])
             node = Node(nd["op"], tuple(val(i) for i in nd["inputs"]), attrs, (), subs, nd.get("source", ""),
-                        nd["name"])
+                        nd["name"], tuple(DimCheck.from_json(c) for c in nd.get("checks", ())))
             outs = []
             for k, (i, name, t) in enumerate(nd["outputs"]):
                 values[i] = Value(TensorType.from_json(t), name, node, k)
@@ -82,7 +88,9 @@ def graph_from_dict(obj: dict, params: dict) -> Graph:
             nodes.append(node)
         return Graph(inputs, nodes, [val(i) for i in g["outputs"]], g["name"], g.get("in_tree"), g.get("out_tree"))
     try:
-        return dec(obj["graph"])
+        graph = dec(obj["graph"])
+        graph.dim_origins = {str(k): str(v) for k, v in obj.get("dim_origins", {}).items()}  # older graphs: none
+        return graph
     except GraphError:
         raise
     except (KeyError, TypeError, ValueError, IndexError) as e:

@@ -8,6 +8,7 @@ import numpy as np
 
 from .types import (Dim, ShapeError, TensorType, dim_add, dim_bounds, dim_floordiv, dim_max, dim_min, dim_mul,
                     dim_prod, dim_sub, dims_equal, is_unknown, simplify_dim)
+from .dim_checks import equate_dims
 
 
 def norm_axes(axis, ndim: int) -> tuple:
@@ -47,7 +48,7 @@ def broadcast_dims(a: Dim, b: Dim) -> Dim:
     for one, d in ((a, b), (b, a)):
         if dim_bounds(one)[1] <= 1:
             return d if dims_equal(one, dim_min(d, 1)) else dim_mul(d, one)
-    raise ShapeError(f"cannot broadcast symbolic dims {a} and {b}: they are not known to be equal")
+    return equate_dims(a, b, "broadcast")      # undecided: unified, checked at run time (or refused)
 
 
 def broadcast_shapes(*shapes) -> tuple:
@@ -84,7 +85,7 @@ def unify_dims(a, b, what):
         return b
     if is_unknown(b):
         return a
-    raise ShapeError(f"{what}: symbolic dims {a} and {b} are not known to be equal")
+    return equate_dims(a, b, what)             # undecided: unified, checked at run time (or refused)
 
 
 def reduce_shape(t: TensorType, axis, keepdims):

@@ -28,9 +28,25 @@ Dim = Union[int, str]
 _unknown_counter = itertools.count()
 
 
-def fresh_dim(prefix: str = "_u") -> str:
-    """A new unknown dim (data-dependent size)."""
-    return f"{prefix}{next(_unknown_counter)}"
+_DIM_ORIGINS: dict = {}      # unknown dim -> where it comes from (see `fresh_dim`); traced graphs keep theirs
+
+
+def fresh_dim(prefix: str = "_u", origin: str = "") -> str:
+    """A new unknown dim (data-dependent size). `origin` says where it comes from, for messages ("rows kept
+    by boolean_mask"); the tracer completes it with the op and the user's line (`set_dim_origin`)."""
+    d = f"{prefix}{next(_unknown_counter)}"
+    if origin:
+        _DIM_ORIGINS[d] = origin
+    return d
+
+
+def dim_origin(d: str) -> str:
+    """Where unknown dim `d` (a name `fresh_dim` made) comes from, or ""."""
+    return _DIM_ORIGINS.get(d, "")
+
+
+def set_dim_origin(d: str, origin: str) -> None:
+    _DIM_ORIGINS[d] = origin
 
 
 def is_symbol(d: Dim) -> bool:

@@ -68,7 +68,7 @@ def _fresh(names: set, base: str) -> str:
 
 
 def _movable(n: Node) -> bool:
-    return n.opdef.kind == STATIC and n.opdef.lift is not None
+    return n.opdef.kind == STATIC and n.opdef.lift is not None and not n.checks   # (checks are per step)
 
 
 # --------------------------------------------------------------------------------------- foreach
@@ -254,7 +254,8 @@ def _condition_into_body(loop: Node, names: set) -> None:
     env = dict(zip(cond.inputs, list(new_vars) + list(body.inputs[nv:])))
     for n in cond.nodes:
         outs = tuple(Value(v.type, _fresh(names, v.name + "_next")) for v in n.outputs)
-        m = Node(n.op, tuple(env[v] for v in n.inputs), n.attrs, outs, name=n.name + "_next", source=n.source)
+        m = Node(n.op, tuple(env[v] for v in n.inputs), n.attrs, outs, name=n.name + "_next", source=n.source,
+                 checks=n.checks)
         for k, o in enumerate(outs):
             o.producer, o.index = m, k
             env[n.outputs[k]] = o

@@ -91,6 +91,7 @@ def kernel_binding(graph) -> str:
     from ..ir.serialize import graph_to_dict
     h = hashlib.sha256(b"dyntvm-kernel-binding-2")
     d, params = graph_to_dict(graph)
+    d.pop("dim_origins", None)      # messages, not what the kernels compute
     _strip_sources(d["graph"])
     h.update(json.dumps(d, sort_keys=True).encode())
     for k in sorted(params):

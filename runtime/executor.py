@@ -25,6 +25,7 @@ from ..ir.ops import mask_gather_name
 from ..ir.types import eval_dim
 from . import control_flow as cf
 from .control_flow import bind_symbols
+from .dim_check_run import checked_step, region_checks
 from .interpreter import Interpreter, last_uses
 from .kernels import KERNELS
 from .loop_calls import compiled_foreach, compiled_while, pick_by_sizes
@@ -131,7 +132,7 @@ class Executor:
             outs = [slot[v] for v in n.outputs]
             maker = getattr(self, "_make_" + n.op, None) or (
                 self._make_region if n.op == "region" else self._make_kernel)
-            step = maker(n, ins, outs, g)
+            step = checked_step(maker(n, ins, outs, g), n, ins, self._dim_origins)   # itself where no checks
             if needs_env:
                 step = self._with_binding(step, n, outs, p.env_slot)
             free = [slot[v] for v in frees.get(i, ()) if v.producer is None or v.producer.op != "constant"]
@@ -143,6 +144,9 @@ class Executor:
             p.nodes.append(n)
         self._plans[id(g)] = p
         return p
+
+    def _dim_origins(self) -> dict:
+        return self.graph.dim_origins
 
     @staticmethod
     def _with_free(step, free):
@@ -416,7 +420,7 @@ class Executor:
         writeable: `_direct_rows`). A step then costs the region call and little more. None for other bodies,
         on a device, and while validating or profiling (the plan does those)."""
         if self.validate or self.profiling or self.pl is not None or self.vm is None or len(g.nodes) != 1 or \
-                g.nodes[0].op != "region":
+                g.nodes[0].op != "region" or region_checks(g.nodes[0]):     # (the plan runs the checks)
             return None
         region = g.nodes[0]
         pos = {v: k for k, v in enumerate(g.inputs)}

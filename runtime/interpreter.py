@@ -10,10 +10,12 @@ import numpy as np
 
 from dyntvm.errors import ExecutionError, GraphError, InputError
 
+from ..ir.dim_checks import name_internal_dims
 from ..ir.graph import Graph, Node
 from ..ir.types import expression_dim_errors, shape_matches
 from . import control_flow as cf
 from .control_flow import bind_symbols
+from .dim_check_run import check_node
 from .kernels import run_kernel
 from .node_errors import node_failure, note_within
 from .torch_inputs import is_torch_tensor, torch_to_numpy
@@ -42,6 +44,13 @@ class Interpreter:
 
     # -- graph walking -------------------------------------------------------------------------
     def run(self, *args):
+        try:
+            self.check_inputs(args)
+        except InputError as e:     # types with unknown dims (TensorSpec None): named by their origin
+            raise InputError(name_internal_dims(str(e), self.graph.dim_origins)) from None
+        return self.run_graph(self.graph, list(args))
+
+    def check_inputs(self, args) -> None:
         g = self.graph
         if len(args) != len(g.inputs):
             raise InputError(f"graph {g.name!r} takes {len(g.inputs)} inputs, got {len(args)}")
@@ -54,7 +63,6 @@ class Interpreter:
         for i, ax, d, size in expression_dim_errors([v.type for v in g.inputs], [np.shape(a) for a in args], env):
             raise InputError(f"graph {g.name!r}: input {i} (%{g.inputs[i].name}) axis {ax} has size {size}, which "
                              f"does not fit its dim {d} (symbols: {env})")
-        return self.run_graph(g, list(args))
 
     def run_graph(self, graph: Graph, args: list) -> list:
         if len(args) != len(graph.inputs):
@@ -69,6 +77,8 @@ class Interpreter:
             last = self._last[id(graph)] = last_uses(graph)
         for i, node in enumerate(graph.nodes):
             try:
+                if node.checks:         # dims unified while tracing: checked before the node runs
+                    check_node(node, [values[v] for v in node.inputs], self.graph.dim_origins)
                 outs = self.run_node(node, [values[v] for v in node.inputs], env)
                 for v, o in zip(node.outputs, outs):
                     self.check_output(node, v, o, env)

@@ -12,6 +12,7 @@ import numpy as np
 
 from dyntvm.errors import CompileError, InputError
 
+from ..ir.dim_checks import name_internal_dims
 from ..ir.graph import Graph
 from ..ir.ops import OpKind
 from ..ir.tree import LEAF, tree_flatten, tree_str, tree_unflatten
@@ -84,6 +85,13 @@ def _convert_losslessly(x, a: np.ndarray, t, label: str) -> np.ndarray:
 
 def check_inputs(graph: Graph, args: tuple) -> list:
     """Flatten `args` like the traced signature and validate count, dtype, rank and dims."""
+    try:
+        return _check_inputs(graph, args)
+    except InputError as e:     # types with unknown dims (TensorSpec None): named by their origin
+        raise InputError(name_internal_dims(str(e), graph.dim_origins)) from None
+
+
+def _check_inputs(graph: Graph, args: tuple) -> list:
     types = [v.type for v in graph.inputs]
     names = [v.name for v in graph.inputs]
     if graph.in_tree is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dyntvm.errors import ExecutionError
 
+from ..ir.dim_checks import name_internal_dims
 from ..ir.graph import Node
 
 
@@ -24,6 +25,7 @@ def node_failure(node: Node, cause: BaseException, detail: str = "") -> Executio
     msg = f"{_label(node)} failed: {condition}{detail}"
     if node.source:
         msg += f"\n    at {node.source}"
+    msg = name_internal_dims(msg)       # types in the condition: no bare internal dim names
     return ExecutionError(msg, op=node.op, node=node.name, source=node.source)
 
 

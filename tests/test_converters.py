@@ -289,6 +289,10 @@ case("conv_pools", S(("N", 2, "H", 7)), sizes=(0, 1, 4))(lambda x: (
 
 
 # --------------------------------------------------------------------------------------- fixture
+# assert_dims_equal: a match_cast of y to x's rows (the executor checks the dims; here every symbol has one size)
+case("assert_dims_equal", S(("N", 3)), S(("M", 3)))(lambda x, y: x * 2.0 + F.assert_dims_equal(x, y, 0, 0))
+
+
 def _sizes(c):
     syms = sorted({d for s in tree_flatten(list(c["specs"]))[0] for d in s.shape if isinstance(d, str)})
     if c["env"] is not None:

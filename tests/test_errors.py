@@ -205,8 +205,10 @@ def test_broadcast_errors_name_the_op_and_shapes():
         return x + y  # bcast
     raises(re.escape("add: cannot broadcast dims 4 and 3; inputs are float32[N,4], float32[3]"), f, X, S((3,)),
            snippet="# bcast")
-    raises(re.escape("add: cannot broadcast symbolic dims N and M: they are not known to be equal; inputs are "
-                     "float32[N,4], float32[M,4]"), f, X, S(("M", 4)), snippet="# bcast")
+    raises(re.escape("add: broadcast needs the symbolic dim N and the symbolic dim M equal, but they are not known "
+                     "to be equal; if they are always equal, say so with F.assert_dims_equal(x, y, axis_x, axis_y) "
+                     "(checked at run time) or give both inputs the same "
+                     "symbol; inputs are float32[N,4], float32[M,4]"), f, X, S(("M", 4)), snippet="# bcast")
 
     def g(x):
         return F.where(x > 0, x, np.zeros((2, 4), np.float32))  # where

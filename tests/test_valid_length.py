@@ -261,7 +261,8 @@ def test_trace_errors_in_the_body():
 
     def mixes(xs, h, n):
         return F.foreach(lambda x, st: (x, [st[0] * h]), xs, [h], valid_length=n)   # captures the full batch
-    msg = trace_error(mixes, XS, H, S(("B",), "int64"), match="B_active and B: they are not known to be equal")
+    msg = trace_error(mixes, XS, H, S(("B",), "int64"),
+                      match="the symbolic dim B_active and the symbolic dim B equal, but they are not known")
     assert "(B_active is the batch of rows still active at a step of foreach with valid_length; values the body " \
            "captures are not sliced)\n    at test_valid_length.py" in msg
 

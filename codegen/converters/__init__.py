@@ -66,11 +66,11 @@ from ..dims import ConvertContext
 __all__ = ["CONVERTERS", "ConvertContext", "convert_node", "converter", "UNSUPPORTED_EXACTNESS"]
 
 # Importing the converter modules registers every converter (each imports `converter` from .registry).
-from . import creation, elementwise, nn, reduce, shape, window  # noqa: E402
+from . import checks, creation, elementwise, nn, reduce, shape, window  # noqa: E402
 from .common import dtype_of, emit, ndim_of, shape_of, ty_of  # noqa: E402
 from .registry import CONVERTERS, UNSUPPORTED_EXACTNESS, converter  # noqa: E402,F401
 
-_CONVERTER_MODULES = (creation, elementwise, nn, reduce, shape, window)
+_CONVERTER_MODULES = (checks, creation, elementwise, nn, reduce, shape, window)
 
 
 def _same_dtype_unary(name):
