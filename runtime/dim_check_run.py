@@ -49,7 +49,8 @@ def mismatch(node: Node, check, kept: int, other: int, origins: dict | None = No
                f"tracing, so they were unified and are checked when the model runs")
         fix = ("make them the same size (e.g. select the rows of both with the same mask or indices), or "
                "broadcast / pad one explicitly" + ("" if check.what != "broadcast" else " (a size of 1 broadcasts)"))
-    return DimMismatch(f"dims that must be equal differ: {describe_dim(check.other, origins)} is {other}, but "
+    must = "must be equal" if check.what != "broadcast" else "must be equal (or one of them 1)"
+    return DimMismatch(f"dims that {must} differ: {describe_dim(check.other, origins)} is {other}, but "
                        f"{describe_dim(check.kept, origins)} is {kept}; {why}. To fix: {fix}")
 
 
