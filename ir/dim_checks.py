@@ -3,8 +3,9 @@
 Two symbolic dims that an op needs equal (broadcast, concat, matmul, `where`, a loop's carried value) may be
 neither provably equal nor provably different: ``h[k, H]`` and ``score[k']`` in a beam search, where both
 shrink by the same boolean mask inside a `while_loop`. Like torch.export, JAX shape polymorphism and ONNX
-Runtime, such dims are *unified* (later ops see one dim, the representative) and a `DimCheck` is recorded
-on the node; the check runs once per call of the node, at run time, before it (`runtime/dim_check_run.py`).
+Runtime, such dims are *unified* (later ops see one dim: the representative, or for a broadcast, where numpy
+lets either be 1, a fresh dim of the result) and a `DimCheck` is recorded on the node; the check runs once per
+call of the node, at run time, before it (`runtime/dim_check_run.py`).
 
 Two dims the user named (symbols of the inputs, ``N`` and ``M``) are a statement that they are independent:
 those are still refused, with a hint to `F.assert_dims_equal` (which records the same check on purpose).
