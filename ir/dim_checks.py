@@ -3,8 +3,9 @@
 Two symbolic dims that an op needs equal (broadcast, concat, matmul, `where`, a loop's carried value) may be
 neither provably equal nor provably different: ``h[k, H]`` and ``score[k']`` in a beam search, where both
 shrink by the same boolean mask inside a `while_loop`. Like torch.export, JAX shape polymorphism and ONNX
-Runtime, such dims are *unified* (later ops see one dim, the representative) and a `DimCheck` is recorded
-on the node; the check runs once per call of the node, at run time, before it (`runtime/dim_check_run.py`).
+Runtime, such dims are *unified* (later ops see one dim: the representative, or for a broadcast, where numpy
+lets either be 1, a fresh dim of the result) and a `DimCheck` is recorded on the node; the check runs once per
+call of the node, at run time, before it (`runtime/dim_check_run.py`).
 
 Two dims the user named (symbols of the inputs, ``N`` and ``M``) are a statement that they are independent:
 those are still refused, with a hint to `F.assert_dims_equal` (which records the same check on purpose).
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 
 from .dim_algebra import dims_equal
 from .dims import Sym, parse_dim
-from .types import Dim, ShapeError, check_dim, dim_origin, is_unknown
+from .types import Dim, ShapeError, check_dim, dim_origin, fresh_dim, is_unknown
 
 __all__ = ["DimCheck", "dims_equal", "equate_dims", "recording_checks", "describe_dim", "undecided_fix", "state_equal",
            "undeclared_symbols", "name_internal_dims"]
@@ -29,12 +30,17 @@ __all__ = ["DimCheck", "dims_equal", "equate_dims", "recording_checks", "describ
 
 @dataclass(frozen=True)
 class DimCheck:
-    """At run time `other` must equal `kept` (the dim later ops see). `what`: the op rule that needs it
-    ("broadcast", "concat", "assert_dims_equal", ...)."""
+    """At run time `other` must equal `kept` (the dim later ops see). Where `what` is "broadcast", either may
+    be 1 instead, as numpy broadcasts (the result has a dim of its own then, see `equate_dims`). `what`: the op
+    rule that needs it ("broadcast", "concat", "matmul contraction", "assert_dims_equal", ...)."""
 
     kept: Dim
     other: Dim
     what: str
+
+    def holds(self, kept: int, other: int) -> bool:
+        """Whether sizes `kept` and `other` of the two dims satisfy the check."""
+        return kept == other or (self.what == "broadcast" and 1 in (kept, other))
 
     def renamed(self, fn) -> "DimCheck":
         """The check with `fn` applied to each symbolic dim (a whole dim string)."""
@@ -106,7 +112,9 @@ def _representative(a: Dim, b: Dim) -> tuple:
 def equate_dims(a: Dim, b: Dim, what: str) -> Dim:
     """The dim that `a` and `b` must both be, for an op rule `what`: `a` where equal; ShapeError where they
     provably differ, or where both are the user's own symbols; else (undecided) the representative, with a
-    `DimCheck` recorded (ShapeError when no node records checks, e.g. a rule called outside tracing)."""
+    `DimCheck` recorded (ShapeError when no node records checks, e.g. a rule called outside tracing). A
+    broadcast ("broadcast") gets a fresh unknown dim instead: numpy lets either side be 1, so neither is the
+    result's size in every run."""
     eq = dims_equal(a, b)
     if eq:
         return a
@@ -115,6 +123,9 @@ def equate_dims(a: Dim, b: Dim, what: str) -> Dim:
     if (_user_named(a) and _user_named(b)) or _REC.checks is None:
         raise ShapeError(f"{what} needs {describe_dim(a)} and {describe_dim(b)} equal, but they are not known to "
                          f"be equal; {undecided_fix()}")
+    if what == "broadcast":     # numpy's rule: equal, or one is 1; the result's size is known when it runs
+        _REC.checks.append(DimCheck(a, b, what))
+        return fresh_dim(origin=f"the broadcast of {describe_dim(a)} and {describe_dim(b)}")
     kept, other = _representative(a, b)
     _REC.checks.append(DimCheck(kept, other, what))
     return kept

@@ -30,7 +30,7 @@ def first_failure(checks: list, types: list, shapes: list):
             kept, other = eval_dim(c.kept, env), eval_dim(c.other, env)
         except (KeyError, ValueError):
             continue
-        if kept != other:
+        if not c.holds(kept, other):
             return node, c, kept, other
     return None
 
@@ -48,8 +48,9 @@ def mismatch(node: Node, check, kept: int, other: int, origins: dict | None = No
         why = (f"{node.op} needs them equal ({check.what}); they could not be proved equal or different while "
                f"tracing, so they were unified and are checked when the model runs")
         fix = ("make them the same size (e.g. select the rows of both with the same mask or indices), or "
-               "broadcast / pad one explicitly; a size-1 dim is not broadcast against a dim unified this way")
-    return DimMismatch(f"dims that must be equal differ: {describe_dim(check.other, origins)} is {other}, but "
+               "broadcast / pad one explicitly" + ("" if check.what != "broadcast" else " (a size of 1 broadcasts)"))
+    must = "must be equal" if check.what != "broadcast" else "must be equal (or one of them 1)"
+    return DimMismatch(f"dims that {must} differ: {describe_dim(check.other, origins)} is {other}, but "
                        f"{describe_dim(check.kept, origins)} is {kept}; {why}. To fix: {fix}")
 
 
