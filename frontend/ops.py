@@ -202,8 +202,9 @@ def split(x, sections, axis=0):
 def slice(x, starts, stops, steps=None, axes=None):
     """`x[starts[i]:stops[i]:steps[i]]` along `axes` (default: the first len(starts) axes). Bounds and steps
     are ints (None: to the end), or each a 1-d integer tensor with one entry per axis: a data-dependent slice
-    (Python's clamping; its sliced dims are known only when it runs)."""
-    if any(isinstance(v, Tensor) for v in (starts, stops, steps)):
+    (Python's clamping; its sliced dims are known when it runs, or while tracing where the bounds are known:
+    ``F.shape_of(y)[0]`` as a bound keeps y's symbol). `axes` may be a 1-d integer tensor too."""
+    if any(isinstance(v, Tensor) for v in (starts, stops, steps, axes)):
         return _slice_dyn(x, starts, stops, steps, axes)
     n = len(starts)
     axes = tuple(range(n)) if axes is None else tuple(int(a) for a in axes)
@@ -221,9 +222,12 @@ def _slice_dyn(x, starts, stops, steps, axes):
     first = starts if starts is not None else stops
     n = len(axes) if axes is not None else first.shape[0] if isinstance(first, Tensor) and first.ndim == 1 else \
         len(first) if isinstance(first, (list, tuple, np.ndarray)) else None
+    if isinstance(axes, Tensor):        # axes known when it runs
+        n = axes.shape[0] if axes.ndim == 1 else None
     if not isinstance(n, int):
         raise trace_error("slice: with tensor bounds give `axes`, or bounds of a static length (one per axis)")
-    axes = tuple(range(n)) if axes is None else tuple(int(a) for a in axes)
+    axes_t = _F["cast"](axes, "int64") if isinstance(axes, Tensor) else None
+    axes = tuple(range(n)) if axes is None or axes_t is not None else tuple(int(a) for a in axes)
     if steps is None:
         steps = [1] * n
     big = np.iinfo(np.int64).max
@@ -236,8 +240,10 @@ def _slice_dyn(x, starts, stops, steps, axes):
             raise trace_error("slice: a None bound needs the steps known when tracing (its end depends on the sign)")
         return np.asarray([(big if (s > 0) == end else -big) if e is None else e
                            for e, s in zip(v, [1] * len(v) if isinstance(steps, Tensor) else steps)], np.int64)
-    return _one("slice", "slice_dyn", [x, vec(starts, False), vec(stops, True), vec(steps, True)],
-                _attrs_of("slice", A.AxesAttrs, axes))
+    bounds = [x, vec(starts, False), vec(stops, True), vec(steps, True)]
+    if axes_t is not None:
+        return _one("slice", "slice_axes_dyn", bounds + [axes_t])
+    return _one("slice", "slice_dyn", bounds, _attrs_of("slice", A.AxesAttrs, axes))
 
 
 strided_slice = slice

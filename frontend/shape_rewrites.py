@@ -25,7 +25,7 @@ import numpy as np
 from ..ir.attrs import ArangeAttrs, AxesAttrs, AxisAttrs, FullAttrs, ShapeAttrs, SliceAttrs, TileAttrs
 from ..ir.ops_shape_tensors import ReshapeDynAttrs
 from ..ir.shapes import ShapeError, broadcast_dims
-from ..ir.types import dim_bounds, dim_min, dim_mul
+from ..ir.types import dim_min, dim_mul
 from .shape_values import as_dim, describe, ints_of
 
 HUGE = 2 ** 62          # a slice bound this far out means "to the end" (F.slice's and ONNX's sentinels)
@@ -75,23 +75,17 @@ def _reshape(b, emit, ins, known, attrs):
     _no_negatives(entries, "shape", allow=(-1,))
     out = []
     for i, e in enumerate(entries):
-        if attrs.copy_zeros and e is not None and not _nonzero(e):     # a 0 there copies x's dim
+        if attrs.copy_zeros and e == 0:         # a 0 there copies x's dim
             if i >= x.type.ndim:
-                if e == 0:
-                    raise ShapeError(f"the shape {describe(entries)} has a 0 (copy the input's dim) past the "
-                                     f"input's {x.type.ndim} dims")
-            elif e == 0 or e == x.type.shape[i]:
-                e = x.type.shape[i]
-            else:
-                e = None        # the dim where it is not 0, x's dim where it is: known when it runs
+                raise ShapeError(f"the shape {describe(entries)} has a 0 (copy the input's dim) past the "
+                                 f"input's {x.type.ndim} dims")
+            e = x.type.shape[i]
+        # (a symbolic entry stays the dim: where it is 0 when the model runs, the static reshape to it raises
+        # rather than copying x's dim, the exporters' shape chains never rely on that)
         out.append(-1 if e == -1 else as_dim(e))
     if None not in out:
         return emit("reshape", [x], ShapeAttrs(tuple(out)))
     return _partial(emit, "reshape_dyn", ins, attrs, [None if d == -1 else d for d in out])
-
-
-def _nonzero(e) -> bool:
-    return e != 0 if isinstance(e, int) else dim_bounds(e)[0] >= 1
 
 
 def _static_broadcast(emit, x, shape):
@@ -217,3 +211,14 @@ def _slice(b, emit, ins, known, attrs):
         bounds = [emit("take", [v, pick], AxisAttrs(0))[0] for v in ins[1:]]
         y = emit("slice_dyn", [y, *bounds], AxesAttrs(tuple(axes[k] for k in rest)))[0]
     return [y]
+
+
+@rewrites("slice_axes_dyn")
+def _slice_axes(b, emit, ins, known, attrs):
+    axes = ints_of(known[4])
+    r = ins[0].type.ndim
+    if axes is None:
+        return None
+    if any(not -r <= ax < r for ax in axes) or len({ax % r for ax in axes}) != len(axes):
+        raise ShapeError(f"the slice axes {axes} must be distinct axes of a rank-{r} tensor")
+    return emit("slice_dyn", ins[:4], AxesAttrs(tuple(ax % r for ax in axes)))

@@ -287,3 +287,16 @@ def _where(node, ins):
 def describe(entries) -> str:
     """A known value for messages: ``[N, 3, ?]``."""
     return "[" + ", ".join("?" if e is None else str(e) for e in entries) + "]"
+
+
+def known_of(t):
+    """The known entries of traced tensor `t` (a `Tensor`), or None."""
+    return t.builder.known.get(t.value)
+
+
+def known_array(t) -> np.ndarray | None:
+    """Traced tensor `t` as a numpy array where every entry is a known int (or bool), else None."""
+    entries = known_of(t)
+    if entries is None or not all(isinstance(e, (int, bool)) for e in entries):
+        return None
+    return np.asarray(entries, dtype=t.value.type.dtype).reshape(t.value.type.shape)

@@ -1,6 +1,6 @@
 """Ops that take a shape from a tensor: `reshape_dyn`, `broadcast_to_dyn` (also `full` / `zeros` / `ones` of a
 shape tensor, and ONNX `Expand` when `bidirectional`) and `tile_dyn`, each with a 1-d integer operand of static
-length whose entries may be computed at run time.
+length whose entries may be computed at run time; and `slice_axes_dyn`, a slice whose axes are such a tensor.
 
 Their output dims are the entries of that operand, so they are DYNAMIC_SHAPE ops: the executor runs their numpy
 kernels (`runtime/kernels_shape.py`). The frontend knows some entries while tracing (`frontend/shape_values.py`:
@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .attrs import NoAttrs
 from .ops import DYNAMIC_SHAPE, register
 from .shapes import ShapeError
 from .types import TensorType, check_dim, fresh_dim
@@ -86,3 +87,16 @@ register("reshape_dyn", ReshapeDynAttrs, _reshape_dyn, kind=DYNAMIC_SHAPE, num_i
 register("broadcast_to_dyn", BroadcastDynAttrs, _broadcast_to_dyn, kind=DYNAMIC_SHAPE, num_inputs=2,
          dim_attrs=("dims",))
 register("tile_dyn", ShapeTensorAttrs, _tile_dyn, kind=DYNAMIC_SHAPE, num_inputs=2, dim_attrs=("dims",))
+
+
+def _slice_axes_dyn(ts, a):
+    x, n = ts[0], shape_operand(ts[4], "axes")
+    for what, t in zip(("starts", "stops", "steps"), ts[1:4]):
+        if shape_operand(t, what) != n:
+            raise ShapeError(f"slice {what} must have one entry per axis ({n}), got {t}")
+    return [TensorType(tuple(fresh_dim() for _ in x.shape), x.dtype)]
+
+
+# x[starts:stops:steps] along `axes`, all four 1-d integer tensors (ONNX Slice with computed axes); once the axes
+# are known while tracing it is a `slice_dyn` (frontend/shape_rewrites.py)
+register("slice_axes_dyn", NoAttrs, _slice_axes_dyn, kind=DYNAMIC_SHAPE, num_inputs=5)

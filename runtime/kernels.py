@@ -13,6 +13,7 @@ import math
 
 import numpy as np
 
+from ..ir.attrs import AxesAttrs
 from ..ir.ops import Group, get_op, ops_in
 from ..ir.types import eval_dim
 from . import kernels_nn, kernels_shape
@@ -344,3 +345,5 @@ kernel("avg_pool")(kernels_nn.avg_pool)
 kernel("reshape_dyn")(kernels_shape.reshape_dyn)     # ops taking a shape tensor: runtime/kernels_shape.py
 kernel("broadcast_to_dyn")(kernels_shape.broadcast_to_dyn)
 kernel("tile_dyn")(kernels_shape.tile_dyn)
+kernel("slice_axes_dyn")(lambda attrs, x, starts, stops, steps, axes: _slice_dyn(
+    AxesAttrs(kernels_shape.slice_axes(x, axes)), x, starts, stops, steps))

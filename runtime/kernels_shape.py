@@ -83,3 +83,15 @@ def tile_dyn(attrs, x, reps, env=None):
     _allocatable(out, x.dtype, "tiled shape")
     _check_known(attrs, out, env or {})
     return (np.tile(x, reps),)
+
+
+def slice_axes(x, axes) -> tuple:
+    """The axes operand of `slice_axes_dyn`, checked (each in [-rank, rank), none twice) and made non-negative."""
+    r, vals = x.ndim, [int(v) for v in np.asarray(axes).reshape(-1)]
+    bad = [v for v in vals if not -r <= v < r]
+    if bad:
+        raise ValueError(f"the slice axes {vals} have {bad[0]}, out of range for a tensor of rank {r}")
+    norm = [v % r for v in vals]
+    if len(set(norm)) != len(norm):
+        raise ValueError(f"the slice axes {vals} repeat an axis")
+    return tuple(norm)
