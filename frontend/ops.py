@@ -138,9 +138,10 @@ negative, astype = _F["neg"], _F["cast"]
 def _shape_tensor(shape, api):
     """A shape given as data: a traced 1-d integer tensor, a 0-d one (one dim), or a list holding 0-d traced
     tensors (``(F.shape_of(x)[0], 4)``), as a 1-d int64 tensor; None for a shape of ints and dims (static)."""
-    if isinstance(shape, Tensor):
+    if isinstance(shape, (Tensor, np.ndarray)):     # (an array too: data, checked when the op runs, as traced)
         if np.dtype(shape.dtype).kind not in "iu" or shape.ndim > 1:
-            raise trace_error(f"{api}: a shape tensor must be a 1-d integer tensor, got {shape.type}")
+            raise trace_error(f"{api}: a shape tensor must be a 1-d integer tensor, got "
+                              f"{shape.type if isinstance(shape, Tensor) else f'{shape.dtype}{list(shape.shape)}'}")
         return shape if shape.ndim else _F["expand_dims"](shape, 0)
     if isinstance(shape, (list, tuple)) and any(isinstance(d, Tensor) for d in shape):
         for d in shape:
@@ -173,8 +174,6 @@ def reshape(x, shape):
     (or hold 0-d ones) computed at run time: its entries known while tracing are the dims (``F.shape_of(y)``
     keeps y's symbols), the others are known when it runs."""
     st = _shape_tensor(shape, "reshape")
-    if st is None and isinstance(shape, np.ndarray) and isinstance(x, Tensor):
-        st = shape
     if st is not None:
         return _one("reshape", "reshape_dyn", [x, st], ReshapeDynAttrs())
     return _one("reshape", "reshape", [x], A.ShapeAttrs(_dims(shape, "reshape")))
@@ -220,10 +219,9 @@ def slice(x, starts, stops, steps=None, axes=None):
 
 def _slice_dyn(x, starts, stops, steps, axes):
     first = starts if starts is not None else stops
-    n = len(axes) if axes is not None else first.shape[0] if isinstance(first, Tensor) and first.ndim == 1 else \
+    n = (axes.shape[0] if axes.ndim == 1 else None) if isinstance(axes, Tensor) else len(axes) if axes is not None \
+        else first.shape[0] if isinstance(first, Tensor) and first.ndim == 1 else \
         len(first) if isinstance(first, (list, tuple, np.ndarray)) else None
-    if isinstance(axes, Tensor):        # axes known when it runs
-        n = axes.shape[0] if axes.ndim == 1 else None
     if not isinstance(n, int):
         raise trace_error("slice: with tensor bounds give `axes`, or bounds of a static length (one per axis)")
     axes_t = _F["cast"](axes, "int64") if isinstance(axes, Tensor) else None
@@ -337,28 +335,35 @@ def tile(x, reps):
     """`np.tile`. `reps` may be a 1-d integer tensor computed at run time (see `reshape`; negative repeats
     raise)."""
     st = _shape_tensor(reps, "tile")
-    if st is None and not (isinstance(reps, np.ndarray) and isinstance(x, Tensor)):
+    if st is None:
         return _one("tile", "tile", [x], _attrs_of("tile", A.TileAttrs, reps))
-    return _one("tile", "tile_dyn", [x, reps if st is None else st], ShapeTensorAttrs())
+    return _one("tile", "tile_dyn", [x, st], ShapeTensorAttrs())
 
 
 def one_hot(indices, depth, axis=-1, dtype="float32"):
     """One-hot encoding (like `jax.nn.one_hot`): a new axis `axis` of `depth` entries, 1 where the position
     equals the index (an index outside [0, depth) gives all zeros). `depth` is an int, a dim from `x.shape` or a
     0-d integer tensor computed at run time (a negative one raises)."""
-    if isinstance(depth, Tensor):
-        if np.dtype(depth.dtype).kind not in "iu" or depth.ndim > 1 or depth.shape not in ((), (1,)):
-            raise trace_error(f"one_hot: depth must be an integer with one element, got {depth.type}")
-        # positions 0 .. depth - 1 over the length of a depth-sized vector: that checks depth (a negative
-        # size raises) and has depth's dim where it is known while tracing
-        positions = arange(zeros(reshape(depth, (1,)), "bool").shape[0])
+    if isinstance(depth, (Tensor, np.ndarray)):
+        if np.dtype(depth.dtype).kind not in "iu" or depth.ndim > 1 or tuple(depth.shape) not in ((), (1,)):
+            raise trace_error(f"one_hot: depth must be an integer with one element, got {depth.dtype}"
+                              f"{list(depth.shape)}")
+        # positions 0 .. depth - 1 over the length of a depth-sized vector of False: that checks depth (a
+        # negative size raises) and has depth's dim where it is known while tracing; or-ed into the result, it
+        # is an input of the region that computes it (which binds that dim there)
+        none = zeros(reshape(depth, (1,)), "bool")
+        positions = arange(none.shape[0])
     else:
-        positions = arange(depth)
+        if isinstance(depth, (int, np.integer)) and depth < 0:
+            raise trace_error(f"one_hot: depth {depth} is negative")
+        none, positions = None, arange(depth)
     nd = (indices.ndim if isinstance(indices, Tensor) else np.ndim(indices)) + 1
     if not -nd <= axis < nd:
         raise trace_error(f"one_hot: axis {axis} is out of range for a result of rank {nd}")
-    positions = reshape(positions, tuple(positions.shape[0] if k == axis % nd else 1 for k in range(nd)))
-    hot = _F["equal"](_F["expand_dims"](_F["cast"](indices, "int64"), axis % nd), positions)
+    along = tuple(positions.shape[0] if k == axis % nd else 1 for k in range(nd))
+    hot = _F["equal"](_F["expand_dims"](_F["cast"](indices, "int64"), axis % nd), reshape(positions, along))
+    if none is not None:
+        hot = _F["logical_or"](hot, reshape(none, along))
     return hot if np.dtype(dtype) == np.bool_ else _F["cast"](hot, np.dtype(dtype).name)
 
 def flatten(x, start_axis=0, end_axis=-1):

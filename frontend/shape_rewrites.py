@@ -112,7 +112,7 @@ def _broadcast(b, emit, ins, known, attrs):
         ts = [1] * (r - len(target)) + target
         out = [broadcast_dims(d, t) if t is not None else d if isinstance(d, int) and d != 1 else None
                for d, t in zip(xs, ts)]
-    if None not in out:
+    if None not in target:          # (an entry known only when it runs is checked then, even where x fixes the dim)
         return _static_broadcast(emit, x, out)
     return _partial(emit, "broadcast_to_dyn", ins, attrs, out)
 
@@ -129,7 +129,13 @@ def _tile(b, emit, ins, known, attrs):
     nd = max(x.type.ndim, len(entries))
     xs = (1,) * (nd - x.type.ndim) + x.type.shape
     rs = [1] * (nd - len(entries)) + [as_dim(e) for e in entries]
-    return _partial(emit, "tile_dyn", ins, attrs, [None if r is None else dim_mul(d, r) for d, r in zip(xs, rs)])
+    out = [None if r is None else dim_mul(d, r) for d, r in zip(xs, rs)]
+    if None in out:
+        return _partial(emit, "tile_dyn", ins, attrs, out)
+    # symbolic repeats: np.tile is x with a new axis of size r before each axis d, broadcast, then merged
+    spread = emit("reshape", [x], ShapeAttrs(tuple(v for d in xs for v in (1, d))))[0]
+    spread = emit("broadcast_to", [spread], ShapeAttrs(tuple(v for d, r in zip(xs, rs) for v in (r, d))))[0]
+    return emit("reshape", [spread], ShapeAttrs(tuple(out)))
 
 
 def _one(known, k):
@@ -189,6 +195,8 @@ def _slice(b, emit, ins, known, attrs):
     static, takes, rest = [], [], []
     for k, ax in enumerate(axes):
         s, e, st = (entries[j][k] for j in range(3))
+        if st == 0 and not isinstance(st, bool):
+            raise ShapeError(f"slice step cannot be zero (steps {describe(entries[2])})")
         d = x.type.shape[ax]
         if all(isinstance(v, int) and not isinstance(v, bool) for v in (s, e, st)):
             static.append((ax, *_static_bounds(s, e, st)))

@@ -390,6 +390,8 @@ register("split", SplitAttrs, _split, num_inputs=1, lift=lift_axis)
 def _slice(ts, a):
     t = ts[0]
     shape = list(t.shape)
+    if len({norm_axis(ax, t.ndim) for ax in a.axes}) != len(a.axes):
+        raise ShapeError(f"slice axes {a.axes} repeat an axis")
     for ax, s0, s1, st in zip(a.axes, a.starts, a.stops, a.steps):
         ax = norm_axis(ax, t.ndim)
         if st == 0:

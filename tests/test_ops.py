@@ -207,6 +207,12 @@ add("broadcast_to-static", lambda x: F.broadcast_to(x, (2, 3, 4)), [S((3, 1))])
 add("tile", lambda x: F.tile(x, (2, 1)), [X])
 add("tile-int", lambda x: F.tile(x, 3), [X])
 add("tile-more-reps", lambda x: F.tile(x, (2, 1, 2)), [X])
+# shape operands computed from the data (tests/test_shape_tensors.py has more)
+add("tile-reps-tensor", lambda x: F.tile(x, F.stack([F.sum(x > 0), np.int64(1)])), [X])
+add("full-shape-tensor", lambda x: F.full(F.stack([F.shape_of(x)[0], F.sum(x > 0)]), 2.5), [X])
+add("expand-shape-tensor", lambda x: F.expand(x[:, :1], F.stack([np.int64(1), F.sum(x > 0) + 1])), [X])
+add("slice-axes-tensor", lambda x, a: F.slice(x, np.array([1]), np.array([3]), np.array([1]), a),
+    [X, S((1,), "int64")], make=lambda n: (rand((n, 4)), np.array([n % 2], np.int64)))
 add("pad", lambda x: F.pad(x, ((1, 2), (0, 1)), 1.5), [X])
 add("pad-int", lambda x: F.pad(x, 1), [XI])
 for src, dst in [("float32", "int32"), ("int32", "float32"), ("bool", "float32"), ("float32", "bool"),
