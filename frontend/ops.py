@@ -17,6 +17,7 @@ from ..ir.ops_shape_tensors import BroadcastDynAttrs, ReshapeDynAttrs, ShapeTens
 from ..runtime.kernels import run_kernel
 from ..ir.shapes import ShapeError, broadcast_shapes
 from ..ir.types import TensorType
+from .shape_values import as_dim, known_of
 from .tracer import Tensor, as_array, current, infer_types, trace_error, tracing, user_source
 
 
@@ -348,23 +349,22 @@ def one_hot(indices, depth, axis=-1, dtype="float32"):
         if np.dtype(depth.dtype).kind not in "iu" or depth.ndim > 1 or tuple(depth.shape) not in ((), (1,)):
             raise trace_error(f"one_hot: depth must be an integer with one element, got {depth.dtype}"
                               f"{list(depth.shape)}")
-        # positions 0 .. depth - 1 over the length of a depth-sized vector of False: that checks depth (a
-        # negative size raises) and has depth's dim where it is known while tracing; or-ed into the result, it
-        # is an input of the region that computes it (which binds that dim there)
-        none = zeros(reshape(depth, (1,)), "bool")
-        positions = arange(none.shape[0])
-    else:
-        if isinstance(depth, (int, np.integer)) and depth < 0:
-            raise trace_error(f"one_hot: depth {depth} is negative")
-        none, positions = None, arange(depth)
+        known = known_of(depth) if isinstance(depth, Tensor) else None
+        if known is not None and as_dim(known[0]) is not None:
+            depth = known[0]            # a size known while tracing (F.shape_of(x)[1]): its dim
+        else:                           # known when it runs: checked then (a depth-sized vector of zeros
+            check = zeros(reshape(depth, (1,)), "int64")        # refuses a negative one), then the positions
+            depth = _F["cast"](reshape(depth, ()), "int64") + _F["sum"](check)
+    if isinstance(depth, (int, np.integer)) and depth < 0:
+        raise trace_error(f"one_hot: depth {depth} is negative")
+    positions = arange(depth)
     nd = (indices.ndim if isinstance(indices, Tensor) else np.ndim(indices)) + 1
     if not -nd <= axis < nd:
         raise trace_error(f"one_hot: axis {axis} is out of range for a result of rank {nd}")
     along = tuple(positions.shape[0] if k == axis % nd else 1 for k in range(nd))
     hot = _F["equal"](_F["expand_dims"](_F["cast"](indices, "int64"), axis % nd), reshape(positions, along))
-    if none is not None:
-        hot = _F["logical_or"](hot, reshape(none, along))
     return hot if np.dtype(dtype) == np.bool_ else _F["cast"](hot, np.dtype(dtype).name)
+
 
 def flatten(x, start_axis=0, end_axis=-1):
     """Merge axes `start_axis..end_axis` into one (torch.flatten). Default: to 1-d."""

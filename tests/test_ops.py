@@ -211,6 +211,8 @@ add("tile-more-reps", lambda x: F.tile(x, (2, 1, 2)), [X])
 add("tile-reps-tensor", lambda x: F.tile(x, F.stack([F.sum(x > 0), np.int64(1)])), [X])
 add("full-shape-tensor", lambda x: F.full(F.stack([F.shape_of(x)[0], F.sum(x > 0)]), 2.5), [X])
 add("expand-shape-tensor", lambda x: F.expand(x[:, :1], F.stack([np.int64(1), F.sum(x > 0) + 1])), [X])
+add("one_hot", lambda x: F.one_hot(F.argmax(x, axis=1), 4, axis=0), [X])
+add("one_hot-depth-tensor", lambda x: F.one_hot(F.argmax(x, axis=1), F.sum(x > 0), dtype="int32"), [X])
 add("slice-axes-tensor", lambda x, a: F.slice(x, np.array([1]), np.array([3]), np.array([1]), a),
     [X, S((1,), "int64")], make=lambda n: (rand((n, 4)), np.array([n % 2], np.int64)))
 add("pad", lambda x: F.pad(x, ((1, 2), (0, 1)), 1.5), [X])
