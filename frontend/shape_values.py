@@ -4,8 +4,9 @@ A traced integer tensor of rank 0 or 1 and static length may have a *known value
 element (in order), each an int, a symbolic dim string (``"N"``, ``"(N * 2)"``: the value it has at run time) or
 None (not known while tracing). ``F.shape_of(x)`` is known to be x's shape; constants are known; and the ops
 that move shape entries around keep what is known (`RULES`): take / slice / concat / stack / expand_dims /
-squeeze / reshape of such vectors, casts to an integer dtype, elementwise + - * // % and maximum / minimum, and
-sum / prod / max / min over the vector. The `Builder` calls `propagate` for every node it records and keeps the
+squeeze / reshape of such vectors, casts to an integer dtype, elementwise + - * // % and maximum / minimum, sum /
+prod over the vector, and comparisons and `where` where the entries' bounds decide them (a size is never -1: the
+exporters' ``Where(Equal(shape, -1), 1, shape)``). The `Builder` calls `propagate` for every node it records and keeps the
 known values of its values (`Builder.known`); `frontend/shape_rewrites.py` reads them where an op takes a shape,
 a size or an index from a tensor, so ``F.zeros(F.shape_of(x))`` has x's dims and ``F.arange(F.shape_of(x)[0])``
 is ``[N]``. The ONNX importer traces through the same builder, so its ``Shape -> Gather -> Concat -> Reshape``
@@ -47,7 +48,7 @@ def propagate(known: dict, node) -> None:
     if entries is None:
         return
     entries = tuple(_fits(e, out.dtype) for e in entries)
-    if len(entries) == max(1, out.shape[0] if out.ndim else 1) and any(e is not None for e in entries):
+    if len(entries) == (out.shape[0] if out.ndim else 1) and (not entries or any(e is not None for e in entries)):
         known[node.outputs[0]] = entries
 
 
@@ -70,13 +71,13 @@ def ints_of(entries) -> list | None:
 
 def _fits(e, dtype):
     """Entry `e` of a tensor of `dtype`: bools as bools, ints that fit the dtype as ints, symbolic dims as they are
-    (a size fits any integer dtype a model uses for it)."""
+    in 32- and 64-bit integers (the dtypes models keep sizes in)."""
     if np.dtype(dtype).kind == "b":
         return bool(e) if isinstance(e, (bool, np.bool_)) else None
     if isinstance(e, (int, np.integer, bool, np.bool_)):
         info = np.iinfo(dtype)
         return int(e) if info.min <= e <= info.max else None
-    return e if isinstance(e, str) else None
+    return e if isinstance(e, str) and np.dtype(dtype).itemsize >= 4 else None      # (int8 sizes wrap)
 
 
 def _length(t: TensorType):
