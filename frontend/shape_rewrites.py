@@ -60,6 +60,15 @@ def _no_negatives(entries, what: str, allow=()):
                              + (" (or -1 for one inferred dim)" if -1 in allow else ""))
 
 
+def _operand(known, attrs, what: str, allow=()):
+    """The known entries of the shape operand (input 1) of a dynamic op not yet given its dims, checked; else
+    None."""
+    if attrs.dims is not None or known[1] is None:
+        return None
+    _no_negatives(known[1], what, allow)
+    return known[1]
+
+
 def _partial(emit, op, ins, attrs, dims):
     """The dynamic op with the dims it knows, or None (recorded as asked) where it knows none."""
     if all(d is None for d in dims):
@@ -69,10 +78,9 @@ def _partial(emit, op, ins, attrs, dims):
 
 @rewrites("reshape_dyn")
 def _reshape(b, emit, ins, known, attrs):
-    x, entries = ins[0], known[1]
-    if attrs.dims is not None or entries is None:
+    x, entries = ins[0], _operand(known, attrs, "shape", allow=(-1,))
+    if entries is None:
         return None
-    _no_negatives(entries, "shape", allow=(-1,))
     out = []
     for i, e in enumerate(entries):
         if attrs.copy_zeros and e == 0:         # a 0 there copies x's dim
@@ -99,10 +107,9 @@ def _static_broadcast(emit, x, shape):
 
 @rewrites("broadcast_to_dyn")
 def _broadcast(b, emit, ins, known, attrs):
-    x, entries = ins[0], known[1]
-    if attrs.dims is not None or entries is None:
+    x, entries = ins[0], _operand(known, attrs, "shape")
+    if entries is None:
         return None
-    _no_negatives(entries, "shape")
     target = [as_dim(e) for e in entries]
     if not attrs.bidirectional:
         out = target
@@ -119,10 +126,9 @@ def _broadcast(b, emit, ins, known, attrs):
 
 @rewrites("tile_dyn")
 def _tile(b, emit, ins, known, attrs):
-    x, entries = ins[0], known[1]
-    if attrs.dims is not None or entries is None:
+    x, entries = ins[0], _operand(known, attrs, "repeats")
+    if entries is None:
         return None
-    _no_negatives(entries, "repeats")
     reps = ints_of(entries)
     if reps is not None:
         return emit("tile", [x], TileAttrs(tuple(reps)))
