@@ -177,7 +177,6 @@ class _Ctx:
         self.opset = opset
         self.model_name = model_name
         self.check_dims = check_dims    # declared static dims of outputs hold (input_shapes may change them)
-        self.dims: dict = {}        # id(tensor) -> (tensor, dims, scalar): shape vectors with symbolic entries
         self.node = None            # the node being converted (innermost)
 
     def run_graph(self, graph, env: dict, inputs: list) -> list:

@@ -6,6 +6,7 @@ import numpy as np
 
 from ..ir.types import dim_add, dim_floordiv, dim_min, dim_mul
 from . import F
+from .shape_values import known_array
 from .tracer import source_hint
 from .onnx_ops import INT_MAX, OnnxImportError, _check_size, _const, _ints, _is_const, _rank, _shape, converter
 
@@ -101,15 +102,17 @@ def _slice(ins, a, ctx, env, node):
         starts, ends, axes, steps = a["starts"], a["ends"], a.get("axes"), None
     else:
         starts, ends = ins[1], ins[2]
-        axes = _ints(ins[3], "Slice's axes", node) if len(ins) > 3 and ins[3] is not None else None
+        axes = ins[3] if len(ins) > 3 and ins[3] is not None else None
+        if axes is not None and (_is_const(axes) or known_array(axes) is not None):
+            axes = _ints(axes, "Slice's axes", node)
         steps = ins[4] if len(ins) > 4 and ins[4] is not None else None
-        if not all(_is_const(v) for v in (starts, ends, steps)):      # computed bounds: a data-dependent slice
-            n = len(axes) if axes is not None else _shape(starts)[0]
+        if not all(_is_const(v) for v in (starts, ends, steps, axes)):     # computed: a data-dependent slice
+            n = _len(axes) if axes is not None else _len(starts)
             if not isinstance(n, int):
                 raise OnnxImportError("Slice with computed starts of unknown length and no axes: the sliced axes "
                                       "must be known when the model is imported")
             _bound_lengths(node, starts=_len(starts), ends=_len(ends), axes=n, steps=_len(steps))
-            axes = _slice_axes(axes, n, x)
+            axes = _slice_axes(axes, n, x) if axes is None or _is_const(axes) else F.astype(axes, "int64")
             return F.slice(x, _vec(starts), _vec(ends), [1] * n if steps is None else _vec(steps), axes)
         starts, ends = _ints(starts, "Slice's starts", node), _ints(ends, "Slice's ends", node)
         steps = None if steps is None else _ints(steps, "Slice's steps", node)

@@ -11,7 +11,10 @@ import numpy as np
 from dyntvm.errors import InputError
 
 from . import F
-from ..ir.types import ShapeError, check_tensor_size
+from ..ir.ops_shape_tensors import ReshapeDynAttrs
+from ..ir.types import ShapeError, check_tensor_size, dim_bounds
+from .ops import apply
+from .shape_values import known_array, known_of
 from .tracer import Tensor
 
 INT_MAX = 2 ** 62           # Slice's "to the end" sentinels (INT64_MAX and friends) are clamped above this
@@ -59,6 +62,9 @@ def _is_const(x) -> bool:
 
 def _const(x, what: str, node) -> np.ndarray:
     if not _is_const(x):
+        known = known_array(x)      # computed from the inputs' shapes, known while tracing (shape_values.py)
+        if known is not None:
+            return known
         raise OnnxImportError(f"{what} must be known when the model is imported (a constant or computed from "
                               "constants), but it is computed from the inputs; dyntvm has no data-dependent "
                               f"form of {node.op_type} with it")
@@ -77,24 +83,16 @@ def _shape(x) -> tuple:
     return tuple(x.shape)
 
 
-def _known_dims(ctx, v):
-    """``(entries, scalar)`` of an integer shape vector (or one entry of it) whose entries are known at import:
-    ints, or symbols where it came from `Shape` of a tensor with symbolic dims (``ctx.dims``); else None. The
-    exporters' ``Shape -> Gather -> Unsqueeze -> Concat -> Reshape / Expand / ConstantOfShape`` chains then
-    build static-rank shapes with the model's symbols, which type-check against the other values of the graph
-    (a computed shape tensor would give fresh unknown dims)."""
-    if _is_const(v):
-        arr = np.asarray(v)
-        return (arr.reshape(-1).tolist(), arr.ndim == 0) if arr.dtype.kind in "iu" and arr.ndim <= 1 else None
-    e = ctx.dims.get(id(v))
-    return None if e is None or e[0] is not v else (list(e[1]), e[2])
-
-
-def _note(ctx, t, dims, scalar=False):
-    """Records that traced int tensor `t` holds the entries `dims` (some symbolic) and returns `t`."""
-    if not _is_const(t) and any(not isinstance(d, (int, np.integer)) for d in dims):
-        ctx.dims[id(t)] = (t, tuple(dims), scalar)
-    return t
+def _sizes(v, positive: bool = False) -> bool:
+    """Whether integer `v` is known while tracing to hold sizes (>= 0, or > 0 with `positive`), as the shape
+    arithmetic of the exporters' ``Shape -> Gather -> Div`` chains: dividing those truncates as // does."""
+    if np.dtype(v.dtype).kind not in "iu" or _is_const(v) and np.size(v) > 64:
+        return False
+    entries = np.asarray(v).reshape(-1).tolist() if _is_const(v) else known_of(v)
+    if entries is None:
+        return False
+    return all(e is not None and not isinstance(e, bool) and dim_bounds(e)[0] >= (1 if positive else 0)
+               for e in entries)
 
 
 def _fold(op, xs):
@@ -170,6 +168,8 @@ for _name, _fn in {"Add": F.add, "Sub": F.subtract, "Mul": F.multiply,
 @converter("Div")
 def _div(ins, a, ctx, env, node):
     x, y = _operands(ins, a, ctx, node)
+    if _sizes(x) and _sizes(y, positive=True):      # shape arithmetic: // keeps the entries known (shape_values)
+        return F.floor_divide(x, y)
     q = F.divide(x, y)
     if np.dtype(x.dtype).kind in "iu":          # integer division truncates toward zero, keeping the dtype
         q = F.astype(q, np.dtype(x.dtype).name)
@@ -238,9 +238,7 @@ def _constant(ins, a, ctx, env, node):
 @converter("Cast")
 def _cast(ins, a, ctx, env, node):
     to = _np_dtype(a["to"], "Cast's 'to'")
-    out = F.astype(ins[0], to.name)
-    kd = _known_dims(ctx, ins[0]) if to.kind in "iu" else None
-    return out if kd is None else _note(ctx, out, *kd)
+    return F.astype(ins[0], to.name)
 
 
 @converter("MatMul")
@@ -311,22 +309,12 @@ def _layer_norm(ins, a, ctx, env, node):
 
 @converter("Gather")
 def _gather(ins, a, ctx, env, node):
-    out = F.take(ins[0], ins[1], axis=a.get("axis", 0))
-    kd = _known_dims(ctx, ins[0])
-    if kd is not None and not kd[1] and _is_const(ins[1]):
-        idx = np.asarray(ins[1])
-        picked = [kd[0][int(i)] for i in idx.reshape(-1)]
-        return _note(ctx, out, picked, idx.ndim == 0)
-    return out
+    return F.take(ins[0], ins[1], axis=a.get("axis", 0))
 
 
 @converter("Concat")
 def _concat(ins, a, ctx, env, node):
-    out = F.concat(list(ins), axis=a.get("axis", 1))     # required from opset 4; Concat-1's default is 1
-    kds = [_known_dims(ctx, v) for v in ins]
-    if all(kd is not None and not kd[1] for kd in kds):
-        return _note(ctx, out, [d for kd in kds for d in kd[0]])
-    return out
+    return F.concat(list(ins), axis=a.get("axis", 1))     # required from opset 4; Concat-1's default is 1
 
 
 @converter("Transpose")
@@ -344,9 +332,7 @@ def _axes(ins, a, node, k=1):
 @converter("Squeeze")
 def _squeeze(ins, a, ctx, env, node):
     axes = _axes(ins, a, node)
-    out = F.squeeze(ins[0], None if axes is None else tuple(axes))
-    kd = _known_dims(ctx, ins[0])
-    return _note(ctx, out, kd[0], True) if kd is not None and len(kd[0]) == 1 and not kd[1] else out
+    return F.squeeze(ins[0], None if axes is None else tuple(axes))
 
 
 @converter("Unsqueeze")
@@ -356,8 +342,7 @@ def _unsqueeze(ins, a, ctx, env, node):
     out_rank = _rank(x) + len(axes)
     for ax in sorted(ax % out_rank for ax in axes):
         x = F.expand_dims(x, ax)
-    kd = _known_dims(ctx, ins[0])
-    return _note(ctx, x, kd[0]) if kd is not None and kd[1] and out_rank == 1 else x
+    return x
 
 
 @converter("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd")
@@ -415,14 +400,19 @@ def _c(v, like):
 @converter("OneHot")
 def _one_hot(ins, a, ctx, env, node):
     idx, depth, values = ins
-    d = int(np.asarray(_const(depth, "OneHot's depth", node)).reshape(-1)[0])
-    axis = a.get("axis", -1)
-    _check_size((d,), np.int64, "OneHot's depth")          # its position vector, made here
+    if _is_const(depth):
+        d = int(np.asarray(depth).reshape(-1)[0])
+        if d < 0:
+            raise OnnxImportError(f"OneHot: depth {d} is negative")
+        _check_size((d,), np.int64, "OneHot's depth")          # its position vector, made here
+        d = np.int64(d)
+    else:                           # computed (any numeric type, cast to int64 as the spec says)
+        if np.size(np.empty(tuple(n if isinstance(n, int) else 2 for n in _shape(depth)), np.int8)) != 1:
+            raise OnnxImportError(f"OneHot: depth must have one element, got shape {list(_shape(depth))}")
+        d = F.reshape(F.astype(depth, "int64"), ())
     idx = F.astype(idx, "int64")
-    idx = F.where(F.less(idx, np.int64(0)), idx + np.int64(d), idx)         # negative indices count from the end
-    hot = F.equal(F.expand_dims(idx, axis if axis >= 0 else _rank(idx) + 1 + axis),
-                  F.reshape(np.arange(d, dtype=np.int64), tuple(d if k == (axis % (_rank(idx) + 1)) else 1
-                                                               for k in range(_rank(idx) + 1))))
+    idx = F.where(F.less(idx, np.int64(0)), idx + d, idx)         # negative indices count from the end
+    hot = F.one_hot(idx, d, axis=a.get("axis", -1), dtype="bool")
     return F.where(hot, F.take(values, np.int64(1)), F.take(values, np.int64(0)))
 
 
@@ -438,9 +428,8 @@ def _shape_op(ins, a, ctx, env, node):
     dims = _shape(x)[start:end]
     if all(isinstance(d, (int, np.integer)) for d in dims):
         return np.asarray(dims, dtype=np.int64)
-    s = F.shape_of(x)
-    s = s if (start, end) == (0, None) else F.slice(s, [start], [end if end is not None else INT_MAX])
-    return _note(ctx, s, dims)
+    s = F.shape_of(x)           # its entries are known while tracing (x's dims): see shape_values.py
+    return s if (start, end) == (0, None) else F.slice(s, [start], [end if end is not None else INT_MAX])
 
 
 @converter("Size")
@@ -454,18 +443,9 @@ def _size(ins, a, ctx, env, node):
 @converter("Reshape")
 def _reshape(ins, a, ctx, env, node):
     x, shape = ins[0], ins[1]
-    kd = _known_dims(ctx, shape)
-    if kd is not None and not _is_const(shape):                 # entries known, some symbolic
-        dims = [_shape(x)[i] if d == 0 and not a.get("allowzero", 0) else d for i, d in enumerate(kd[0])]
-        return F.reshape(x, tuple(dims))
-    if not _is_const(shape):
-        if not a.get("allowzero", 0) and isinstance(shape.shape[0], int):     # a 0 copies x's dim there
-            n, r = shape.shape[0], _rank(x)
-            dims = F.shape_of(x)
-            dims = F.slice(dims, [0], [n]) if n <= r else F.concat([dims, np.ones(n - r, np.int64)])
-            shape = F.where(F.equal(shape, np.zeros((), shape.dtype)), F.astype(dims, np.dtype(shape.dtype).name),
-                            shape)
-        return F.reshape(x, shape)
+    if not _is_const(shape):        # computed: entries known while tracing become dims (shape_rewrites.py)
+        return apply("reshape", "reshape_dyn", [x, F.astype(shape, "int64")],
+                     ReshapeDynAttrs(copy_zeros=not a.get("allowzero", 0)))[0]
     dims = _ints(shape, "Reshape's shape", node)
     if not a.get("allowzero", 0):
         dims = [_shape(x)[i] if d == 0 else d for i, d in enumerate(dims)]
@@ -474,25 +454,11 @@ def _reshape(ins, a, ctx, env, node):
 
 @converter("Expand")
 def _expand(ins, a, ctx, env, node):
-    x = ins[0]
-    kd = _known_dims(ctx, ins[1])
-    if kd is not None and not _is_const(ins[1]):        # entries known, some symbolic
-        zeros = F.full(tuple(kd[0]), np.zeros((), np.dtype(x.dtype)).item(), dtype=np.dtype(x.dtype).name)
-    elif not _is_const(ins[1]):                 # a computed shape
-        zeros = _full_of_shape(ins[1], np.zeros((), np.dtype(x.dtype)))
-    else:
-        shape = tuple(_ints(ins[1], "Expand's shape", node))
-        _check_size(shape, x.dtype, "Expand")
-        zeros = F.zeros(shape, dtype=x.dtype) if x.dtype != np.bool_ else F.full(shape, False, dtype="bool")
-    return F.logical_or(x, zeros) if x.dtype == np.bool_ else x + zeros     # ONNX broadcasting, both ways
-
-
-def _full_of_shape(shape, value: np.ndarray):
-    """A tensor of the computed 1-d int64 `shape`, filled with `value`: ``prod(shape)`` copies of it (a
-    data-dependent arange) reshaped to `shape` (a data-dependent reshape)."""
-    shape = F.astype(shape, "int64")
-    flat = F.full_like(F.arange(np.int64(0), F.prod(shape), np.int64(1)), value.item(), dtype=value.dtype.name)
-    return F.reshape(flat, shape)
+    x, shape = ins
+    if _is_const(shape):
+        shape = np.asarray(_ints(shape, "Expand's shape", node), np.int64)
+        _check_size(tuple(shape), x.dtype, "Expand")
+    return F.expand(x, shape if _is_const(shape) else F.astype(shape, "int64"))     # ONNX broadcasting, both ways
 
 
 def _check_size(shape, dtype, op: str) -> None:
@@ -506,14 +472,12 @@ def _check_size(shape, dtype, op: str) -> None:
 @converter("ConstantOfShape")
 def _constant_of_shape(ins, a, ctx, env, node):
     value = _tensor(a["value"], "ConstantOfShape's value") if "value" in a else np.zeros(1, np.float32)
-    kd = _known_dims(ctx, ins[0])
-    if kd is not None and not _is_const(ins[0]):
-        return F.full(tuple(kd[0]), value.reshape(-1)[0].item(), dtype=value.dtype.name)
-    if not _is_const(ins[0]):
-        return _full_of_shape(ins[0], value.reshape(-1)[0])
+    fill = value.reshape(-1)[0].item()
+    if not _is_const(ins[0]):       # computed: entries known while tracing become dims
+        return F.full(F.astype(ins[0], "int64"), fill, dtype=value.dtype.name)
     shape = tuple(_ints(ins[0], "ConstantOfShape's shape", node))
     _check_size(shape, value.dtype, "ConstantOfShape")
-    return F.full(shape, value.reshape(-1)[0].item(), dtype=value.dtype.name)
+    return F.full(shape, fill, dtype=value.dtype.name)
 
 
 @converter("Range")
@@ -533,7 +497,13 @@ def _range(ins, a, ctx, env, node):
 
 @converter("Tile")
 def _tile(ins, a, ctx, env, node):
-    return F.tile(ins[0], tuple(_ints(ins[1], "Tile's repeats", node)))
+    x, reps = ins
+    if len(_shape(reps)) != 1 or _shape(reps)[0] != _rank(x):
+        raise OnnxImportError(f"Tile: repeats of shape {list(_shape(reps))} for a rank-{_rank(x)} input (one "
+                              "repeat per axis)")
+    if _is_const(reps):
+        return F.tile(x, tuple(_ints(reps, "Tile's repeats", node)))
+    return F.tile(x, F.astype(reps, "int64"))           # computed: negative repeats raise when it runs
 
 
 @converter("NonZero")

@@ -13,9 +13,11 @@ from dyntvm.errors import ExecutionError
 
 from ..ir import attrs as A
 from ..ir import ops as O
+from ..ir.ops_shape_tensors import BroadcastDynAttrs, ReshapeDynAttrs, ShapeTensorAttrs
 from ..runtime.kernels import run_kernel
-from ..ir.shapes import ShapeError
+from ..ir.shapes import ShapeError, broadcast_shapes
 from ..ir.types import TensorType
+from .shape_values import as_dim, known_of
 from .tracer import Tensor, as_array, current, infer_types, trace_error, tracing, user_source
 
 
@@ -134,14 +136,31 @@ globals().update(_F)
 negative, astype = _F["neg"], _F["cast"]
 
 
+def _shape_tensor(shape, api):
+    """A shape given as data: a traced 1-d integer tensor, a 0-d one (one dim), or a list holding 0-d traced
+    tensors (``(F.shape_of(x)[0], 4)``), as a 1-d int64 tensor; None for a shape of ints and dims (static)."""
+    if isinstance(shape, (Tensor, np.ndarray)):     # (an array too: data, checked when the op runs, as traced)
+        if np.dtype(shape.dtype).kind not in "iu" or shape.ndim > 1:
+            raise trace_error(f"{api}: a shape tensor must be a 1-d integer tensor, got "
+                              f"{shape.type if isinstance(shape, Tensor) else f'{shape.dtype}{list(shape.shape)}'}")
+        return shape if shape.ndim else _F["expand_dims"](shape, 0)
+    if isinstance(shape, (list, tuple)) and any(isinstance(d, Tensor) for d in shape):
+        for d in shape:
+            if isinstance(d, Tensor) and (d.ndim or np.dtype(d.dtype).kind not in "iu"):
+                raise trace_error(f"{api}: a shape entry given as a tensor must be a 0-d integer tensor, got "
+                                  f"{d.type}")
+            if isinstance(d, str):
+                raise trace_error(f"{api}: a shape mixing tensors and symbolic dims: use F.shape_of(x)[i] "
+                                  f"for the dim {d!r}")
+        return stack([_F["cast"](d, "int64") if isinstance(d, Tensor) else np.int64(d) for d in shape])
+    return None
+
+
 def _dims(shape, api):
     if isinstance(shape, (int, np.integer, str)):
         shape = (shape,)
     out = []
     for d in shape:
-        if isinstance(d, Tensor):
-            raise trace_error(f"{api}: a shape entry is a traced tensor; pass the whole shape as a tensor "
-                              "(F.reshape(x, shape_tensor)) or use x.shape[i]")
         if isinstance(d, (int, np.integer)):
             out.append(int(d))
         elif isinstance(d, str):
@@ -152,10 +171,12 @@ def _dims(shape, api):
 
 
 def reshape(x, shape):
-    """`np.reshape`; one -1 allowed; symbolic dims from `x.shape` allowed; a 1-d int tensor `shape`
-    gives a data-dependent reshape."""
-    if isinstance(shape, (Tensor, np.ndarray)) and (isinstance(shape, Tensor) or isinstance(x, Tensor)):
-        return _one("reshape", "reshape_dyn", [x, shape])
+    """`np.reshape`; one -1 allowed; symbolic dims from `x.shape` allowed. `shape` may be a 1-d integer tensor
+    (or hold 0-d ones) computed at run time: its entries known while tracing are the dims (``F.shape_of(y)``
+    keeps y's symbols), the others are known when it runs."""
+    st = _shape_tensor(shape, "reshape")
+    if st is not None:
+        return _one("reshape", "reshape_dyn", [x, st], ReshapeDynAttrs())
     return _one("reshape", "reshape", [x], A.ShapeAttrs(_dims(shape, "reshape")))
 
 
@@ -181,8 +202,9 @@ def split(x, sections, axis=0):
 def slice(x, starts, stops, steps=None, axes=None):
     """`x[starts[i]:stops[i]:steps[i]]` along `axes` (default: the first len(starts) axes). Bounds and steps
     are ints (None: to the end), or each a 1-d integer tensor with one entry per axis: a data-dependent slice
-    (Python's clamping; its sliced dims are known only when it runs)."""
-    if any(isinstance(v, Tensor) for v in (starts, stops, steps)):
+    (Python's clamping; its sliced dims are known when it runs, or while tracing where the bounds are known:
+    ``F.shape_of(y)[0]`` as a bound keeps y's symbol). `axes` may be a 1-d integer tensor too."""
+    if any(isinstance(v, Tensor) for v in (starts, stops, steps, axes)):
         return _slice_dyn(x, starts, stops, steps, axes)
     n = len(starts)
     axes = tuple(range(n)) if axes is None else tuple(int(a) for a in axes)
@@ -198,11 +220,13 @@ def slice(x, starts, stops, steps=None, axes=None):
 
 def _slice_dyn(x, starts, stops, steps, axes):
     first = starts if starts is not None else stops
-    n = len(axes) if axes is not None else first.shape[0] if isinstance(first, Tensor) and first.ndim == 1 else \
+    n = (axes.shape[0] if axes.ndim == 1 else None) if isinstance(axes, Tensor) else len(axes) if axes is not None \
+        else first.shape[0] if isinstance(first, Tensor) and first.ndim == 1 else \
         len(first) if isinstance(first, (list, tuple, np.ndarray)) else None
     if not isinstance(n, int):
         raise trace_error("slice: with tensor bounds give `axes`, or bounds of a static length (one per axis)")
-    axes = tuple(range(n)) if axes is None else tuple(int(a) for a in axes)
+    axes_t = _F["cast"](axes, "int64") if isinstance(axes, Tensor) else None
+    axes = tuple(range(n)) if axes is None or axes_t is not None else tuple(int(a) for a in axes)
     if steps is None:
         steps = [1] * n
     big = np.iinfo(np.int64).max
@@ -215,8 +239,10 @@ def _slice_dyn(x, starts, stops, steps, axes):
             raise trace_error("slice: a None bound needs the steps known when tracing (its end depends on the sign)")
         return np.asarray([(big if (s > 0) == end else -big) if e is None else e
                            for e, s in zip(v, [1] * len(v) if isinstance(steps, Tensor) else steps)], np.int64)
-    return _one("slice", "slice_dyn", [x, vec(starts, False), vec(stops, True), vec(steps, True)],
-                _attrs_of("slice", A.AxesAttrs, axes))
+    bounds = [x, vec(starts, False), vec(stops, True), vec(steps, True)]
+    if axes_t is not None:
+        return _one("slice", "slice_axes_dyn", bounds + [axes_t])
+    return _one("slice", "slice_dyn", bounds, _attrs_of("slice", A.AxesAttrs, axes))
 
 
 strided_slice = slice
@@ -286,8 +312,58 @@ def embedding(ids, weight):
 
 
 def broadcast_to(x, shape):
-    """`np.broadcast_to` (materialized)."""
+    """`np.broadcast_to` (materialized). `shape` may be a 1-d integer tensor (see `reshape`)."""
+    st = _shape_tensor(shape, "broadcast_to")
+    if st is not None:
+        return _one("broadcast_to", "broadcast_to_dyn", [x, st], BroadcastDynAttrs())
     return _one("broadcast_to", "broadcast_to", [x], A.ShapeAttrs(_dims(shape, "broadcast_to")))
+
+
+def expand(x, shape):
+    """ONNX `Expand`: x broadcast with `shape` both ways (numpy's rule on the two shapes: an entry 1 keeps x's
+    dim, and the result may have more dims than `shape`). `shape` may be a 1-d integer tensor (see `reshape`)."""
+    st = _shape_tensor(shape, "expand")
+    if st is None:
+        dims = _dims(shape, "expand")
+        if any(isinstance(d, str) for d in dims):       # symbolic dims: the broadcast of the two shapes
+            return broadcast_to(x, broadcast_shapes(tuple(x.shape) if isinstance(x, Tensor) else np.shape(x),
+                                                      dims))
+        st = np.asarray(dims, np.int64)
+    return _one("expand", "broadcast_to_dyn", [x, st], BroadcastDynAttrs(bidirectional=True))
+
+
+def tile(x, reps):
+    """`np.tile`. `reps` may be a 1-d integer tensor computed at run time (see `reshape`; negative repeats
+    raise)."""
+    st = _shape_tensor(reps, "tile")
+    if st is None:
+        return _one("tile", "tile", [x], _attrs_of("tile", A.TileAttrs, reps))
+    return _one("tile", "tile_dyn", [x, st], ShapeTensorAttrs())
+
+
+def one_hot(indices, depth, axis=-1, dtype="float32"):
+    """One-hot encoding (like `jax.nn.one_hot`): a new axis `axis` of `depth` entries, 1 where the position
+    equals the index (an index outside [0, depth) gives all zeros). `depth` is an int, a dim from `x.shape` or a
+    0-d integer tensor computed at run time (a negative one raises)."""
+    if isinstance(depth, (Tensor, np.ndarray)):
+        if np.dtype(depth.dtype).kind not in "iu" or depth.ndim > 1 or tuple(depth.shape) not in ((), (1,)):
+            raise trace_error(f"one_hot: depth must be an integer with one element, got {depth.dtype}"
+                              f"{list(depth.shape)}")
+        known = known_of(depth) if isinstance(depth, Tensor) else None
+        if known is not None and as_dim(known[0]) is not None:
+            depth = known[0]            # a size known while tracing (F.shape_of(x)[1]): its dim
+        else:                           # known when it runs: checked then (a depth-sized vector of zeros
+            check = zeros(reshape(depth, (1,)), "int64")        # refuses a negative one), then the positions
+            depth = _F["cast"](reshape(depth, ()), "int64") + _F["sum"](check)
+    if isinstance(depth, (int, np.integer)) and depth < 0:
+        raise trace_error(f"one_hot: depth {depth} is negative")
+    positions = arange(depth)
+    nd = (indices.ndim if isinstance(indices, Tensor) else np.ndim(indices)) + 1
+    if not -nd <= axis < nd:
+        raise trace_error(f"one_hot: axis {axis} is out of range for a result of rank {nd}")
+    along = tuple(positions.shape[0] if k == axis % nd else 1 for k in range(nd))
+    hot = _F["equal"](_F["expand_dims"](_F["cast"](indices, "int64"), axis % nd), reshape(positions, along))
+    return hot if np.dtype(dtype) == np.bool_ else _F["cast"](hot, np.dtype(dtype).name)
 
 
 def flatten(x, start_axis=0, end_axis=-1):
@@ -323,7 +399,8 @@ def log_softmax(x, axis=-1):
 
 
 def full(shape, fill_value, dtype=None):
-    """`np.full`; dtype defaults to float32 for floats, int64 for ints, bool for bools."""
+    """`np.full`; dtype defaults to float32 for floats, int64 for ints, bool for bools. `shape` may be a 1-d
+    integer tensor computed at run time (see `reshape`); so may that of `zeros` and `ones`."""
     return _full(shape, fill_value, dtype, "full")
 
 
@@ -331,6 +408,10 @@ def _full(shape, fill_value, dtype, api):
     """`full` under the name the user called (zeros, ones: their errors name them)."""
     if dtype is None:
         dtype = as_array(fill_value).dtype
+    st = _shape_tensor(shape, api)
+    if st is not None:          # a shape tensor: the fill value broadcast to it
+        value = np.asarray(_pyscalar(fill_value, api), np.dtype(dtype))
+        return _one(api, "broadcast_to_dyn", [value, st], BroadcastDynAttrs())
     return _one(api, "full", [], _attrs_of(api, A.FullAttrs, _dims(shape, api),
                                            _pyscalar(fill_value, api), np.dtype(dtype).name))
 

@@ -21,6 +21,7 @@ from ..ir.shapes import ShapeError
 from ..ir.tree import LEAF, num_leaves, tree_flatten, tree_unflatten
 from ..ir.types import TensorType, as_shape_dim, dim_origin, is_symbol, is_unknown, set_dim_origin, user_line
 from ..runtime.torch_inputs import is_torch_tensor, torch_to_numpy
+from . import shape_rewrites, shape_values
 
 
 class _Builders(threading.local):
@@ -107,6 +108,7 @@ class Builder:
         self.consts: dict = {}                  # id(array) -> (array, Value)
         self.mask_dims: dict = {}               # mask value -> unknown dim of the masked axis
         self.sym_values: dict = {}              # symbol -> a value of this builder with that dim
+        self.known: dict = {}                   # value -> its known entries (frontend/shape_values.py)
 
     def own(self, v: Value) -> Value:
         self.owned.add(v)
@@ -143,6 +145,8 @@ class Builder:
             got = self.own(Value(outer.type, ""))
             self.captures.append(outer)
             self.capture_inputs[outer] = got
+            if outer in self.parent.known:      # the same tensor inside: the same entries
+                self.known[got] = self.parent.known[outer]
         return got
 
     def define_symbol(self, sym: str) -> None:
@@ -167,6 +171,12 @@ class Builder:
 
     def emit(self, op: str, inputs: list, attrs, api: str | None = None, source: str | None = None) -> list:
         ins = [self.lift(v) for v in inputs]
+        try:                # an operand whose entries are known while tracing: the static op, or known dims
+            rewritten = shape_rewrites.rewrite(self, op, ins, attrs, api, source)
+        except ShapeError as e:
+            raise trace_error(f"{api or op}: {e}", source) from None
+        if rewritten is not None:
+            return rewritten
         for sym in sorted(attr_symbols(op, attrs)):
             self.define_symbol(sym)
         source = user_source() if source is None else source
@@ -176,6 +186,7 @@ class Builder:
         name_new_dims([v.type for v in ins], types, api or op, source)
         node.outputs = tuple(self.own(Value(t, "", node, i)) for i, t in enumerate(types))
         self.nodes.append(node)
+        shape_values.propagate(self.known, node)
         return list(node.outputs)
 
     def add_node(self, node: Node) -> list:

@@ -395,6 +395,8 @@ register("split", SplitAttrs, _split, num_inputs=1, lift=lift_axis)
 def _slice(ts, a):
     t = ts[0]
     shape = list(t.shape)
+    if len({norm_axis(ax, t.ndim) for ax in a.axes}) != len(a.axes):
+        raise ShapeError(f"slice axes {a.axes} repeat an axis")
     for ax, s0, s1, st in zip(a.axes, a.starts, a.stops, a.steps):
         ax = norm_axis(ax, t.ndim)
         if st == 0:
@@ -440,7 +442,7 @@ def _tile(ts, a):
     return [TensorType(tuple(dim_mul(d, r) for d, r in zip(shape, reps)), t.dtype)]
 
 
-register("tile", TileAttrs, _tile, num_inputs=1, api="tile", doc="`np.tile`.")
+register("tile", TileAttrs, _tile, num_inputs=1)      # F.tile: frontend/ops.py (reps may be a tensor)
 
 
 def _pad(ts, a):
@@ -552,18 +554,6 @@ def _arange_dyn(ts, a):
 register("arange_dyn", DtypeAttrs, _arange_dyn, kind=DYNAMIC_SHAPE, num_inputs=3)
 register("shape_of", NoAttrs, lambda ts, a: [TensorType((ts[0].ndim,), "int64")], num_inputs=1, api="shape_of",
          shape_only=True, doc="The shape of `x` as an int64 vector.")
-
-
-def _reshape_dyn(ts, a):
-    x, s = ts
-    if s.ndim != 1 or not isinstance(s.shape[0], int):
-        raise ShapeError(f"the shape tensor must be 1-d with a static length, got {s}")
-    if not np.issubdtype(np.dtype(s.dtype), np.integer):
-        raise ShapeError(f"the shape tensor must be integer, got {s.dtype}")
-    return [TensorType(tuple(fresh_dim() for _ in range(s.shape[0])), x.dtype)]
-
-
-register("reshape_dyn", NoAttrs, _reshape_dyn, kind=DYNAMIC_SHAPE, num_inputs=2)
 
 
 def _topk(ts, a):

@@ -13,9 +13,10 @@ import math
 
 import numpy as np
 
+from ..ir.attrs import AxesAttrs
 from ..ir.ops import Group, get_op, ops_in
 from ..ir.types import eval_dim
-from . import kernels_nn
+from . import kernels_nn, kernels_shape
 
 KERNELS: dict = {}
 
@@ -320,11 +321,6 @@ def _shape_of(attrs, x):
     return (np.asarray(x.shape, dtype=np.int64),)
 
 
-@kernel("reshape_dyn")
-def _reshape_dyn(attrs, x, shape):
-    return (np.reshape(x, tuple(int(d) for d in shape)),)
-
-
 def _topk_impl(attrs, x, k):
     ax = attrs.axis % x.ndim
     n = x.shape[ax]
@@ -351,3 +347,8 @@ def _topk_dyn(attrs, x, k):
 kernel("conv")(kernels_nn.conv)             # the sliding-window ops: runtime/kernels_nn.py
 kernel("max_pool")(kernels_nn.max_pool)
 kernel("avg_pool")(kernels_nn.avg_pool)
+kernel("reshape_dyn")(kernels_shape.reshape_dyn)     # ops taking a shape tensor: runtime/kernels_shape.py
+kernel("broadcast_to_dyn")(kernels_shape.broadcast_to_dyn)
+kernel("tile_dyn")(kernels_shape.tile_dyn)
+kernel("slice_axes_dyn")(lambda attrs, x, starts, stops, steps, axes: _slice_dyn(
+    AxesAttrs(kernels_shape.slice_axes(x, axes)), x, starts, stops, steps))

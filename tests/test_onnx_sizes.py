@@ -9,8 +9,8 @@ imported and compiled ONCE, then run on random inputs at other sizes (1, 0, larg
 onnxruntime on the same rewritten model. A variant onnxruntime rejects (a Reshape target that no longer fits)
 is dropped; one onnxruntime runs and dyntvm fails on is a failure. Inputs the importer needs as constants (a
 Reshape target, Slice bounds, a TopK k: the smallest such set, found by retrying the import) keep their stored
-values, and their dims stay fixed; where the symbolic rewrite does not import, the dims stay fixed and only
-the values vary. Each family must compare a few variants at a size other than the stored one, so the test
+values, and their dims stay fixed (none for the families of `RUNTIME_OPERANDS`, whose operands dyntvm takes
+computed at run time); where the symbolic rewrite does not import, the dims stay fixed and only the values vary. Each family must compare a few variants at a size other than the stored one, so the test
 cannot pass vacuously; the counts are printed (`pytest -s`) and recorded in docs/onnx.md.
 """
 import itertools
@@ -45,6 +45,9 @@ TRIES = 6                    # random draws per planned variant until onnxruntim
 NO_SIZES = {"if": "the If node tests (test_if, test_if_seq, test_if_opt) take a 0-d condition only; their branches "
                   "are constants"}
 SELECT = ("nonzero", "compress", "unique", "where")     # data-dependent selection: vary how many are selected
+# families whose shape / repeats / depth / bounds / axes operands dyntvm takes computed at run time: every input
+# stays a graph input (none fixed as a constant), and they vary with the other inputs
+RUNTIME_OPERANDS = ("range", "reshape", "expand", "constantofshape", "tile", "slice", "onehot")
 
 
 def _family(name: str):
@@ -229,9 +232,11 @@ def _choose_form(case, feed, family):
             continue
         try:
             graph, keep2 = _import(model, feed)
-            return model, symbols, graph, keep2
         except DyntvmError:         # dyntvm does not take this symbolic form
             continue
+        if family in RUNTIME_OPERANDS and keep2:    # (an operand of a symbolic length: its dims stay fixed)
+            continue
+        return model, symbols, graph, keep2
     for subgraphs in (True, False):
         model = _fixed(case.model, subgraphs)
         try:
@@ -295,6 +300,8 @@ def run_case(case, family: str) -> dict:
     stored_shapes = [_shapes(v) for v in stored_out]
     symbols, values_only = {}, False
     model, symbols, graph, keep = _choose_form(case, feed, family)
+    if family in RUNTIME_OPERANDS:
+        assert not keep, f"{case.name}: needs its inputs {list(keep)} fixed as constants"
     compiled, sess = dt.compile(graph), _session(model)
     values_only = not symbols
     want = sess.run(None, feed)
