@@ -21,12 +21,15 @@ from tvm_ffi._ffi_api import ArrayGetItem
 from dyntvm.errors import CompileError, ExecutionError
 
 from ..ir.graph import Graph, Node
+from ..ir.list_type import value_dims, value_shape
 from ..ir.ops import mask_gather_name
+from ..ir.ops_lists import LIST_OPS
 from ..ir.types import eval_dim
 from . import control_flow as cf
 from .control_flow import bind_symbols
 from .interpreter import Interpreter, last_uses
 from .kernels import KERNELS
+from .lists import host_list
 from .loop_calls import compiled_foreach, compiled_while, pick_by_sizes
 from .node_errors import node_failure, note_within
 from .tensors import aligned_empty, aligned_rows, first_truth, host_array, to_numpy, to_tvm
@@ -44,7 +47,7 @@ class Plan:
         if self.env_slot is not None:         # symbol values for numpy ops with symbolic attrs
             slots[self.env_slot] = env = {}
             for v, a in zip(self.graph.inputs, args):
-                bind_symbols(v.type, a.shape, env)
+                bind_symbols(v.type, value_shape(a), env)
         try:
             for step in self.steps:
                 step(slots)
@@ -155,7 +158,7 @@ class Executor:
     @staticmethod
     def _with_binding(step, n: Node, outs, env_slot):
         typed = [(n.outputs[k].type, o) for k, o in enumerate(outs)
-                 if any(isinstance(d, str) for d in n.outputs[k].type.shape)]
+                 if any(isinstance(d, str) for d in value_dims(n.outputs[k].type))]
         if not typed:
             return step
 
@@ -163,7 +166,7 @@ class Executor:
             step(slots)
             env = slots[env_slot]
             for t, o in typed:
-                bind_symbols(t, slots[o].shape, env)
+                bind_symbols(t, value_shape(slots[o]), env)
         return run
 
     def _with_profile(self, step, n: Node):
@@ -236,6 +239,11 @@ class Executor:
         host = self.pl.to_host if self.pl else to_numpy      # dynamic-shape ops run in numpy, on the host
         if self.pl is not None and n.opdef.shape_only:
             host = self.pl.shape_stub                        # e.g. shape_of: no copy at all
+        if n.op in LIST_OPS:                                 # lists hold tensors: each element to the host
+            to_host = host
+
+            def host(x):
+                return host_list(x, to_host) if isinstance(x, list) else to_host(x)
         if n.opdef.dim_attrs:
             env_slot = len(dict.fromkeys(g.values()))     # see Plan.env_slot
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..ir.ops import Group, get_op, ops_in
 from ..ir.types import eval_dim
-from . import kernels_nn
+from . import kernels_lists, kernels_nn
 
 KERNELS: dict = {}
 
@@ -346,3 +346,5 @@ def _topk_dyn(attrs, x, k):
 kernel("conv")(kernels_nn.conv)             # the sliding-window ops: runtime/kernels_nn.py
 kernel("max_pool")(kernels_nn.max_pool)
 kernel("avg_pool")(kernels_nn.avg_pool)
+for _name, _fn in kernels_lists.KERNELS.items():     # the list ops: runtime/kernels_lists.py
+    kernel(_name)(_fn)

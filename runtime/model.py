@@ -13,11 +13,13 @@ import numpy as np
 from dyntvm.errors import CompileError, InputError
 
 from ..ir.graph import Graph
+from ..ir.list_type import ListType
 from ..ir.ops import OpKind
-from ..ir.tree import LEAF, tree_flatten, tree_str, tree_unflatten
+from ..ir.tree import LEAF, flatten_like, tree_flatten, tree_str, tree_unflatten
 from ..ir.types import expression_dim_errors, is_symbol
 from .artifact import save as save_artifact
 from .executor import Executor
+from .lists import check_list_value, host_list
 from .placement import DevicePlacement
 from .tensors import to_numpy
 from .torch_inputs import is_torch_tensor, torch_to_numpy
@@ -48,21 +50,6 @@ def signature(graph: Graph) -> str:
         "(" + ", ".join(labels) + ")"
 
 
-def _flatten_like(spec, arg, leaves: list) -> bool:
-    """Append the leaves of `arg` nested like `spec` (the traced signature); False where it is nested
-    otherwise. A leaf position takes the whole object: a nested list there is one array, as numpy reads it."""
-    if spec == LEAF:
-        leaves.append(arg)
-        return True
-    if spec[0] == "dict":
-        if not isinstance(arg, dict) or set(arg) != set(spec[1]):
-            return False
-        return all(_flatten_like(c, arg[k], leaves) for k, c in zip(spec[1], spec[2]))
-    if not isinstance(arg, list if spec[0] == "list" else tuple) or len(arg) != len(spec[1]):
-        return False
-    return all(_flatten_like(c, a, leaves) for c, a in zip(spec[1], arg))
-
-
 def _convert_losslessly(x, a: np.ndarray, t, label: str) -> np.ndarray:
     """`a` (Python value `x` read by numpy) cast to `t`'s dtype; an InputError where that changes values
     (an integer out of range, a finite number that becomes inf). Float rounding is no loss."""
@@ -91,7 +78,7 @@ def check_inputs(graph: Graph, args: tuple) -> list:
         if len(args) != n_args:
             raise InputError(f"the model takes {n_args} arguments {signature(graph)}, got {len(args)}")
         leaves: list = []
-        if not _flatten_like(graph.in_tree, list(args), leaves):
+        if not flatten_like(graph.in_tree, list(args), leaves):
             spec = tree_flatten(list(args), is_leaf=lambda x: isinstance(x, np.ndarray))[1]
             raise InputError(f"arguments are nested as {tree_str(spec)}, expected {tree_str(graph.in_tree)}: "
                              f"{signature(graph)}")
@@ -103,6 +90,9 @@ def check_inputs(graph: Graph, args: tuple) -> list:
     out = []
     for i, (x, t, name) in enumerate(zip(leaves, types, names)):
         label = f"input {i} ({name!r})" if name else f"input {i}"
+        if isinstance(t, ListType):
+            out.append(check_list_value(x, t, label, env, InputError))
+            continue
         if type(x) is not np.ndarray and is_torch_tensor(x):      # numpy arrays: no lookup per call
             x = torch_to_numpy(x, label)
         if not isinstance(x, np.ndarray):
@@ -137,7 +127,8 @@ def check_inputs(graph: Graph, args: tuple) -> list:
         else:
             raise InputError(f"{label}: unsupported dtype {x.dtype}")
         out.append(x)
-    for i, ax, d, size in expression_dim_errors(types, [x.shape for x in out], env):
+    tensors = [(t, x.shape) for t, x in zip(types, out) if not isinstance(t, ListType)]
+    for i, ax, d, size in expression_dim_errors([t for t, _ in tensors], [s for _, s in tensors], env):
         name = f"input {i} ({names[i]!r})" if names[i] else f"input {i}"
         raise InputError(f"{name}: axis {ax} has size {size}, which does not fit its dim {d} (spec {types[i]}; "
                          f"symbols: {env})")
@@ -166,6 +157,9 @@ class InputChecker:
         self.graph = graph
         tree = graph.in_tree
         self.flat = tree is None or (tree[0] in ("list", "tuple") and all(c == "*" for c in tree[1]))
+        if any(isinstance(v.type, ListType) for v in graph.inputs):
+            self.flat, self.sig = False, []     # lists: checked element by element by `check_inputs`
+            return
         if any(isinstance(d, str) and not is_symbol(d) for v in graph.inputs for d in v.type.shape):
             self.flat = False           # expression dims (``(T + 1)``): checked by `check_inputs`
         self.n = len(graph.inputs)
@@ -273,10 +267,11 @@ class CompiledModel:
             ex = Executor(self.graph, ex.vm, validate=validate, profile=profile, constants=self._constants,
                           placement=self._placement(), specialized=self.specialized)
         if ex.pl is not None:                 # values on a device: the outputs are copied to the host
-            outs = [ex.pl.to_host(o) for o in ex.run(arrays)]
+            outs = [host_list(o, ex.pl.to_host) if isinstance(o, list) else ex.pl.to_host(o) for o in ex.run(arrays)]
         else:
             consts = ex.constant_ids
-            outs = [np.array(to_numpy(o)) if id(o) in consts else to_numpy(o) for o in ex.run(arrays)]
+            outs = [np.array(to_numpy(o)) if id(o) in consts else host_list(o, _host_copy(consts)) if
+                    isinstance(o, list) else to_numpy(o) for o in ex.run(arrays)]
         if profile:
             self.last_profile = {k: tuple(v) for k, v in ex.profile.items()}
             pl = ex.pl
@@ -322,6 +317,11 @@ class CompiledModel:
     def save(self, path: str) -> None:
         """Write a deployable artifact (see `dt.load`)."""
         save_artifact(self, path)
+
+
+def _host_copy(consts):
+    """A list output's element as numpy: a copy where it is one of the model's constants (shared by calls)."""
+    return lambda e: np.array(to_numpy(e)) if id(e) in consts else to_numpy(e)
 
 
 def _retire(lock, calls: dict, key: int, retired: list) -> None:
