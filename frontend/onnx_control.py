@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import F, onnx_seq
+from . import onnx_seq_runtime as seq_rt
 from .onnx_ops import OnnxImportError, _is_const, _rank, _scalar_bool, _shape, converter
 
 
@@ -29,10 +30,20 @@ def _if(ins, a, ctx, env, node):
 
 @converter("Loop")
 def _loop(ins, a, ctx, env, node):
-    if any(onnx_seq.is_structured(v) for v in ins[2:]):      # carries a sequence / optional: unrolled
-        check_loop_body(a["body"].g, len(ins) - 2, node)
-        return onnx_seq.unroll_loop(ins, a, ctx, env, node)
     body = a["body"].g
+    if any(onnx_seq.is_structured(v) for v in ins[2:]):      # carries a sequence / optional: unrolled if it can be
+        check_loop_body(body, len(ins) - 2, node)
+        if not any(seq_rt.is_runtime(v) for v in ins[2:]):
+            try:
+                with seq_rt.rollback():
+                    return onnx_seq.unroll_loop(ins, a, ctx, env, node)
+            except OnnxImportError as e:
+                if not any(w in str(e) for w in (onnx_seq.KNOWN, "unrolled when the model is imported")) or \
+                        any(v is onnx_seq.EMPTY for v in ins[2:]):
+                    raise
+        ins = ins[:2] + seq_rt.runtime_carries(        # else a loop carrying run-time lists
+            list(ins[2:]), body, lambda: ctx.run_graph(body, env, [np.asarray(0, np.int64), np.asarray(True),
+                                                                   *ins[2:]]))
     trip, cond0, carried = ins[0], ins[1], list(ins[2:])
     n_carried = len(carried)
     n_scan = len(body.output) - 1 - n_carried
@@ -53,7 +64,8 @@ def _loop(ins, a, ctx, env, node):
         c_new = np.asarray(True) if cond0 is None else _scalar_bool(outs[0])
         if _is_const(c_new):
             c_new = F.full((), bool(np.asarray(c_new)), dtype="bool")
-        return tuple(outs[1 + n_carried:]), [i + np.asarray(1, np.int64), c_new, *outs[1:1 + n_carried]]
+        new = [seq_rt.carried_like(v, init) for v, init in zip(outs[1:1 + n_carried], carried)]
+        return tuple(outs[1 + n_carried:]), [i + np.asarray(1, np.int64), c_new, *new]
     init = [F.full((), v.item(), dtype=v.dtype.name) if _is_const(v) and np.ndim(v) == 0 else v
             for v in [i0, c0, *carried]]
     try:

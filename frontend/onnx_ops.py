@@ -12,6 +12,7 @@ from dyntvm.errors import InputError
 
 from . import F
 from ..ir.types import ShapeError, check_tensor_size
+from .list_values import TensorList
 from .tracer import Tensor
 
 INT_MAX = 2 ** 62           # Slice's "to the end" sentinels (INT64_MAX and friends) are clamped above this
@@ -54,7 +55,7 @@ def _tensor(t, what: str = "initializer") -> np.ndarray:
 
 # ------------------------------------------------------------------------------------------ helpers
 def _is_const(x) -> bool:
-    return not isinstance(x, Tensor)
+    return not isinstance(x, (Tensor, TensorList))
 
 
 def _const(x, what: str, node) -> np.ndarray:

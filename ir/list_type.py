@@ -45,6 +45,12 @@ class ListType:
     def __str__(self) -> str:
         return f"list[{self.elem} x {self.length}]"
 
+    def describe(self) -> str:
+        """For messages: "a list of float32[?,4]" (a dim that may differ per element, or an unknown length, is ?)."""
+        dims = ",".join("?" if isinstance(d, str) and is_unknown(d) else str(d) for d in self.elem.shape)
+        n = "" if isinstance(self.length, str) and is_unknown(self.length) else f" of length {self.length}"
+        return f"a list{n} of {self.elem.dtype}[{dims}]"
+
     def to_json(self):
         return {"list": self.elem.to_json(), "length": self.length}
 
