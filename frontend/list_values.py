@@ -1,10 +1,8 @@
 """What a list of tensors is in the frontend: `TensorList` while tracing (a proxy of a list value, like
 `Tensor` for tensors), `ArrayList` eagerly (a Python list of numpy arrays that also knows its `ListType`), and
-`ListSpec`, the spec of a list input of `dt.trace`. Both value kinds are one leaf for the tree of a function's
+`ListSpec` (in `tracer.py`, next to `TensorSpec`) the spec of a list input of `dt.trace`. Both value kinds are one leaf for the tree of a function's
 arguments and results (a Python list there is a nesting of several values). The list ops are in `lists.py`."""
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 from dyntvm.errors import TraceError
 
@@ -69,36 +67,3 @@ class ArrayList(list):
     def dtype(self):
         import numpy as np
         return np.dtype(self.type.dtype)
-
-
-@dataclass(frozen=True)
-class ListSpec:
-    """The spec of a list input: the spec of its elements (a `dt.TensorSpec`; a None dim may differ from element
-    to element, a named one is shared with the other inputs) and its length (an int, a symbol name, or None: any).
-
-    Example:
-        >>> dt.trace(f, dt.ListSpec(dt.TensorSpec((None, 4))), dt.TensorSpec(("N",)))
-    """
-
-    elem: object
-    length: object = None
-    name: str | None = None
-
-    def __post_init__(self):
-        from ..ir.types import check_dim
-        from .tracer import TensorSpec
-        if not isinstance(self.elem, TensorSpec):
-            raise TraceError(f"ListSpec: elem must be a dt.TensorSpec (the spec of every element), got "
-                             f"{type(self.elem).__name__}")
-        if self.length is not None:
-            try:
-                object.__setattr__(self, "length", check_dim(self.length))
-            except (TypeError, ValueError) as e:
-                raise TraceError(f"ListSpec: length: {e}") from None
-        if self.name is None and self.elem.name:
-            object.__setattr__(self, "name", self.elem.name)
-
-    def to_type(self) -> ListType:
-        from ..ir.types import TensorType, fresh_dim
-        elem = TensorType(tuple(fresh_dim() if d is None else d for d in self.elem.shape), self.elem.dtype)
-        return ListType(elem, fresh_dim("_in") if self.length is None else self.length)

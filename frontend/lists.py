@@ -59,11 +59,15 @@ def _apply(api: str, op: str, args: list, attrs=None) -> list:
     return [ArrayList(r, t) if isinstance(t, ListType) else r for r, t in zip(res, out_types)]
 
 
-def _list_arg(api: str, lst):
-    """`lst` as a list value: a TensorList / ArrayList as it is, a Python list or tuple of tensors made one."""
+def _list_arg(api: str, lst, like=None):
+    """`lst` as a list value: a TensorList / ArrayList as it is, a Python list or tuple of tensors made one (an
+    empty one holding tensors of the dtype and rank of `like`, the tensor going into it)."""
     if isinstance(lst, (TensorList, ArrayList)):
         return lst
     if isinstance(lst, (list, tuple)):
+        if not lst and like is not None:
+            like = like if isinstance(like, Tensor) else as_array(like)
+            return list_empty(np.dtype(like.dtype).name, len(like.shape))
         if not lst:
             raise trace_error(f"{api}: an empty Python list has no dtype; make it with F.list_empty(dtype, rank)")
         return make_list(*lst)
@@ -105,13 +109,13 @@ def make_list(*tensors):
 
 def list_append(lst, x):
     """A new list: `lst` with `x` at the end."""
-    return _apply("list_append", "list_append", [_list_arg("list_append", lst), x])[0]
+    return _apply("list_append", "list_append", [_list_arg("list_append", lst, x), x])[0]
 
 
 def list_insert(lst, x, pos):
     """A new list: `lst` with `x` inserted before position `pos` (``len(lst)`` appends; negative
     positions count from the end, -1 inserts before the last element)."""
-    return _apply("list_insert", "list_insert", [_list_arg("list_insert", lst), x, _position("list_insert", pos)])[0]
+    return _apply("list_insert", "list_insert", [_list_arg("list_insert", lst, x), x, _position("list_insert", pos)])[0]
 
 
 def list_erase(lst, pos=-1):

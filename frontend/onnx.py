@@ -36,8 +36,7 @@ from .onnx_ops import CONVERTERS, OnnxImportError, _np_dtype, _tensor
 from .onnx_schema import _n, check_declared, check_node
 from ..ir.types import is_unknown
 from . import F
-from .list_values import ListSpec
-from .tracer import Tensor, TensorSpec, source_hint, trace
+from .tracer import ListSpec, Tensor, TensorSpec, source_hint, trace
 
 __all__ = ["from_onnx", "unsupported_ops", "CONVERTERS", "OnnxImportError"]
 

@@ -21,7 +21,7 @@ from ..ir.tree import LEAF, num_leaves, tree_flatten, tree_unflatten
 from ..ir.list_type import ListType, value_dims
 from ..ir.types import TensorType, as_shape_dim, is_symbol, user_line
 from ..runtime.torch_inputs import is_torch_tensor, torch_to_numpy
-from .list_values import ListSpec, TensorList
+from .list_values import TensorList
 
 
 class _Builders(threading.local):
@@ -264,6 +264,38 @@ class TensorSpec:
     def to_type(self) -> TensorType:
         from ..ir.types import fresh_dim
         return TensorType(tuple(fresh_dim("_in") if d is None else d for d in self.shape), self.dtype)
+
+
+@dataclass(frozen=True)
+class ListSpec:
+    """The spec of a list input: the spec of its elements (a `dt.TensorSpec`; a None dim may differ from element
+    to element, a named one is shared with the other inputs) and its length (an int, a symbol name, or None: any).
+
+    Example:
+        >>> dt.trace(f, dt.ListSpec(dt.TensorSpec((None, 4))), dt.TensorSpec(("N",)))
+    """
+
+    elem: object
+    length: object = None
+    name: str | None = None
+
+    def __post_init__(self):
+        from ..ir.types import check_dim
+        if not isinstance(self.elem, TensorSpec):
+            raise TraceError(f"ListSpec: elem must be a dt.TensorSpec (the spec of every element), got "
+                             f"{type(self.elem).__name__}")
+        if self.length is not None:
+            try:
+                object.__setattr__(self, "length", check_dim(self.length))
+            except (TypeError, ValueError) as e:
+                raise TraceError(f"ListSpec: length: {e}") from None
+        if self.name is None and self.elem.name:
+            object.__setattr__(self, "name", self.elem.name)
+
+    def to_type(self) -> ListType:
+        from ..ir.types import TensorType, fresh_dim
+        elem = TensorType(tuple(fresh_dim() if d is None else d for d in self.elem.shape), self.elem.dtype)
+        return ListType(elem, fresh_dim("_in") if self.length is None else self.length)
 
 
 def as_spec(x) -> TensorSpec:
