@@ -133,10 +133,12 @@ def list_length(lst):
     return _apply("list_length", "list_length", [_list_arg("list_length", lst)])[0]
 
 
-def _join(api, lst, axis):
+def join(api, lst, axis, allow_empty: bool = True):
+    """list_stack / list_concat. An empty list gives an empty result where the element shape is known (every
+    dim an int) and `allow_empty`; else it is an ExecutionError (ONNX's ConcatFromSequence refuses one)."""
     lst = _list_arg(api, lst)
     elem = lst.type.elem
-    static = all(isinstance(d, int) for d in elem.shape)
+    static = allow_empty and all(isinstance(d, int) for d in elem.shape)
     try:
         attrs = ListJoinAttrs(axis, elem.dtype, elem.shape if static else None)
     except (TypeError, ValueError) as e:
@@ -145,13 +147,14 @@ def _join(api, lst, axis):
 
 
 def list_stack(lst, axis=0):
-    """The tensors of `lst` (all of one shape) stacked along a new axis `axis`."""
-    return _join("list_stack", lst, axis)
+    """The tensors of `lst` (all of one shape) stacked along a new axis `axis`. An empty list gives an empty
+    tensor where every element dim is known (``F.list_empty("float32", (4,))``), else an ExecutionError."""
+    return join("list_stack", lst, axis)
 
 
 def list_concat(lst, axis=0):
     """The tensors of `lst` joined along their axis `axis`."""
-    return _join("list_concat", lst, axis)
+    return join("list_concat", lst, axis)
 
 
 def split_to_list(x, split=None, axis=0, keepdims=True):

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import F
-from . import onnx_seq_runtime as rt
+from . import lists, onnx_seq_runtime as rt
 from .list_values import TensorList
 from .onnx_ops import OnnxImportError, _const, _is_const, _rank, _shape, converter
 
@@ -160,7 +160,7 @@ def _concat_from_sequence(ins, a, ctx, env, node):
     seq = _seq(ins[0], node)
     if rt.is_runtime(seq):
         axis, new_axis = a["axis"], bool(a.get("new_axis", 0))
-        return F.list_stack(seq, axis) if new_axis else F.list_concat(seq, axis)
+        return lists.join("list_stack" if new_axis else "list_concat", seq, axis, allow_empty=False)   # as ORT
     if not seq:
         raise OnnxImportError("ConcatFromSequence of an empty sequence (its result has no known dtype or shape)")
     axis, new_axis = a["axis"], bool(a.get("new_axis", 0))

@@ -52,9 +52,9 @@ def list_length(a, lst):
 def _join(a, lst, fn, what):
     if not lst:
         if a.empty_shape is None:
-            raise ValueError(f"{what} of an empty list whose element shape is not known (the result's shape "
-                             "would be a guess); check F.list_length first, or make the list with "
-                             "F.list_empty(dtype, shape) giving every element dim")
+            raise ValueError(f"{what} of an empty list: no tensor gives the result's shape (check the list's "
+                             "length first; F.list_stack of a list made by F.list_empty(dtype, shape) with every "
+                             "element dim given is an empty tensor)")
         shape = list(a.empty_shape)
         if fn is np.stack:
             shape.insert(a.axis % (len(shape) + 1), 0)
