@@ -494,7 +494,7 @@ class _EagerBody:
 
 def _foreach_eager(body, data_leaves, st_leaves, st_spec, call, slice_types, valid_length):
     data = [as_array(d) for d in data_leaves]
-    states = [as_array(s) for s in st_leaves]
+    states = [s if isinstance(s, ArrayList) else as_array(s) for s in st_leaves]
     step = _EagerBody("foreach", body, call, st_spec, slice_types + [_leaf_type(s) for s in states],
                       ("new_states", "init_states", _FOREACH_RULE, "states"))
     stacked, states = _rule(lambda: runner.foreach(step, data, states, [], step.types, valid_length=None if

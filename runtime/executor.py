@@ -21,7 +21,7 @@ from tvm_ffi._ffi_api import ArrayGetItem
 from dyntvm.errors import CompileError, ExecutionError
 
 from ..ir.graph import Graph, Node
-from ..ir.list_type import value_dims, value_shape
+from ..ir.list_type import ListType, value_dims, value_shape
 from ..ir.ops import mask_gather_name
 from ..ir.ops_lists import LIST_OPS
 from ..ir.types import eval_dim
@@ -424,7 +424,7 @@ class Executor:
         writeable: `_direct_rows`). A step then costs the region call and little more. None for other bodies,
         on a device, and while validating or profiling (the plan does those)."""
         if self.validate or self.profiling or self.pl is not None or self.vm is None or len(g.nodes) != 1 or \
-                g.nodes[0].op != "region":
+                g.nodes[0].op != "region" or any(isinstance(v.type, ListType) for v in g.inputs):   # lists: no TVM
             return None
         region = g.nodes[0]
         pos = {v: k for k, v in enumerate(g.inputs)}

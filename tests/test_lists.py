@@ -237,3 +237,17 @@ def test_list_spec_length_and_shared_symbols():
         m([a, b[:1]], a)
     with pytest.raises(dt.TraceError, match=r"ListSpec: elem must be a dt.TensorSpec"):
         dt.ListSpec((None, 3))
+
+
+def shifted_rows(xs):
+    """foreach carrying a list: each row + 1 appended; a list carried through a while_loop untouched."""
+    ys, (lst,) = F.foreach(lambda row, st: (row * 2.0, [F.list_append(st[0], row + 1.0)]), xs,
+                           [F.list_empty("float32", (2,))])
+    _, same_list = F.while_loop(lambda i, lst: i < 2, lambda i, lst: (i + 1, lst), [np.asarray(0, np.int64), lst])
+    return ys, F.list_stack(same_list, 0), F.list_length(lst)
+
+
+@pytest.mark.parametrize("t", [0, 1, 5])
+def test_foreach_and_while_loop_carry_lists(t):
+    xs = RNG.standard_normal((t, 2)).astype(np.float32)
+    all_ways(shifted_rows, (dt.TensorSpec(("T", 2)),), (xs,), [xs * 2, xs + 1, np.asarray(t, np.int64)])
