@@ -20,6 +20,7 @@ import numpy as np
 
 from . import F
 from . import lists, onnx_seq_runtime as rt
+from ..runtime.kernels_lists import split_sizes
 from .list_values import TensorList
 from .onnx_ops import OnnxImportError, _const, _is_const, _rank, _shape, converter
 
@@ -187,18 +188,10 @@ def _split_to_sequence(ins, a, ctx, env, node):
     if split is not None and (split.dtype.kind not in "iu" or split.ndim > 1):
         raise OnnxImportError(f"SplitToSequence: split must be an integer scalar or 1-d tensor, got {split.dtype} "
                               f"{split.shape}")
-    if split is None:
-        sizes = [1] * dim
-    elif split.ndim == 0:
-        s = int(split)
-        if s <= 0:
-            raise OnnxImportError(f"SplitToSequence: split {s} must be positive")
-        sizes = [s] * (dim // s) + ([dim % s] if dim % s else [])
-    else:
-        sizes = [int(s) for s in split.reshape(-1)]
-        if any(s < 0 for s in sizes) or sum(sizes) != dim:
-            raise OnnxImportError(f"SplitToSequence: split {sizes} must be non-negative sizes adding up to the "
-                                  f"axis' size {dim}")
+    try:
+        sizes = split_sizes(int(dim), split)
+    except ValueError as e:
+        raise OnnxImportError(f"SplitToSequence: {e}") from None
     pieces = [x] if len(sizes) == 1 else [] if not sizes else \
         F.split(x, [int(v) for v in np.cumsum(sizes)[:-1]], axis=axis)
     pieces = list(pieces)

@@ -79,22 +79,30 @@ def list_concat(a, lst):
     return _join(a, lst, np.concatenate, "list_concat")
 
 
+def split_sizes(n: int, split) -> list:
+    """The sizes of the pieces of an axis of size `n` (ONNX SplitToSequence's rule): 1 each for no `split`; a
+    scalar: pieces of that size, the last one smaller; a 1-d split: its entries (adding up to `n`)."""
+    if split is None:
+        return [1] * n
+    split = np.asarray(split)
+    if split.ndim == 0:
+        s = int(split)
+        if s <= 0:
+            raise ValueError(f"split {s} must be positive")
+        return [s] * (n // s) + ([n % s] if n % s else [])
+    sizes = [int(v) for v in split.reshape(-1)]
+    if any(v < 0 for v in sizes) or sum(sizes) != n:
+        raise ValueError(f"split {sizes} must be non-negative sizes adding up to the axis' size {n}")
+    return sizes
+
+
 def split_to_list(a, x, split=None):
     ax = a.axis % x.ndim
     n = x.shape[ax]
     if split is None:
         pieces = np.split(x, n, axis=ax) if n else []
         return ([p if a.keepdims else np.squeeze(p, ax) for p in pieces],)
-    split = np.asarray(split)
-    if split.ndim == 0:
-        s = int(split)
-        if s <= 0:
-            raise ValueError(f"split_to_list: split {s} must be positive")
-        sizes = [s] * (n // s) + ([n % s] if n % s else [])
-    else:
-        sizes = [int(v) for v in split]
-        if any(v < 0 for v in sizes) or sum(sizes) != n:
-            raise ValueError(f"split_to_list: split {sizes} must be non-negative sizes adding up to the axis' size {n}")
+    sizes = split_sizes(n, split)
     bounds = np.cumsum([0] + sizes)
     index = [slice(None)] * x.ndim
     out = []

@@ -11,7 +11,7 @@ import dyntvm as dt
 from onnx import TensorProto as TP  # noqa: E402
 from onnx import helper as h  # noqa: E402
 
-from test_onnx_seq import _loop_seq_model, model_of, seq_vi, vi   # noqa: E402  (the models' helpers)
+from test_onnx_seq import _loop_seq_model, model_of, same, seq_vi, vi   # noqa: E402  (the models' helpers)
 
 ort = pytest.importorskip("onnxruntime")
 RNG = np.random.default_rng(1)
@@ -27,17 +27,6 @@ def i64(v):
 
 def list_ops(graph) -> set:
     return {n.op for n in graph.walk() if n.op.startswith("list_") or n.op in ("make_list", "split_to_list")}
-
-
-def same(got, want):
-    if isinstance(want, list):
-        assert isinstance(got, list) and len(got) == len(want), (type(got), want)
-        for a, b in zip(got, want):
-            same(a, b)
-        return
-    got = np.asarray(got)
-    assert got.shape == want.shape and got.dtype == want.dtype, (got.shape, want.shape, got.dtype, want.dtype)
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
 def check(model, feeds: list, input_shapes=None):
