@@ -251,3 +251,13 @@ def shifted_rows(xs):
 def test_foreach_and_while_loop_carry_lists(t):
     xs = RNG.standard_normal((t, 2)).astype(np.float32)
     all_ways(shifted_rows, (dt.TensorSpec(("T", 2)),), (xs,), [xs * 2, xs + 1, np.asarray(t, np.int64)])
+
+
+def test_a_region_with_symbolic_attrs_next_to_a_list_input():
+    """A region needing a value that binds N (F.arange of x.shape[0]) never takes the list input for it."""
+    def f(lst, x):
+        return F.list_concat(lst, 0), F.arange(x.shape[0]) * 2 + F.list_length(lst)
+    g, m = compiled(f, ROWS, dt.TensorSpec(("N",)))
+    for n, sizes in [(0, (1,)), (3, (2, 0))]:
+        lst = rows(*sizes)
+        same(list(m(lst, np.zeros(n, np.float32))), [np.concatenate(lst), np.arange(n) * 2 + len(sizes)])
