@@ -37,7 +37,7 @@ def virtual_machine(lib, device: str = "cpu"):
 
 def signature(graph: Graph) -> str:
     """The model's arguments, nested as traced, e.g. ``(x: float32[N,3], [h: float32[8], c: float32[8]])``."""
-    labels = iter(f"{v.name}: {v.type}" for v in graph.inputs)
+    labels = iter(f"{v.name}: {v.type.describe() if isinstance(v.type, ListType) else v.type}" for v in graph.inputs)
 
     def go(s):
         if s == LEAF:
