@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from dyntvm.errors import TraceError
+
 from . import F, onnx_seq
 from . import onnx_seq_runtime as seq_rt
 from .onnx_ops import OnnxImportError, _is_const, _rank, _scalar_bool, _shape, converter
@@ -31,19 +33,27 @@ def _if(ins, a, ctx, env, node):
 @converter("Loop")
 def _loop(ins, a, ctx, env, node):
     body = a["body"].g
-    if any(onnx_seq.is_structured(v) for v in ins[2:]):      # carries a sequence / optional: unrolled if it can be
-        check_loop_body(body, len(ins) - 2, node)
-        if not any(seq_rt.is_runtime(v) for v in ins[2:]):
-            try:
-                with seq_rt.rollback():
-                    return onnx_seq.unroll_loop(ins, a, ctx, env, node)
-            except OnnxImportError as e:
-                if not any(w in str(e) for w in (onnx_seq.KNOWN, "unrolled when the model is imported")) or \
-                        any(v is onnx_seq.EMPTY for v in ins[2:]):
-                    raise
-        ins = ins[:2] + seq_rt.runtime_carries(        # else a loop carrying run-time lists
+    if not any(onnx_seq.is_structured(v) for v in ins[2:]) or any(seq_rt.is_runtime(v) for v in ins[2:]):
+        return _as_while_loop(ins, a, ctx, env, node)
+    check_loop_body(body, len(ins) - 2, node)        # carries a sequence / optional: unrolled if it can be
+    try:
+        with seq_rt.rollback():
+            return onnx_seq.unroll_loop(ins, a, ctx, env, node)
+    except OnnxImportError as e:
+        if not any(w in str(e) for w in (onnx_seq.KNOWN, "unrolled when the model is imported")) or \
+                any(v is onnx_seq.EMPTY for v in ins[2:]):
+            raise
+        why = e
+    try:                                             # else a loop carrying run-time lists
+        return _as_while_loop(ins[:2] + seq_rt.runtime_carries(
             list(ins[2:]), body, lambda: ctx.run_graph(body, env, [np.asarray(0, np.int64), np.asarray(True),
-                                                                   *ins[2:]]))
+                                                                   *ins[2:]])), a, ctx, env, node)
+    except (OnnxImportError, TraceError) as e:
+        raise OnnxImportError(f"{why}; as a loop carrying run-time lists it does not convert either: {e}") from None
+
+
+def _as_while_loop(ins, a, ctx, env, node):
+    body = a["body"].g
     trip, cond0, carried = ins[0], ins[1], list(ins[2:])
     n_carried = len(carried)
     n_scan = len(body.output) - 1 - n_carried
