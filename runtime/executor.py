@@ -313,7 +313,10 @@ class Executor:
         subgraph cannot keep a moved value in its caller's slots, so each subgraph would copy it again)."""
         if self.pl is None:
             return lambda slots: [slots[i] for i in ins]
-        to_device = self.pl.to_device
+        move = self.pl.to_device
+
+        def to_device(x):                     # a list stays a list of tensors there
+            return [move(e) for e in x] if isinstance(x, list) else move(x)
 
         def args_of(slots):
             for i in ins:
@@ -325,7 +328,7 @@ class Executor:
         """A loop's captures, made tensors of the kernels' device once per loop, not once per step."""
         if self.pl is not None:
             return self._branch_args(ins)
-        return lambda slots: [to_tvm(slots[i]) for i in ins]
+        return lambda slots: [slots[i] if isinstance(slots[i], list) else to_tvm(slots[i]) for i in ins]
 
     def _make_foreach(self, n: Node, ins, outs, g):
         a = n.attrs

@@ -127,3 +127,25 @@ def test_known_sequences_keep_the_import_time_path():
     m = _loop_seq_model(trip=3)
     g = check(m, [{"x": f32(n)} for n in (3, 5, 8)])
     assert not list_ops(g) and "while_loop" not in {n.op for n in g.walk()}
+
+
+# ONNX backend node tests with sequence inputs, imported without input_shapes: the sequences are run-time lists of
+# any length (tests/test_onnx_conformance.py fixes their lengths and element shapes, the import-time path)
+RUN_TIME_LIST_CASES = ["test_optional_get_element_sequence", "test_sequence_map_extract_shapes_expanded",
+                       "test_sequence_map_identity_1_sequence_1_tensor_expanded",
+                       "test_sequence_map_identity_1_sequence_expanded", "test_sequence_map_identity_2_sequences_expanded"]
+
+
+@pytest.mark.slow                   # imports the conformance cases (all of onnx's node tests)
+@pytest.mark.parametrize("name", RUN_TIME_LIST_CASES)
+def test_backend_cases_with_sequence_inputs_of_any_length(name):
+    from test_onnx_conformance import CASES, _array, _compare
+    case = next(c for c in CASES if c.name == name)
+    graph = dt.from_onnx(case.model)
+    assert any(type(v.type).__name__ == "ListType" for v in graph.inputs)
+    model = dt.compile(graph)
+    for inputs, outputs in case.data_sets:
+        got = model(*[_array(v) for v in inputs])
+        got = list(got) if len(outputs) > 1 else [got]
+        for k, (a, b) in enumerate(zip(got, [_array(v) for v in outputs])):
+            _compare(a, b, case, f"output {k}")
