@@ -57,8 +57,10 @@ class Interpreter:
             if dtype != v.type.dtype or not shape_matches(v.type, np.shape(a), env):
                 raise InputError(f"graph {g.name!r}: input {i} (%{v.name}) must be {v.type}, got "
                                  f"{dtype}{list(np.shape(a))}" + (f" (symbols so far: {env})" if env else ""))
-        tensors = [(v.type, np.shape(a)) for v, a in zip(g.inputs, args) if not isinstance(v.type, ListType)]
-        for i, ax, d, size in expression_dim_errors([t for t, _ in tensors], [s for _, s in tensors], env):
+        tensors = [k for k, v in enumerate(g.inputs) if not isinstance(v.type, ListType)]
+        for k, ax, d, size in expression_dim_errors([g.inputs[i].type for i in tensors],
+                                                    [np.shape(args[i]) for i in tensors], env):
+            i = tensors[k]
             raise InputError(f"graph {g.name!r}: input {i} (%{g.inputs[i].name}) axis {ax} has size {size}, which "
                              f"does not fit its dim {d} (symbols: {env})")
         return self.run_graph(g, list(args))

@@ -127,8 +127,9 @@ def check_inputs(graph: Graph, args: tuple) -> list:
         else:
             raise InputError(f"{label}: unsupported dtype {x.dtype}")
         out.append(x)
-    tensors = [(t, x.shape) for t, x in zip(types, out) if not isinstance(t, ListType)]
-    for i, ax, d, size in expression_dim_errors([t for t, _ in tensors], [s for _, s in tensors], env):
+    tensors = [k for k, t in enumerate(types) if not isinstance(t, ListType)]      # (a list's dims are its own)
+    for k, ax, d, size in expression_dim_errors([types[i] for i in tensors], [out[i].shape for i in tensors], env):
+        i = tensors[k]
         name = f"input {i} ({names[i]!r})" if names[i] else f"input {i}"
         raise InputError(f"{name}: axis {ax} has size {size}, which does not fit its dim {d} (spec {types[i]}; "
                          f"symbols: {env})")
