@@ -25,8 +25,15 @@ def _if(ins, a, ctx, env, node):
         outs = ctx.run_graph(then_g if bool(np.asarray(pred).reshape(-1)[0]) else else_g, env, [])
         return outs
     seen: list = []         # sequences / optionals in the outputs: the same structure in both branches
-    res = F.cond(_scalar_bool(pred), lambda: onnx_seq.cond_branch(ctx.run_graph(then_g, env, []), seen),
-                 lambda: onnx_seq.cond_branch(ctx.run_graph(else_g, env, []), seen))
+    try:
+        with seq_rt.rollback():
+            res = F.cond(_scalar_bool(pred), lambda: onnx_seq.cond_branch(ctx.run_graph(then_g, env, []), seen),
+                         lambda: onnx_seq.cond_branch(ctx.run_graph(else_g, env, []), seen))
+    except OnnxImportError as e:    # sequences of different lengths (or one known only at run time): run-time lists
+        if "different lengths" not in str(e):
+            raise
+        res = F.cond(_scalar_bool(pred), lambda: seq_rt.runtime_outputs(ctx.run_graph(then_g, env, []), then_g),
+                     lambda: seq_rt.runtime_outputs(ctx.run_graph(else_g, env, []), else_g))
     return list(res) if isinstance(res, (list, tuple)) else [res]
 
 

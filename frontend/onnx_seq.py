@@ -242,7 +242,7 @@ def cond_branch(outs: list, seen: list) -> tuple:
         if v is EMPTY:
             raise OnnxImportError(f"output {k} of a branch is an empty optional; with a condition computed from "
                                   f"the inputs both branches must yield values: the condition {KNOWN}")
-    lengths = [len(v) if isinstance(v, list) else None for v in outs]
+    lengths = [len(v) if isinstance(v, list) else "?" if isinstance(v, TensorList) else None for v in outs]
     if seen and seen[0] != lengths:
         raise OnnxImportError(f"the branches yield sequences of different lengths ({seen[0]} and {lengths}); "
                               f"with a condition computed from the inputs they must match: the condition {KNOWN}")

@@ -123,6 +123,13 @@ class _Probed(Exception):
         self.outs = outs
 
 
+def runtime_outputs(outs: list, graph) -> tuple:
+    """The outputs of a branch of an `If` whose branches yield sequences of different lengths: each sequence a
+    run-time list (an empty one typed as the branch declares it)."""
+    return tuple(to_runtime(v, declared=declared_elem(vi.type), what=f"the branch output {vi.name!r}")
+                 if isinstance(v, list) else v for v, vi in zip(outs, graph.output))
+
+
 def carried_like(v, init):
     """A body output carried where the loop's value is `init`: a Python list (a sequence the body built at import)
     made a run-time list when `init` is one."""

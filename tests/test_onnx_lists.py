@@ -149,3 +149,18 @@ def test_backend_cases_with_sequence_inputs_of_any_length(name):
         got = list(got) if len(outputs) > 1 else [got]
         for k, (a, b) in enumerate(zip(got, [_array(v) for v in outputs])):
             _compare(a, b, case, f"output {k}")
+
+
+def test_if_on_data_whose_branches_yield_sequences_of_different_lengths():
+    then_g = h.make_graph([h.make_node("SequenceConstruct", ["x", "x"], ["t"])], "then", [],
+                          [seq_vi("t", TP.FLOAT, ["N"])])
+    else_g = h.make_graph([h.make_node("Neg", ["x"], ["nx"]), h.make_node("SequenceConstruct", ["nx"], ["e"])], "else",
+                          [], [seq_vi("e", TP.FLOAT, ["N"])])
+    nodes = [h.make_node("ReduceSum", ["x"], ["s"], keepdims=0), h.make_node("Greater", ["s", "zero"], ["c"]),
+             h.make_node("If", ["c"], ["seq"], then_branch=then_g, else_branch=else_g),
+             h.make_node("SequenceLength", ["seq"], ["n"])]
+    m = model_of(nodes, [vi("x", TP.FLOAT, ["N"])], [seq_vi("seq", TP.FLOAT, ["N"]), vi("n", TP.INT64, [])],
+                 {"zero": np.asarray(0, np.float32)})
+    g = check(m, [{"x": x} for x in (np.ones(3, np.float32), -np.ones(2, np.float32), np.zeros(1, np.float32),
+                                     np.full(4, 2, np.float32))])
+    assert "make_list" in list_ops(g)
