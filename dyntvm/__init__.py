@@ -21,6 +21,7 @@ _LAZY = {
     "F": ("dyntvm.frontend.F", None),
     "trace": ("dyntvm.frontend.tracer", "trace"),
     "TensorSpec": ("dyntvm.frontend.tracer", "TensorSpec"),
+    "ListSpec": ("dyntvm.frontend.tracer", "ListSpec"),
     "Graph": ("dyntvm.ir.graph", "Graph"),
     "TensorType": ("dyntvm.ir.types", "TensorType"),
     "Interpreter": ("dyntvm.runtime.interpreter", "Interpreter"),

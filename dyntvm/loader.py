@@ -240,8 +240,13 @@ def random_inputs(graph, rng, sizes: dict | None = None, given: dict | None = No
     from .ir.types import eval_dim, is_symbol
     given = dict(given or {})
     env = dict(sizes or {})
+    from .ir.list_type import ListType
+    for v in graph.inputs:
+        if isinstance(v.type, ListType) and v.name not in given:
+            raise InputError(f"input {v.name!r} is {v.type.describe()}: random data is made for tensor inputs only; "
+                             "give this one (a list of arrays)")
     for v in graph.inputs:                       # bind symbols from the given arrays first
-        if v.name in given:
+        if v.name in given and not isinstance(v.type, ListType):
             for d, s in zip(v.type.shape, np.shape(given[v.name])):
                 if is_symbol(d):
                     env.setdefault(d, int(s))

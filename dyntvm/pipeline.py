@@ -172,7 +172,8 @@ def tune(fn_or_graph, *specs, target: str = "cpu", trials: int = 64, shape_hints
         graph = trace(fn_or_graph, *specs)
     else:
         raise CompileError(f"tune: expected a function or a dt.Graph, got {type(fn_or_graph).__name__}")
-    symbols = sorted({d for v in graph.inputs for d in v.type.shape if isinstance(d, str) and d.isidentifier()})
+    from .ir.list_type import value_dims
+    symbols = sorted({d for v in graph.inputs for d in value_dims(v.type) if isinstance(d, str) and d.isidentifier()})
     hints = _check_hints(shape_hints, symbols)
     pg = partition_graph(graph, selector)
     if not any(n.op == "region" for n in pg.walk()):

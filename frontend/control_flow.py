@@ -16,12 +16,15 @@ from ..ir import attrs as A
 from ..ir.graph import Graph, Node, Value
 from ..ir.shapes import ShapeError, unify_dims
 from ..ir.tree import tree_flatten, tree_str, tree_unflatten
-from ..ir.types import TensorType, dim_symbols, fresh_dim, is_symbol, is_unknown, join_types, set_dim_origin
+from ..ir.list_type import ListType, all_dims, join_carried, same_kind
+from ..ir.types import TensorType, dim_symbols, fresh_dim, is_symbol, is_unknown, set_dim_origin
 from ..runtime import control_flow as runner
 from ..runtime.control_flow import RuleError
-from .tracer import Builder, Tensor, as_array, current, finish_outputs, site, trace_error, tracing, user_source
+from .list_values import ArrayList, TensorList
+from .lists import constant_list
+from .tracer import Builder, Tensor, as_array, current, finish_outputs, site, trace_error, tracing, user_source, wrap
 
-_is_leaf = lambda x: isinstance(x, (Tensor, np.ndarray, np.generic))
+_is_leaf = lambda x: isinstance(x, (Tensor, np.ndarray, np.generic, TensorList, ArrayList))   # a list is one value
 
 
 # ------------------------------------------------------------------------------------- helpers
@@ -41,7 +44,7 @@ class SubTrace:
 def trace_sub(fn, in_types: list, in_spec, api: str, call=None) -> SubTrace:
     parent = current()
     with Builder(parent) as b:
-        args = [Tensor(b.new_input(t), b) for t in in_types]
+        args = [wrap(b.new_input(t), b) for t in in_types]
         out = (call or (lambda f, a: f(*a)))(fn, tree_unflatten(in_spec, args) if in_spec is not None else args)
         values, spec = finish_outputs(b, out, api)
     return SubTrace(b, list(b.inputs), values, spec)
@@ -58,10 +61,25 @@ def union_captures(subs) -> list:
 
 
 def _leaf_type(x) -> TensorType:
-    if isinstance(x, Tensor):
+    if isinstance(x, (Tensor, TensorList, ArrayList)):
         return x.type
     a = as_array(x)          # the dtype the leaf gets as a constant (Python float -> float32)
     return TensorType(a.shape, a.dtype.name)
+
+
+_LIST_STEP = ("a per-step output is a list: per-step outputs are stacked into one tensor; carry the list as a "
+              "loop variable instead (F.list_append in the body)")
+
+
+def _is_seq(x) -> bool:
+    """A Python nesting of values (a tuple or list), not a list value (`ArrayList`)."""
+    return isinstance(x, (tuple, list)) and not isinstance(x, ArrayList)
+
+
+def _step_output(api: str, x):
+    if isinstance(x, ArrayList):
+        raise trace_error(f"{api}: {_LIST_STEP}")
+    return as_array(x)
 
 
 def _eager_outputs(out):
@@ -90,7 +108,8 @@ def _traced_pred_check(api: str, what: str, sub: SubTrace):
 
 
 def _flat_values(b: Builder, leaves) -> list:
-    return [b.lift(x.value) if isinstance(x, Tensor) else b.constant(as_array(x)) for x in leaves]
+    return [b.lift(x.value) if isinstance(x, (Tensor, TensorList)) else constant_list(b, x) if
+            isinstance(x, ArrayList) else b.constant(as_array(x)) for x in leaves]
 
 
 def _check_same(api, what, spec_a, types_a, spec_b, types_b, names=("first", "second"), allow_shape=True):
@@ -98,7 +117,7 @@ def _check_same(api, what, spec_a, types_a, spec_b, types_b, names=("first", "se
         raise trace_error(f"{api}: {what} must have the same structure; {names[0]} is {tree_str(spec_a)} and "
                           f"{names[1]} is {tree_str(spec_b)}")
     for i, (x, y) in enumerate(zip(types_a, types_b)):
-        if x.dtype != y.dtype or x.ndim != y.ndim:
+        if not same_kind(x, y):
             raise trace_error(f"{api}: {what} must have the same dtype and rank; output {i} is {x} in the "
                               f"{names[0]} and {y} in the {names[1]}")
 
@@ -107,7 +126,7 @@ def _emit(op, attrs, inputs, out_types, subgraphs) -> list:
     b = current()
     node = Node(op, tuple(b.lift(v) for v in inputs), attrs, tuple(Value(t) for t in out_types),
                 tuple(subgraphs), source=user_source())
-    return [Tensor(v, b) for v in b.add_node(node)]
+    return [wrap(v, b) for v in b.add_node(node)]
 
 
 # ----------------------------------------------------------------------------------------- cond
@@ -141,7 +160,7 @@ def _join_branches(api, subs, names) -> list:
     for s, nm in zip(subs[1:], names[1:]):
         other = [v.type for v in s.outputs]
         _check_same(api, "branches", first.spec, types, s.spec, other, (names[0], nm))
-        types = [join_types(a, b) if a != b else a for a, b in zip(types, other)]
+        types = [join_carried(a, b) if a != b else a for a, b in zip(types, other)]
     return types
 
 
@@ -236,10 +255,10 @@ def _state_types_fixpoint(api, body_trace, in_types, rule, slot):
     for _ in range(4):
         sub, new_types = body_trace(types)
         _check_carried(api, rule, slot, types, new_types)
-        joined = [join_types(a, b, made) for a, b in zip(types, new_types)]
+        joined = [join_carried(a, b, made) for a, b in zip(types, new_types)]
         if joined == types:
             return sub, types, made
-        new = {d for t in joined for d in t.shape} - {d for t in types for d in t.shape}
+        new = {d for t in joined for d in all_dims(t)} - {d for t in types for d in all_dims(t)}
         _name_varying_dims(api, slot, joined, new)
         made |= new
         types = joined
@@ -249,15 +268,19 @@ def _state_types_fixpoint(api, body_trace, in_types, rule, slot):
 def _name_varying_dims(api, slot, types, new) -> None:
     where = site(user_source())
     for i, t in enumerate(types):
-        for ax, d in enumerate(t.shape):
+        if isinstance(t, ListType):
+            named = [(t.length, "the length"), *((d, f"axis {ax} of an element") for ax, d in enumerate(t.elem.shape))]
+        else:
+            named = [(d, f"axis {ax}") for ax, d in enumerate(t.shape)]
+        for d, what in named:
             if d in new:
-                set_dim_origin(d, f"axis {ax} of {slot}[{i}] of {api} at {where} (it changes between iterations)")
+                set_dim_origin(d, f"{what} of {slot}[{i}] of {api} at {where} (it changes between iterations)")
 
 
 def _check_carried(api, rule, slot, old_types, new_types):
     """Loop-carried values keep dtype and rank (traced types, or the types of eager values)."""
     for i, (a, b) in enumerate(zip(old_types, new_types)):
-        if a.dtype != b.dtype or a.ndim != b.ndim:
+        if not same_kind(a, b):
             raise trace_error(f"{api}: {rule}; {slot}[{i}] is {a} in and {b} out")
 
 
@@ -270,6 +293,8 @@ def _check_structure(api, new_name, init_name, got, expected):
 def _stacked_type(lead, t: TensorType, varying: set) -> TensorType:
     """Type of per-step outputs of type `t` stacked on a new axis of size `lead`; a dim that refers to
     a loop-carried dim which varies between iterations is unknown outside the loop."""
+    if isinstance(t, ListType):
+        raise trace_error(_LIST_STEP)
     dims = tuple(fresh_dim(origin=f"axis {ax + 1} of a stacked per-step output (it changes between iterations)")
                  if isinstance(d, str) and dim_symbols(d) & varying else d for ax, d in enumerate(t.shape))
     return TensorType((lead,) + dims, t.dtype)
@@ -333,7 +358,7 @@ def foreach(body, data, init_states, valid_length=None):
     def call(f, args):
         xs, states = args[:len(data_leaves)], args[len(data_leaves):]
         res = f(list(xs) if data_list else xs[0], tree_unflatten(st_spec, list(states)))
-        if not (isinstance(res, (tuple, list)) and len(res) == 2):
+        if not (_is_seq(res) and len(res) == 2):
             raise trace_error("foreach: body must return a pair (outputs, new_states)")
         return tuple(res)
 
@@ -461,11 +486,11 @@ class _EagerBody:
         new_leaves, new_spec = tree_flatten(new, is_leaf=_is_leaf)
         new_name, init_name, rule, slot = self.names
         _check_structure(self.api, new_name, init_name, new_spec, self.carry_spec)
-        new_leaves = [as_array(x) for x in new_leaves]
+        new_leaves = [x if isinstance(x, ArrayList) else as_array(x) for x in new_leaves]
         carried = args[self.n_in - len(new_leaves):self.n_in]
-        if any(a.dtype != b.dtype or a.ndim != b.ndim for a, b in zip(carried, new_leaves)):
+        if any(not same_kind(_leaf_type(a), _leaf_type(b)) for a, b in zip(carried, new_leaves)):
             _check_carried(self.api, rule, slot, [_leaf_type(a) for a in carried], [_leaf_type(b) for b in new_leaves])
-        return [as_array(x) for x in out_leaves] + new_leaves
+        return [_step_output(self.api, x) for x in out_leaves] + new_leaves
 
     def types(self) -> Graph:
         """The body traced on the types it would have been called with (dims of size 0 traced as a symbol,
@@ -477,13 +502,14 @@ class _EagerBody:
             res = self.call(self.fn, list(args))
             self.out_spec = tree_flatten(res[0], is_leaf=_is_leaf)[1]
             return res
-        return _trace_fn(fn, *[TensorType(tuple(zero if d == 0 else d for d in t.shape), t.dtype)
+        return _trace_fn(fn, *[t if isinstance(t, ListType) else
+                               TensorType(tuple(zero if d == 0 else d for d in t.shape), t.dtype)
                                for t in self.in_types])
 
 
 def _foreach_eager(body, data_leaves, st_leaves, st_spec, call, slice_types, valid_length):
     data = [as_array(d) for d in data_leaves]
-    states = [as_array(s) for s in st_leaves]
+    states = [s if isinstance(s, ArrayList) else as_array(s) for s in st_leaves]
     step = _EagerBody("foreach", body, call, st_spec, slice_types + [_leaf_type(s) for s in states],
                       ("new_states", "init_states", _FOREACH_RULE, "states"))
     stacked, states = _rule(lambda: runner.foreach(step, data, states, [], step.types, valid_length=None if
@@ -565,17 +591,17 @@ def while_loop(cond_fn, body_fn, loop_vars, max_iterations=None):
 def _body_form(res, lv_spec):
     """(form, step outputs, new loop vars as a list) of what a while_loop body returned, or None."""
     def as_vars(x):
-        x = list(x) if isinstance(x, (tuple, list)) else [x]
+        x = list(x) if _is_seq(x) else [x]
         return x if tree_flatten(x, is_leaf=_is_leaf)[1] == lv_spec else None
-    if isinstance(res, (tuple, list)) and len(res) == 2 and (as_vars(res[1]) is not None or as_vars(res) is None):
+    if _is_seq(res) and len(res) == 2 and (as_vars(res[1]) is not None or as_vars(res) is None):
         new = res[1]        # a pair (new vars of another structure are refused by the caller's checks)
-        return "a pair", res[0], list(new) if isinstance(new, (tuple, list)) else [new]
+        return "a pair", res[0], list(new) if _is_seq(new) else [new]
     new = as_vars(res)
     return None if new is None else ("new loop vars", [], new)
 
 
 def _while_eager(cond_fn, body_fn, lv_leaves, lv_spec, call_body, call_cond, max_iterations, form):
-    loop_vars = [as_array(v) for v in lv_leaves]
+    loop_vars = [v if isinstance(v, ArrayList) else as_array(v) for v in lv_leaves]
 
     def cond_run(args):
         c = call_cond(cond_fn, args)

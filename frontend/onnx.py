@@ -37,7 +37,7 @@ from .onnx_schema import _n, check_declared, check_node
 from ..ir.dim_checks import undeclared_symbols
 from ..ir.types import is_unknown
 from . import F
-from .tracer import Tensor, TensorSpec, source_hint, trace
+from .tracer import ListSpec, Tensor, TensorSpec, source_hint, trace
 
 __all__ = ["from_onnx", "unsupported_ops", "CONVERTERS", "OnnxImportError"]
 
@@ -100,6 +100,16 @@ def _unnamed_dims(g, skip: set) -> dict:
     return out
 
 
+def _list_spec(vi, tt, name: str) -> ListSpec:
+    """A sequence input of any length, a run-time list: its elements of the declared dtype and rank, each dim a
+    declared int or free (a dim_param of an element is not shared between elements)."""
+    if not tt.HasField("shape"):
+        raise OnnxImportError(f"from_onnx: sequence input {vi.name!r} declares no element shape (its rank is "
+                              f"unknown); give the element shapes with input_shapes={{{vi.name!r}: [shape, ...]}}")
+    dims = tuple(d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim)
+    return ListSpec(TensorSpec(dims, _np_dtype(tt.elem_type, f"input {vi.name!r}").name), name=name)
+
+
 def _input_specs(model, input_shapes, constants=()) -> list:
     """One TensorSpec per tensor input, a list of them (one per element) per sequence input."""
     init = {t.name for t in model.graph.initializer} | set(constants)
@@ -121,6 +131,9 @@ def _input_specs(model, input_shapes, constants=()) -> list:
         given = shapes.pop(vi.name, _NOT_GIVEN)
         if kind == "tensor":
             specs.append(spec(vi, tt, given, repr(vi.name), _symbol(vi.name)))
+            continue
+        if given is _NOT_GIVEN or isinstance(given, ListSpec):      # a run-time list: any length
+            specs.append(given if isinstance(given, ListSpec) else _list_spec(vi, tt, _symbol(vi.name)))
             continue
         if not isinstance(given, list) or not all(isinstance(s, (tuple, list)) for s in given):
             raise InputError(f"from_onnx: input {vi.name!r} is a sequence: give its length and element shapes "

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from dyntvm.errors import TraceError
+
 from . import F, onnx_seq
+from . import onnx_seq_runtime as seq_rt
 from .onnx_ops import OnnxImportError, _is_const, _rank, _scalar_bool, _shape, converter
 
 
@@ -22,16 +25,41 @@ def _if(ins, a, ctx, env, node):
         outs = ctx.run_graph(then_g if bool(np.asarray(pred).reshape(-1)[0]) else else_g, env, [])
         return outs
     seen: list = []         # sequences / optionals in the outputs: the same structure in both branches
-    res = F.cond(_scalar_bool(pred), lambda: onnx_seq.cond_branch(ctx.run_graph(then_g, env, []), seen),
-                 lambda: onnx_seq.cond_branch(ctx.run_graph(else_g, env, []), seen))
+    try:
+        with seq_rt.rollback():
+            res = F.cond(_scalar_bool(pred), lambda: onnx_seq.cond_branch(ctx.run_graph(then_g, env, []), seen),
+                         lambda: onnx_seq.cond_branch(ctx.run_graph(else_g, env, []), seen))
+    except OnnxImportError as e:    # sequences of different lengths (or one known only at run time): run-time lists
+        if "different lengths" not in str(e):
+            raise
+        res = F.cond(_scalar_bool(pred), lambda: seq_rt.runtime_outputs(ctx.run_graph(then_g, env, []), then_g),
+                     lambda: seq_rt.runtime_outputs(ctx.run_graph(else_g, env, []), else_g))
     return list(res) if isinstance(res, (list, tuple)) else [res]
 
 
 @converter("Loop")
 def _loop(ins, a, ctx, env, node):
-    if any(onnx_seq.is_structured(v) for v in ins[2:]):      # carries a sequence / optional: unrolled
-        check_loop_body(a["body"].g, len(ins) - 2, node)
-        return onnx_seq.unroll_loop(ins, a, ctx, env, node)
+    body = a["body"].g
+    if not any(onnx_seq.is_structured(v) for v in ins[2:]) or any(seq_rt.is_runtime(v) for v in ins[2:]):
+        return _as_while_loop(ins, a, ctx, env, node)
+    check_loop_body(body, len(ins) - 2, node)        # carries a sequence / optional: unrolled if it can be
+    try:
+        with seq_rt.rollback():
+            return onnx_seq.unroll_loop(ins, a, ctx, env, node)
+    except OnnxImportError as e:
+        if not any(w in str(e) for w in (onnx_seq.KNOWN, "unrolled when the model is imported")) or \
+                any(v is onnx_seq.EMPTY for v in ins[2:]):
+            raise
+        why = e
+    try:                                             # else a loop carrying run-time lists
+        return _as_while_loop(ins[:2] + seq_rt.runtime_carries(
+            list(ins[2:]), body, lambda: ctx.run_graph(body, env, [np.asarray(0, np.int64), np.asarray(True),
+                                                                   *ins[2:]])), a, ctx, env, node)
+    except (OnnxImportError, TraceError) as e:
+        raise OnnxImportError(f"{why}; as a loop carrying run-time lists it does not convert either: {e}") from None
+
+
+def _as_while_loop(ins, a, ctx, env, node):
     body = a["body"].g
     trip, cond0, carried = ins[0], ins[1], list(ins[2:])
     n_carried = len(carried)
@@ -53,7 +81,8 @@ def _loop(ins, a, ctx, env, node):
         c_new = np.asarray(True) if cond0 is None else _scalar_bool(outs[0])
         if _is_const(c_new):
             c_new = F.full((), bool(np.asarray(c_new)), dtype="bool")
-        return tuple(outs[1 + n_carried:]), [i + np.asarray(1, np.int64), c_new, *outs[1:1 + n_carried]]
+        new = [seq_rt.carried_like(v, init) for v, init in zip(outs[1:1 + n_carried], carried)]
+        return tuple(outs[1 + n_carried:]), [i + np.asarray(1, np.int64), c_new, *new]
     init = [F.full((), v.item(), dtype=v.dtype.name) if _is_const(v) and np.ndim(v) == 0 else v
             for v in [i0, c0, *carried]]
     try:

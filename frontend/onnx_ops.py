@@ -13,6 +13,7 @@ from dyntvm.errors import InputError
 from . import F
 from ..ir.ops_shape_tensors import ReshapeDynAttrs
 from ..ir.types import ShapeError, check_tensor_size, dim_bounds
+from .list_values import TensorList
 from .ops import apply
 from .shape_values import known_array, known_of
 from .tracer import Tensor
@@ -57,7 +58,7 @@ def _tensor(t, what: str = "initializer") -> np.ndarray:
 
 # ------------------------------------------------------------------------------------------ helpers
 def _is_const(x) -> bool:
-    return not isinstance(x, Tensor)
+    return not isinstance(x, (Tensor, TensorList))
 
 
 def _const(x, what: str, node) -> np.ndarray:

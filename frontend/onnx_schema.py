@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from .onnx_ops import OnnxImportError, _np_dtype
+from .list_values import TensorList
 from .onnx_seq import EMPTY
 
 
@@ -56,6 +57,8 @@ def type_str(v) -> str | None:
     if isinstance(v, list):
         inner = type_str(v[0]) if v else None
         return None if inner is None else f"seq({inner})"
+    if isinstance(v, TensorList):         # a sequence known when the model runs
+        return f"seq({type_str(np.empty(0, v.type.dtype))})"
     if getattr(v, "dtype", None) is None:
         return None
     try:
@@ -100,14 +103,18 @@ def check_declared(vi, v, check_dims: bool, where: str) -> None:
             return
         tp = tp.optional_type.elem_type
     if tp.HasField("sequence_type"):
+        if isinstance(v, TensorList):
+            _check_tensor(f"{where} output {vi.name!r}'s elements", tp.sequence_type.elem_type.tensor_type,
+                          np.empty((0,) * v.type.elem.ndim, v.type.dtype), None)
+            return
         if not isinstance(v, list):
             raise OnnxImportError(f"{where} output {vi.name!r} is declared a sequence, it is a tensor")
         for k, e in enumerate(v):       # the dtype only: the elements' shapes may differ, a declared one is loose
             _check_tensor(f"{where} output {vi.name!r}[{k}]", tp.sequence_type.elem_type.tensor_type, e, None)
     elif tp.HasField("tensor_type"):
-        if isinstance(v, list) or v is EMPTY:
+        if isinstance(v, (list, TensorList)) or v is EMPTY:
             raise OnnxImportError(f"{where} output {vi.name!r} is declared a tensor, it is "
-                                  f"{'a sequence' if isinstance(v, list) else 'an empty optional'}")
+                                  f"{'an empty optional' if v is EMPTY else 'a sequence'}")
         _check_tensor(f"{where} output {vi.name!r}", tp.tensor_type, v, check_dims)
 
 

@@ -1,22 +1,27 @@
 """The ONNX converters of sequences and optionals, registered into `onnx_ops.CONVERTERS` like the others.
 
-dyntvm graphs hold tensors only, so these types live at import time: a *sequence* is a Python list of the
-values of its elements (each a traced tensor or a numpy constant), an *optional* is its value when it has
-one and `EMPTY` when not. Every sequence op then resolves when the model is imported (a position, a length,
-the pieces of a split must be known then), and what reaches the graph are the element tensors. Graph inputs
-and outputs of sequence type are Python lists of arrays of the compiled model (their lengths fixed when
-imported, `from_onnx(input_shapes={name: [shape, ...]})`).
+A *sequence* is a Python list of the values of its elements (each a traced tensor or a numpy constant) while
+everything about it is known at import (its length, the positions it is read at, the pieces of a split): the
+fast path, where what reaches the graph are the element tensors. Where something is not known then (a position
+or split computed from the inputs, a split along a symbolic axis, a sequence input of unknown length, a `Loop`
+carrying one with a computed trip count) it becomes a run-time list (`onnx_seq_runtime.py`, `F.make_list`),
+run by the executor. An *optional* is its value when it has one and `EMPTY` when not (import time only).
+Graph inputs and outputs of sequence type are Python lists of arrays of the compiled model (a fixed length
+with `from_onnx(input_shapes={name: [shape, ...]})`, any length without).
 
 Control flow carrying them: an `If` whose condition is known at import inlines the taken branch (any
 types); a data-dependent one needs both branches to yield the same structure (sequences of one length, no
-empty optional). A `Loop` carrying a sequence or an optional is unrolled at import: its trip count (and
-condition) must be known then, at most `MAX_UNROLL` iterations.
+empty optional). A `Loop` carrying a sequence or an optional is unrolled at import where its trip count (and
+condition) are known then, at most `MAX_UNROLL` iterations; else it runs as a loop carrying a run-time list.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from . import F
+from . import lists, onnx_seq_runtime as rt
+from ..runtime.kernels_lists import split_sizes
+from .list_values import TensorList
 from .onnx_ops import OnnxImportError, _const, _is_const, _rank, _shape, converter
 
 MAX_UNROLL = 1024           # iterations of a Loop unrolled at import (one copy of the body each)
@@ -35,19 +40,19 @@ EMPTY = _Empty()
 
 
 def is_structured(v) -> bool:
-    """A sequence or an empty optional: a value the graph cannot carry as a tensor."""
-    return isinstance(v, (list, _Empty))
+    """A sequence (known at import, or a run-time list) or an empty optional: not a tensor."""
+    return isinstance(v, (list, _Empty, TensorList))
 
 
 def describe(v) -> str:
-    return "an empty optional" if v is EMPTY else "a sequence" if isinstance(v, list) else "a tensor"
+    return "an empty optional" if v is EMPTY else "a sequence" if isinstance(v, (list, TensorList)) else "a tensor"
 
 
 _what = describe
 
 
-def _seq(v, node, what="input 0") -> list:
-    if not isinstance(v, list):
+def _seq(v, node, what="input 0"):
+    if not isinstance(v, (list, TensorList)):
         raise OnnxImportError(f"{node.op_type}'s {what} must be a sequence, got {_what(v)}")
     return v
 
@@ -111,7 +116,12 @@ def _empty(ins, a, ctx, env, node):
 
 @converter("SequenceInsert")
 def _insert(ins, a, ctx, env, node):
-    seq, x = list(_seq(ins[0], node)), _tensor(ins[1], node, "tensor")
+    seq, x = _seq(ins[0], node), _tensor(ins[1], node, "tensor")
+    pos = None if len(ins) < 3 else ins[2]
+    if rt.needs_runtime(seq, pos):
+        lst = rt.to_runtime(seq, like=x)
+        return [F.list_append(lst, x) if pos is None else F.list_insert(lst, x, rt.position(pos))]
+    seq = list(seq)
     _same_dtype(seq, x, node)
     pos = len(seq) if len(ins) < 3 or ins[2] is None else _position(ins[2], len(seq), node, insert=True)
     seq.insert(pos, x)
@@ -120,7 +130,11 @@ def _insert(ins, a, ctx, env, node):
 
 @converter("SequenceErase")
 def _erase(ins, a, ctx, env, node):
-    seq = list(_seq(ins[0], node))
+    seq = _seq(ins[0], node)
+    pos = None if len(ins) < 2 else ins[1]
+    if rt.needs_runtime(seq, pos):
+        return [F.list_erase(rt.to_runtime(seq), -1 if pos is None else rt.position(pos))]
+    seq = list(seq)
     if not seq:
         raise OnnxImportError("SequenceErase of an empty sequence")
     pos = len(seq) - 1 if len(ins) < 2 or ins[1] is None else _position(ins[1], len(seq), node)
@@ -131,17 +145,23 @@ def _erase(ins, a, ctx, env, node):
 @converter("SequenceAt")
 def _at(ins, a, ctx, env, node):
     seq = _seq(ins[0], node)
+    if rt.needs_runtime(seq, ins[1]):
+        return F.list_at(rt.to_runtime(seq), rt.position(ins[1]))
     return seq[_position(ins[1], len(seq), node)]
 
 
 @converter("SequenceLength")
 def _length(ins, a, ctx, env, node):
-    return np.asarray(len(_seq(ins[0], node)), dtype=np.int64)
+    seq = _seq(ins[0], node)
+    return F.list_length(seq) if rt.is_runtime(seq) else np.asarray(len(seq), dtype=np.int64)
 
 
 @converter("ConcatFromSequence")
 def _concat_from_sequence(ins, a, ctx, env, node):
     seq = _seq(ins[0], node)
+    if rt.is_runtime(seq):
+        axis, new_axis = a["axis"], bool(a.get("new_axis", 0))
+        return lists.join("list_stack" if new_axis else "list_concat", seq, axis, allow_empty=False)   # as ORT
     if not seq:
         raise OnnxImportError("ConcatFromSequence of an empty sequence (its result has no known dtype or shape)")
     axis, new_axis = a["axis"], bool(a.get("new_axis", 0))
@@ -160,25 +180,18 @@ def _split_to_sequence(ins, a, ctx, env, node):
         raise OnnxImportError(f"SplitToSequence: axis {axis} is out of range for a rank-{_rank(x)} tensor")
     axis %= _rank(x)
     dim = _shape(x)[axis]
-    if not isinstance(dim, (int, np.integer)):
-        raise OnnxImportError(f"SplitToSequence along an axis of symbolic size {dim!r}: the number and sizes "
-                              f"of the pieces (the sequence's length) {KNOWN} (fix the size with input_shapes)")
-    split = None if len(ins) < 2 or ins[1] is None else _const(ins[1], "SplitToSequence's split", node)
+    split = None if len(ins) < 2 else ins[1]
+    if not isinstance(dim, (int, np.integer)) or rt.needs_runtime(None, split):
+        # the number or the sizes of the pieces are known when the model runs: a run-time list
+        return [F.split_to_list(x, split, axis, bool(a.get("keepdims", 1)))]
+    split = None if split is None else _const(split, "SplitToSequence's split", node)
     if split is not None and (split.dtype.kind not in "iu" or split.ndim > 1):
         raise OnnxImportError(f"SplitToSequence: split must be an integer scalar or 1-d tensor, got {split.dtype} "
                               f"{split.shape}")
-    if split is None:
-        sizes = [1] * dim
-    elif split.ndim == 0:
-        s = int(split)
-        if s <= 0:
-            raise OnnxImportError(f"SplitToSequence: split {s} must be positive")
-        sizes = [s] * (dim // s) + ([dim % s] if dim % s else [])
-    else:
-        sizes = [int(s) for s in split.reshape(-1)]
-        if any(s < 0 for s in sizes) or sum(sizes) != dim:
-            raise OnnxImportError(f"SplitToSequence: split {sizes} must be non-negative sizes adding up to the "
-                                  f"axis' size {dim}")
+    try:
+        sizes = split_sizes(int(dim), split)
+    except ValueError as e:
+        raise OnnxImportError(f"SplitToSequence: {e}") from None
     pieces = [x] if len(sizes) == 1 else [] if not sizes else \
         F.split(x, [int(v) for v in np.cumsum(sizes)[:-1]], axis=axis)
     pieces = list(pieces)
@@ -190,6 +203,10 @@ def _split_to_sequence(ins, a, ctx, env, node):
 @converter("SequenceMap")
 def _sequence_map(ins, a, ctx, env, node):
     body = a["body"].g
+    for k, v in enumerate(ins):
+        if rt.is_runtime(v):
+            raise OnnxImportError(f"SequenceMap over a sequence whose length is known only when the model runs "
+                                  f"(input {k}): its length {KNOWN}")
     n = len(_seq(ins[0], node))
     for k, v in enumerate(ins[1:], 1):
         if isinstance(v, list) and len(v) != n:
@@ -225,7 +242,7 @@ def cond_branch(outs: list, seen: list) -> tuple:
         if v is EMPTY:
             raise OnnxImportError(f"output {k} of a branch is an empty optional; with a condition computed from "
                                   f"the inputs both branches must yield values: the condition {KNOWN}")
-    lengths = [len(v) if isinstance(v, list) else None for v in outs]
+    lengths = [len(v) if isinstance(v, list) else "?" if isinstance(v, TensorList) else None for v in outs]
     if seen and seen[0] != lengths:
         raise OnnxImportError(f"the branches yield sequences of different lengths ({seen[0]} and {lengths}); "
                               f"with a condition computed from the inputs they must match: the condition {KNOWN}")

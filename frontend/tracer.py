@@ -19,9 +19,11 @@ from ..ir.dim_checks import name_internal_dims, recording_checks
 from ..ir.ops import attr_symbols, get_op
 from ..ir.shapes import ShapeError
 from ..ir.tree import LEAF, num_leaves, tree_flatten, tree_unflatten
+from ..ir.list_type import ListType, value_dims
 from ..ir.types import TensorType, as_shape_dim, dim_origin, is_symbol, is_unknown, set_dim_origin, user_line
 from ..runtime.torch_inputs import is_torch_tensor, torch_to_numpy
 from . import shape_rewrites, shape_values
+from .list_values import TensorList
 
 
 class _Builders(threading.local):
@@ -112,7 +114,7 @@ class Builder:
 
     def own(self, v: Value) -> Value:
         self.owned.add(v)
-        for d in v.type.shape:
+        for d in value_dims(v.type):
             if is_symbol(d):
                 self.sym_values.setdefault(d, v)
         return v
@@ -124,7 +126,7 @@ class Builder:
     def __exit__(self, *exc):
         assert _BUILDERS.stack.pop() is self
 
-    def new_input(self, t: TensorType, name: str = "") -> Value:
+    def new_input(self, t: TensorType | ListType, name: str = "") -> Value:
         v = Value(t, name)
         self.inputs.append(v)
         return self.own(v)
@@ -297,9 +299,43 @@ class TensorSpec:
         return TensorType(tuple(fresh_dim("_in") if d is None else d for d in self.shape), self.dtype)
 
 
+@dataclass(frozen=True)
+class ListSpec:
+    """The spec of a list input: the spec of its elements (a `dt.TensorSpec`; a None dim may differ from element
+    to element, a named one is shared with the other inputs) and its length (an int, a symbol name, or None: any).
+
+    Example:
+        >>> dt.trace(f, dt.ListSpec(dt.TensorSpec((None, 4))), dt.TensorSpec(("N",)))
+    """
+
+    elem: object
+    length: object = None
+    name: str | None = None
+
+    def __post_init__(self):
+        from ..ir.types import check_dim
+        if not isinstance(self.elem, TensorSpec):
+            raise TraceError(f"ListSpec: elem must be a dt.TensorSpec (the spec of every element), got "
+                             f"{type(self.elem).__name__}")
+        if self.length is not None:
+            try:
+                object.__setattr__(self, "length", check_dim(self.length))
+            except (TypeError, ValueError) as e:
+                raise TraceError(f"ListSpec: length: {e}") from None
+        if self.name is None and self.elem.name:
+            object.__setattr__(self, "name", self.elem.name)
+
+    def to_type(self) -> ListType:
+        from ..ir.types import TensorType, fresh_dim
+        elem = TensorType(tuple(fresh_dim() if d is None else d for d in self.elem.shape), self.elem.dtype)
+        return ListType(elem, fresh_dim("_in") if self.length is None else self.length)
+
+
 def as_spec(x) -> TensorSpec:
-    if isinstance(x, TensorSpec):
+    if isinstance(x, (TensorSpec, ListSpec)):
         return x
+    if isinstance(x, ListType):
+        return ListSpec(TensorSpec(x.elem.shape, x.elem.dtype), x.length)
     if isinstance(x, TensorType):
         return TensorSpec(x.shape, x.dtype)
     if isinstance(x, (np.ndarray, np.generic, bool, int, float)):
@@ -308,8 +344,9 @@ def as_spec(x) -> TensorSpec:
     raise TraceError(f"expected a dt.TensorSpec (or an example numpy array), got {type(x).__name__}")
 
 
-def wrap(v: Value, b: Builder) -> Tensor:
-    return Tensor(v, b)
+def wrap(v: Value, b: Builder):
+    """The proxy of traced value `v`: a `Tensor`, or a `TensorList` for a list."""
+    return TensorList(v, b) if isinstance(v.type, ListType) else Tensor(v, b)
 
 
 def finish_outputs(b: Builder, out, api: str) -> tuple[list, object]:
@@ -317,7 +354,7 @@ def finish_outputs(b: Builder, out, api: str) -> tuple[list, object]:
     leaves, spec = tree_flatten(out)
     values = []
     for i, leaf in enumerate(leaves):
-        if isinstance(leaf, Tensor):
+        if isinstance(leaf, (Tensor, TensorList)):
             values.append(b.lift(leaf.value))
         elif isinstance(leaf, (np.ndarray, np.generic, int, float, bool)):
             values.append(b.constant(as_array(leaf)))
@@ -377,8 +414,9 @@ def trace(fn, *specs, name: str | None = None) -> Graph:
     Example:
         >>> g = dt.trace(lambda x: F.tanh(x) * 2, dt.TensorSpec(("N", 4)))
     """
-    leaves, in_spec = tree_flatten(list(specs), is_leaf=lambda s: isinstance(s, (TensorSpec, TensorType)))
-    named = [s.name for s in leaves if isinstance(s, TensorSpec) and s.name]
+    leaves, in_spec = tree_flatten(list(specs), is_leaf=lambda s: isinstance(s, (TensorSpec, TensorType, ListSpec,
+                                                                                   ListType)))
+    named = [s.name for s in leaves if isinstance(s, (TensorSpec, ListSpec)) and s.name]
     if len(set(named)) != len(named):
         dup = sorted({n for n in named if named.count(n) > 1})
         raise trace_error(f"trace: input name(s) {', '.join(map(repr, dup))} given to more than one TensorSpec; "

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .dims import parse_dim
+from .list_type import ListType
 from .types import TensorType, dim_origin, map_type_dims
 
 
@@ -14,9 +15,9 @@ class Value:
 
     __slots__ = ("type", "name", "producer", "index")
 
-    def __init__(self, type: TensorType, name: str = "", producer: "Node | None" = None, index: int = 0):
-        if not isinstance(type, TensorType):
-            raise TypeError(f"Value type must be a TensorType, got {type!r}")
+    def __init__(self, type: TensorType | ListType, name: str = "", producer: "Node | None" = None, index: int = 0):
+        if not isinstance(type, (TensorType, ListType)):
+            raise TypeError(f"Value type must be a TensorType or a ListType, got {type!r}")
         self.type, self.name, self.producer, self.index = type, name, producer, index
 
     def __repr__(self) -> str:
@@ -148,6 +149,8 @@ def canonicalize_unknown_dims(graph: Graph) -> Graph:
         return e.rename(rename).to_dim() if any(s.startswith("_") for s in e.symbols) else d
 
     def retype(t):
+        if isinstance(t, ListType):
+            return ListType(map_type_dims(t.elem, canon), canon(t.length) if isinstance(t.length, str) else t.length)
         return map_type_dims(t, canon)
 
     def walk(g):

@@ -6,12 +6,22 @@ import numpy as np
 from dyntvm.errors import GraphError
 
 from .dim_checks import recording_checks
+from .list_type import ListType, value_dims
 from .ops import CONTROL_FLOW, REGION, attr_symbols, get_op
 from .shapes import ShapeError
 from .types import TensorType, dim_symbols, is_symbol, is_unknown
 
 
+def _same_kind(got, want) -> bool:
+    """Same dtype and rank (lists: of their elements, and both lists)."""
+    if isinstance(got, ListType) or isinstance(want, ListType):
+        return isinstance(got, ListType) and isinstance(want, ListType) and _same_kind(got.elem, want.elem)
+    return got.dtype == want.dtype and got.ndim == want.ndim
+
+
 def _compatible(got: TensorType, want: TensorType) -> bool:
+    if isinstance(got, ListType) or isinstance(want, ListType):
+        return _same_kind(got, want)
     if got.dtype != want.dtype or got.ndim != want.ndim:
         return False
     # Unknown dims are fresh names each inference: dims that involve one agree with anything; the rest
@@ -31,8 +41,9 @@ def lint(graph, _path: str = "") -> None:
     atoms = set()            # expression dims of values defined so far: known as a whole (eval_dim)
 
     def define(v, what):
-        symbols.update(d for d in v.type.shape if is_symbol(d))
-        atoms.update(d for d in v.type.shape if isinstance(d, str) and not is_symbol(d))
+        dims = value_dims(v.type)
+        symbols.update(d for d in dims if is_symbol(d))
+        atoms.update(d for d in dims if isinstance(d, str) and not is_symbol(d))
         if v in defined:
             raise GraphError(f"lint({where}): {what} {v!r} is defined twice")
         if v.name:
@@ -102,8 +113,7 @@ def _lint_subgraphs(n, label, where):
                              f"{[str(t) for t in in_types]}")
         if out_types is not None:
             got = [v.type for v in g.outputs]
-            if len(got) != len(out_types) or not all(x.dtype == y.dtype and x.ndim == y.ndim
-                                                     for x, y in zip(got, out_types)):
+            if len(got) != len(out_types) or not all(_same_kind(x, y) for x, y in zip(got, out_types)):
                 raise GraphError(f"lint({where}): {label} {what} outputs {[str(t) for t in got]} do not match "
                                  f"{[str(t) for t in out_types]}")
     for g in subs:

@@ -11,7 +11,7 @@ from .graph import Graph, Node, Value
 from .attrs import ConstantAttrs, attrs_from_json, attrs_to_json
 from .dim_checks import DimCheck
 from .ops import get_op
-from .types import TensorType
+from .list_type import type_from_json
 
 FORMAT = 1
 
@@ -63,7 +63,7 @@ def graph_from_dict(obj: dict, params: dict) -> Graph:
     def dec(g: dict) -> Graph:
         inputs = []
         for i, name, t in g["inputs"]:
-            values[i] = Value(TensorType.from_json(t), name)
+            values[i] = Value(type_from_json(t), name)
             inputs.append(values[i])
         nodes = []
         for nd in g["nodes"]:
@@ -82,7 +82,7 @@ def graph_from_dict(obj: dict, params: dict) -> Graph:
                         nd["name"], tuple(DimCheck.from_json(c) for c in nd.get("checks", ())))
             outs = []
             for k, (i, name, t) in enumerate(nd["outputs"]):
-                values[i] = Value(TensorType.from_json(t), name, node, k)
+                values[i] = Value(type_from_json(t), name, node, k)
                 outs.append(values[i])
             node.outputs = tuple(outs)
             nodes.append(node)

@@ -23,6 +23,21 @@ def tree_flatten(obj, is_leaf=None) -> tuple[list, object]:
     return leaves, go(obj)
 
 
+def flatten_like(spec, arg, leaves: list) -> bool:
+    """Append the leaves of `arg` nested like `spec` (the traced signature); False where it is nested
+    otherwise. A leaf position takes the whole object: a nested list there is one array, as numpy reads it."""
+    if spec == LEAF:
+        leaves.append(arg)
+        return True
+    if spec[0] == "dict":
+        if not isinstance(arg, dict) or set(arg) != set(spec[1]):
+            return False
+        return all(flatten_like(c, arg[k], leaves) for k, c in zip(spec[1], spec[2]))
+    if not isinstance(arg, list if spec[0] == "list" else tuple) or len(arg) != len(spec[1]):
+        return False
+    return all(flatten_like(c, a, leaves) for c, a in zip(spec[1], arg))
+
+
 def tree_unflatten(spec, leaves) -> object:
     it = iter(leaves)
 

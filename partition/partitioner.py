@@ -23,6 +23,7 @@ from ..ir.graph import Graph, Node, Value
 from ..ir.dims import parse_dim
 from ..ir.ops import CONTROL_FLOW, attr_dims, attr_symbols
 from ..ir.serialize import graph_from_dict, graph_to_dict
+from ..ir.list_type import ListType
 from ..ir.types import is_symbol
 from .convexity import ConvexityChecker
 from .empty import fold_empty_values
@@ -236,8 +237,9 @@ def _symbol_carriers(g: Graph, members: list, producer: dict, unbound: bool = Fa
     if not need:                 # (most regions: then no need to walk the values before it)
         return set() if unbound else out
     first = min(members)
-    candidates = list(g.inputs) + [v for i, n in enumerate(g.nodes[:first]) if i not in member_set
-                                   and n.op != "constant" for v in n.outputs]
+    candidates = [v for v in list(g.inputs) + [v for i, n in enumerate(g.nodes[:first]) if i not in member_set
+                                               and n.op != "constant" for v in n.outputs]
+                  if not isinstance(v.type, ListType)]        # a list never enters a region
     # an expression dim of the attrs (``((N + 1) // 2)``) that a value has as a dim binds as a whole
     for d in sorted({d for i in members for d in attr_dims(g.nodes[i].op, g.nodes[i].attrs)}):
         syms = parse_dim(d).free_symbols() & need

@@ -21,6 +21,7 @@ import numpy as np
 from dyntvm.errors import ExecutionError
 
 from ..ir.graph import Graph
+from ..ir.list_type import value_dims
 from ..ir.types import TensorType, eval_dim
 
 _CHUNK = 256            # while_loop: per-step outputs are copied into their buffers every _CHUNK steps,
@@ -166,10 +167,15 @@ def _describe(dtype, shape) -> str:
     return f"{np.dtype(dtype).name}{list(shape)}"
 
 
+def _shape_of(x, to_array) -> tuple:
+    """A carried value's shape: a list's ``(length,)`` (see `ir.list_type.value_shape`)."""
+    return (len(x),) if isinstance(x, list) else np.shape(to_array(x))
+
+
 def bind_symbols(t: TensorType, shape: tuple, env: dict) -> None:
     """Record the sizes of `t`'s symbolic dims seen in a concrete `shape`: symbols, and expression dims as a
     whole (`eval_dim` reads ``env["min(N, 2)"]`` where N itself is not known)."""
-    for d, s in zip(t.shape, shape):
+    for d, s in zip(value_dims(t), shape):      # a list binds its length (`value_shape` of a list)
         if isinstance(d, str) and d not in env:
             env[d] = int(s)
 
@@ -254,7 +260,7 @@ def foreach(body, data: list, states: list, consts: list, body_types, *, rows=No
         raise
     if bufs is None:
         g = _graph_of(body_types)
-        shapes = [d.shape[1:] for d in data] + [np.shape(to_array(x)) for x in states + consts]
+        shapes = [d.shape[1:] for d in data] + [_shape_of(x, to_array) for x in states + consts]
         return empty_steps(g, shapes, len(g.outputs) - ns), states
     return bufs, states
 
@@ -332,7 +338,7 @@ def _foreach_prefixes(body, data, states, consts, body_types, lens, batch, lengt
         _check_state_shapes(states, init_shapes, batch, to_array)
     if bufs is None:
         g = _graph_of(body_types)
-        shapes = [d.shape[1:] for d in data] + [np.shape(to_array(x)) for x in states + consts]
+        shapes = [d.shape[1:] for d in data] + [_shape_of(x, to_array) for x in states + consts]
         return empty_steps(g, shapes, len(g.outputs) - ns, length), states
     for buf in bufs:
         buf[steps:] = 0                     # steps no row reaches
@@ -441,7 +447,7 @@ def while_loop(cond_run, body, loop_vars: list, consts: list, max_iterations, bo
         raise
     if accs is None:
         g = _graph_of(body_types)
-        shapes = [np.shape(to_array(x)) for x in loop_vars + consts]
+        shapes = [_shape_of(x, to_array) for x in loop_vars + consts]
         return empty_steps(g, shapes, len(g.outputs) - nv), loop_vars
     if stack is not None:
         return stack(accs, kinds), loop_vars

@@ -21,13 +21,16 @@ from tvm_ffi._ffi_api import ArrayGetItem
 from dyntvm.errors import CompileError, ExecutionError
 
 from ..ir.graph import Graph, Node
+from ..ir.list_type import ListType, value_dims, value_shape
 from ..ir.ops import mask_gather_name
+from ..ir.ops_lists import LIST_OPS
 from ..ir.types import eval_dim
 from . import control_flow as cf
 from .control_flow import bind_symbols
 from .dim_check_run import checked_step, region_checks
 from .interpreter import Interpreter, last_uses
 from .kernels import KERNELS
+from .lists import host_list
 from .loop_calls import compiled_foreach, compiled_while, pick_by_sizes
 from .node_errors import node_failure, note_within
 from .tensors import aligned_empty, aligned_rows, first_truth, host_array, to_numpy, to_tvm
@@ -45,7 +48,7 @@ class Plan:
         if self.env_slot is not None:         # symbol values for numpy ops with symbolic attrs
             slots[self.env_slot] = env = {}
             for v, a in zip(self.graph.inputs, args):
-                bind_symbols(v.type, a.shape, env)
+                bind_symbols(v.type, value_shape(a), env)
         try:
             for step in self.steps:
                 step(slots)
@@ -159,7 +162,7 @@ class Executor:
     @staticmethod
     def _with_binding(step, n: Node, outs, env_slot):
         typed = [(n.outputs[k].type, o) for k, o in enumerate(outs)
-                 if any(isinstance(d, str) for d in n.outputs[k].type.shape)]
+                 if any(isinstance(d, str) for d in value_dims(n.outputs[k].type))]
         if not typed:
             return step
 
@@ -167,7 +170,7 @@ class Executor:
             step(slots)
             env = slots[env_slot]
             for t, o in typed:
-                bind_symbols(t, slots[o].shape, env)
+                bind_symbols(t, value_shape(slots[o]), env)
         return run
 
     def _with_profile(self, step, n: Node):
@@ -240,6 +243,11 @@ class Executor:
         host = self.pl.to_host if self.pl else to_numpy      # dynamic-shape ops run in numpy, on the host
         if self.pl is not None and n.opdef.shape_only:
             host = self.pl.shape_stub                        # e.g. shape_of: no copy at all
+        if n.op in LIST_OPS:                                 # lists hold tensors: each element to the host
+            to_host = host
+
+            def host(x):
+                return host_list(x, to_host) if isinstance(x, list) else to_host(x)
         if n.opdef.dim_attrs:
             env_slot = len(dict.fromkeys(g.values()))     # see Plan.env_slot
 
@@ -309,7 +317,10 @@ class Executor:
         subgraph cannot keep a moved value in its caller's slots, so each subgraph would copy it again)."""
         if self.pl is None:
             return lambda slots: [slots[i] for i in ins]
-        to_device = self.pl.to_device
+        move = self.pl.to_device
+
+        def to_device(x):                     # a list stays a list of tensors there
+            return [move(e) for e in x] if isinstance(x, list) else move(x)
 
         def args_of(slots):
             for i in ins:
@@ -321,7 +332,7 @@ class Executor:
         """A loop's captures, made tensors of the kernels' device once per loop, not once per step."""
         if self.pl is not None:
             return self._branch_args(ins)
-        return lambda slots: [to_tvm(slots[i]) for i in ins]
+        return lambda slots: [slots[i] if isinstance(slots[i], list) else to_tvm(slots[i]) for i in ins]
 
     def _make_foreach(self, n: Node, ins, outs, g):
         a = n.attrs
@@ -420,7 +431,8 @@ class Executor:
         writeable: `_direct_rows`). A step then costs the region call and little more. None for other bodies,
         on a device, and while validating or profiling (the plan does those)."""
         if self.validate or self.profiling or self.pl is not None or self.vm is None or len(g.nodes) != 1 or \
-                g.nodes[0].op != "region" or region_checks(g.nodes[0]):     # (the plan runs the checks)
+                g.nodes[0].op != "region" or region_checks(g.nodes[0]) or \
+                any(isinstance(v.type, ListType) for v in g.inputs):    # the plan runs the checks; lists: no TVM
             return None
         region = g.nodes[0]
         pos = {v: k for k, v in enumerate(g.inputs)}

@@ -12,11 +12,13 @@ from dyntvm.errors import ExecutionError, GraphError, InputError
 
 from ..ir.dim_checks import name_internal_dims
 from ..ir.graph import Graph, Node
+from ..ir.list_type import ListType, value_shape
 from ..ir.types import expression_dim_errors, shape_matches
 from . import control_flow as cf
 from .control_flow import bind_symbols
 from .dim_check_run import check_node
 from .kernels import run_kernel
+from .lists import check_list_value
 from .node_errors import node_failure, note_within
 from .torch_inputs import is_torch_tensor, torch_to_numpy
 
@@ -56,11 +58,18 @@ class Interpreter:
             raise InputError(f"graph {g.name!r} takes {len(g.inputs)} inputs, got {len(args)}")
         env: dict = {}
         for i, (v, a) in enumerate(zip(g.inputs, args)):
+            if isinstance(v.type, ListType):
+                args = list(args)
+                args[i] = check_list_value(a, v.type, f"graph {g.name!r}: input {i} (%{v.name})", env, InputError)
+                continue
             dtype = np.asarray(a).dtype.name
             if dtype != v.type.dtype or not shape_matches(v.type, np.shape(a), env):
                 raise InputError(f"graph {g.name!r}: input {i} (%{v.name}) must be {v.type}, got "
                                  f"{dtype}{list(np.shape(a))}" + (f" (symbols so far: {env})" if env else ""))
-        for i, ax, d, size in expression_dim_errors([v.type for v in g.inputs], [np.shape(a) for a in args], env):
+        tensors = [k for k, v in enumerate(g.inputs) if not isinstance(v.type, ListType)]
+        for k, ax, d, size in expression_dim_errors([g.inputs[i].type for i in tensors],
+                                                    [np.shape(args[i]) for i in tensors], env):
+            i = tensors[k]
             raise InputError(f"graph {g.name!r}: input {i} (%{g.inputs[i].name}) axis {ax} has size {size}, which "
                              f"does not fit its dim {d} (symbols: {env})")
 
@@ -71,7 +80,7 @@ class Interpreter:
         values = {}
         for v, a in zip(graph.inputs, args):
             values[v] = a
-            bind_symbols(v.type, np.shape(a), env)
+            bind_symbols(v.type, value_shape(a) if isinstance(a, list) else np.shape(a), env)
         last = self._last.get(id(graph))
         if last is None:
             last = self._last[id(graph)] = last_uses(graph)
@@ -101,11 +110,14 @@ class Interpreter:
         return self.run_kernel(node, ins, env)
 
     def run_kernel(self, node: Node, ins: list, env: dict):
-        return run_kernel(node.op, node.attrs, [np.asarray(a) for a in ins], env)
+        return run_kernel(node.op, node.attrs, [a if isinstance(a, list) else np.asarray(a) for a in ins], env)
 
     def check_output(self, node: Node, v, out, env: dict) -> None:
         """Bind `v`'s symbols to the sizes seen, and check that `out` has `v`'s type (a wrong type rule
         would otherwise go unnoticed here and break compiled code)."""
+        if isinstance(v.type, ListType):
+            check_list_value(out, v.type, f"{node.op} node {node.name!r} output %{v.name}", env, GraphError)
+            return
         dtype = np.asarray(out).dtype.name
         if dtype != v.type.dtype or not shape_matches(v.type, np.shape(out), env):
             raise GraphError(f"{node.op} node {node.name!r} produced {dtype}{list(np.shape(out))} for %{v.name}: "
@@ -154,8 +166,12 @@ def _first_truth(res: list) -> bool:
 
 def run_reference(graph: Graph, *args):
     """Run `graph` with the numpy reference kernels; outputs nested like the traced function's."""
-    from ..ir.tree import tree_flatten, tree_unflatten
-    leaves = tree_flatten(list(args))[0] if graph.in_tree is not None else list(args)
-    outs = Interpreter(graph).run(*[torch_to_numpy(a, f"input {i}") if is_torch_tensor(a) else np.asarray(a)
+    from ..ir.tree import flatten_like, tree_flatten, tree_unflatten
+    leaves = list(args)
+    if graph.in_tree is not None and not flatten_like(graph.in_tree, list(args), leaves := []):
+        leaves = tree_flatten(list(args))[0]
+    kinds = [isinstance(v.type, ListType) for v in graph.inputs] + [False] * len(leaves)
+    outs = Interpreter(graph).run(*[torch_to_numpy(a, f"input {i}") if is_torch_tensor(a) else
+                                    a if kinds[i] and isinstance(a, (list, tuple)) else np.asarray(a)
                                     for i, a in enumerate(leaves)])
     return tree_unflatten(graph.out_tree, outs) if graph.out_tree is not None else outs

@@ -17,6 +17,7 @@ from ..ir.attrs import AxesAttrs
 from ..ir.ops import Group, get_op, ops_in
 from ..ir.types import eval_dim
 from . import kernels_nn, kernels_shape
+from . import kernels_lists, kernels_nn
 
 KERNELS: dict = {}
 
@@ -352,3 +353,5 @@ kernel("broadcast_to_dyn")(kernels_shape.broadcast_to_dyn)
 kernel("tile_dyn")(kernels_shape.tile_dyn)
 kernel("slice_axes_dyn")(lambda attrs, x, starts, stops, steps, axes: _slice_dyn(
     AxesAttrs(kernels_shape.slice_axes(x, axes)), x, starts, stops, steps))
+for _name, _fn in kernels_lists.KERNELS.items():     # the list ops: runtime/kernels_lists.py
+    kernel(_name)(_fn)

@@ -14,11 +14,13 @@ from dyntvm.errors import CompileError, InputError
 
 from ..ir.dim_checks import name_internal_dims
 from ..ir.graph import Graph
+from ..ir.list_type import ListType
 from ..ir.ops import OpKind
-from ..ir.tree import LEAF, tree_flatten, tree_str, tree_unflatten
+from ..ir.tree import LEAF, flatten_like, tree_flatten, tree_str, tree_unflatten
 from ..ir.types import expression_dim_errors, is_symbol
 from .artifact import save as save_artifact
 from .executor import Executor
+from .lists import check_list_value, host_list
 from .placement import DevicePlacement
 from .tensors import to_numpy
 from .torch_inputs import is_torch_tensor, torch_to_numpy
@@ -36,7 +38,7 @@ def virtual_machine(lib, device: str = "cpu"):
 
 def signature(graph: Graph) -> str:
     """The model's arguments, nested as traced, e.g. ``(x: float32[N,3], [h: float32[8], c: float32[8]])``."""
-    labels = iter(f"{v.name}: {v.type}" for v in graph.inputs)
+    labels = iter(f"{v.name}: {v.type.describe() if isinstance(v.type, ListType) else v.type}" for v in graph.inputs)
 
     def go(s):
         if s == LEAF:
@@ -47,21 +49,6 @@ def signature(graph: Graph) -> str:
         return f"[{inner}]" if s[0] == "list" else f"({inner}{',' if len(s[1]) == 1 else ''})"
     return "(" + ", ".join(go(c) for c in graph.in_tree[1]) + ")" if graph.in_tree is not None else \
         "(" + ", ".join(labels) + ")"
-
-
-def _flatten_like(spec, arg, leaves: list) -> bool:
-    """Append the leaves of `arg` nested like `spec` (the traced signature); False where it is nested
-    otherwise. A leaf position takes the whole object: a nested list there is one array, as numpy reads it."""
-    if spec == LEAF:
-        leaves.append(arg)
-        return True
-    if spec[0] == "dict":
-        if not isinstance(arg, dict) or set(arg) != set(spec[1]):
-            return False
-        return all(_flatten_like(c, arg[k], leaves) for k, c in zip(spec[1], spec[2]))
-    if not isinstance(arg, list if spec[0] == "list" else tuple) or len(arg) != len(spec[1]):
-        return False
-    return all(_flatten_like(c, a, leaves) for c, a in zip(spec[1], arg))
 
 
 def _convert_losslessly(x, a: np.ndarray, t, label: str) -> np.ndarray:
@@ -99,7 +86,7 @@ def _check_inputs(graph: Graph, args: tuple) -> list:
         if len(args) != n_args:
             raise InputError(f"the model takes {n_args} arguments {signature(graph)}, got {len(args)}")
         leaves: list = []
-        if not _flatten_like(graph.in_tree, list(args), leaves):
+        if not flatten_like(graph.in_tree, list(args), leaves):
             spec = tree_flatten(list(args), is_leaf=lambda x: isinstance(x, np.ndarray))[1]
             raise InputError(f"arguments are nested as {tree_str(spec)}, expected {tree_str(graph.in_tree)}: "
                              f"{signature(graph)}")
@@ -111,6 +98,9 @@ def _check_inputs(graph: Graph, args: tuple) -> list:
     out = []
     for i, (x, t, name) in enumerate(zip(leaves, types, names)):
         label = f"input {i} ({name!r})" if name else f"input {i}"
+        if isinstance(t, ListType):
+            out.append(check_list_value(x, t, label, env, InputError))
+            continue
         if type(x) is not np.ndarray and is_torch_tensor(x):      # numpy arrays: no lookup per call
             x = torch_to_numpy(x, label)
         if not isinstance(x, np.ndarray):
@@ -145,7 +135,9 @@ def _check_inputs(graph: Graph, args: tuple) -> list:
         else:
             raise InputError(f"{label}: unsupported dtype {x.dtype}")
         out.append(x)
-    for i, ax, d, size in expression_dim_errors(types, [x.shape for x in out], env):
+    tensors = [k for k, t in enumerate(types) if not isinstance(t, ListType)]      # (a list's dims are its own)
+    for k, ax, d, size in expression_dim_errors([types[i] for i in tensors], [out[i].shape for i in tensors], env):
+        i = tensors[k]
         name = f"input {i} ({names[i]!r})" if names[i] else f"input {i}"
         raise InputError(f"{name}: axis {ax} has size {size}, which does not fit its dim {d} (spec {types[i]}; "
                          f"symbols: {env})")
@@ -174,6 +166,9 @@ class InputChecker:
         self.graph = graph
         tree = graph.in_tree
         self.flat = tree is None or (tree[0] in ("list", "tuple") and all(c == "*" for c in tree[1]))
+        if any(isinstance(v.type, ListType) for v in graph.inputs):
+            self.flat, self.sig = False, []     # lists: checked element by element by `check_inputs`
+            return
         if any(isinstance(d, str) and not is_symbol(d) for v in graph.inputs for d in v.type.shape):
             self.flat = False           # expression dims (``(T + 1)``): checked by `check_inputs`
         self.n = len(graph.inputs)
@@ -281,10 +276,11 @@ class CompiledModel:
             ex = Executor(self.graph, ex.vm, validate=validate, profile=profile, constants=self._constants,
                           placement=self._placement(), specialized=self.specialized)
         if ex.pl is not None:                 # values on a device: the outputs are copied to the host
-            outs = [ex.pl.to_host(o) for o in ex.run(arrays)]
+            outs = [host_list(o, ex.pl.to_host) if isinstance(o, list) else ex.pl.to_host(o) for o in ex.run(arrays)]
         else:
             consts = ex.constant_ids
-            outs = [np.array(to_numpy(o)) if id(o) in consts else to_numpy(o) for o in ex.run(arrays)]
+            outs = [np.array(to_numpy(o)) if id(o) in consts else host_list(o, _host_copy(consts)) if
+                    isinstance(o, list) else to_numpy(o) for o in ex.run(arrays)]
         if profile:
             self.last_profile = {k: tuple(v) for k, v in ex.profile.items()}
             pl = ex.pl
@@ -330,6 +326,11 @@ class CompiledModel:
     def save(self, path: str) -> None:
         """Write a deployable artifact (see `dt.load`)."""
         save_artifact(self, path)
+
+
+def _host_copy(consts):
+    """A list output's element as numpy: a copy where it is one of the model's constants (shared by calls)."""
+    return lambda e: np.array(to_numpy(e)) if id(e) in consts else to_numpy(e)
 
 
 def _retire(lock, calls: dict, key: int, retired: list) -> None:

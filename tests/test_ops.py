@@ -313,6 +313,16 @@ add("getitem-F", lambda x: F.getitem(x, (slice(None), slice(1, 3))), [X])
 add("getitem-0d-int-tensor", lambda x, i: x[i], [X, S((), "int64")], sizes=(1, 5),
     make=lambda n: (rand((n, 4)), np.int64(n - 1)))
 
+# ------------------------------------------------------------------------ lists (tests/test_lists.py)
+def _lists(x, sizes):
+    rows = F.split_to_list(x, None, 0, False)                   # N rows of [4]
+    grown = F.list_insert(F.list_append(rows, x[0] * 2.0), x[-1], 0)
+    return [F.list_stack(F.list_erase(grown, 1), 1), F.list_at(grown, -1), F.list_length(F.split_to_list(x, sizes)),
+            F.list_concat(F.make_list(x, x), 1), F.list_stack(F.list_empty("float32", (2,)), 0)]
+
+
+add("lists", _lists, [X, S(("K",), "int64")], sizes=(1, 5), make=lambda n: (rand((n, 4)), np.array([n], np.int64)))
+
 # --------------------------------------------------------------------------------- attributes
 add("attr-shape-dtype", lambda x: F.zeros(x.shape, x.dtype) + x.ndim, [XI])
 add("attr-shape-arith", lambda x: F.reshape(x, (x.shape[1], x.shape[0])), [X])
