@@ -15,7 +15,7 @@ import numpy as np
 
 from ..ir.ops import Group, get_op, ops_in
 from ..ir.types import eval_dim
-from . import kernels_nn
+from . import kernels_index, kernels_nn
 
 KERNELS: dict = {}
 
@@ -346,3 +346,5 @@ def _topk_dyn(attrs, x, k):
 kernel("conv")(kernels_nn.conv)             # the sliding-window ops: runtime/kernels_nn.py
 kernel("max_pool")(kernels_nn.max_pool)
 kernel("avg_pool")(kernels_nn.avg_pool)
+for _n in ("cumsum", "scatter_flat", "roi_align", "nms"):     # the index / detection ops: runtime/kernels_index.py
+    kernel(_n)(getattr(kernels_index, _n))
