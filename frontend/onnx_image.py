@@ -54,8 +54,11 @@ def _space_to_depth(ins, a, ctx, env, node):
     for d in (h, w):
         if isinstance(d, (int, np.integer)) and d % b:
             raise OnnxImportError(f"SpaceToDepth: spatial size {d} is not a multiple of blocksize {b}")
+    mode = _text(a, "mode", "DCR")              # (opset 28's; before, DCR)
+    if mode not in ("DCR", "CRD"):
+        raise OnnxImportError(f"SpaceToDepth: mode must be DCR or CRD, got {mode!r}")
     hb, wb = dim_floordiv(h, b), dim_floordiv(w, b)       # (a symbolic size that is no multiple: the reshape fails)
-    y = F.transpose(F.reshape(x, (n, c, hb, b, wb, b)), (0, 3, 5, 1, 2, 4))
+    y = F.transpose(F.reshape(x, (n, c, hb, b, wb, b)), (0, 3, 5, 1, 2, 4) if mode == "DCR" else (0, 1, 3, 5, 2, 4))
     return F.reshape(y, (n, dim_mul(c, b * b), hb, wb))
 
 
@@ -93,7 +96,7 @@ def _transpose_pads(a, x, kernel, strides, dilations, out_pad, node) -> list:
         out_shape = [int(n) * s for n, s in zip(spatial, strides)]
     pads = []
     for n, k, s, d, op, o in zip(spatial, kernel, strides, dilations, out_pad, out_shape):
-        total = max(s * (int(n) - 1) + op + (k - 1) * d + 1 - o, 0)
+        total = s * (int(n) - 1) + op + (k - 1) * d + 1 - o       # negative: the output grows (a negative pad)
         pads.append((total // 2, total - total // 2) if auto == "SAME_UPPER" else (total - total // 2, total // 2))
     return pads
 

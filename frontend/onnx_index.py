@@ -13,7 +13,7 @@ import numpy as np
 from ..ir.ops_index import ScatterAttrs
 from ..ir.types import dim_mul
 from . import F
-from .onnx_ops import OnnxImportError, _c, _const, _ints, _is_const, _rank, _shape, converter
+from .onnx_ops import OnnxImportError, _c, _ints, _is_const, _rank, _shape, converter
 from .ops import apply
 
 

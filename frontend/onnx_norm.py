@@ -68,7 +68,8 @@ def _lp_normalization(ins, a, ctx, env, node):
     if p not in (1, 2):
         raise OnnxImportError(f"LpNormalization: p must be 1 or 2, got {p}")
     norm = F.sum(F.abs(x), axis=axis, keepdims=True) if p == 1 else F.sqrt(F.sum(x * x, axis=axis, keepdims=True))
-    return x / _same_dtype(norm, x)
+    norm = _same_dtype(norm, x)
+    return x / F.where(F.equal(norm, _c(0, norm)), _c(1, norm), norm)       # a zero vector stays zero (onnxruntime)
 
 
 def _normalize(x, axes, eps):
@@ -80,12 +81,17 @@ def _normalize(x, axes, eps):
     return _same_dtype(y, x)
 
 
+def _nc_data(ins, node):
+    """(x, scale, bias) of a normalization over N, C, spatial... data."""
+    x = ins[0]
+    if _rank(x) < 3:
+        raise OnnxImportError(f"{node.op_type} needs data of rank 3 or more (N, C, spatial...), got rank {_rank(x)}")
+    return tuple(ins[:3])
+
+
 @converter("InstanceNormalization")
 def _instance_norm(ins, a, ctx, env, node):
-    x, scale, bias = ins
-    if _rank(x) < 3:
-        raise OnnxImportError(f"InstanceNormalization needs data of rank 3 or more (N, C, spatial...), got rank "
-                              f"{_rank(x)}")
+    x, scale, bias = _nc_data(ins, node)
     per_channel = (-1,) + (1,) * (_rank(x) - 2)
     y = _normalize(x, tuple(range(2, _rank(x))), a.get("epsilon", 1e-5))
     return y * F.reshape(scale, per_channel) + F.reshape(bias, per_channel)
@@ -93,10 +99,7 @@ def _instance_norm(ins, a, ctx, env, node):
 
 @converter("GroupNormalization")
 def _group_norm(ins, a, ctx, env, node):
-    x, scale, bias = ins
-    if _rank(x) < 3:
-        raise OnnxImportError(f"GroupNormalization needs data of rank 3 or more (N, C, spatial...), got rank "
-                              f"{_rank(x)}")
+    x, scale, bias = _nc_data(ins, node)
     if "num_groups" not in a:
         raise OnnxImportError("GroupNormalization: the num_groups attribute is required")
     g, c = int(a["num_groups"]), _shape(x)[1]

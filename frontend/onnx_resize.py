@@ -16,17 +16,13 @@ import numpy as np
 
 from ..ir.types import dim_floordiv, dim_mul
 from . import F
-from .onnx_ops import OnnxImportError, _c, _const, _is_const, _known_dims, _rank, _shape, converter
+from .onnx_image import _text
+from .onnx_ops import OnnxImportError, _const, _is_const, _known_dims, _rank, _shape, converter
 
 MODES = ("nearest", "linear", "cubic")
 NEAREST = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
 TRANSFORMS = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners", "asymmetric",
               "tf_crop_and_resize")
-
-
-def _text(a, name, default) -> str:
-    v = a.get(name, default)
-    return v.decode() if isinstance(v, bytes) else str(v)
 
 
 def _given(v) -> bool:
