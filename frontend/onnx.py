@@ -29,8 +29,9 @@ import numpy as np
 
 from dyntvm.errors import InputError, TraceError, UnsupportedOpError
 
-from . import onnx_control, onnx_data, onnx_nn, onnx_seq, onnx_vision  # noqa: F401  (register their converters:
-#                                             control flow, indexing, nn, sequences / optionals, conv / pooling)
+from . import (onnx_control, onnx_data, onnx_image, onnx_index, onnx_nn, onnx_norm, onnx_resize,  # noqa: F401
+               onnx_seq, onnx_vision)     # (register their converters: control flow, indexing, image ops, gather / scatter,
+#                                 nn, norms / einsum, sequences / optionals, conv / pooling)
 from .onnx_load import load, walk_nodes
 from .onnx_ops import CONVERTERS, OnnxImportError, _np_dtype, _tensor
 from .onnx_schema import _n, check_declared, check_node

@@ -64,8 +64,15 @@ def _pad(ins, a, ctx, env, node):
     width = [(0, 0)] * _rank(x)
     for k, ax in enumerate(axes):
         width[ax] = (int(pads[k]), int(pads[k + n]))
-    if any(p < 0 for w in width for p in w):
-        raise OnnxImportError("Pad with negative pads (cropping) is not supported")
+    if any(p < 0 for w in width for p in w):        # negative pads crop (first, as onnxruntime)
+        crop = [ax for ax, (lo, hi) in enumerate(width) if lo < 0 or hi < 0]
+        for ax in crop:
+            n, cut = _shape(x)[ax], -min(width[ax][0], 0) - min(width[ax][1], 0)
+            if isinstance(n, (int, np.integer)) and cut > n:
+                raise OnnxImportError(f"Pad: pads {list(pads)} crop {cut} from axis {ax} of size {n}")
+        x = F.slice(x, [max(-width[ax][0], 0) for ax in crop], [width[ax][1] if width[ax][1] < 0 else None
+                                                                for ax in crop], [1] * len(crop), crop)
+        width = [(max(lo, 0), max(hi, 0)) for lo, hi in width]
     if mode == "constant":
         return F.pad(x, tuple(width), value)
     for ax, (lo, hi) in enumerate(width):

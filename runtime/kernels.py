@@ -16,8 +16,7 @@ import numpy as np
 from ..ir.attrs import AxesAttrs
 from ..ir.ops import Group, get_op, ops_in
 from ..ir.types import eval_dim
-from . import kernels_nn, kernels_shape
-from . import kernels_lists, kernels_nn
+from . import kernels_index, kernels_lists, kernels_nn, kernels_shape
 
 KERNELS: dict = {}
 
@@ -355,3 +354,5 @@ kernel("slice_axes_dyn")(lambda attrs, x, starts, stops, steps, axes: _slice_dyn
     AxesAttrs(kernels_shape.slice_axes(x, axes)), x, starts, stops, steps))
 for _name, _fn in kernels_lists.KERNELS.items():     # the list ops: runtime/kernels_lists.py
     kernel(_name)(_fn)
+for _n in ("cumsum", "scatter_flat", "roi_align", "nms"):     # the index / detection ops: runtime/kernels_index.py
+    kernel(_n)(getattr(kernels_index, _n))

@@ -333,6 +333,23 @@ add("conv-pools", lambda x: [F.conv(x, KW, V, stride=(2, 1), padding=((1, 0), (0
                              F.max_pool(x, 2, 1, ceil_mode=True), F.avg_pool(x, 3, 2, 1, count_include_pad=False)],
     [S(("N", 2, 6, 5))])
 
+# ---------------------------------------------------- index / detection ops (tests/test_onnx_new_ops.py)
+from dyntvm.frontend.ops import apply  # noqa: E402
+from dyntvm.ir.ops_index import NmsAttrs, RoiAlignAttrs, ScatterAttrs  # noqa: E402
+
+ROIS = np.array([[0.5, 0.5, 3.0, 4.0], [1.0, 0.0, 4.5, 2.5]], np.float32)
+add("cumsum", lambda x: [F.cumsum(x, axis=1), F.cumsum(x, 0)], [X])
+add("cumsum-int", lambda x: F.cumsum(x, axis=-1), [XI])
+add("scatter_flat", lambda x: apply("scatter", "scatter_flat", [F.reshape(x, (-1,)), np.array([3, 0, 3], np.int64),
+                                                               np.array([1, 2, 3], np.float32)], ScatterAttrs("add"))[0],
+    [X], sizes=(1, 5))
+add("roi_align", lambda x: apply("roi_align", "roi_align", [x, ROIS, np.zeros(2, np.int64)],
+                                 RoiAlignAttrs(2, 3, 0, 1.0, "avg", True))[0], [S(("N", 2, 5, 6))], sizes=(1, 3))
+add("nms", lambda b, s: apply("nms", "nms", [b, s, np.int64(3), np.float32(0.3), np.float32(0.2)],
+                              NmsAttrs(False, True))[0], [S((1, "N", 4)), S((1, 2, "N"))],
+    make=lambda n: (np.sort(rand((1, n, 4)), axis=-1).reshape(1, n, 2, 2).transpose(0, 1, 3, 2).reshape(1, n, 4),
+                    rand((1, 2, n), seed=1)))
+
 CASE_IDS = [c.id for c in CASES]
 assert len(set(CASE_IDS)) == len(CASE_IDS), "duplicate case ids"
 

@@ -23,6 +23,7 @@ Converters register only with ``@converter(name, ...)``; an op family registers 
 * `shape.py`: reshape, transpose, slices, concat/stack/split, take, broadcast_to, tile, pad;
 * `nn.py`: matmul, softmax, layer_norm, topk;
 * `creation.py`: constant, full, full_like, arange;
+* `index.py`: cumsum, scatter_flat;
 * `window.py`: conv, max_pool, avg_pool (pools: the TE computes of `../te_window.py`);
 * `../te_kernels.py`: the hand-written TE computes they emit.
 
@@ -66,11 +67,11 @@ from ..dims import ConvertContext
 __all__ = ["CONVERTERS", "ConvertContext", "convert_node", "converter", "UNSUPPORTED_EXACTNESS"]
 
 # Importing the converter modules registers every converter (each imports `converter` from .registry).
-from . import checks, creation, elementwise, nn, reduce, shape, window  # noqa: E402
+from . import checks, creation, elementwise, index, nn, reduce, shape, window  # noqa: E402
 from .common import dtype_of, emit, ndim_of, shape_of, ty_of  # noqa: E402
 from .registry import CONVERTERS, UNSUPPORTED_EXACTNESS, converter  # noqa: E402,F401
 
-_CONVERTER_MODULES = (checks, creation, elementwise, nn, reduce, shape, window)
+_CONVERTER_MODULES = (checks, creation, elementwise, index, nn, reduce, shape, window)
 
 
 def _same_dtype_unary(name):
