@@ -101,6 +101,10 @@ def _unnamed_dims(g, skip: set) -> dict:
     return out
 
 
+#: `ir.types.check_tensor_size`'s refusals: a size the model asks for (a constant operand) is an import error.
+_TOO_LARGE = ("more than this machine's memory", "more than int64")
+
+
 def _list_spec(vi, tt, name: str) -> ListSpec:
     """A sequence input of any length, a run-time list: its elements of the declared dtype and rank, each dim a
     declared int or free (a dim_param of an element is not shared between elements)."""
@@ -283,7 +287,8 @@ def _run_nodes(graph, env: dict, ctx: _Ctx) -> None:
                 outs = conv(ins, _attrs(node), ctx, env, node)
         except (TraceError, InputError) as e:
             msg = str(e).replace(f"\n    at {where}", "")
-            raise type(e)(f"{where}: {msg}") from None
+            too_large = isinstance(e, TraceError) and any(s in msg for s in _TOO_LARGE)    # the model's own sizes
+            raise (OnnxImportError if too_large else type(e))(f"{where}: {msg}") from None
         except MemoryError:         # folding a constant under the machine's size but over what this process may take
             raise OnnxImportError(f"{where}: folding it at import needs more memory than this process can allocate "
                                   "(its constant operands ask for a very large tensor)") from None

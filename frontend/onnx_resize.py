@@ -17,7 +17,8 @@ import numpy as np
 from ..ir.types import dim_floordiv, dim_mul
 from . import F
 from .onnx_image import _text
-from .onnx_ops import OnnxImportError, _const, _is_const, _known_dims, _rank, _shape, converter
+from .onnx_ops import OnnxImportError, _const, _is_const, _rank, _shape, converter
+from .shape_values import as_dim, known_of
 
 MODES = ("nearest", "linear", "cubic")
 NEAREST = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
@@ -63,7 +64,8 @@ def _plan(x, ins, a, ctx, node):
         if any(not v > 0 for v in s):
             raise OnnxImportError(f"Resize: scales {s} must be positive")
         return axes, [_scaled_dim(dims[ax], v, ax) for ax, v in zip(axes, s)], s
-    kd = _known_dims(ctx, sizes)
+    entries = np.asarray(sizes).reshape(-1).tolist() if _is_const(sizes) else known_of(sizes)
+    kd = None if entries is None or any(as_dim(e) is None for e in entries) else ([as_dim(e) for e in entries],)
     if kd is None:
         raise OnnxImportError("Resize: sizes must be known when the model is imported (constants, or a shape "
                               "vector built from the inputs' shapes); dyntvm has no data-dependent Resize")

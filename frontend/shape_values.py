@@ -30,7 +30,7 @@ MAX_ENTRIES = 64            # longer integer vectors are data, not shapes: not t
 def trackable(t: TensorType) -> bool:
     """Whether a value of type `t` can have a known value: integer (or bool: comparisons of entries, as the
     exporters' ``Where(Equal(shape, -1), ...)``), rank 0 or 1 of a static, small length."""
-    if np.dtype(t.dtype).kind not in "iub" or t.ndim > 1:
+    if not isinstance(t, TensorType) or np.dtype(t.dtype).kind not in "iub" or t.ndim > 1:     # (a list: no)
         return False
     return t.ndim == 0 or isinstance(t.shape[0], int) and t.shape[0] <= MAX_ENTRIES
 

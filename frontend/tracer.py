@@ -19,7 +19,7 @@ from ..ir.dim_checks import name_internal_dims, recording_checks
 from ..ir.ops import attr_symbols, get_op
 from ..ir.shapes import ShapeError
 from ..ir.tree import LEAF, num_leaves, tree_flatten, tree_unflatten
-from ..ir.list_type import ListType, value_dims
+from ..ir.list_type import ListType, all_dims, value_dims
 from ..ir.types import TensorType, as_shape_dim, dim_origin, is_symbol, is_unknown, set_dim_origin, user_line
 from ..runtime.torch_inputs import is_torch_tensor, torch_to_numpy
 from . import shape_rewrites, shape_values
@@ -79,9 +79,9 @@ def site(source: str) -> str:
 def name_new_dims(in_types: list, out_types: list, api: str, source: str) -> None:
     """Give each unknown dim an op's rule made (one no input has) its origin: what the rule said ("rows kept
     by boolean_mask"), else "axis 1 of the result of nonzero", and where ("at model.py:12")."""
-    seen = {d for t in in_types for d in t.shape}
+    seen = {d for t in in_types for d in all_dims(t)}
     for k, t in enumerate(out_types):
-        for ax, d in enumerate(t.shape):
+        for ax, d in enumerate(all_dims(t)):
             if is_unknown(d) and d not in seen:
                 seen.add(d)
                 what = dim_origin(d) or (f"axis {ax} of the result of {api}" if len(out_types) == 1 else
@@ -434,9 +434,12 @@ def trace(fn, *specs, name: str | None = None) -> Graph:
     for v, default in zip(g.inputs, _input_names(fn, in_spec, len(g.inputs))):
         if not v.name:
             v.name = default
-        for ax, d in enumerate(v.type.shape):
+        t = v.type
+        named = [(t.length, "the length"), *((d, f"axis {ax} of an element") for ax, d in enumerate(t.elem.shape))] \
+            if isinstance(t, ListType) else [(d, f"axis {ax}") for ax, d in enumerate(t.shape)]
+        for d, what in named:
             if is_unknown(d):           # a TensorSpec None dim
-                set_dim_origin(d, f"axis {ax} of input {v.name!r}")
+                set_dim_origin(d, f"{what} of input {v.name!r}")
     canonicalize_unknown_dims(g)
     assign_names(g)
     return g.lint()

@@ -70,7 +70,7 @@ EXPECTED = {      # the error class, and what the message must say
     "onnx_constant_of_shape": ("OnnxImportError", "(ConstantOfShape): ConstantOfShape: a tensor of shape "
                                "(1099511627776,) and dtype float32 needs 4.0 TiB"),
     "onnx_range": ("OnnxImportError", "(Range): Range: a tensor of shape (1099511627776,) and dtype int64 needs"),
-    "onnx_expand": ("OnnxImportError", "(Expand): Expand: a tensor of shape (1048576, 1048576)"),
+    "onnx_expand": ("OnnxImportError", "(Expand): expand: a tensor of shape (1048576, 1048576)"),
     "run_time_arange": ("ExecutionError", "failed: Unable to allocate 8.00 TiB"),
 }
 
