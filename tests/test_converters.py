@@ -291,6 +291,16 @@ case("conv_pools", S(("N", 2, "H", 7)), sizes=(0, 1, 4))(lambda x: (
 # --------------------------------------------------------------------------------------- fixture
 # assert_dims_equal: a match_cast of y to x's rows (the executor checks the dims; here every symbol has one size)
 case("assert_dims_equal", S(("N", 3)), S(("M", 3)))(lambda x, y: x * 2.0 + F.assert_dims_equal(x, y, 0, 0))
+# the index ops of the ONNX importer (tests/test_onnx_new_ops.py compares them with onnxruntime)
+case("cumsum", S(("N", 3)), S(("N", 2), "int32"))(lambda x, i: (F.cumsum(x, axis=0), F.cumsum(x, axis=-1), F.cumsum(i, 1)))
+case("scatter_flat", S(("N", 3)), sizes=(1, 4))(lambda x: _scatter_flat(x))
+
+
+def _scatter_flat(x):
+    from dyntvm.frontend.ops import apply
+    from dyntvm.ir.ops_index import ScatterAttrs
+    return apply("scatter", "scatter_flat", [F.reshape(x, (-1,)), np.array([2, 0, 2], np.int64),
+                                             np.array([1, 2, 3], np.float32)], ScatterAttrs("add"))[0]
 
 
 def _sizes(c):

@@ -337,6 +337,7 @@ add("conv-pools", lambda x: [F.conv(x, KW, V, stride=(2, 1), padding=((1, 0), (0
 from dyntvm.frontend.ops import apply  # noqa: E402
 from dyntvm.ir.ops_index import NmsAttrs, RoiAlignAttrs, ScatterAttrs  # noqa: E402
 
+add("assert_dims_equal", lambda x, y: x * 2.0 + F.assert_dims_equal(x, y, 0, 0), [X, S(("M", 4))])  # N == M here
 ROIS = np.array([[0.5, 0.5, 3.0, 4.0], [1.0, 0.0, 4.5, 2.5]], np.float32)
 add("cumsum", lambda x: [F.cumsum(x, axis=1), F.cumsum(x, 0)], [X])
 add("cumsum-int", lambda x: F.cumsum(x, axis=-1), [XI])
