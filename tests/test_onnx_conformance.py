@@ -91,9 +91,9 @@ def _compare(got, want, case, where: str):
     np.testing.assert_allclose(a, want, rtol=case.rtol, atol=case.atol, err_msg=where)
 
 
-# The pass count README.md gives ("973 pass, 911 skip as unsupported"): a converter that starts raising
+# The pass count README.md gives ("1162 pass, 722 skip as unsupported"): a converter that starts raising
 # OnnxImportError turns its tests into skips, not failures, so `test_pass_count_holds` checks the count.
-README_PASS_COUNT = 973
+README_PASS_COUNT = 1162
 RAN, PASSED = set(), set()          # this process's test_onnx_node cases (the file runs on one worker)
 
 
