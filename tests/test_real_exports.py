@@ -1,7 +1,6 @@
 """Models of our own making, written as torch users write them and exported to ONNX by torch's own exporters
 (TorchScript: `dynamo=False`, and dynamo: `torch.export`), with dynamic axes: each imports, compiles once and
 equals onnxruntime on the same file at several sizes (`torch_models.py` has the models)."""
-import warnings
 
 import numpy as np
 import pytest
@@ -12,21 +11,9 @@ from dyntvm.codegen.build import stats
 torch = pytest.importorskip("torch")
 ort = pytest.importorskip("onnxruntime")
 import torch_models  # noqa: E402  (tests/ is on sys.path)
+from model_exports import export as _export  # noqa: E402
 
 pytestmark = pytest.mark.slow
-
-
-def _export(model, args, path, names, axes, dynamo):
-    """`model` exported to `path` with the dims named in `axes` ({input: {axis: name}}) dynamic."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        if dynamo:
-            shapes = tuple({ax: torch.export.Dim(d, min=1, max=1024) for ax, d in axes[n].items()} for n in names)
-            torch.onnx.export(model, args, path, dynamo=True, input_names=names, dynamic_shapes=shapes,
-                              external_data=False, verbose=False)
-        else:
-            torch.onnx.export(model, args, path, dynamo=False, input_names=names, dynamic_axes=axes)
-    return path
 
 
 def _cnn():
