@@ -7,12 +7,17 @@ the cache folder (`$DYNTVM_TEST_EXPORTS`, else a private folder in the temp dir)
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.metadata
 import inspect
 import os
 import tempfile
+import time
 import warnings
+from typing import Callable
+
+import numpy as np
 
 import torch
 
@@ -66,3 +71,80 @@ def export_onnx(make, key: str, exporter: str) -> str:
         if os.path.exists(staging):
             os.unlink(staging)
     return path
+
+
+@dataclasses.dataclass
+class ModelCase:
+    """One real model of the suite: how to build it, which exporters, which sizes, and what is known not to work.
+
+    `make()` -> (model, args, input_names, dynamic_axes); `inputs(rng, size)` -> {input_name: array} for one entry
+    of `sizes`; `cannot` maps an exporter to the exact reason the model cannot run through it (the test then
+    expects that failure, so a fixed model shows up; a model that neither runs nor is listed fails the suite).
+    `outputs(arrays)` picks / orders what is compared (detectors: boxes, scores, labels), defaults to all."""
+    name: str
+    make: Callable[[], tuple]
+    inputs: Callable[[np.random.Generator, object], dict]
+    sizes: list
+    exporters: tuple = ("torchscript", "dynamo")
+    cannot: dict = dataclasses.field(default_factory=dict)
+    rtol: float = 1e-4
+    atol: float = 1e-4
+    outputs: Callable[[list], list] | None = None
+
+
+@dataclasses.dataclass
+class CaseResult:
+    """What running a case found: the numbers the README table shows, and per size the largest difference."""
+    name: str
+    exporter: str
+    nodes: int
+    regions: int
+    compile_s: float
+    builds: int
+    sizes: list
+    max_abs_err: list
+    compiled: object = None
+    path: str = ""
+
+
+def run_case(case: ModelCase, exporter: str, cache_dir: str, seed: int = 0) -> CaseResult:
+    """Export (cached), import, compile once and compare with onnxruntime at every size of `case`.
+
+    Raises AssertionError on a mismatch (shape or value beyond the case's tolerance); dyntvm's own errors pass
+    through so the caller can tell "cannot run" from "runs wrong"."""
+    import onnxruntime as ort
+
+    import dyntvm as dt
+    from dyntvm.codegen.build import stats
+
+    torch.manual_seed(seed)
+    path = export_onnx(case.make, case.name, exporter)
+    graph = dt.from_onnx(path)
+    before = stats.builds
+    start = time.perf_counter()
+    compiled = dt.compile(graph, cache_dir=cache_dir, use_cache=False)
+    compile_s = time.perf_counter() - start
+    builds = stats.builds - before
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]
+    rng = np.random.default_rng(seed)
+    errors = []
+    pick = case.outputs or (lambda arrays: arrays)
+    for size in case.sizes:
+        feeds = case.inputs(rng, size)
+        feeds = {n: feeds[n] for n in names}
+        want = pick(session.run(None, feeds))
+        got = compiled(*feeds.values())
+        got = pick([np.asarray(g) for g in (got if isinstance(got, (list, tuple)) else [got])])
+        assert len(got) == len(want), (case.name, exporter, size, len(got), len(want))
+        err = 0.0
+        for k, (g, w) in enumerate(zip(got, want)):
+            g = np.asarray(g)
+            assert g.shape == w.shape, f"{case.name} {exporter} at {size}: output {k} shape {g.shape} != {w.shape}"
+            np.testing.assert_allclose(g, w, rtol=case.rtol, atol=case.atol,
+                                       err_msg=f"{case.name} {exporter} at {size}: output {k}")
+            if g.size:
+                err = max(err, float(np.max(np.abs(g.astype(np.float64) - w.astype(np.float64)))))
+        errors.append(err)
+    return CaseResult(case.name, exporter, len(graph.nodes), len(compiled.regions), compile_s, builds, list(case.sizes), errors,
+                      compiled, path)
