@@ -259,6 +259,8 @@ def _inspect(args) -> int:
             print(f"  {k}: {v}")
         for fn, digest in manifest.get("files", {}).items():
             print(f"  file {fn}: sha256 {str(digest)[:16]}...")
+    elif args.model and args.model.endswith(".onnx") and not args.input and not args.example:
+        return _inspect_onnx(args)
     else:
         from dyntvm.pipeline import partition_graph
         loaded = load_model(args.model, args.example, args.input)
@@ -269,10 +271,38 @@ def _inspect(args) -> int:
     for line in partition_summary(pg):
         print(f"  {line}")
     print(pg)
-    if args.svg:
+    _draw(pg, args.svg)
+    return 0
+
+
+def _draw(pg, svg) -> None:
+    if svg:
         from dyntvm.partition.draw import draw_partition
-        draw_partition(pg, args.svg)
-        print(f"wrote {args.svg}")
+        draw_partition(pg, svg)
+        print(f"wrote {svg}")
+
+
+def _inspect_onnx(args) -> int:
+    """Where each ONNX node landed (`dyntvm.onnx_inspect`); a model that cannot be imported is described, every
+    unsupported op listed, and the command fails after printing it."""
+    import json
+
+    import dyntvm as dt
+    from dyntvm.errors import DyntvmError
+    info = dt.inspect_onnx(args.model)
+    if args.json:
+        print(json.dumps(info.to_json(), indent=1))
+    else:
+        print("\n".join(info.summary_lines()))
+        if info.ok and not args.summary:
+            print("\n".join(info.table_lines()))
+        if info.ok and args.graph:
+            print(info.graph)
+    if not info.ok:
+        raise DyntvmError(f"{args.model} cannot be imported: " + (
+            f"{len(info.unsupported)} op type(s) without a converter (listed above)" if info.unsupported
+            else "see above"))
+    _draw(info.graph, args.svg)
     return 0
 
 
@@ -387,9 +417,14 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=_run)
 
     i = sub.add_parser("inspect", parents=[common], help="print (and draw) a model's or artifact's partition",
-                       description="Print the partitioned graph and its regions; --svg draws it.")
+                       description="Print the partitioned graph and its regions; --svg draws it. For model.onnx: where each "
+                                   "ONNX node landed (regions, dynamic ops, control flow), or every op without a "
+                                   "converter with its opset and node names.")
     model_args(i)
     i.add_argument("--svg", metavar="FILE", help="draw the partition to FILE (SVG)")
+    i.add_argument("--json", action="store_true", help="model.onnx: print where each ONNX node landed as JSON")
+    i.add_argument("--summary", action="store_true", help="model.onnx: the summary only, not the per-node table")
+    i.add_argument("--graph", action="store_true", help="model.onnx: also print the partitioned graph")
     i.set_defaults(func=_inspect)
 
     b = sub.add_parser("bundle", parents=[common], help="write the runtime-only install a deployment needs",

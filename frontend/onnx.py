@@ -40,7 +40,7 @@ from ..ir.types import is_unknown
 from . import F
 from .tracer import ListSpec, Tensor, TensorSpec, source_hint, trace
 
-__all__ = ["from_onnx", "unsupported_ops", "CONVERTERS", "OnnxImportError"]
+__all__ = ["from_onnx", "unsupported_ops", "unsupported_nodes", "CONVERTERS", "OnnxImportError"]
 
 def _opsets(model) -> dict:
     return {(o.domain or "ai.onnx"): o.version for o in model.opset_import}
@@ -51,6 +51,33 @@ def unsupported_ops(model) -> list:
     return sorted({(n.domain + "." if n.domain not in ("", "ai.onnx") else "") + n.op_type
                    for n in walk_nodes(model.graph)
                    if n.domain not in ("", "ai.onnx") or n.op_type not in CONVERTERS})
+
+
+def unsupported_nodes(model) -> list[dict]:
+    """Every op of `model` (subgraphs included) without a converter, sorted by op: {"op", "domain", "opset" (the
+    version the model imports for that domain, None if it imports none), "nodes" (the model's node names, in
+    order; an unnamed node as "<unnamed OpType #k>", k counting all nodes from 0)}."""
+    opsets = _opsets(model)
+    found: dict = {}
+    for k, n in enumerate(walk_nodes(model.graph)):
+        domain = n.domain or "ai.onnx"
+        if domain == "ai.onnx" and n.op_type in CONVERTERS:
+            continue
+        op = (n.domain + "." if domain != "ai.onnx" else "") + n.op_type
+        entry = found.setdefault(op, {"op": n.op_type, "domain": domain, "opset": opsets.get(domain), "nodes": []})
+        entry["nodes"].append(n.name or f"<unnamed {n.op_type} #{k}>")
+    return [found[k] for k in sorted(found)]
+
+
+def describe_unsupported(entries: list[dict], most: int = 5) -> str:
+    """'Frobnicate (ai.onnx opset 13: nodes 'a', 'b'); ...' for `unsupported_nodes`' entries, at most `most` node
+    names each."""
+    def one(e):
+        names = ", ".join(map(repr, e["nodes"][:most])) + (f" and {len(e['nodes']) - most} more"
+                                                           if len(e["nodes"]) > most else "")
+        opset = f"opset {e['opset']}" if e["opset"] is not None else "no opset imported"
+        return f"{e['op']} ({e['domain']} {opset}: node{'s' if len(e['nodes']) > 1 else ''} {names})"
+    return "; ".join(one(e) for e in entries)
 
 
 def _symbol(name: str) -> str:
@@ -239,7 +266,7 @@ def _pin_declared(v, vi, node=None):
     unknown = [d for d in v.shape if is_unknown(d)]
     if len(unknown) != 1 or any(d != w for d, w in zip(v.shape, want) if not is_unknown(d)):
         return v
-    where = f"ONNX node {node.name or node.op_type!r} ({node.op_type}): " if node is not None else ""
+    where = f"{node_where(node)}: " if node is not None else ""
     with source_hint(f"{where}subgraph output {vi.name!r}, declared {tuple(want)} (a reshape checks its size)"):
         return F.reshape(v, tuple(want))
 
@@ -267,10 +294,15 @@ def _attrs(node) -> dict:
     return {a.name: (a if a.type in (a.GRAPH, a.GRAPHS) else helper.get_attribute_value(a)) for a in node.attribute}
 
 
+def node_where(node) -> str:
+    """How messages name an ONNX node, and the `source` its IR ops record (`dyntvm.onnx_inspect` maps it back)."""
+    return f"ONNX node {node.name or node.op_type!r} ({node.op_type})"
+
+
 def _run_nodes(graph, env: dict, ctx: _Ctx) -> None:
     for node in graph.node:
         conv = CONVERTERS[node.op_type]
-        where = f"ONNX node {node.name or node.op_type!r} ({node.op_type})"
+        where = node_where(node)
         try:
             ins = [env[n] if n else None for n in node.input]
         except KeyError as e:
@@ -345,7 +377,8 @@ def from_onnx(model, input_shapes: dict | None = None, constant_inputs: dict | N
     missing = unsupported_ops(model)
     if missing:
         raise UnsupportedOpError(f"from_onnx: no converter for ONNX op(s) {', '.join(missing)} "
-                                 f"(supported: {len(CONVERTERS)} ops, dt.frontend.onnx.CONVERTERS)")
+                                 f"(supported: {len(CONVERTERS)} ops, dt.frontend.onnx.CONVERTERS); where: "
+                                 f"{describe_unsupported(unsupported_nodes(model))}")
     opset = _opsets(model).get("ai.onnx", 1)
     from onnx.defs import onnx_opset_version
     if opset > onnx_opset_version():
