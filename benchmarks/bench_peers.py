@@ -43,17 +43,10 @@ def _threads_from_argv(default: int = 2) -> int:
 
     Only when run as a script: importing this module (the test does) changes no environment variable.
     """
-    n = default
     if __name__ != "__main__":
-        return n
-    for i, a in enumerate(sys.argv):
-        if a == "--threads" and i + 1 < len(sys.argv):
-            n = int(sys.argv[i + 1])
-        elif a.startswith("--threads="):
-            n = int(a.split("=", 1)[1])
-    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "TVM_NUM_THREADS"):
-        os.environ[var] = str(n)
-    return n
+        return default
+    from thread_env import threads_from_argv     # the script's folder is on sys.path
+    return threads_from_argv(sys.argv, default)
 
 
 THREADS = _threads_from_argv()
