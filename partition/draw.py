@@ -158,10 +158,12 @@ def layout(g: nx.DiGraph) -> dict:
     pos: dict = {}
     for y in sorted(rows):
         row = rows[y]
-        if y > 0:
-            def bary(u, row=row):
+        if y > 0:       # a node without placed predecessors keeps its place (list.sort hides the list meanwhile)
+            place = {u: k for k, u in enumerate(row)}
+
+            def bary(u, place=place):
                 xs = [pos[p][0] for p in g.predecessors(u) if p in pos]
-                return sum(xs) / len(xs) if xs else row.index(u)
+                return sum(xs) / len(xs) if xs else place[u]
             row.sort(key=bary)
         for j, u in enumerate(row):
             pos[u] = (j - (len(row) - 1) / 2, -y)

@@ -135,3 +135,12 @@ def test_long_labels_are_cut_with_the_full_text_as_tooltip(tmp_path):
 def test_png_path_is_a_clear_error(tmp_path):
     with pytest.raises(InputError, match="writes SVG"):
         draw_partition(partition_graph(dt.trace(small, S(("N", 4)))), str(tmp_path / "g.png"))
+
+
+def test_a_row_with_a_node_whose_predecessors_are_not_placed_yet(tmp_path):
+    """An ONNX model with NonZero and a Loop: an output whose producer sits on a later row than its row used to
+    crash the layout (`row.index` inside `row.sort`: the list is empty while it sorts)."""
+    from test_inspect import dynamic_model      # tests/ is on sys.path
+    path = tmp_path / "dyn.svg"
+    draw_partition(partition_graph(dt.from_onnx(dynamic_model())), str(path))
+    ET.parse(path)          # well-formed SVG
