@@ -244,7 +244,8 @@ def random_inputs(graph, rng, sizes: dict | None = None, given: dict | None = No
     for v in graph.inputs:
         if isinstance(v.type, ListType) and v.name not in given:
             raise InputError(f"input {v.name!r} is {v.type.describe()}: random data is made for tensor inputs only; "
-                             "give this one (a list of arrays)")
+                             "give this one (a list of arrays: --input NAME=FILE.npz, written by "
+                             "np.savez(FILE, *arrays))")
     for v in graph.inputs:                       # bind symbols from the given arrays first
         if v.name in given and not isinstance(v.type, ListType):
             for d, s in zip(v.type.shape, np.shape(given[v.name])):
