@@ -7,6 +7,8 @@
 * `dyntvm run` flattened a list output into output_<i>.npy files, one per element, so the files of the outputs
   after it were numbered by the list's run-time length; and a list input could not be given at all. A list
   output is now DIR/output_<i>.npz (elements arr_0, arr_1, ...), and an .npz is taken for a list input.
+* `dyntvm compile` could not declare a list input (nor a dim of its own, TensorSpec's None): now
+  `--input 'parts:[?,8]'` (a list of float32[?,8]) and `?` for a dim.
 """
 import os
 import subprocess
@@ -17,7 +19,8 @@ import pytest
 
 import dyntvm as dt
 from dyntvm import F
-from dyntvm.errors import ExecutionError
+from dyntvm.errors import ExecutionError, InputError
+from dyntvm.loader import parse_input_spec
 
 
 def finished_scores(scores, n_done):
@@ -65,16 +68,31 @@ def test_list_concat_keeps_the_graph_of_a_fully_known_element():
     assert node.attrs.empty_shape == (2, 3)
 
 
+def test_input_spec_takes_a_list_and_a_dim_of_its_own():
+    spec = parse_input_spec("parts:[?,8]")
+    assert spec == dt.ListSpec(dt.TensorSpec((None, 8)), name="parts")
+    assert parse_input_spec("x:?,N:int64") == dt.TensorSpec((None, "N"), "int64", name="x")
+    with pytest.raises(InputError, match=r"a list input is NAME:\[DIMS\]:DTYPE"):
+        parse_input_spec("x:[?,8")
+
+
+MODEL_FILE = """
+from dyntvm import F
+
 def rows_model(parts, x):
-    """A list input and a list output, with a tensor output after the list (its file name must not move)."""
     rows = F.split_to_list(F.list_concat(parts, 0), None, 0, keepdims=False)
     return rows, F.sum(x) + F.cast(F.list_length(rows), "float32")
+"""
 
 
 def test_run_command_saves_a_list_output_as_one_npz_and_takes_a_list_input(tmp_path):
-    specs = (dt.ListSpec(dt.TensorSpec((None, 2))), dt.TensorSpec(("N",)))
+    """Compiled from the command line (`--input 'parts:[?,2]'`), run from the command line."""
+    (tmp_path / "rows.py").write_text(MODEL_FILE)
     art = tmp_path / "rows.dtvm"
-    dt.compile(rows_model, *specs).save(str(art))
+    r = subprocess.run([sys.executable, "-m", "dyntvm.cli", "compile", f"{tmp_path / 'rows.py'}:rows_model",
+                        "--input", "parts:[?,2]", "--input", "x:N", "-o", str(art)],
+                       capture_output=True, text=True, timeout=600, env=dict(os.environ))
+    assert r.returncode == 0, r.stderr
     parts = [np.arange(6, dtype=np.float32).reshape(3, 2), np.ones((1, 2), np.float32)]
     np.savez(tmp_path / "parts.npz", *parts)
     np.save(tmp_path / "x.npy", np.ones(4, np.float32))
