@@ -70,6 +70,16 @@ def _type_str(a) -> str:
     return f"{a.dtype}[{','.join(str(s) for s in a.shape)}]"
 
 
+def _signature_type(entry: dict) -> str:
+    """A type of an artifact's signature (`runtime.artifact.signature`): float32[T,B,8], or a list's
+    list[float32[?,8] x length]."""
+    def tensor(t):
+        return f"{t.get('dtype')}[{','.join(map(str, t.get('shape', [])))}]"
+    if "list" in entry:
+        return f"list[{tensor(entry['list'])} x {entry.get('length')}]"
+    return tensor(entry)
+
+
 def _value_str(a) -> str:
     """An array's type, or a list value's length and element types."""
     import numpy as np
@@ -284,9 +294,9 @@ def _inspect(args) -> int:
         print(f"artifact {args.model}: target {manifest.get('target')}, format {manifest.get('format_version')}, "
               f"dyntvm {manifest.get('dyntvm')}, tvm {manifest.get('tvm')}")
         for i in sig.get("inputs", []):
-            print(f"  input {i.get('name')}: {i.get('dtype')}[{','.join(map(str, i.get('shape', [])))}]")
+            print(f"  input {i.get('name')}: {_signature_type(i)}")
         for k, o in enumerate(sig.get("outputs", [])):
-            print(f"  output {k}: {o.get('dtype')}[{','.join(map(str, o.get('shape', [])))}]")
+            print(f"  output {k}: {_signature_type(o)}")
         for k, v in (manifest.get("info") or {}).items():
             print(f"  {k}: {v}")
         for fn, digest in manifest.get("files", {}).items():

@@ -7,10 +7,12 @@
 * `dyntvm run` flattened a list output into output_<i>.npy files, one per element, so the files of the outputs
   after it were numbered by the list's run-time length; and a list input could not be given at all. A list
   output is now DIR/output_<i>.npz (elements arr_0, arr_1, ...), and an .npz is taken for a list input.
+* `dyntvm inspect ART` printed a list input or output as "None[]".
 * `dyntvm compile` could not declare a list input (nor a dim of its own, TensorSpec's None): now
   `--input 'parts:[?,8]'` (a list of float32[?,8]) and `?` for a dim.
 """
 import os
+import re
 import subprocess
 import sys
 
@@ -93,6 +95,11 @@ def test_run_command_saves_a_list_output_as_one_npz_and_takes_a_list_input(tmp_p
                         "--input", "parts:[?,2]", "--input", "x:N", "-o", str(art)],
                        capture_output=True, text=True, timeout=600, env=dict(os.environ))
     assert r.returncode == 0, r.stderr
+    r = subprocess.run([sys.executable, "-m", "dyntvm.cli", "inspect", str(art)], capture_output=True, text=True,
+                       timeout=600, env=dict(os.environ))        # printed a list as "None[]"
+    assert r.returncode == 0 and "None[]" not in r.stdout, r.stdout + r.stderr
+    assert re.search(r"input parts: list\[float32\[\w+,2\] x \w+\]", r.stdout), r.stdout
+    assert re.search(r"output 0: list\[float32\[2\] x \w+\]", r.stdout), r.stdout
     parts = [np.arange(6, dtype=np.float32).reshape(3, 2), np.ones((1, 2), np.float32)]
     np.savez(tmp_path / "parts.npz", *parts)
     np.save(tmp_path / "x.npy", np.ones(4, np.float32))
