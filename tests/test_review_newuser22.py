@@ -87,6 +87,7 @@ def rows_model(parts, x):
 """
 
 
+@pytest.mark.slow           # three subprocesses (compile, inspect, run): 30-70 s on a busy 2-core machine
 def test_run_command_saves_a_list_output_as_one_npz_and_takes_a_list_input(tmp_path):
     """Compiled from the command line (`--input 'parts:[?,2]'`), run from the command line."""
     (tmp_path / "rows.py").write_text(MODEL_FILE)
@@ -115,7 +116,17 @@ def test_run_command_saves_a_list_output_as_one_npz_and_takes_a_list_input(tmp_p
     want = list(np.concatenate(parts))
     assert len(got) == len(want) and all(np.array_equal(a, b) for a, b in zip(got, want))
     np.testing.assert_array_equal(np.load(out / "output_1.npy"), np.float32(4 + 4))
-    np.savez(tmp_path / "bad.npz", first=parts[0])
-    r = subprocess.run([sys.executable, "-m", "dyntvm.cli", "run", str(art), "--input", f"parts={tmp_path / 'bad.npz'}",
-                        "--random", "--dim", "N=3"], capture_output=True, text=True, timeout=600, env=dict(os.environ))
-    assert r.returncode == 1 and "named arr_0, arr_1" in r.stderr, r.stderr
+
+
+def test_run_command_refuses_an_npz_not_written_by_savez_of_a_list(tmp_path):
+    from dyntvm.cli import _npz_list
+    np.savez(tmp_path / "bad.npz", first=np.ones(2))
+    with pytest.raises(InputError, match="named arr_0, arr_1"):
+        _npz_list("parts=bad.npz", "bad.npz", np.load(tmp_path / "bad.npz"), True)
+    np.savez(tmp_path / "two.npz", np.ones(2), np.zeros(3))
+    with pytest.raises(InputError, match=r"is an .npz archive; give one array as a .npy file \(an .npz is for a list"):
+        _npz_list("x=two.npz", "two.npz", np.load(tmp_path / "two.npz"), False)
+    got = _npz_list("parts=two.npz", "two.npz", np.load(tmp_path / "two.npz"), True)
+    assert [a.shape for a in got] == [(2,), (3,)]
+    np.savez(tmp_path / "none.npz")
+    assert _npz_list("parts=none.npz", "none.npz", np.load(tmp_path / "none.npz"), True) == []
