@@ -130,3 +130,14 @@ def test_run_command_refuses_an_npz_not_written_by_savez_of_a_list(tmp_path):
     assert [a.shape for a in got] == [(2,), (3,)]
     np.savez(tmp_path / "none.npz")
     assert _npz_list("parts=none.npz", "none.npz", np.load(tmp_path / "none.npz"), True) == []
+
+
+def test_a_negative_one_hot_depth_at_run_time_names_one_hot():
+    """The run-time check of a depth tensor is a fill of `depth` zeros: its error read 'broadcast_to_dyn ...
+    the shape [-1] has a negative entry' at the user's line, with no word of one_hot."""
+    def one_hot_of(x, depth):
+        return F.one_hot(x, depth)
+    graph = dt.trace(one_hot_of, dt.TensorSpec(("N",), "int64"), dt.TensorSpec((), "int64"))
+    np.testing.assert_array_equal(dt.run_reference(graph, np.array([0, 2, 1]), np.int64(3)), np.eye(3)[[0, 2, 1]])
+    with pytest.raises(ExecutionError, match=r"(?s)negative entry \(-1\).*the depth of one_hot is >= 0"):
+        dt.run_reference(graph, np.array([0, 2, 1]), np.int64(-1))
