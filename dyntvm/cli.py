@@ -70,6 +70,24 @@ def _type_str(a) -> str:
     return f"{a.dtype}[{','.join(str(s) for s in a.shape)}]"
 
 
+def _signature_type(entry: dict) -> str:
+    """A type of an artifact's signature (`runtime.artifact.signature`): float32[T,B,8], or a list's
+    list[float32[?,8] x length]."""
+    def tensor(t):
+        return f"{t.get('dtype')}[{','.join(map(str, t.get('shape', [])))}]"
+    if "list" in entry:
+        return f"list[{tensor(entry['list'])} x {entry.get('length')}]"
+    return tensor(entry)
+
+
+def _value_str(a) -> str:
+    """An array's type, or a list value's length and element types."""
+    import numpy as np
+    if isinstance(a, list):
+        return f"list of {len(a)}" + "".join(f"{', ' if k else ': '}{_type_str(np.asarray(e))}" for k, e in enumerate(a))
+    return _type_str(np.asarray(a))
+
+
 def _compare(got: list, want: list, rtol: float = 1e-4, atol: float = 1e-4) -> tuple[bool, str]:
     """(match, detail): same count, dtypes and shapes, values within tolerance."""
     import numpy as np
@@ -182,12 +200,29 @@ def _bundle(args) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- run
+def _npz_list(item: str, path: str, archive, is_list: bool) -> list:
+    """The arrays of an .npz archive given for a list input, in order: `np.savez(path, *arrays)` names them
+    arr_0, arr_1, ... (what `--output` writes for a list output)."""
+    from dyntvm.errors import InputError
+    with archive:
+        keys = list(archive.files)
+        if not is_list:
+            raise InputError(f"--input {item!r}: {path} is an .npz archive; give one array as a .npy file (an "
+                             ".npz is for a list input)")
+        order = {f"arr_{k}": k for k in range(len(keys))}
+        if set(keys) != set(order):
+            raise InputError(f"--input {item!r}: {path} holds {', '.join(map(repr, keys[:5]))}; a list input takes "
+                             "an .npz of its elements named arr_0, arr_1, ... (np.savez(path, *arrays))")
+        return [archive[k] for k in sorted(keys, key=order.__getitem__)]
+
+
 def _run(args) -> int:
     import numpy as np
 
     import dyntvm as dt
     from dyntvm.errors import InputError
-    from dyntvm.ir.tree import tree_unflatten
+    from dyntvm.ir.list_type import ListType
+    from dyntvm.ir.tree import flatten_like, tree_unflatten
     from dyntvm.loader import parse_sizes, random_inputs
     sizes = parse_sizes(args.dim)
     t0 = time.perf_counter()
@@ -198,6 +233,7 @@ def _run(args) -> int:
     t_load = time.perf_counter() - t0
     graph = model.graph
     names = [v.name for v in graph.inputs]
+    list_inputs = {v.name for v in graph.inputs if isinstance(v.type, ListType)}
     given = {}
     for item in args.input or ():
         name, eq, path = item.partition("=")
@@ -211,9 +247,8 @@ def _run(args) -> int:
             given[name] = np.load(path, allow_pickle=False)
         except (OSError, ValueError) as e:
             raise InputError(f"--input {item!r}: cannot read {path} as a .npy array: {e}") from e
-        if not isinstance(given[name], np.ndarray):          # an .npz archive
-            given[name].close()
-            raise InputError(f"--input {item!r}: {path} is an .npz archive; give one array as a .npy file")
+        if not isinstance(given[name], np.ndarray):          # an .npz archive: a list input's elements
+            given[name] = _npz_list(item, path, given[name], name in list_inputs)
     missing = [n for n in names if n not in given]
     if missing and not args.random:
         raise InputError(f"no --input for {', '.join(missing)} (give NAME=FILE.npy, or --random)")
@@ -222,19 +257,26 @@ def _run(args) -> int:
     print(f"loaded {args.artifact} (target {model.target}, {len(model.regions)} compiled region(s)) "
           f"in {_ms(t_load)}")
     for v, a in zip(graph.inputs, leaves):
-        print(f"input {v.name}: {_type_str(a)} ({'file' if v.name in given else 'random'})")
+        print(f"input {v.name}: {_value_str(a)} ({'file' if v.name in given else 'random'})")
     t0 = time.perf_counter()
-    outs = _leaves(model(*call_args))
+    result = model(*call_args)
     t_first = time.perf_counter() - t0
+    outs: list = []                  # one entry per graph output: an array, or a Python list for a list output
+    if graph.out_tree is None or not flatten_like(graph.out_tree, result, outs):
+        outs = [result]
     for i, a in enumerate(outs):
-        print(f"output {i}: {_type_str(a)}")
+        print(f"output {i}: {_value_str(a)}")
     t_med = _median_time(lambda: model(*call_args), args.repeat)
     print(f"first call {_ms(t_first)}; median of {args.repeat} runs {_ms(t_med)}")
     if args.output:
         os.makedirs(args.output, exist_ok=True)
         for i, a in enumerate(outs):
-            np.save(os.path.join(args.output, f"output_{i}.npy"), np.ascontiguousarray(a))
-        print(f"saved {len(outs)} output(s) to {os.path.join(args.output, 'output_<i>.npy')}")
+            if isinstance(a, list):          # a list output: its elements in order (arr_0, arr_1, ...)
+                np.savez(os.path.join(args.output, f"output_{i}.npz"), *[np.ascontiguousarray(e) for e in a])
+            else:
+                np.save(os.path.join(args.output, f"output_{i}.npy"), np.ascontiguousarray(a))
+        print(f"saved {len(outs)} output(s) to {os.path.join(args.output, 'output_<i>.npy')}"
+              + (" (a list output: output_<i>.npz)" if any(isinstance(a, list) for a in outs) else ""))
     return 0
 
 
@@ -252,9 +294,9 @@ def _inspect(args) -> int:
         print(f"artifact {args.model}: target {manifest.get('target')}, format {manifest.get('format_version')}, "
               f"dyntvm {manifest.get('dyntvm')}, tvm {manifest.get('tvm')}")
         for i in sig.get("inputs", []):
-            print(f"  input {i.get('name')}: {i.get('dtype')}[{','.join(map(str, i.get('shape', [])))}]")
+            print(f"  input {i.get('name')}: {_signature_type(i)}")
         for k, o in enumerate(sig.get("outputs", [])):
-            print(f"  output {k}: {o.get('dtype')}[{','.join(map(str, o.get('shape', [])))}]")
+            print(f"  output {k}: {_signature_type(o)}")
         for k, v in (manifest.get("info") or {}).items():
             print(f"  {k}: {v}")
         for fn, digest in manifest.get("files", {}).items():
@@ -406,13 +448,15 @@ def build_parser() -> argparse.ArgumentParser:
                                    "shapes and latency.")
     r.add_argument("artifact", metavar="ART", help="artifact folder or .tar written by `dyntvm compile`, or a "
                    "model.onnx (compiled first, for --device or the CPU)")
-    r.add_argument("--input", action="append", metavar="NAME=FILE.npy", help="an input array; once per input")
+    r.add_argument("--input", action="append", metavar="NAME=FILE.npy", help="an input array; once per input "
+                   "(a list input: an .npz of its elements, np.savez(FILE, *arrays))")
     r.add_argument("--random", action="store_true", help="random data for inputs not given with --input")
     r.add_argument("--dim", action="append", metavar="SYM=SIZE", help="size of a symbolic dim for --random, "
                    "e.g. T=16")
     r.add_argument("--seed", type=int, default=0, help="random seed for --random (default 0)")
     r.add_argument("--repeat", type=_positive_int, default=10, metavar="N", help="timed runs after the first (default 10)")
-    r.add_argument("--output", metavar="DIR", help="save outputs as DIR/output_<i>.npy")
+    r.add_argument("--output", metavar="DIR", help="save outputs as DIR/output_<i>.npy (a list output: "
+                   "DIR/output_<i>.npz, its elements arr_0, arr_1, ...)")
     r.add_argument("--device", choices=("cpu", "cuda"), help="default: the artifact's target")
     r.set_defaults(func=_run)
 

@@ -39,13 +39,17 @@ class LoadedModel:
 
 
 def parse_input_spec(text: str):
-    """``NAME:DIMS[:DTYPE]`` -> dt.TensorSpec; DIMS are comma separated ints or symbol names.
+    """``NAME:DIMS[:DTYPE]`` -> dt.TensorSpec; DIMS are comma separated ints, symbol names or ``?`` (a dim of
+    its own, TensorSpec's None). ``NAME:[DIMS][:DTYPE]`` -> dt.ListSpec: a list input of any length whose
+    elements are DIMS (a ``?`` may differ from element to element).
 
     Example:
         >>> parse_input_spec("xs:T,B,128:float32")
         TensorSpec(shape=('T', 'B', 128), dtype='float32', name='xs')
+        >>> parse_input_spec("parts:[?,8]")
+        ListSpec(elem=TensorSpec(shape=(None, 8), dtype='float32', name=None), length=None, name='parts')
     """
-    from .frontend.tracer import TensorSpec
+    from .frontend.tracer import ListSpec, TensorSpec
     from .ir.types import DTYPES, normalize_dtype
     parts = text.split(":")
     if len(parts) not in (2, 3):
@@ -54,16 +58,20 @@ def parse_input_spec(text: str):
     dtype = parts[2].strip() if len(parts) == 3 and parts[2].strip() else "float32"
     if not _NAME.match(name):
         raise InputError(f"--input {text!r}: {name!r} is not a valid input name")
+    is_list = dims.startswith("[") and dims.endswith("]")
+    dims = dims[1:-1].strip() if is_list else dims
     shape = []
     for d in (dims.split(",") if dims else []):
         d = d.strip()
         if re.fullmatch(r"\d+", d):
             shape.append(int(d))
+        elif d == "?":
+            shape.append(None)
         elif _NAME.match(d) and not d.startswith("_"):
             shape.append(d)
         else:
-            raise InputError(f"--input {text!r}: dim {d!r} is neither a size nor a symbol name "
-                             "(symbols start with a letter)")
+            raise InputError(f"--input {text!r}: dim {d!r} is neither a size, a symbol name (symbols start with a "
+                             "letter) nor ? (a size of its own); a list input is NAME:[DIMS]:DTYPE")
     try:
         canonical = normalize_dtype(dtype)
     except ValueError as e:
@@ -71,6 +79,8 @@ def parse_input_spec(text: str):
     if canonical != dtype:           # numpy aliases: 'float' is float64 (torch's float is float32), 'f4', 'int'
         raise InputError(f"--input {text!r}: write the dtype by its name, {canonical!r} (numpy reads {dtype!r} "
                          f"as {canonical}); dtypes are {', '.join(DTYPES)}")
+    if is_list:
+        return ListSpec(TensorSpec(tuple(shape), dtype), name=name)
     return TensorSpec(tuple(shape), dtype, name=name)
 
 
@@ -244,7 +254,8 @@ def random_inputs(graph, rng, sizes: dict | None = None, given: dict | None = No
     for v in graph.inputs:
         if isinstance(v.type, ListType) and v.name not in given:
             raise InputError(f"input {v.name!r} is {v.type.describe()}: random data is made for tensor inputs only; "
-                             "give this one (a list of arrays)")
+                             "give this one (a list of arrays: --input NAME=FILE.npz, written by "
+                             "np.savez(FILE, *arrays))")
     for v in graph.inputs:                       # bind symbols from the given arrays first
         if v.name in given and not isinstance(v.type, ListType):
             for d, s in zip(v.type.shape, np.shape(given[v.name])):

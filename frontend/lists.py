@@ -135,12 +135,17 @@ def list_length(lst):
 
 def join(api, lst, axis, allow_empty: bool = True):
     """list_stack / list_concat. An empty list gives an empty result where the element shape is known (every
-    dim an int) and `allow_empty`; else it is an ExecutionError (ONNX's ConcatFromSequence refuses one)."""
+    dim an int; for list_concat every dim but `axis`, whose size is then 0) and `allow_empty`; else it is an
+    ExecutionError (ONNX's ConcatFromSequence refuses one)."""
     lst = _list_arg(api, lst)
     elem = lst.type.elem
-    static = allow_empty and all(isinstance(d, int) for d in elem.shape)
+    shape = list(elem.shape)
+    if (api == "list_concat" and isinstance(axis, int) and -len(shape) <= axis < len(shape)
+            and not isinstance(shape[axis], int)):
+        shape[axis] = 0      # the joined axis is 0 long anyway: rows of any length concatenate to float32[0]
+    static = allow_empty and all(isinstance(d, int) for d in shape)
     try:
-        attrs = ListJoinAttrs(axis, elem.dtype, elem.shape if static else None)
+        attrs = ListJoinAttrs(axis, elem.dtype, tuple(shape) if static else None)
     except (TypeError, ValueError) as e:
         raise trace_error(f"{api}: {e}") from None
     return _apply(api, api, [lst], attrs)[0]
@@ -153,7 +158,8 @@ def list_stack(lst, axis=0):
 
 
 def list_concat(lst, axis=0):
-    """The tensors of `lst` joined along their axis `axis`."""
+    """The tensors of `lst` joined along their axis `axis`. An empty list gives an empty tensor where every
+    element dim but `axis` is known (``F.list_empty("float32", 1)``: float32[0]), else an ExecutionError."""
     return join("list_concat", lst, axis)
 
 

@@ -18,7 +18,7 @@ from ..runtime.kernels import run_kernel
 from ..ir.shapes import ShapeError, broadcast_shapes
 from ..ir.types import TensorType
 from .shape_values import as_dim, known_of
-from .tracer import Tensor, as_array, current, infer_types, trace_error, tracing, user_source
+from .tracer import Tensor, as_array, current, infer_types, source_hint, trace_error, tracing, user_source
 
 
 
@@ -353,7 +353,8 @@ def one_hot(indices, depth, axis=-1, dtype="float32"):
         if known is not None and as_dim(known[0]) is not None:
             depth = known[0]            # a size known while tracing (F.shape_of(x)[1]): its dim
         else:                           # known when it runs: checked then (a depth-sized vector of zeros
-            check = zeros(reshape(depth, (1,)), "int64")        # refuses a negative one), then the positions
+            with source_hint(f"{user_source()} (checks that the depth of one_hot is >= 0)"):
+                check = zeros(reshape(depth, (1,)), "int64")    # refuses a negative one), then the positions
             depth = _F["cast"](reshape(depth, ()), "int64") + _F["sum"](check)
     if isinstance(depth, (int, np.integer)) and depth < 0:
         raise trace_error(f"one_hot: depth {depth} is negative")

@@ -54,7 +54,8 @@ def _join(a, lst, fn, what):
         if a.empty_shape is None:
             raise ValueError(f"{what} of an empty list: no tensor gives the result's shape (check the list's "
                              "length first; F.list_stack of a list made by F.list_empty(dtype, shape) with every "
-                             "element dim given is an empty tensor)")
+                             "element dim given, or F.list_concat with every dim but the axis given, is an empty "
+                             "tensor)")
         shape = list(a.empty_shape)
         if fn is np.stack:
             shape.insert(a.axis % (len(shape) + 1), 0)
