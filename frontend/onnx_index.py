@@ -13,6 +13,7 @@ import numpy as np
 from ..ir.ops_index import ScatterAttrs
 from ..ir.types import dim_mul
 from . import F
+from .dim_asserts import assert_dims_equal
 from .onnx_ops import OnnxImportError, _c, _ints, _is_const, _rank, _shape, converter
 from .ops import apply
 
@@ -57,6 +58,12 @@ def _within(n_idx, n_data, k, node):
                                   f"{n_data}")
         return F.arange(0, n_idx)
     return F.arange(0, n_idx) if n_idx == n_data else _checked(F.arange(0, n_idx), n_data)
+
+
+def _same_dim(a, axis_a: int, b, axis_b: int):
+    """`b` with its axis `axis_b` checked (at run time, where tracing cannot tell) to equal `a`'s axis `axis_a`:
+    a shape the ONNX spec requires, which nothing else would check (a flattened position stays in range)."""
+    return assert_dims_equal(a, b, axis_a, axis_b)
 
 
 def _element_positions(data, idx, axis: int, node) -> list:
@@ -105,8 +112,9 @@ def _nd_positions(data, idx, b: int, node):
         if _static(n_idx) and _static(n_data) and n_idx != n_data:
             raise OnnxImportError(f"{node.op_type}: batch axis {k} has {n_idx} entries in the indices, {n_data} in "
                                   "the data")
-        p = F.arange(0, n_data) if n_idx == n_data else _within(n_idx, n_data, k, node)
-        pos.append(F.reshape(p, tuple(n_idx if j == k else 1 for j in range(lead))))
+        if n_idx != n_data:         # the spec wants them equal (not merely in range): checked when it runs
+            idx = _same_dim(data, k, idx, k)
+        pos.append(F.reshape(F.arange(0, n_data), tuple(n_data if j == k else 1 for j in range(lead))))
     if _is_const(idx):
         idx = np.asarray(idx, np.int64)
     for j in range(m):
@@ -149,6 +157,9 @@ def _scatter_elements(ins, a, ctx, env, node):
                                                     for p, q in zip(_shape(upd), _shape(idx))):
         raise OnnxImportError(f"{node.op_type}: updates of shape {_shape(upd)} and indices of shape {_shape(idx)} "
                               "differ")
+    for k, (p, q) in enumerate(zip(_shape(idx), _shape(upd))):
+        if p != q:
+            upd = _same_dim(idx, k, upd, k)
     flat = _flat(data, _element_positions(data, idx, int(a.get("axis", 0)), node))
     return _scatter(data, flat, upd, _reduction(a, node), node)
 
@@ -162,6 +173,9 @@ def _scatter_nd(ins, a, ctx, env, node):
     if len(_shape(upd)) != len(want) or any(_static(p) and _static(q) and p != q for p, q in zip(_shape(upd), want)):
         raise OnnxImportError(f"ScatterND: updates of shape {_shape(upd)}, expected indices.shape[:-1] + "
                               f"data.shape[{m}:] = {want}")
+    for k in range(len(want)):          # the updates' shape, axis by axis (a reshape checks only their count)
+        if _shape(upd)[k] != want[k]:
+            upd = _same_dim(idx, k, upd, k) if k < _rank(idx) - 1 else _same_dim(data, k - _rank(idx) + 1 + m, upd, k)
     rows = _flat(data, pos)                           # [idx.shape[:-1]]: the row of each update slice
     width = 1
     for d in rest:

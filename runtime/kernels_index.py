@@ -57,6 +57,8 @@ def roi_align(attrs, x, rois, batch):
     if r and (batch.min() < 0 or batch.max() >= n):
         raise IndexError(f"roi_align: a batch index ({int(batch[(batch < 0) | (batch >= n)][0])}) is out of range "
                          f"for a batch of {n}")
+    if not np.all(np.isfinite(rois)):
+        raise ValueError("roi_align: every box coordinate must be finite, got " + str(rois[~np.isfinite(rois).all(1)][0]))
     dt = np.dtype(x.dtype)
     out = np.zeros((r, c, oh, ow), dt)
     if not (h and w):
@@ -128,6 +130,8 @@ def nms(attrs, boxes, scores, max_per_class, iou, score):
     b, n = boxes.shape[:2]
     if scores.shape[0] != b or scores.shape[2] != n:
         raise ValueError(f"nms: boxes {boxes.shape} and scores {scores.shape} do not match (batch, boxes)")
+    if not 0 <= float(iou) <= 1:        # (NaN included) ONNX's range; onnxruntime refuses the others too
+        raise ValueError(f"nms: iou_threshold must be in [0, 1], got {float(iou)}")
     limit = max(int(max_per_class), 0)
     iou, score = boxes.dtype.type(iou), scores.dtype.type(score)
     rows = []
