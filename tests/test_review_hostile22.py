@@ -141,3 +141,14 @@ def test_conv_transpose_attributes_the_spec_refuses_are_import_errors():
         m = _model("ConvTranspose", [("x", "float32", ("N", "C", "H", "W"))], consts={"w": w}, **attrs)
         with pytest.raises(OnnxImportError, match=what):
             dt.from_onnx(m)
+
+
+@pytest.mark.parametrize("shape", [(3, 0), (0, 4), (3, 4), (1, 1)])
+def test_reduce_log_sum_exp_over_a_symbolic_axis_that_is_empty_when_it_runs(shape):
+    """log(sum(exp([]))) is -inf (onnxruntime, ONNX's reference); dyntvm raised "zero-size array to reduction
+    operation maximum" from its overflow shift where the axis was symbolic."""
+    m = _model("ReduceLogSumExp", [("x", "float32", ("N", "M"))], consts={"a": np.array([1], np.int64)},
+               keepdims=0)
+    x = _r(*shape)
+    x.reshape(-1)[:1] = 80.0            # exp(80) overflows float32: the shift must still be there
+    np.testing.assert_allclose(dt.compile(dt.from_onnx(m))(x), _ort(m, x), rtol=1e-5)
