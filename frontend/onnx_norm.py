@@ -158,6 +158,9 @@ def _parse_einsum(eq: str, ranks: list, node) -> tuple:
         counts = {ch: "".join(out_terms).count(ch) for ch in "".join(out_terms)}
         rhs = ell + "".join(sorted(ch for ch, n in counts.items() if n == 1 and ch.islower()))
     else:
+        if ell and "..." not in rhs:        # numpy's rule (ONNX's reference): the broadcast axes are not summed
+            raise OnnxImportError(f"Einsum: the operands of {eq!r} have {n_ell} axes under '...' but the output "
+                                  "has no '...' to keep them")
         rhs = rhs.replace("...", ell)
         if "." in rhs or len(set(rhs)) != len(rhs) or not set(rhs) <= set("".join(out_terms)):
             raise OnnxImportError(f"Einsum: output subscripts {rhs!r} of {eq!r} repeat or are not on the left")

@@ -152,3 +152,14 @@ def test_reduce_log_sum_exp_over_a_symbolic_axis_that_is_empty_when_it_runs(shap
     x = _r(*shape)
     x.reshape(-1)[:1] = 80.0            # exp(80) overflows float32: the shift must still be there
     np.testing.assert_allclose(dt.compile(dt.from_onnx(m))(x), _ort(m, x), rtol=1e-5)
+
+
+def test_einsum_output_without_the_ellipsis_of_its_operands_is_an_import_error():
+    """'i...i->i' on a [3, 2, 3] operand: numpy (ONNX's reference) and onnxruntime refuse it; dyntvm summed the
+    '...' axes away. An ellipsis of no axes stays allowed, as in numpy."""
+    m = _model("Einsum", [("x", "float32", (3, 2, 3))], equation="i...i->i")
+    with pytest.raises(OnnxImportError, match="no '...'"):
+        dt.from_onnx(m)
+    m = _model("Einsum", [("x", "float32", (3, 3))], equation="i...i->i")
+    x = _r(3, 3)
+    np.testing.assert_allclose(dt.run_reference(dt.from_onnx(m), x), np.einsum("i...i->i", x), rtol=1e-6)
