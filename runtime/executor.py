@@ -449,10 +449,13 @@ class Executor:
         out_map = [made[v] if v in made else ~pos[v] for v in g.outputs]
         fn, calls = self.vm[region.attrs.name], self.calls
         pick = self._specialized(region, fn)
+        guard = size_guard(region)
 
         def run(args):
             ins = [args[i] for i in arg_idx]
             try:
+                if guard is not None:
+                    guard(ins)
                 res = (fn if pick is None else pick(ins))(*ins)
             except Exception as e:
                 raise region_failure(region, ins, e) from e

@@ -163,3 +163,23 @@ def test_einsum_output_without_the_ellipsis_of_its_operands_is_an_import_error()
     m = _model("Einsum", [("x", "float32", (3, 3))], equation="i...i->i")
     x = _r(3, 3)
     np.testing.assert_allclose(dt.run_reference(dt.from_onnx(m), x), np.einsum("i...i->i", x), rtol=1e-6)
+
+
+def test_a_loop_body_region_too_large_for_memory_is_refused(monkeypatch):
+    """A while loop doubling its carried tensor: its one-region body runs without a plan (the direct path), and
+    the size guard covers it too."""
+    import dyntvm.runtime.region_sizes as region_sizes
+    from dyntvm import F
+
+    def doubling(x, n):
+        def body(i, y):
+            return i + 1, F.concat([y, y], 0) * 1.5
+        return F.while_loop(lambda i, y: i < n, body, [np.int64(0), x])[1]
+    model = dt.compile(dt.trace(doubling, dt.TensorSpec(("N", 4)), dt.TensorSpec((), "int64")))
+    x = _r(1, 4)
+    want = np.concatenate([x] * 8) * np.float32(1.5 ** 3)
+    np.testing.assert_allclose(model(x, np.array(3, np.int64)), want, rtol=1e-5)
+    monkeypatch.setattr(region_sizes, "memory_limit", lambda: 4096)      # bytes: [256, 4] float32 fits, no more
+    np.testing.assert_allclose(model(x, np.array(3, np.int64)), want, rtol=1e-5)
+    with pytest.raises(ExecutionError, match="more than this machine's memory"):
+        model(x, np.array(12, np.int64))      # 4096 rows: 64 KiB
