@@ -183,3 +183,28 @@ def test_a_loop_body_region_too_large_for_memory_is_refused(monkeypatch):
     np.testing.assert_allclose(model(x, np.array(3, np.int64)), want, rtol=1e-5)
     with pytest.raises(ExecutionError, match="more than this machine's memory"):
         model(x, np.array(12, np.int64))      # 4096 rows: 64 KiB
+
+
+def test_roi_align_huge_boxes_sample_only_inside_the_image(monkeypatch):
+    """The adaptive sampling grid follows the box's size: one box of 1e9 from the data made [out, 5e8] arrays
+    (gigabytes, then the OOM killer), and max mode made [c, oh, gh, 2, ow, gw, 2] at once (2 GiB for a box of
+    400 on 64 channels). Now only the samples that can fall on the image are made; results equal the full
+    grid's exactly, and onnxruntime's in avg mode."""
+    from dyntvm.ir.ops_index import RoiAlignAttrs
+    from dyntvm.runtime import kernels_index as K
+    k0, n, dropped = K._window(np.float32(0), np.float32(5e8), 500_000_000, 2, 8)
+    assert n < 30 and dropped and k0.tolist() == [0, 0]
+    m = _model("RoiAlign", [("x", "float32", ("N", "C", "H", "W")), ("r", "float32", ("R", 4)),
+                            ("bi", "int64", ("R",))], output_height=2, output_width=3)
+    x = _r(2, 3, 8, 7)
+    rois = np.array([[0, 0, 300, 200], [-50, -20, 40, 90], [3, 2, 5, 6]], np.float32)
+    bi = np.array([0, 1, 1], np.int64)
+    np.testing.assert_allclose(dt.compile(dt.from_onnx(m))(x, rois, bi), _ort(m, x, rois, bi), rtol=1e-4, atol=1e-6)
+    cases = []
+    for mode in ("avg", "max"):
+        for half in (True, False):
+            a = RoiAlignAttrs(2, 3, 0, 0.5, mode, half)
+            cases.append((a, K.roi_align(a, -np.abs(x), rois, bi)[0]))
+    monkeypatch.setattr(K, "_window", lambda start, bin_size, grid, out, size: (np.zeros(out, np.int64), grid, False))
+    for a, got in cases:                                        # the full grid: every sample made
+        np.testing.assert_array_equal(got, K.roi_align(a, -np.abs(x), rois, bi)[0])
