@@ -79,7 +79,7 @@ def test_gather_nd_batch_axes_must_be_equal_not_just_in_range():
     x = _r(2, 3, 4)
     idx = np.array([[[0], [2]], [[1], [-1]]], np.int64)
     np.testing.assert_array_equal(compiled(x, idx), _ort(m, x, idx))
-    with pytest.raises(ExecutionError, match="assert_dims_equal"):
+    with pytest.raises(ExecutionError, match="ONNX .* requires them equal"):
         compiled(x, idx[:1])
 
 
@@ -89,7 +89,7 @@ def test_scatter_nd_updates_of_the_wrong_shape_but_the_right_count():
     x, idx = _r(3, 4), np.array([[0], [2]], np.int64)
     u = _r(2, 4)
     np.testing.assert_array_equal(compiled(x, idx, u), _ort(m, x, idx, u))
-    with pytest.raises(ExecutionError, match="assert_dims_equal"):
+    with pytest.raises(ExecutionError, match="ONNX .* requires them equal"):
         compiled(x, idx, _r(4, 2))           # 8 updates, as [2, 4] has, in the wrong shape
 
 
@@ -101,7 +101,7 @@ def test_scatter_elements_indices_and_updates_with_their_own_symbols():
     compiled = dt.compile(dt.from_onnx(m))
     x, idx, u = _r(3, 4), np.array([[0, -1], [2, 3]], np.int64), _r(2, 2)
     np.testing.assert_array_equal(compiled(x, idx, u), _ort(m, x, idx, u))
-    with pytest.raises(ExecutionError, match="assert_dims_equal"):
+    with pytest.raises(ExecutionError, match="ONNX .* requires them equal"):
         compiled(x, np.array([[0, 1, 2]], np.int64), _r(3, 1))        # the same count, transposed
 
 
