@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..ir.dims import parse_dim
 from ..ir.graph import Node
-from ..ir.types import TensorType, dim_mul, eval_dim, format_bytes, memory_limit
+from ..ir.types import TensorType, dim_compare, dim_mul, format_bytes, memory_limit
 from .control_flow import bind_symbols
 
 
@@ -38,10 +39,16 @@ def size_guard(region: Node):
             n, size = _count(t.shape), np.dtype(t.dtype).itemsize
             if n not in held and size > made.get(n, (0,))[0]:
                 made[n] = (size, t)
-    if not made:
+    largest: list = []                  # (bytes, count, size, type): those no other is provably as large as
+    for n, (size, t) in made.items():
+        nbytes = dim_mul(n, size)
+        if any(dim_compare(nbytes, "<=", other[0]) for other in largest):
+            continue
+        largest = [o for o in largest if not dim_compare(o[0], "<=", nbytes)] + [(nbytes, n, size, t)]
+    if not largest:
         return None
     inputs = [v.type for v in sub.inputs]
-    counts = list(made.items())
+    counts = [(parse_dim(n), size, t) for _, n, size, t in largest]     # parsed once
     last = [None]
 
     def check(args) -> None:
@@ -53,9 +60,9 @@ def size_guard(region: Node):
             if isinstance(t, TensorType):
                 bind_symbols(t, shape, env)
         limit = memory_limit()
-        for n, (size, t) in counts:
+        for n, size, t in counts:
             try:
-                elements = eval_dim(n, env)
+                elements = n.evaluate(env)
             except (KeyError, ValueError, ZeroDivisionError):
                 continue                # a size known only inside the region: TVM's own checks
             if elements * size > limit:
