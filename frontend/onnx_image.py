@@ -85,6 +85,8 @@ def _transpose_pads(a, x, kernel, strides, dilations, out_pad, node) -> list:
         p = [int(v) for v in a.get("pads", [0] * 2 * nsp)] if auto == "NOTSET" else [0] * 2 * nsp
         if len(p) != 2 * nsp:
             raise OnnxImportError(f"ConvTranspose: pads {p} needs a begin and an end per spatial axis ({2 * nsp})")
+        if min(p) < 0:
+            raise OnnxImportError(f"ConvTranspose: pads {p} must not be negative")
         return list(zip(p[:nsp], p[nsp:]))
     spatial = _shape(x)[2:]
     if not all(isinstance(d, (int, np.integer)) for d in spatial):
@@ -118,6 +120,9 @@ def _conv_transpose(ins, a, ctx, env, node):
     strides = _per_axis(a, "strides", nsp, 1, node)
     dilations = _per_axis(a, "dilations", nsp, 1, node)
     out_pad = _per_axis(a, "output_padding", nsp, 0, node)
+    if any(not 0 <= op < max(s, d) for op, s, d in zip(out_pad, strides, dilations)):
+        raise OnnxImportError(f"ConvTranspose: output_padding {out_pad} must be >= 0 and less than the stride (or "
+                              f"the dilation, if larger) on each axis: strides {strides}, dilations {dilations}")
     pads = _transpose_pads(a, x, kernel, strides, dilations, out_pad, node)
     # the weight as a convolution's: [C, M / g, K] -> per group transposed -> [M, C / g, K], the kernel flipped
     flip = (slice(None), slice(None)) + (slice(None, None, -1),) * nsp

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..ir.ops_checks import DimPairAttrs
 from ..ir.ops_index import ScatterAttrs
 from ..ir.types import dim_mul
 from . import F
@@ -59,6 +60,13 @@ def _within(n_idx, n_data, k, node):
     return F.arange(0, n_idx) if n_idx == n_data else _checked(F.arange(0, n_idx), n_data)
 
 
+def _same_dim(a, axis_a: int, b, axis_b: int, rule: str):
+    """`b` with its axis `axis_b` checked (at run time, where tracing cannot tell) to equal `a`'s axis `axis_a`:
+    a shape the ONNX spec requires (`rule` says which), which nothing else would check (a flattened position
+    stays in range)."""
+    return apply("assert_dims_equal", "assert_dims_equal", [a, b], DimPairAttrs(axis_a, axis_b, f"ONNX {rule}"))[0]
+
+
 def _element_positions(data, idx, axis: int, node) -> list:
     """GatherElements' / ScatterElements' per-axis positions: `idx` along `axis`, its own coordinates elsewhere."""
     r = _rank(data)
@@ -105,8 +113,9 @@ def _nd_positions(data, idx, b: int, node):
         if _static(n_idx) and _static(n_data) and n_idx != n_data:
             raise OnnxImportError(f"{node.op_type}: batch axis {k} has {n_idx} entries in the indices, {n_data} in "
                                   "the data")
-        p = F.arange(0, n_data) if n_idx == n_data else _within(n_idx, n_data, k, node)
-        pos.append(F.reshape(p, tuple(n_idx if j == k else 1 for j in range(lead))))
+        if n_idx != n_data:         # the spec wants them equal (not merely in range): checked when it runs
+            idx = _same_dim(data, k, idx, k, f"GatherND: batch axis {k} of the indices and the data")
+        pos.append(F.reshape(F.arange(0, n_data), tuple(n_data if j == k else 1 for j in range(lead))))
     if _is_const(idx):
         idx = np.asarray(idx, np.int64)
     for j in range(m):
@@ -149,6 +158,9 @@ def _scatter_elements(ins, a, ctx, env, node):
                                                     for p, q in zip(_shape(upd), _shape(idx))):
         raise OnnxImportError(f"{node.op_type}: updates of shape {_shape(upd)} and indices of shape {_shape(idx)} "
                               "differ")
+    for k, (p, q) in enumerate(zip(_shape(idx), _shape(upd))):
+        if p != q:
+            upd = _same_dim(idx, k, upd, k, f"{node.op_type}: axis {k} of the updates and the indices")
     flat = _flat(data, _element_positions(data, idx, int(a.get("axis", 0)), node))
     return _scatter(data, flat, upd, _reduction(a, node), node)
 
@@ -162,6 +174,11 @@ def _scatter_nd(ins, a, ctx, env, node):
     if len(_shape(upd)) != len(want) or any(_static(p) and _static(q) and p != q for p, q in zip(_shape(upd), want)):
         raise OnnxImportError(f"ScatterND: updates of shape {_shape(upd)}, expected indices.shape[:-1] + "
                               f"data.shape[{m}:] = {want}")
+    for k in range(len(want)):          # the updates' shape, axis by axis (a reshape checks only their count)
+        if _shape(upd)[k] != want[k]:
+            rule = f"ScatterND: the updates' shape, indices.shape[:-1] + data.shape[{m}:]"
+            upd = _same_dim(idx, k, upd, k, rule) if k < _rank(idx) - 1 else \
+                _same_dim(data, k - _rank(idx) + 1 + m, upd, k, rule)
     rows = _flat(data, pos)                           # [idx.shape[:-1]]: the row of each update slice
     width = 1
     for d in rest:

@@ -54,7 +54,13 @@ def _logsumexp(x, axes, keep):
     reduced = range(r) if axes is None else [ax % r for ax in axes]
     if any(_shape(x)[ax] == 0 for ax in reduced):
         return _same_dtype(F.log(F.sum(F.exp(x), axis=axes, keepdims=keep)), x)
-    m = F.max(x, axis=axes, keepdims=True)
+    if any(not isinstance(_shape(x)[ax], (int, np.integer)) for ax in reduced):
+        # a symbolic axis may be empty when it runs: the maximum of x with one -inf more on each reduced axis
+        # exists (-inf, then shifted by 0) and equals x's where x has entries
+        width = tuple((0, 1) if k in reduced else (0, 0) for k in range(r))
+        m = F.max(F.pad(x, width, float("-inf")), axis=axes, keepdims=True)
+    else:
+        m = F.max(x, axis=axes, keepdims=True)
     m = F.where(F.isnan(m - m), _c(0, m), m)            # +-inf (and NaN) maxima: shift by 0
     s = F.log(F.sum(F.exp(x - m), axis=axes, keepdims=True)) + m
     s = s if keep else F.squeeze(s, tuple(range(r)) if axes is None else tuple(ax % r for ax in axes))
@@ -152,6 +158,9 @@ def _parse_einsum(eq: str, ranks: list, node) -> tuple:
         counts = {ch: "".join(out_terms).count(ch) for ch in "".join(out_terms)}
         rhs = ell + "".join(sorted(ch for ch, n in counts.items() if n == 1 and ch.islower()))
     else:
+        if ell and "..." not in rhs:        # numpy's rule (ONNX's reference): the broadcast axes are not summed
+            raise OnnxImportError(f"Einsum: the operands of {eq!r} have {n_ell} axes under '...' but the output "
+                                  "has no '...' to keep them")
         rhs = rhs.replace("...", ell)
         if "." in rhs or len(set(rhs)) != len(rhs) or not set(rhs) <= set("".join(out_terms)):
             raise OnnxImportError(f"Einsum: output subscripts {rhs!r} of {eq!r} repeat or are not on the left")

@@ -44,6 +44,9 @@ def mismatch(node: Node, check, kept: int, other: int, origins: dict | None = No
     if check.what == "assert_dims_equal":
         why = "F.assert_dims_equal states that they are equal"
         fix = "pass tensors whose dims match there, or remove the assertion if they may differ"
+    elif node.op == "assert_dims_equal":       # stated by an importer: its format's rule
+        why = f"{check.what} requires them equal"
+        fix = "pass inputs whose shapes follow that rule"
     else:
         why = (f"{node.op} needs them equal ({check.what}); they could not be proved equal or different while "
                f"tracing, so they were unified and are checked when the model runs")

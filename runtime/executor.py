@@ -33,6 +33,7 @@ from .kernels import KERNELS
 from .lists import host_list
 from .loop_calls import compiled_foreach, compiled_while, pick_by_sizes
 from .node_errors import node_failure, note_within
+from .region_sizes import size_guard
 from .tensors import aligned_empty, aligned_rows, first_truth, host_array, to_numpy, to_tvm
 
 _item = ArrayGetItem            # res[k] of a region's result tuple: one FFI call (Array.__getitem__ makes two)
@@ -192,11 +193,14 @@ class Executor:
         validate = self.validate
         calls = self.calls
         pick = self._specialized(n, fn)
+        guard = size_guard(n)
         if self.pl is not None:
-            return self._device_region(n, fn, sub, ins, outs, pick)
+            return self._device_region(n, fn, sub, ins, outs, pick, guard)
 
         def run(slots):
             args = [to_tvm(slots[i]) for i in ins]
+            if guard is not None:
+                guard(args)
             res = (fn if pick is None else pick(args))(*args)
             calls[0] += 1
             for k, o in enumerate(outs):
@@ -213,7 +217,7 @@ class Executor:
             return None
         return pick_by_sizes(specs, n.subgraphs[0].inputs, lambda name: self.vm[name], fn, self.calls)
 
-    def _device_region(self, n: Node, fn, sub, ins, outs, pick=None):
+    def _device_region(self, n: Node, fn, sub, ins, outs, pick=None, guard=None):
         """A region on a device: inputs moved there once (kept in their slots), outputs left there."""
         pl, validate, calls = self.pl, self.validate, self.calls
         on_device, to_device = pl.on_device, pl.to_device
@@ -225,6 +229,8 @@ class Executor:
                 if not on_device(x):
                     x = slots[i] = to_device(x)
                 args.append(x)
+            if guard is not None:
+                guard(args)
             res = (fn if pick is None else pick(args))(*args)
             calls[0] += 1
             for k, o in enumerate(outs):
@@ -443,10 +449,13 @@ class Executor:
         out_map = [made[v] if v in made else ~pos[v] for v in g.outputs]
         fn, calls = self.vm[region.attrs.name], self.calls
         pick = self._specialized(region, fn)
+        guard = size_guard(region)
 
         def run(args):
             ins = [args[i] for i in arg_idx]
             try:
+                if guard is not None:
+                    guard(ins)
                 res = (fn if pick is None else pick(ins))(*ins)
             except Exception as e:
                 raise region_failure(region, ins, e) from e

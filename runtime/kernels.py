@@ -313,7 +313,14 @@ def _slice_dyn(attrs, x, starts, stops, steps):
 
 @kernel("arange_dyn")
 def _arange_dyn(attrs, start, stop, step):
-    return (np.arange(start.item(), stop.item(), step.item(), dtype=attrs.dtype),)
+    a, b, d = start.item(), stop.item(), step.item()
+    if d == 0:
+        raise ValueError(f"arange: the step is 0 (start {a}, stop {b})")
+    n = (b - a) / d
+    if not math.isfinite(n):
+        raise ValueError(f"arange: start {a}, stop {b} and step {d} give no finite length")
+    kernels_shape.allocatable((max(math.ceil(n), 0),), attrs.dtype, "arange length")   # before numpy tries
+    return (np.arange(a, b, d, dtype=attrs.dtype),)
 
 
 @kernel("shape_of")

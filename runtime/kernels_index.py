@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .kernels_shape import allocatable
+
 _AT = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
 
 
@@ -28,11 +30,28 @@ def scatter_flat(attrs, data, idx, upd):
 
 
 # ------------------------------------------------------------------------------------------------- RoiAlign
+def _window(start, bin_size, grid: int, out: int, size: int):
+    """The samples of each output bin that can have weights: ``k0[o] + arange(n)`` of the bin's `grid`, every
+    sample in [-1, size] among them (with a margin), and whether any sample is left out. An
+    adaptive grid follows the box's size, so a huge box (a coordinate of 1e9 from the data) would otherwise
+    allocate [out, grid] arrays of billions of samples nearly all outside the image."""
+    span = float(bin_size) / grid if grid else 0.0
+    if not span > 0 or grid <= (size + 2) / span + 8:
+        allocatable((8, out, grid), "float64", "RoiAlign sampling grid")     # (its working arrays)
+        return np.zeros(out, np.int64), grid, False
+    n = min(grid, int((size + 2) / span) + 8)
+    first = (-1.0 - float(start) - np.arange(out) * float(bin_size)) / span - 0.5     # the first k >= -1
+    k0 = np.clip(np.floor(first).astype(np.int64) - 3, 0, grid - n)
+    return k0, n, n < grid
+
+
 def _taps(start, bin_size, grid: int, out: int, size: int, dt):
-    """The bilinear taps along one axis of every sample of every output bin: (low, high, w_low, w_high), each of
-    shape [out, grid]; a sample outside [-1, size] has zero weights."""
-    k = np.arange(out, dtype=dt)[:, None] * bin_size + (np.arange(grid, dtype=dt)[None, :] + dt.type(0.5)) * \
-        (bin_size / dt.type(grid))
+    """The bilinear taps along one axis of the samples of every output bin that `_window` keeps: (low, high,
+    w_low, w_high), each of shape [out, n], and whether samples (all outside, weightless) were left out; a
+    sample outside [-1, size] has zero weights."""
+    k0, n, dropped = _window(start, bin_size, grid, out, size)
+    kk = (k0[:, None] + np.arange(n)[None, :]).astype(dt)
+    k = np.arange(out, dtype=dt)[:, None] * bin_size + (kk + dt.type(0.5)) * (bin_size / dt.type(grid))
     p = start + k
     outside = (p < -1) | (p > size)
     p = np.maximum(p, dt.type(0))
@@ -44,7 +63,7 @@ def _taps(start, bin_size, grid: int, out: int, size: int, dt):
     lw = p - low.astype(dt)
     w_low, w_high = dt.type(1) - lw, lw
     w_low, w_high = np.where(outside, 0, w_low).astype(dt), np.where(outside, 0, w_high).astype(dt)
-    return np.clip(low, 0, None), np.clip(high, 0, None), w_low, w_high
+    return np.clip(low, 0, None), np.clip(high, 0, None), w_low, w_high, dropped
 
 
 def roi_align(attrs, x, rois, batch):
@@ -57,6 +76,8 @@ def roi_align(attrs, x, rois, batch):
     if r and (batch.min() < 0 or batch.max() >= n):
         raise IndexError(f"roi_align: a batch index ({int(batch[(batch < 0) | (batch >= n)][0])}) is out of range "
                          f"for a batch of {n}")
+    if not np.all(np.isfinite(rois)):
+        raise ValueError("roi_align: every box coordinate must be finite, got " + str(rois[~np.isfinite(rois).all(1)][0]))
     dt = np.dtype(x.dtype)
     out = np.zeros((r, c, oh, ow), dt)
     if not (h and w):
@@ -73,8 +94,8 @@ def roi_align(attrs, x, rois, batch):
         gw = int(a.sampling_ratio) or int(np.ceil(rw / dt.type(ow)))
         if gh <= 0 or gw <= 0:
             continue                        # an empty (or inverted) box samples nothing: zeros
-        yl, yh, wyl, wyh = _taps(y0, bh, gh, oh, h, dt)
-        xl, xh, wxl, wxh = _taps(x0, bw, gw, ow, w, dt)
+        yl, yh, wyl, wyh, y_dropped = _taps(y0, bh, gh, oh, h, dt)
+        xl, xh, wxl, wxh, x_dropped = _taps(x0, bw, gw, ow, w, dt)
         img = x[int(batch[k])]
         if a.mode == "avg":
             ay = np.zeros((oh, h), dt)       # out = Ay @ img @ Ax^T / count: the taps are separable
@@ -86,14 +107,17 @@ def roi_align(attrs, x, rois, batch):
                 np.add.at(ax[o], xl[o], wxl[o])
                 np.add.at(ax[o], xh[o], wxh[o])
             out[k] = (ay @ img @ ax.T) / dt.type(max(gh * gw, 1))
-        else:                               # max of the four weighted taps of each sample, then of the samples
+        else:       # max of the four weighted taps of each sample, then of the samples; one output row at a time
             ys = np.stack([yl, yh], -1)          # [oh, gh, 2]
             xs = np.stack([xl, xh], -1)          # [ow, gw, 2]
             wy = np.stack([wyl, wyh], -1)
             wx = np.stack([wxl, wxh], -1)
-            v = img[:, ys[:, :, :, None, None, None], xs[None, None, None]]   # [c, oh, gh, 2, ow, gw, 2]
-            v = v * wy[None, :, :, :, None, None, None] * wx[None, None, None, None]
-            out[k] = v.max(axis=(6, 3)).max(axis=(2, 4))
+            for o in range(oh):
+                v = img[:, ys[o, :, :, None, None, None], xs[None, None]]       # [c, gh, 2, ow, gw, 2]
+                v = v * wy[o][None, :, :, None, None, None] * wx[None, None, None]
+                out[k, :, o] = v.max(axis=(5, 2)).max(axis=(1, 3))
+            if y_dropped or x_dropped:       # the samples left out weigh 0: a 0 the reference's max sees
+                np.maximum(out[k], dt.type(0), out=out[k])
     return (out,)
 
 
@@ -128,6 +152,8 @@ def nms(attrs, boxes, scores, max_per_class, iou, score):
     b, n = boxes.shape[:2]
     if scores.shape[0] != b or scores.shape[2] != n:
         raise ValueError(f"nms: boxes {boxes.shape} and scores {scores.shape} do not match (batch, boxes)")
+    if not 0 <= float(iou) <= 1:        # (NaN included) ONNX's range; onnxruntime refuses the others too
+        raise ValueError(f"nms: iou_threshold must be in [0, 1], got {float(iou)}")
     limit = max(int(max_per_class), 0)
     iou, score = boxes.dtype.type(iou), scores.dtype.type(score)
     rows = []

@@ -23,7 +23,7 @@ def _entries(t: np.ndarray, what: str, allow=()) -> list:
     return vals
 
 
-def _allocatable(shape, dtype, what: str) -> None:
+def allocatable(shape, dtype, what: str) -> None:
     try:
         check_tensor_size(tuple(shape), np.dtype(dtype).name)
     except ShapeError as e:
@@ -70,7 +70,7 @@ def broadcast_to_dyn(attrs, x, shape, env=None):
                 from None
     elif len(target) < x.ndim or any(d not in (1, t) for d, t in zip(x.shape[::-1], target[::-1])):
         raise ValueError(f"cannot broadcast a tensor of shape {list(x.shape)} to the shape {target}")
-    _allocatable(target, x.dtype, "shape")
+    allocatable(target, x.dtype, "shape")
     _check_known(attrs, target, env or {})
     return (np.array(np.broadcast_to(x, tuple(target))),)
 
@@ -80,7 +80,7 @@ def tile_dyn(attrs, x, reps, env=None):
     nd = max(x.ndim, len(reps))
     shape = (1,) * (nd - x.ndim) + x.shape
     out = [d * r for d, r in zip(shape, [1] * (nd - len(reps)) + reps)]
-    _allocatable(out, x.dtype, "tiled shape")
+    allocatable(out, x.dtype, "tiled shape")
     _check_known(attrs, out, env or {})
     return (np.tile(x, reps),)
 

@@ -71,7 +71,8 @@ EXPECTED = {      # the error class, and what the message must say
                                "(1099511627776,) and dtype float32 needs 4.0 TiB"),
     "onnx_range": ("OnnxImportError", "(Range): Range: a tensor of shape (1099511627776,) and dtype int64 needs"),
     "onnx_expand": ("OnnxImportError", "(Expand): expand: a tensor of shape (1048576, 1048576)"),
-    "run_time_arange": ("ExecutionError", "failed: Unable to allocate 8.00 TiB"),
+    "run_time_arange": ("ExecutionError", "failed: the arange length [1099511627776]: a tensor of shape "
+                        "(1099511627776,) and dtype int64 needs 8.0 TiB"),
 }
 
 CHILD = """

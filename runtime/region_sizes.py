@@ -1,0 +1,73 @@
+"""Sizes a compiled region cannot hold, refused before it runs.
+
+Tracing refuses a tensor whose static size exceeds this machine's memory (`ir.types.check_tensor_size`), but a
+region's symbolic sizes are known only when it runs: an ONNX Resize by a scale of 1e9 on a symbolic axis makes
+values of ``1000000000 * H`` rows. TVM would allocate them one by one; each alone may be under the machine's
+memory (so the allocation succeeds) and filling them gets the process killed by the kernel's OOM killer, with no
+error at all. So before a region runs, the element counts of its values that its inputs do not already hold are
+evaluated at the input sizes, and one over `memory_limit()` raises MemoryError (the executor reports it as an
+ExecutionError naming the region's largest value). The counts are evaluated again only when the input shapes
+change: a call at the sizes of the last one pays one tuple comparison."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir.dims import parse_dim
+from ..ir.graph import Node
+from ..ir.types import TensorType, dim_compare, dim_mul, format_bytes, memory_limit
+from .control_flow import bind_symbols
+
+
+def _count(shape) -> object:
+    n = 1
+    for d in shape:
+        n = dim_mul(n, d)
+    return n
+
+
+def size_guard(region: Node):
+    """``check(args)`` raising MemoryError where one of `region`'s values would not fit in memory at the sizes of
+    `args` (its inputs, with ``.shape``); None where every size the region makes is static or an input's."""
+    sub = region.subgraphs[0]
+    held = {_count(v.type.shape) for v in sub.inputs if isinstance(v.type, TensorType)}
+    made: dict = {}                     # element count -> (largest item size, an example shape and dtype)
+    for m in sub.nodes:
+        for v in m.outputs:
+            t = v.type
+            if not isinstance(t, TensorType) or all(isinstance(d, int) for d in t.shape):
+                continue                # static: checked when traced
+            n, size = _count(t.shape), np.dtype(t.dtype).itemsize
+            if n not in held and size > made.get(n, (0,))[0]:
+                made[n] = (size, t)
+    largest: list = []                  # (bytes, count, size, type): those no other is provably as large as
+    for n, (size, t) in made.items():
+        nbytes = dim_mul(n, size)
+        if any(dim_compare(nbytes, "<=", other[0]) for other in largest):
+            continue
+        largest = [o for o in largest if not dim_compare(o[0], "<=", nbytes)] + [(nbytes, n, size, t)]
+    if not largest:
+        return None
+    inputs = [v.type for v in sub.inputs]
+    counts = [(parse_dim(n), size, t) for _, n, size, t in largest]     # parsed once
+    last = [None]
+
+    def check(args) -> None:
+        shapes = tuple(tuple(a.shape) for a in args)
+        if shapes == last[0]:
+            return
+        env: dict = {}
+        for t, shape in zip(inputs, shapes):
+            if isinstance(t, TensorType):
+                bind_symbols(t, shape, env)
+        limit = memory_limit()
+        for n, size, t in counts:
+            try:
+                elements = n.evaluate(env)
+            except (KeyError, ValueError, ZeroDivisionError):
+                continue                # a size known only inside the region: TVM's own checks
+            if elements * size > limit:
+                raise MemoryError(f"{region.attrs.name} would make a {t.dtype} value of {elements} elements "
+                                  f"({format_bytes(elements * size)}), more than this machine's memory "
+                                  f"({format_bytes(limit)}); nothing was allocated")
+        last[0] = shapes
+    return check
