@@ -86,7 +86,8 @@ def make_bert():
 
 def make_gpt2():
     from transformers import GPT2Config, GPT2LMHeadModel
-    config = _eager(GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64))
+    config = _eager(GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64,
+                               initializer_range=0.2))     # logits of order 1, not 0.1
     return Logits(GPT2LMHeadModel(config).eval()), _text_args(), ["input_ids", "attention_mask"], TEXT_AXES
 
 
