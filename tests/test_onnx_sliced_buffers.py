@@ -52,3 +52,17 @@ def test_buffer_sliced_to_the_sequence_broadcasts_as_in_onnxruntime(tmp_path):
         session.run(None, {"x": x})
     with pytest.raises(dt.ExecutionError, match="must be equal"):
         compiled(x)
+
+
+def test_only_a_dim_that_is_0_and_1_with_its_symbol_is_kept_as_the_symbol():
+    from dyntvm.ir.dim_checks import recording_checks
+    from dyntvm.ir.shapes import broadcast_dims
+    from dyntvm.ir.types import ShapeError
+    with recording_checks() as checks:
+        assert broadcast_dims("min(T, 64)", "T") == "T" and broadcast_dims("T", "min(T, 3)") == "T"
+    assert [(c.kept, c.what) for c in checks] == [("T", "broadcast"), ("T", "broadcast")]
+    for other in ("T - 1", "T // 2", "min(T, M)", "2 * T"):     # not 0 and 1 where T is: refused as before
+        with recording_checks(), pytest.raises(ShapeError, match="differ|not known to be equal"):
+            broadcast_dims(other, "T")
+    with pytest.raises(ShapeError, match="not known to be equal"):          # outside tracing: refused
+        broadcast_dims("min(T, 64)", "T")
