@@ -24,7 +24,7 @@ import numpy as np
 
 from ..ir.attrs import ArangeAttrs, AxesAttrs, AxisAttrs, FullAttrs, ShapeAttrs, SliceAttrs, TileAttrs
 from ..ir.ops_shape_tensors import ReshapeDynAttrs
-from ..ir.shapes import ShapeError, broadcast_dims
+from ..ir.shapes import ShapeError, broadcast_dims_ahead
 from ..ir.types import dim_min, dim_mul
 from .shape_values import as_dim, describe, ints_of
 
@@ -117,7 +117,7 @@ def _broadcast(b, emit, ins, known, attrs):
         r = max(len(target), x.type.ndim)
         xs = (1,) * (r - x.type.ndim) + x.type.shape
         ts = [1] * (r - len(target)) + target
-        out = [broadcast_dims(d, t) if t is not None else d if isinstance(d, int) and d != 1 else None
+        out = [broadcast_dims_ahead(d, t) if t is not None else d if isinstance(d, int) and d != 1 else None
                for d, t in zip(xs, ts)]
     if None not in target:          # (an entry known only when it runs is checked then, even where x fixes the dim)
         return _static_broadcast(emit, x, out)

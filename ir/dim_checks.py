@@ -24,7 +24,7 @@ from .dim_algebra import dims_equal
 from .dims import Sym, parse_dim
 from .types import Dim, ShapeError, check_dim, dim_origin, fresh_dim, is_unknown
 
-__all__ = ["DimCheck", "dims_equal", "equate_dims", "recording_checks", "describe_dim", "undecided_fix", "state_equal",
+__all__ = ["DimCheck", "dims_equal", "equate_dims", "broadcast_to_own_symbol", "recording_checks", "describe_dim", "undecided_fix", "state_equal",
            "undeclared_symbols", "name_internal_dims"]
 
 
@@ -129,6 +129,28 @@ def equate_dims(a: Dim, b: Dim, what: str) -> Dim:
     kept, other = _representative(a, b)
     _REC.checks.append(DimCheck(kept, other, what))
     return kept
+
+
+def broadcast_to_own_symbol(a: Dim, b: Dim) -> Dim | None:
+    """The dim of broadcasting `a` with `b` where one of them is a plain symbol ``S`` and the other a dim computed
+    from ``S`` alone that is 0 where ``S`` is 0 and 1 where ``S`` is 1 (``min(S, 64)``: a buffer sliced to the
+    sequence length): ``S`` in every run that broadcasts at all (equal, or the other is 1), so ``S`` with a
+    `DimCheck` recorded; None where this does not apply or no node records checks."""
+    if _REC.checks is None:
+        return None
+    for big, small in ((a, b), (b, a)):
+        if not isinstance(big, str) or not isinstance(small, str) or not isinstance(parse_dim(big), Sym):
+            continue
+        if parse_dim(small).symbols != {big}:
+            continue
+        try:
+            ends = [int(parse_dim(small).evaluate({big: v})) for v in (0, 1)]
+        except (ArithmeticError, ValueError, KeyError):
+            continue
+        if ends == [0, 1]:
+            _REC.checks.append(DimCheck(big, small, "broadcast"))
+            return big
+    return None
 
 
 def state_equal(kept: Dim, other: Dim, what: str) -> None:

@@ -8,7 +8,7 @@ import numpy as np
 
 from .types import (Dim, ShapeError, TensorType, dim_add, dim_bounds, dim_floordiv, dim_max, dim_min, dim_mul,
                     dim_prod, dim_sub, dims_equal, is_unknown, simplify_dim)
-from .dim_checks import equate_dims
+from .dim_checks import broadcast_to_own_symbol, equate_dims, recording_checks
 
 
 def norm_axes(axis, ndim: int) -> tuple:
@@ -48,7 +48,21 @@ def broadcast_dims(a: Dim, b: Dim) -> Dim:
     for one, d in ((a, b), (b, a)):
         if dim_bounds(one)[1] <= 1:
             return d if dims_equal(one, dim_min(d, 1)) else dim_mul(d, one)
+    own = broadcast_to_own_symbol(a, b)         # min(S, 64) against S: S wherever it broadcasts, checked
+    if own is not None:
+        return own
     return equate_dims(a, b, "broadcast")      # undecided: unified, checked at run time (or refused)
+
+
+def broadcast_dims_ahead(a: Dim, b: Dim) -> Dim:
+    """`broadcast_dims` for a dim worked out before the node whose rule checks it is recorded (ONNX Expand's
+    target shape): a dim kept under a run-time check (``S`` for ``min(S, 64)`` against ``S``) is given, the node's
+    rule recording the check again; one that would be a dim of its own is refused, as outside tracing."""
+    with recording_checks():
+        out = broadcast_dims(a, b)
+    if isinstance(out, str) and is_unknown(out) and out not in (a, b):
+        return broadcast_dims(a, b)
+    return out
 
 
 def broadcast_shapes(*shapes) -> tuple:

@@ -1,8 +1,8 @@
 """Torch models exported to ONNX for the real-model tests, by either of torch's exporters, cached by what made them.
 
 `export_onnx(make, key, exporter)` calls `make()` -> (model, args, input_names, dynamic_axes) only when no export
-made from the same key, the same source of `make` and the same torch / torchvision / transformers versions is in
-the cache folder (`$DYNTVM_TEST_EXPORTS`, else a private folder in the temp dir). `dynamic_axes` is
+made from the same key, the same source of `make`'s module (the models it builds) and the same torch / torchvision /
+transformers versions is in the cache folder (`$DYNTVM_TEST_EXPORTS`, else a private folder in the temp dir). `dynamic_axes` is
 {input_name: {axis: dim_name}}; the dynamo exporter gets the same dims as `torch.export.Dim`s.
 """
 from __future__ import annotations
@@ -57,7 +57,7 @@ def export(model, args, path: str, names, axes, dynamo: bool) -> str:
 def export_onnx(make, key: str, exporter: str) -> str:
     """The path of `make()`'s model exported by `exporter` ("torchscript" or "dynamo"), from the cache when there."""
     assert exporter in ("torchscript", "dynamo"), exporter
-    source = inspect.getsource(make) + inspect.getsource(export)
+    source = inspect.getsource(inspect.getmodule(make) or make) + inspect.getsource(export)   # the models it builds too
     digest = hashlib.sha256("\0".join([key, exporter, source, _versions()]).encode()).hexdigest()[:24]
     path = os.path.join(cache_folder(), f"{digest}.onnx")
     if os.path.exists(path):
