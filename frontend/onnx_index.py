@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..ir.ops_checks import DimPairAttrs
 from ..ir.ops_index import ScatterAttrs
 from ..ir.types import dim_mul
 from . import F
@@ -149,6 +150,10 @@ def _scatter_elements(ins, a, ctx, env, node):
                                                     for p, q in zip(_shape(upd), _shape(idx))):
         raise OnnxImportError(f"{node.op_type}: updates of shape {_shape(upd)} and indices of shape {_shape(idx)} "
                               "differ")
+    for k, (p, q) in enumerate(zip(_shape(idx), _shape(upd))):
+        if p != q:      # symbolic: one shape, checked at run time (the flat scatter below would only see the counts)
+            upd = apply("assert_dims_equal", "assert_dims_equal", [idx, upd], DimPairAttrs(k, k, why=(
+                f"{node.op_type} needs its indices and updates of one shape")))[0]
     flat = _flat(data, _element_positions(data, idx, int(a.get("axis", 0)), node))
     return _scatter(data, flat, upd, _reduction(a, node), node)
 

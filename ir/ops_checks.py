@@ -6,7 +6,7 @@ before it. Compiled, it is a `match_cast` of `b` (`codegen/converters/checks.py`
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .attrs import _int, _set
 from .dim_checks import state_equal
@@ -19,8 +19,13 @@ from .types import TensorType
 class DimPairAttrs:
     axis_a: int = 0
     axis_b: int = 0
+    #: why they must be equal where an importer states it (an ONNX op's rule), for the run-time message; "" for
+    #: the user's `F.assert_dims_equal`
+    why: str = field(default="", metadata={"omit_default": True})
 
     def __post_init__(self):
+        if not isinstance(self.why, str):
+            raise TypeError(f"assert_dims_equal: why must be a str, got {type(self.why).__name__}")
         _set(self, axis_a=_int(self.axis_a, "axis_a"), axis_b=_int(self.axis_b, "axis_b"))
 
 
@@ -35,7 +40,7 @@ def _assert_dims_equal(ts, a):
         return [y]
     if isinstance(dx, int) and isinstance(dy, int):
         raise ShapeError(f"axis {ax} of the first tensor ({dx}) and axis {ay} of the second ({dy}) differ")
-    state_equal(dx, dy, "assert_dims_equal")
+    state_equal(dx, dy, a.why or "assert_dims_equal")
     return [TensorType(y.shape[:ay] + (dx,) + y.shape[ay + 1:], y.dtype)]
 
 

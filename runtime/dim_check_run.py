@@ -32,6 +32,8 @@ def first_failure(checks: list, types: list, shapes: list):
             continue
         if not c.holds(kept, other):
             return node, c, kept, other
+        if isinstance(c.result, str):       # a later check may name the broadcast's dim
+            env.setdefault(c.result, c.result_size(kept, other))
     return None
 
 
@@ -44,6 +46,9 @@ def mismatch(node: Node, check, kept: int, other: int, origins: dict | None = No
     if check.what == "assert_dims_equal":
         why = "F.assert_dims_equal states that they are equal"
         fix = "pass tensors whose dims match there, or remove the assertion if they may differ"
+    elif node.op == "assert_dims_equal":      # an importer's statement: `what` says which op's rule needs it
+        why = f"{check.what}; they were unified while importing and are checked when the model runs"
+        fix = "pass inputs whose dims match there"
     else:
         why = (f"{node.op} needs them equal ({check.what}); they could not be proved equal or different while "
                f"tracing, so they were unified and are checked when the model runs")
