@@ -203,3 +203,20 @@ def test_traced_program_still_refuses_two_user_symbols():
     with pytest.raises(TraceError) as e:
         dt.trace(lambda x, y: x + y, dt.TensorSpec(("A",)), dt.TensorSpec(("B",)))
     assert "F.assert_dims_equal" in str(e.value) and "the symbolic dim A" in str(e.value)
+
+
+def test_three_way_broadcast_checks_its_last_operand():
+    """`where` of three dims unknown while tracing: the second broadcast's check names the first one's result,
+    a dim bound when the first check runs (ir/dim_checks.py `DimCheck.result`), so it runs too."""
+    from dyntvm import F
+    spec = [dt.TensorSpec((None,), "bool", name="c")] + [dt.TensorSpec((None,), name=n) for n in "xy"]
+    m = dt.compile(lambda c, x, y: F.where(c, x, y), *spec)
+    rng = np.random.default_rng(9)
+    for a, b, c in [(3, 3, 3), (1, 4, 1), (2, 1, 2), (0, 0, 1)]:
+        args = (_rand(rng, a, np.bool_), _rand(rng, b), _rand(rng, c))
+        assert_same(m(*args), np.where(*args))
+    bad = (np.ones(3, bool), np.ones(3, np.float32), np.ones(2, np.float32))
+    for run in (lambda: m(*bad), lambda: dt.run_reference(m.graph, *bad)):
+        with pytest.raises(ExecutionError) as e:
+            run()
+        assert_names(e.value, "must be equal (or one of them 1)", "axis 0 of input 'y' is 2")
