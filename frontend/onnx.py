@@ -115,17 +115,34 @@ def _shape_of(vi, tt, shape, what: str) -> tuple:
                  f"{_symbol(vi.name)}_{ax}" for ax, d in enumerate(tt.shape.dim))
 
 
-def _unnamed_dims(g, skip: set) -> dict:
-    """The symbols `_shape_of` names the dims a model leaves unnamed (no dim_param) -> where they come from."""
+def _model_dims(g, skip: set, user_symbols: set) -> dict:
+    """The symbols of the dims the model gives its inputs -> where they come from (the first axis that has
+    each): its ``dim_param`` names and the symbols `_shape_of` names its unnamed dims. These are hints, not
+    statements that dims are independent (onnxruntime checks only the values it runs with), so dims an op
+    needs equal are unified and checked at run time, as for unknown dims. `skip`: inputs that are not the
+    model's dims (initializers, constants, those given in input_shapes); `user_symbols`: symbols named in
+    input_shapes, which stay the user's own."""
     out = {}
     for vi in g.input:
         tt = vi.type.tensor_type if vi.type.HasField("tensor_type") else None
         if vi.name in skip or tt is None or not tt.HasField("shape"):
             continue
         for ax, d in enumerate(tt.shape.dim):
-            if not d.HasField("dim_value") and not (d.HasField("dim_param") and d.dim_param):
-                out[f"{_symbol(vi.name)}_{ax}"] = f"axis {ax} of input {vi.name!r} (unnamed in the model)"
+            if d.HasField("dim_value"):
+                continue
+            named = d.HasField("dim_param") and d.dim_param
+            sym = _symbol(d.dim_param) if named else f"{_symbol(vi.name)}_{ax}"
+            if sym not in user_symbols:
+                out.setdefault(sym, f"axis {ax} of input {vi.name!r}" +
+                               (f" (dim_param {d.dim_param!r})" if named else " (unnamed in the model)"))
     return out
+
+
+def _strings(obj) -> list:
+    """The strings in `obj`, nested lists and tuples included (the symbols of input_shapes' shapes)."""
+    if isinstance(obj, str):
+        return [obj]
+    return [s for x in obj for s in _strings(x)] if isinstance(obj, (list, tuple)) else []
 
 
 #: `ir.types.check_tensor_size`'s refusals: a size the model asks for (a constant operand) is an import error.
@@ -406,11 +423,13 @@ def from_onnx(model, input_shapes: dict | None = None, constant_inputs: dict | N
             check_declared(o, v, ctx.check_dims, "from_onnx: graph")
         return outs[0] if len(outs) == 1 else tuple(outs)
     run.__name__ = name
-    unnamed = {} if input_shapes is not None else _unnamed_dims(g, set(inits))
+    given = input_shapes or {}
+    user_symbols = set(_strings(list(given.values())))
+    model_dims = _model_dims(g, set(inits) | set(given), user_symbols)
     try:
-        with undeclared_symbols(unnamed):       # dims the model left unnamed: unified and checked when needed
+        with undeclared_symbols(model_dims):    # the model's dim names are hints: unified and checked when needed
             graph = trace(run, *specs, name=name)
-        graph.dim_origins.update({d: o for d, o in unnamed.items()})
+        graph.dim_origins.update(model_dims)
         return graph
     except MemoryError:         # a folded output copied into the graph (each node's own folding is caught above)
         raise OnnxImportError("from_onnx: the model's constant outputs need more memory than this process can "

@@ -37,23 +37,33 @@ class DimCheck:
     kept: Dim
     other: Dim
     what: str
+    result: Dim | None = None   # a broadcast's own dim: its size is bound when the check runs, so that a later
+    #                             check naming it (a 3-way `where`: broadcast(broadcast(A, B), C)) can run too
 
     def holds(self, kept: int, other: int) -> bool:
         """Whether sizes `kept` and `other` of the two dims satisfy the check."""
         return kept == other or (self.what == "broadcast" and 1 in (kept, other))
 
+    @staticmethod
+    def result_size(kept: int, other: int) -> int:
+        """The size of a held broadcast's `result`: either where equal, the other where one is 1."""
+        return other if kept == 1 else kept
+
     def renamed(self, fn) -> "DimCheck":
         """The check with `fn` applied to each symbolic dim (a whole dim string)."""
-        return DimCheck(fn(self.kept) if isinstance(self.kept, str) else self.kept,
-                        fn(self.other) if isinstance(self.other, str) else self.other, self.what)
+        def ren(d):
+            return fn(d) if isinstance(d, str) else d
+        return DimCheck(ren(self.kept), ren(self.other), self.what, ren(self.result))
 
     def to_json(self):
-        return [self.kept, self.other, self.what]
+        return [self.kept, self.other, self.what] + ([self.result] if self.result is not None else [])
 
     @staticmethod
     def from_json(obj) -> "DimCheck":
-        kept, other, what = obj
-        return DimCheck(check_dim(kept), check_dim(other), str(what))     # ValueError for a malformed one
+        kept, other, what, *result = obj        # ValueError for a malformed one
+        if len(result) > 1:
+            raise ValueError(f"a dim check has {len(obj)} entries, expected 3 or 4")
+        return DimCheck(check_dim(kept), check_dim(other), str(what), check_dim(result[0]) if result else None)
 
 
 class _Recording(threading.local):
@@ -103,9 +113,11 @@ def _user_named(d: Dim) -> bool:
 
 
 def _representative(a: Dim, b: Dim) -> tuple:
-    """(kept, other): a dim of the user's over an unknown one, a plain symbol over an expression, else `a`."""
+    """(kept, other): a dim of the user's over one an importer named (an ONNX dim_param) over an unknown one,
+    a plain symbol over an expression, else `a`."""
     def rank(d):
-        return (0 if _user_named(d) else 1, 0 if isinstance(parse_dim(d), Sym) else 1)
+        named = _user_named(d) or not any(is_unknown(s) for s in parse_dim(d).symbols)
+        return (0 if _user_named(d) else 1 if named else 2, 0 if isinstance(parse_dim(d), Sym) else 1)
     return (b, a) if rank(b) < rank(a) else (a, b)
 
 
@@ -124,8 +136,9 @@ def equate_dims(a: Dim, b: Dim, what: str) -> Dim:
         raise ShapeError(f"{what} needs {describe_dim(a)} and {describe_dim(b)} equal, but they are not known to "
                          f"be equal; {undecided_fix()}")
     if what == "broadcast":     # numpy's rule: equal, or one is 1; the result's size is known when it runs
-        _REC.checks.append(DimCheck(a, b, what))
-        return fresh_dim(origin=f"the broadcast of {describe_dim(a)} and {describe_dim(b)}")
+        result = fresh_dim(origin=f"the broadcast of {describe_dim(a)} and {describe_dim(b)}")
+        _REC.checks.append(DimCheck(a, b, what, result))
+        return result
     kept, other = _representative(a, b)
     _REC.checks.append(DimCheck(kept, other, what))
     return kept

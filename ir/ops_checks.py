@@ -24,6 +24,8 @@ class DimPairAttrs:
     rule: str = field(default="", metadata={"omit_default": True})
 
     def __post_init__(self):
+        if not isinstance(self.rule, str):
+            raise TypeError(f"assert_dims_equal: rule must be a str, got {type(self.rule).__name__}")
         _set(self, axis_a=_int(self.axis_a, "axis_a"), axis_b=_int(self.axis_b, "axis_b"))
 
 

@@ -32,6 +32,8 @@ def first_failure(checks: list, types: list, shapes: list):
             continue
         if not c.holds(kept, other):
             return node, c, kept, other
+        if isinstance(c.result, str):       # a later check may name the broadcast's dim
+            env.setdefault(c.result, c.result_size(kept, other))
     return None
 
 
