@@ -60,7 +60,7 @@ def _run_time_pad(x, pads, axes, mode: str, value):
         inside = F.logical_and(F.greater_equal(i, np.int64(0)), F.less(i, size))
         taken = F.take(x, F.minimum(F.maximum(i, np.int64(0)), F.maximum(size - np.int64(1), np.int64(0))), axis=ax)
         shape = tuple(-1 if d == ax else 1 for d in range(_rank(x)))
-        x = F.where(F.reshape(inside, shape), np.asarray(value, x.dtype), taken)
+        x = F.where(F.reshape(inside, shape), taken, np.asarray(value, x.dtype))
     return x
 
 

@@ -71,6 +71,10 @@ def _plan(x, ins, a, ctx, node):
         raise OnnxImportError(f"Resize: keep_aspect_ratio_policy must be stretch, not_larger or not_smaller, got "
                               f"{policy!r}")
     if entries is None or any(as_dim(e) is None for e in entries):
+        if _text(a, "mode", "nearest") == "nearest":
+            # its kernel fails TVM's build (a division by zero in its bound analysis); linear / cubic build
+            raise OnnxImportError("Resize: mode nearest with sizes computed at run time is not supported (linear "
+                                  "and cubic are); give sizes known when the model is imported")
         return axes, _data_sizes(sizes, axes, policy), [None] * len(axes)
     out = [as_dim(e) for e in entries]
     if len(out) != len(axes):

@@ -56,7 +56,7 @@ class _Detector(torch.nn.Module):
         return tuple(result[0][k] for k in self.keys)
 
 
-_SMALL = dict(min_size=96, max_size=128, box_score_thresh=0.0, box_detections_per_img=20,
+_SMALL = dict(min_size=96, max_size=128, box_score_thresh=0.05, box_detections_per_img=20,
               rpn_pre_nms_top_n_test=60, rpn_post_nms_top_n_test=30)
 
 
