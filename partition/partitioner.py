@@ -180,6 +180,8 @@ def contract(g: Graph, regions: list[list[int]], prefix: str) -> Graph:
             if p is None or region_of.get(p) != region_of.get(i) or i not in region_of:
                 used_outside.add(v)
     carriers = [_symbol_carriers(g, members, producer) for members in regions]
+    for extra in carriers:                     # a carrier made inside another region must leave it
+        used_outside.update(extra)
     # order: contracted DAG, topologically sorted with original positions as tie-breaker
     dag = nx.DiGraph()
     key = {}
