@@ -83,22 +83,23 @@ _BOXES = ("boxes", "labels", "scores")
 _CLASSIFIER_SIZES = [(1, 64, 64), (2, 96, 80), (1, 33, 47)]
 _DETECTOR_SIZES = [(96, 112), (80, 128), (128, 96)]
 
+# compile times are minutes per (model, exporter) on 2 cores: the suite holds one exporter of most models, and
+# leaves out the ResNet-50 detectors (NOT_IN_SUITE), whose builds do not fit the CI budget
 CASES: list[ModelCase] = [
     ModelCase("resnet18", _classifier("resnet18"), _images, _CLASSIFIER_SIZES, atol=1e-3, rtol=1e-3),
     ModelCase("mobilenet_v3_small", _classifier("mobilenet_v3_small"), _images, _CLASSIFIER_SIZES, atol=1e-3,
-              rtol=1e-3),
-    ModelCase("regnet_y_400mf", _classifier("regnet_y_400mf"), _images, _CLASSIFIER_SIZES, atol=1e-3, rtol=1e-3),
+              rtol=1e-3, exporters=("torchscript",)),
+    ModelCase("regnet_y_400mf", _classifier("regnet_y_400mf"), _images, _CLASSIFIER_SIZES, atol=1e-3, rtol=1e-3,
+              exporters=("torchscript",)),
     ModelCase("fasterrcnn_mobilenet_v3_large_320_fpn",
               _detector("fasterrcnn_mobilenet_v3_large_320_fpn", _BOXES, **_SMALL), _image, _DETECTOR_SIZES,
-              atol=1e-3, rtol=1e-3),
-    ModelCase("ssdlite320_mobilenet_v3_large",
-              _detector("ssdlite320_mobilenet_v3_large", _BOXES, score_thresh=0.0, detections_per_img=20,
-                        topk_candidates=50),
-              _image, _DETECTOR_SIZES, atol=1e-3, rtol=1e-3),
-    ModelCase("retinanet_resnet50_fpn",
-              _detector("retinanet_resnet50_fpn", _BOXES, min_size=96, max_size=128, score_thresh=0.0,
-                        detections_per_img=20, topk_candidates=50),
-              _image, _DETECTOR_SIZES, atol=1e-3, rtol=1e-3),
-    ModelCase("maskrcnn_resnet50_fpn", _detector("maskrcnn_resnet50_fpn", _BOXES + ("masks",), **_SMALL), _image,
-              _DETECTOR_SIZES, atol=1e-3, rtol=1e-3),
+              atol=1e-3, rtol=1e-3, exporters=("torchscript",)),
 ]
+
+# torchvision detectors not in the suite yet: {builder: why} (the report of issue 23 has what was measured)
+NOT_IN_SUITE = {
+    "ssdlite320_mobilenet_v3_large": "its transform resizes every image to 320 x 320; compile + run time over the "
+                                     "suite's budget (imports and partitions)",
+    "retinanet_resnet50_fpn": "ResNet-50 backbone: compile time over the suite's budget (imports and partitions)",
+    "maskrcnn_resnet50_fpn": "ResNet-50 backbone: compile time over the suite's budget (not measured)",
+}
