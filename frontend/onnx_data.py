@@ -6,7 +6,7 @@ import numpy as np
 
 from ..ir.types import dim_add, dim_floordiv, dim_min, dim_mul
 from . import F
-from .shape_values import known_array
+from .shape_values import known_array, known_of
 from .tracer import source_hint
 from .onnx_ops import INT_MAX, OnnxImportError, _check_size, _const, _ints, _is_const, _rank, _shape, converter
 
@@ -41,6 +41,29 @@ def _pad_index(x, axis: int, lo: int, hi: int, mode: str):
     return F.where(F.less(m, size), m, period - m)
 
 
+def _run_time_pad(x, pads, axes, mode: str, value):
+    """Pad with pads computed at run time (torchvision's detectors pad images to a multiple of 32 of sizes that
+    depend on the image): per padded axis, a gather of the positions ``arange(lo, n + hi) `` (a run-time length),
+    those outside [0, n) taking `value`; a negative pad reads fewer positions, so it crops as Pad's does."""
+    if mode != "constant":
+        raise OnnxImportError(f"Pad mode {mode!r} with pads computed at run time: only the constant mode")
+    if _rank(pads) != 1 or _shape(pads)[0] != 2 * len(axes):
+        raise OnnxImportError(f"Pad: pads of shape {list(_shape(pads))} for {len(axes)} axes (it needs two per axis)")
+    known = known_of(pads) or [None] * (2 * len(axes))
+    pads = F.astype(pads, "int64")
+    for k, ax in enumerate(axes):
+        if known[k] == 0 and known[k + len(axes)] == 0:
+            continue                                   # an axis known not to be padded
+        lo, hi = F.take(pads, np.int64(k)), F.take(pads, np.int64(k + len(axes)))
+        size = F.take(F.shape_of(x), np.int64(ax))
+        i = F.arange(np.int64(0) - lo, size + hi)
+        inside = F.logical_and(F.greater_equal(i, np.int64(0)), F.less(i, size))
+        taken = F.take(x, F.minimum(F.maximum(i, np.int64(0)), F.maximum(size - np.int64(1), np.int64(0))), axis=ax)
+        shape = tuple(-1 if d == ax else 1 for d in range(_rank(x)))
+        x = F.where(F.reshape(inside, shape), taken, np.asarray(value, x.dtype))
+    return x
+
+
 @converter("Pad")
 def _pad(ins, a, ctx, env, node):
     x = ins[0]
@@ -51,13 +74,15 @@ def _pad(ins, a, ctx, env, node):
     if ctx.opset < 11:
         pads, value = a.get("pads", a.get("paddings")), a.get("value", 0.0)
     else:
-        pads = _ints(ins[1], "Pad's pads", node)
         value = 0 if len(ins) < 3 or ins[2] is None else np.asarray(_const(ins[2], "Pad's constant value",
                                                                           node)).item()
+        pads = ins[1] if not _is_const(ins[1]) and known_array(ins[1]) is None else _ints(ins[1], "Pad's pads", node)
     axes = list(range(_rank(x)))
     if len(ins) > 3 and ins[3] is not None:
         axes = [ax % _rank(x) for ax in _ints(ins[3], "Pad's axes", node)]
     n = len(axes)
+    if not isinstance(pads, list):
+        return _run_time_pad(x, pads, axes, mode, value)
     if len(pads) != 2 * n:
         raise OnnxImportError(f"Pad: {len(pads)} pads for {n} axes (it needs two per axis: all the befores, then "
                               "all the afters)")

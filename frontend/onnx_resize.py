@@ -6,8 +6,9 @@ are known at import: the `Shape -> Slice -> Concat` chains exporters emit for `i
 Separable, one axis at a time as ONNX's reference: each output position's source coordinate (float64, the
 reference's arithmetic) gives its taps (1 nearest, 2 linear, 4 cubic; clamped to the axis, the reference's edge
 padding) and their weights; the axis is then ``sum_j w_j * take(x, tap_j)``. Every step is a `dyntvm.F` op, so
-symbolic sizes compile to one static region. Not supported (OnnxImportError): `antialias`, scales computed from
-the inputs (their output size depends on data), scales that are no simple fraction on a symbolic axis."""
+symbolic sizes compile to one static region. Sizes computed from data (not known at import) give the resized
+axes a run-time length (a data-dependent `arange`). Not supported (OnnxImportError): `antialias`, scales computed
+from the inputs, scales that are no simple fraction on a symbolic axis."""
 from __future__ import annotations
 
 from fractions import Fraction
@@ -65,17 +66,19 @@ def _plan(x, ins, a, ctx, node):
             raise OnnxImportError(f"Resize: scales {s} must be positive")
         return axes, [_scaled_dim(dims[ax], v, ax) for ax, v in zip(axes, s)], s
     entries = np.asarray(sizes).reshape(-1).tolist() if _is_const(sizes) else known_of(sizes)
-    kd = None if entries is None or any(as_dim(e) is None for e in entries) else ([as_dim(e) for e in entries],)
-    if kd is None:
-        raise OnnxImportError("Resize: sizes must be known when the model is imported (constants, or a shape "
-                              "vector built from the inputs' shapes); dyntvm has no data-dependent Resize")
-    out = list(kd[0])
-    if len(out) != len(axes):
-        raise OnnxImportError(f"Resize: {len(out)} sizes for {len(axes)} axes")
     policy = _text(a, "keep_aspect_ratio_policy", "stretch")
     if policy not in ("stretch", "not_larger", "not_smaller"):
         raise OnnxImportError(f"Resize: keep_aspect_ratio_policy must be stretch, not_larger or not_smaller, got "
                               f"{policy!r}")
+    if entries is None or any(as_dim(e) is None for e in entries):
+        if _text(a, "mode", "nearest") == "nearest":
+            # its kernel fails TVM's build (a division by zero in its bound analysis); linear / cubic build
+            raise OnnxImportError("Resize: mode nearest with sizes computed at run time is not supported (linear "
+                                  "and cubic are); give sizes known when the model is imported")
+        return axes, _data_sizes(sizes, axes, policy), [None] * len(axes)
+    out = [as_dim(e) for e in entries]
+    if len(out) != len(axes):
+        raise OnnxImportError(f"Resize: {len(out)} sizes for {len(axes)} axes")
     if policy == "stretch":
         return axes, out, [None] * len(axes)
     if not all(_static(d) for d in out) or not all(_static(dims[ax]) for ax in axes):
@@ -83,6 +86,24 @@ def _plan(x, ins, a, ctx, node):
     ratios = [o / dims[ax] for o, ax in zip(out, axes)]
     s = min(ratios) if policy == "not_larger" else max(ratios)
     return axes, [int(s * dims[ax] + 0.5) for ax in axes], [s] * len(axes)
+
+
+def _data_sizes(sizes, axes, policy) -> list:
+    """Sizes computed from data (torchvision's detectors size their input from float arithmetic on its shape):
+    per axis a scalar int64 tensor, so the axis gets a run-time length (a data-dependent `arange`)."""
+    if policy != "stretch":
+        raise OnnxImportError(f"Resize: keep_aspect_ratio_policy {policy} with sizes computed at run time: "
+                              "only stretch")
+    if _rank(sizes) != 1 or _shape(sizes)[0] != len(axes):
+        raise OnnxImportError(f"Resize: sizes of shape {list(_shape(sizes))} for {len(axes)} axes")
+    sizes = F.astype(sizes, "int64")
+    return [_RunTimeSize(F.take(sizes, np.int64(k))) for k in range(len(axes))]
+
+
+class _RunTimeSize:
+    """An output size known only at run time: a scalar int64 tensor (never equal to an input dim at import)."""
+    def __init__(self, tensor):
+        self.tensor = tensor
 
 
 def _f64(v):
@@ -132,8 +153,11 @@ def _resize_axis(x, axis: int, o, scale, a, roi, work: str):
     mode = _text(a, "mode", "nearest")
     ctm = _text(a, "coordinate_transformation_mode", "half_pixel")
     n_t = _f64(_size(x, axis))
-    y = F.astype(F.arange(0, o), "float64")
-    o_t = _f64(o) if _static(o) else F.astype(F.reshape(F.shape_of(y), ()), "float64")
+    run_time = isinstance(o, _RunTimeSize)
+    y = F.astype(F.arange(0, o.tensor if run_time else o), "float64")
+    o_t = _f64(o) if not run_time and _static(o) else F.astype(F.reshape(F.shape_of(y), ()), "float64")
+    if run_time:
+        o = -1                                     # in the reshapes below: the length of y
     s_t = np.float64(scale) if scale is not None else o_t / n_t
     xo, outside = _coords(ctm, y, n_t, o_t, s_t, roi)
     last = _size(x, axis) - np.int64(1)
@@ -206,7 +230,7 @@ def _resize(ins, a, ctx, env, node):
     y = x if mode == "nearest" or dtype.name == work else F.astype(x, work)
     for ax, o, s in zip(axes, outs, scales):
         trivial = roi is None or roi[ax] == (0.0, 1.0)
-        if o == _shape(x)[ax] and (s is None or s == 1.0) and trivial:
+        if not isinstance(o, _RunTimeSize) and o == _shape(x)[ax] and (s is None or s == 1.0) and trivial:
             continue                                 # the reference skips an axis it does not resize
         y = _resize_axis(y, ax, o, s, a, None if roi is None else tuple(np.float64(v) for v in roi[ax]), work)
     if y.dtype != dtype:

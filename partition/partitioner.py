@@ -180,6 +180,8 @@ def contract(g: Graph, regions: list[list[int]], prefix: str) -> Graph:
             if p is None or region_of.get(p) != region_of.get(i) or i not in region_of:
                 used_outside.add(v)
     carriers = [_symbol_carriers(g, members, producer) for members in regions]
+    for extra in carriers:                     # a carrier made inside another region must leave it
+        used_outside.update(extra)
     # order: contracted DAG, topologically sorted with original positions as tie-breaker
     dag = nx.DiGraph()
     key = {}
@@ -227,11 +229,13 @@ def _symbol_carriers(g: Graph, members: list, producer: dict, unbound: bool = Fa
     symbols no such value binds instead."""
     member_set = set(members)
     bound: set = set()
+    atoms: set = set()           # expression dims of the region's inputs: known as a whole inside it
     for i in members:
         for v in g.nodes[i].inputs:
             p = producer.get(v)
             if p is None or p not in member_set:
                 bound |= {d for d in v.type.shape if is_symbol(d)}
+                atoms |= {d for d in v.type.shape if isinstance(d, str) and not is_symbol(d)}
     need = set().union(*(attr_symbols(g.nodes[i].op, g.nodes[i].attrs) for i in members)) - bound
     out: list = []
     if not need:                 # (most regions: then no need to walk the values before it)
@@ -240,14 +244,21 @@ def _symbol_carriers(g: Graph, members: list, producer: dict, unbound: bool = Fa
     candidates = [v for v in list(g.inputs) + [v for i, n in enumerate(g.nodes[:first]) if i not in member_set
                                                and n.op != "constant" for v in n.outputs]
                   if not isinstance(v.type, ListType)]        # a list never enters a region
-    # an expression dim of the attrs (``((N + 1) // 2)``) that a value has as a dim binds as a whole
+    # an expression dim of the attrs (``((N + 1) // 2)``) that a value has as a dim binds as a whole; its symbols
+    # are still needed where another dim of the attrs uses them (arange(15 * X, 30 * X) bound by 15 * X alone)
+    unbound_symbols: set = set()
     for d in sorted({d for i in members for d in attr_dims(g.nodes[i].op, g.nodes[i].attrs)}):
-        syms = parse_dim(d).free_symbols() & need
-        v = next((c for c in candidates if d in c.type.shape), None) if syms and not is_symbol(d) else None
-        if v is not None:
-            if v not in out:
-                out.append(v)
-            need -= syms
+        syms = parse_dim(d).free_symbols(atoms) & need
+        if not syms:
+            continue
+        if not is_symbol(d):
+            v = next((c for c in candidates if d in c.type.shape), None)
+            if v is not None:
+                if v not in out:
+                    out.append(v)
+                continue
+        unbound_symbols |= syms
+    need &= unbound_symbols
     missing = set()
     for sym in sorted(need):
         v = next((c for c in candidates if sym in c.type.shape), None)

@@ -57,7 +57,8 @@ def export(model, args, path: str, names, axes, dynamo: bool) -> str:
 def export_onnx(make, key: str, exporter: str) -> str:
     """The path of `make()`'s model exported by `exporter` ("torchscript" or "dynamo"), from the cache when there."""
     assert exporter in ("torchscript", "dynamo"), exporter
-    source = inspect.getsource(inspect.getmodule(make) or make) + inspect.getsource(export)   # the models it builds too
+    # the whole module of `make`: the helpers it calls (calibration, wrappers) change the export too
+    source = inspect.getsource(inspect.getmodule(make) or make) + inspect.getsource(export)
     digest = hashlib.sha256("\0".join([key, exporter, source, _versions()]).encode()).hexdigest()[:24]
     path = os.path.join(cache_folder(), f"{digest}.onnx")
     if os.path.exists(path):
