@@ -46,7 +46,8 @@ def _run_time_pad(x, pads, axes, mode: str, value):
     depend on the image): per padded axis, a gather of the positions ``arange(lo, n + hi) `` (a run-time length),
     those outside [0, n) taking `value`; a negative pad reads fewer positions, so it crops as Pad's does."""
     if mode != "constant":
-        raise OnnxImportError(f"Pad mode {mode!r} with pads computed at run time: only the constant mode")
+        raise OnnxImportError(f"Pad mode {mode!r}: the pads must be known when the model is imported (pads computed "
+                              "at run time: only the constant mode)")
     if _rank(pads) != 1 or _shape(pads)[0] != 2 * len(axes):
         raise OnnxImportError(f"Pad: pads of shape {list(_shape(pads))} for {len(axes)} axes (it needs two per axis)")
     known = known_of(pads) or [None] * (2 * len(axes))

@@ -73,8 +73,8 @@ def _plan(x, ins, a, ctx, node):
     if entries is None or any(as_dim(e) is None for e in entries):
         if _text(a, "mode", "nearest") == "nearest":
             # its kernel fails TVM's build (a division by zero in its bound analysis); linear / cubic build
-            raise OnnxImportError("Resize: mode nearest with sizes computed at run time is not supported (linear "
-                                  "and cubic are); give sizes known when the model is imported")
+            raise OnnxImportError("Resize: with mode nearest the sizes must be known when the model is imported "
+                                  "(sizes computed at run time: modes linear and cubic only)")
         return axes, _data_sizes(sizes, axes, policy), [None] * len(axes)
     out = [as_dim(e) for e in entries]
     if len(out) != len(axes):
@@ -92,8 +92,8 @@ def _data_sizes(sizes, axes, policy) -> list:
     """Sizes computed from data (torchvision's detectors size their input from float arithmetic on its shape):
     per axis a scalar int64 tensor, so the axis gets a run-time length (a data-dependent `arange`)."""
     if policy != "stretch":
-        raise OnnxImportError(f"Resize: keep_aspect_ratio_policy {policy} with sizes computed at run time: "
-                              "only stretch")
+        raise OnnxImportError(f"Resize: with keep_aspect_ratio_policy {policy} the sizes must be known when the "
+                              "model is imported (sizes computed at run time: stretch only)")
     if _rank(sizes) != 1 or _shape(sizes)[0] != len(axes):
         raise OnnxImportError(f"Resize: sizes of shape {list(_shape(sizes))} for {len(axes)} axes")
     sizes = F.astype(sizes, "int64")

@@ -94,7 +94,7 @@ def test_run_time_sizes_match_onnxruntime(make):
 
 
 def test_run_time_resize_nearest_is_a_clear_error():
-    with pytest.raises(OnnxImportError, match="nearest with sizes computed at run time"):
+    with pytest.raises(OnnxImportError, match="with mode nearest the sizes must be known when the model is imported"):
         dt.from_onnx(_resize_model("nearest"))
 
 
