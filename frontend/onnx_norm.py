@@ -7,6 +7,7 @@ import re
 
 import numpy as np
 
+from ..ir.types import is_static_dim
 from . import F
 from .onnx_ops import OnnxImportError, _axes, _c, _rank, _shape, converter
 
@@ -52,7 +53,7 @@ def _logsumexp(x, axes, keep):
         return x
     r = _rank(x)
     reduced = range(r) if axes is None else [ax % r for ax in axes]
-    if any(_shape(x)[ax] == 0 for ax in reduced):
+    if any(is_static_dim(_shape(x)[ax], 0) for ax in reduced):
         return _same_dtype(F.log(F.sum(F.exp(x), axis=axes, keepdims=keep)), x)
     m = F.max(x, axis=axes, keepdims=True)
     m = F.where(F.isnan(m - m), _c(0, m), m)            # +-inf (and NaN) maxima: shift by 0

@@ -12,7 +12,7 @@ from dyntvm.errors import InputError
 
 from . import F
 from ..ir.ops_shape_tensors import ReshapeDynAttrs
-from ..ir.types import ShapeError, check_tensor_size, dim_bounds
+from ..ir.types import ShapeError, check_tensor_size, dim_bounds, is_static_dim, same_dim
 from .list_values import TensorList
 from .ops import apply
 from .shape_values import known_array, known_of
@@ -149,7 +149,7 @@ def _operands(ins, a, ctx, node) -> tuple:
                                   "shapes must be equal")
         return x, y
     axis = a.get("axis")
-    if axis is None or all(d == 1 for d in sy):
+    if axis is None or all(is_static_dim(d, 1) for d in sy):
         return x, y                             # suffix matching, or a one-element B: numpy's broadcasting
     if not 0 <= axis <= len(sx) - len(sy):
         raise OnnxImportError(f"{node.op_type} with broadcast=1, axis={axis}: B of shape {sy} does not fit A of shape "
@@ -499,7 +499,7 @@ def _range(ins, a, ctx, env, node):
 @converter("Tile")
 def _tile(ins, a, ctx, env, node):
     x, reps = ins
-    if len(_shape(reps)) != 1 or _shape(reps)[0] != _rank(x):
+    if len(_shape(reps)) != 1 or not same_dim(_shape(reps)[0], _rank(x)):
         raise OnnxImportError(f"Tile: repeats of shape {list(_shape(reps))} for a rank-{_rank(x)} input (one "
                               "repeat per axis)")
     if _is_const(reps):

@@ -14,7 +14,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from ..ir.types import dim_floordiv, dim_mul
+from ..ir.types import dim_floordiv, dim_mul, same_dim
 from . import F
 from .onnx_image import _text
 from .onnx_ops import OnnxImportError, _const, _is_const, _rank, _shape, converter
@@ -206,7 +206,7 @@ def _resize(ins, a, ctx, env, node):
     y = x if mode == "nearest" or dtype.name == work else F.astype(x, work)
     for ax, o, s in zip(axes, outs, scales):
         trivial = roi is None or roi[ax] == (0.0, 1.0)
-        if o == _shape(x)[ax] and (s is None or s == 1.0) and trivial:
+        if same_dim(o, _shape(x)[ax]) and (s is None or s == 1.0) and trivial:
             continue                                 # the reference skips an axis it does not resize
         y = _resize_axis(y, ax, o, s, a, None if roi is None else tuple(np.float64(v) for v in roi[ax]), work)
     if y.dtype != dtype:
