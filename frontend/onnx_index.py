@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir.ops_index import ScatterAttrs
-from ..ir.types import dim_mul
+from ..ir.types import dim_mul, same_dim
 from . import F
 from .onnx_ops import OnnxImportError, _c, _ints, _is_const, _rank, _shape, converter
 from .ops import apply
@@ -105,7 +105,7 @@ def _nd_positions(data, idx, b: int, node):
         if _static(n_idx) and _static(n_data) and n_idx != n_data:
             raise OnnxImportError(f"{node.op_type}: batch axis {k} has {n_idx} entries in the indices, {n_data} in "
                                   "the data")
-        p = F.arange(0, n_data) if n_idx == n_data else _within(n_idx, n_data, k, node)
+        p = F.arange(0, n_data) if same_dim(n_idx, n_data) else _within(n_idx, n_data, k, node)
         pos.append(F.reshape(p, tuple(n_idx if j == k else 1 for j in range(lead))))
     if _is_const(idx):
         idx = np.asarray(idx, np.int64)

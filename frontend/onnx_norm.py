@@ -7,7 +7,7 @@ import re
 
 import numpy as np
 
-from ..ir.types import is_static_dim
+from ..ir.types import is_static_dim, same_dim
 from . import F
 from .onnx_ops import OnnxImportError, _axes, _c, _rank, _shape, converter
 
@@ -108,7 +108,7 @@ def _group_norm(ins, a, ctx, env, node):
         raise OnnxImportError(f"GroupNormalization: {c} channels (a static count is needed) do not split into "
                               f"{g} groups")
     n_scale = _shape(scale)[0]
-    if n_scale not in (c, g):
+    if not any(same_dim(n_scale, v) for v in (c, g)):
         raise OnnxImportError(f"GroupNormalization: scale of {n_scale} entries, expected {c} (per channel) or {g} "
                               "(per group, opset 18)")
     grouped = F.reshape(x, (_shape(x)[0], g, c // g) + tuple(_shape(x)[2:]))

@@ -522,7 +522,7 @@ def _compress(ins, a, ctx, env, node):
     n, k = _shape(x)[axis], _shape(cond)[0]
     if isinstance(n, int) and isinstance(k, int) and k < n:     # a shorter condition: the rest is dropped
         x = F.slice(x, [0], [k], [1], [axis])
-    elif not (isinstance(n, int) and isinstance(k, int)) and n != k:    # lengths known at run time only:
+    elif not (isinstance(n, int) and isinstance(k, int)) and not same_dim(n, k):    # lengths known at run time only:
         idx = F.nonzero(cond)[0]                                # the selected slices that exist (as onnxruntime)
         return F.take(x, F.boolean_mask(idx, F.less(idx, F.shape_of(x)[axis])), axis=axis)
     return F.boolean_mask(x, cond, axis=axis)
