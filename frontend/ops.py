@@ -16,7 +16,7 @@ from ..ir import ops as O
 from ..ir.ops_shape_tensors import BroadcastDynAttrs, ReshapeDynAttrs, ShapeTensorAttrs
 from ..runtime.kernels import run_kernel
 from ..ir.shapes import ShapeError, broadcast_shapes
-from ..ir.types import TensorType, same_dim
+from ..ir.types import TensorType, is_static_dim, same_dim
 from .shape_values import as_dim, known_of
 from .tracer import Tensor, as_array, current, infer_types, trace_error, tracing, user_source
 
@@ -346,7 +346,7 @@ def one_hot(indices, depth, axis=-1, dtype="float32"):
     equals the index (an index outside [0, depth) gives all zeros). `depth` is an int, a dim from `x.shape` or a
     0-d integer tensor computed at run time (a negative one raises)."""
     if isinstance(depth, (Tensor, np.ndarray)):
-        if np.dtype(depth.dtype).kind not in "iu" or depth.ndim > 1 or depth.type.shape not in ((), (1,)):
+        if np.dtype(depth.dtype).kind not in "iu" or depth.ndim > 1 or not all(is_static_dim(d, 1) for d in depth.shape):
             raise trace_error(f"one_hot: depth must be an integer with one element, got {depth.dtype}"
                               f"{list(depth.shape)}")
         known = known_of(depth) if isinstance(depth, Tensor) else None
