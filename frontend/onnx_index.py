@@ -11,20 +11,16 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir.ops_index import ScatterAttrs
-from ..ir.types import dim_mul, same_dim
+from ..ir.types import dim_mul, is_static_dim, same_dim
 from . import F
 from .onnx_ops import OnnxImportError, _c, _ints, _is_const, _rank, _shape, converter
 from .ops import apply
 
 
-def _static(d) -> bool:
-    return isinstance(d, (int, np.integer))
-
-
 def _dim(x, k: int):
     """Axis k's size of `x` as an int64 scalar (a constant where it is static)."""
     d = _shape(x)[k]
-    return np.int64(d) if _static(d) else F.take(F.shape_of(x), np.int64(k))
+    return np.int64(d) if is_static_dim(d) else F.take(F.shape_of(x), np.int64(k))
 
 
 def _checked(idx, n):
@@ -51,7 +47,7 @@ def _flat(data, positions: list):
 def _within(n_idx, n_data, k, node):
     """Positions 0 .. n_idx - 1 along axis k, checked against the data's size there (ONNX: indices may be
     shorter than the data on the axes they do not index)."""
-    if _static(n_idx) and _static(n_data):
+    if is_static_dim(n_idx) and is_static_dim(n_data):
         if n_idx > n_data:
             raise OnnxImportError(f"{node.op_type}: the indices have {n_idx} entries along axis {k}, the data only "
                                   f"{n_data}")
@@ -91,7 +87,7 @@ def _nd_positions(data, idx, b: int, node):
     indices' last dim), each of the shape idx.shape[:-1] (broadcast)."""
     q, r = _rank(idx), _rank(data)
     m = _shape(idx)[-1] if q else None
-    if q < 1 or not _static(m):
+    if q < 1 or not is_static_dim(m):
         raise OnnxImportError(f"{node.op_type}: the indices' last dim must be static (the number of indexed axes), "
                               f"got indices of shape {_shape(idx)}")
     m = int(m)
@@ -102,7 +98,7 @@ def _nd_positions(data, idx, b: int, node):
     pos = []
     for k in range(b):
         n_idx, n_data = _shape(idx)[k], _shape(data)[k]
-        if _static(n_idx) and _static(n_data) and n_idx != n_data:
+        if is_static_dim(n_idx) and is_static_dim(n_data) and n_idx != n_data:
             raise OnnxImportError(f"{node.op_type}: batch axis {k} has {n_idx} entries in the indices, {n_data} in "
                                   "the data")
         p = F.arange(0, n_data) if same_dim(n_idx, n_data) else _within(n_idx, n_data, k, node)
@@ -145,7 +141,7 @@ def _scatter_elements(ins, a, ctx, env, node):
     data, idx, upd = ins
     if _rank(data) == 0:
         raise OnnxImportError(f"{node.op_type} into a 0-d tensor")
-    if len(_shape(upd)) != len(_shape(idx)) or any(_static(p) and _static(q) and p != q
+    if len(_shape(upd)) != len(_shape(idx)) or any(is_static_dim(p) and is_static_dim(q) and p != q
                                                     for p, q in zip(_shape(upd), _shape(idx))):
         raise OnnxImportError(f"{node.op_type}: updates of shape {_shape(upd)} and indices of shape {_shape(idx)} "
                               "differ")
@@ -159,14 +155,16 @@ def _scatter_nd(ins, a, ctx, env, node):
     pos, m = _nd_positions(data, idx, 0, node)
     rest = _shape(data)[m:]
     want = tuple(_shape(idx)[:-1]) + tuple(rest)
-    if len(_shape(upd)) != len(want) or any(_static(p) and _static(q) and p != q for p, q in zip(_shape(upd), want)):
+    if len(_shape(upd)) != len(want) or any(is_static_dim(p) and is_static_dim(q) and p != q
+                                            for p, q in zip(_shape(upd), want)):
         raise OnnxImportError(f"ScatterND: updates of shape {_shape(upd)}, expected indices.shape[:-1] + "
                               f"data.shape[{m}:] = {want}")
     rows = _flat(data, pos)                           # [idx.shape[:-1]]: the row of each update slice
     width = 1
     for d in rest:
         width = dim_mul(width, d)
-    n = np.int64(width) if _static(width) else F.reshape(F.prod(F.slice(F.shape_of(data), [m], [_rank(data)])), ())
+    n = np.int64(width) if is_static_dim(width) else \
+        F.reshape(F.prod(F.slice(F.shape_of(data), [m], [_rank(data)])), ())
     elems = F.expand_dims(rows, -1) * n + F.arange(0, width)      # [idx.shape[:-1], width]
     upd = F.reshape(upd, tuple(_shape(idx)[:-1]) + (width,))
     return _scatter(data, elems, upd, _reduction(a, node), node)

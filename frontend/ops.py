@@ -346,7 +346,8 @@ def one_hot(indices, depth, axis=-1, dtype="float32"):
     equals the index (an index outside [0, depth) gives all zeros). `depth` is an int, a dim from `x.shape` or a
     0-d integer tensor computed at run time (a negative one raises)."""
     if isinstance(depth, (Tensor, np.ndarray)):
-        if np.dtype(depth.dtype).kind not in "iu" or depth.ndim > 1 or not all(is_static_dim(d, 1) for d in depth.shape):
+        one_element = depth.ndim <= 1 and all(is_static_dim(d, 1) for d in depth.shape)
+        if np.dtype(depth.dtype).kind not in "iu" or not one_element:
             raise trace_error(f"one_hot: depth must be an integer with one element, got {depth.dtype}"
                               f"{list(depth.shape)}")
         known = known_of(depth) if isinstance(depth, Tensor) else None
