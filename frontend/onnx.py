@@ -36,7 +36,7 @@ from .onnx_load import load, walk_nodes
 from .onnx_ops import CONVERTERS, OnnxImportError, _np_dtype, _tensor
 from .onnx_schema import _n, check_declared, check_node
 from ..ir.dim_checks import undeclared_symbols
-from ..ir.types import is_unknown
+from ..ir.types import is_unknown, same_dim
 from . import F
 from .tracer import ListSpec, Tensor, TensorSpec, source_hint, trace
 
@@ -281,7 +281,7 @@ def _pin_declared(v, vi, node=None):
     if None in want or 0 in want:
         return v
     unknown = [d for d in v.shape if is_unknown(d)]
-    if len(unknown) != 1 or any(d != w for d, w in zip(v.shape, want) if not is_unknown(d)):
+    if len(unknown) != 1 or any(not same_dim(d, w) for d, w in zip(v.shape, want) if not is_unknown(d)):
         return v
     where = f"{node_where(node)}: " if node is not None else ""
     with source_hint(f"{where}subgraph output {vi.name!r}, declared {tuple(want)} (a reshape checks its size)"):

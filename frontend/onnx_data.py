@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir.types import dim_add, dim_floordiv, dim_min, dim_mul
+from ..ir.types import dim_add, dim_floordiv, dim_min, dim_mul, is_static_dim
 from . import F
 from .shape_values import known_array, known_of
 from .tracer import source_hint
@@ -204,7 +204,7 @@ def _split_sizes(x, sizes: list, axis: int, n: int, dim, node):
         raise OnnxImportError(f"Split: sizes {sizes} add up to {sum(sizes)}, not the axis' {dim}")
     parts = F.split(x, [int(v) for v in np.cumsum(sizes)[:-1]], axis=axis)
     parts = list(parts) if isinstance(parts, (list, tuple)) else [parts]
-    if static or any(d == 0 for k, d in enumerate(_shape(x)) if k != axis):
+    if static or any(is_static_dim(d, 0) for k, d in enumerate(_shape(x)) if k != axis):
         return parts            # (a part with another axis of size 0 would reshape to any size: not checked)
     out = []
     for j, (p, s) in enumerate(zip(parts, sizes)):

@@ -12,20 +12,16 @@ import numpy as np
 
 from ..ir.ops_checks import DimPairAttrs
 from ..ir.ops_index import ScatterAttrs
-from ..ir.types import dim_mul
+from ..ir.types import dim_mul, is_static_dim, same_dim
 from . import F
 from .onnx_ops import OnnxImportError, _c, _ints, _is_const, _rank, _shape, converter
 from .ops import apply
 
 
-def _static(d) -> bool:
-    return isinstance(d, (int, np.integer))
-
-
 def _dim(x, k: int):
     """Axis k's size of `x` as an int64 scalar (a constant where it is static)."""
     d = _shape(x)[k]
-    return np.int64(d) if _static(d) else F.take(F.shape_of(x), np.int64(k))
+    return np.int64(d) if is_static_dim(d) else F.take(F.shape_of(x), np.int64(k))
 
 
 def _checked(idx, n):
@@ -52,7 +48,7 @@ def _flat(data, positions: list):
 def _within(n_idx, n_data, k, node):
     """Positions 0 .. n_idx - 1 along axis k, checked against the data's size there (ONNX: indices may be
     shorter than the data on the axes they do not index)."""
-    if _static(n_idx) and _static(n_data):
+    if is_static_dim(n_idx) and is_static_dim(n_data):
         if n_idx > n_data:
             raise OnnxImportError(f"{node.op_type}: the indices have {n_idx} entries along axis {k}, the data only "
                                   f"{n_data}")
@@ -99,7 +95,7 @@ def _nd_positions(data, idx, b: int, node):
     indices' last dim), each of the shape idx.shape[:-1] (broadcast)."""
     q, r = _rank(idx), _rank(data)
     m = _shape(idx)[-1] if q else None
-    if q < 1 or not _static(m):
+    if q < 1 or not is_static_dim(m):
         raise OnnxImportError(f"{node.op_type}: the indices' last dim must be static (the number of indexed axes), "
                               f"got indices of shape {_shape(idx)}")
     m = int(m)
@@ -110,10 +106,10 @@ def _nd_positions(data, idx, b: int, node):
     pos = []
     for k in range(b):
         n_idx, n_data = _shape(idx)[k], _shape(data)[k]
-        if _static(n_idx) and _static(n_data) and n_idx != n_data:
+        if is_static_dim(n_idx) and is_static_dim(n_data) and n_idx != n_data:
             raise OnnxImportError(f"{node.op_type}: batch axis {k} has {n_idx} entries in the indices, {n_data} in "
                                   "the data")
-        if n_idx != n_data:         # the spec wants them equal (not merely in range): checked when it runs
+        if not same_dim(n_idx, n_data):         # the spec wants them equal (not merely in range): checked when it runs
             idx = _same_dim(data, k, idx, k, f"GatherND: batch axis {k} of the indices and the data")
         pos.append(F.reshape(F.arange(0, n_data), tuple(n_data if j == k else 1 for j in range(lead))))
     if _is_const(idx):
@@ -154,12 +150,12 @@ def _scatter_elements(ins, a, ctx, env, node):
     data, idx, upd = ins
     if _rank(data) == 0:
         raise OnnxImportError(f"{node.op_type} into a 0-d tensor")
-    if len(_shape(upd)) != len(_shape(idx)) or any(_static(p) and _static(q) and p != q
+    if len(_shape(upd)) != len(_shape(idx)) or any(is_static_dim(p) and is_static_dim(q) and p != q
                                                     for p, q in zip(_shape(upd), _shape(idx))):
         raise OnnxImportError(f"{node.op_type}: updates of shape {_shape(upd)} and indices of shape {_shape(idx)} "
                               "differ")
     for k, (p, q) in enumerate(zip(_shape(idx), _shape(upd))):
-        if p != q:
+        if not same_dim(p, q):
             upd = _same_dim(idx, k, upd, k, f"{node.op_type}: axis {k} of the updates and the indices")
     flat = _flat(data, _element_positions(data, idx, int(a.get("axis", 0)), node))
     return _scatter(data, flat, upd, _reduction(a, node), node)
@@ -171,11 +167,12 @@ def _scatter_nd(ins, a, ctx, env, node):
     pos, m = _nd_positions(data, idx, 0, node)
     rest = _shape(data)[m:]
     want = tuple(_shape(idx)[:-1]) + tuple(rest)
-    if len(_shape(upd)) != len(want) or any(_static(p) and _static(q) and p != q for p, q in zip(_shape(upd), want)):
+    if len(_shape(upd)) != len(want) or any(is_static_dim(p) and is_static_dim(q) and p != q
+                                            for p, q in zip(_shape(upd), want)):
         raise OnnxImportError(f"ScatterND: updates of shape {_shape(upd)}, expected indices.shape[:-1] + "
                               f"data.shape[{m}:] = {want}")
     for k in range(len(want)):          # the updates' shape, axis by axis (a reshape checks only their count)
-        if _shape(upd)[k] != want[k]:
+        if not same_dim(_shape(upd)[k], want[k]):
             rule = f"ScatterND: the updates' shape, indices.shape[:-1] + data.shape[{m}:]"
             upd = _same_dim(idx, k, upd, k, rule) if k < _rank(idx) - 1 else \
                 _same_dim(data, k - _rank(idx) + 1 + m, upd, k, rule)
@@ -183,7 +180,8 @@ def _scatter_nd(ins, a, ctx, env, node):
     width = 1
     for d in rest:
         width = dim_mul(width, d)
-    n = np.int64(width) if _static(width) else F.reshape(F.prod(F.slice(F.shape_of(data), [m], [_rank(data)])), ())
+    n = np.int64(width) if is_static_dim(width) else \
+        F.reshape(F.prod(F.slice(F.shape_of(data), [m], [_rank(data)])), ())
     elems = F.expand_dims(rows, -1) * n + F.arange(0, width)      # [idx.shape[:-1], width]
     upd = F.reshape(upd, tuple(_shape(idx)[:-1]) + (width,))
     return _scatter(data, elems, upd, _reduction(a, node), node)

@@ -7,6 +7,7 @@ import re
 
 import numpy as np
 
+from ..ir.types import is_static_dim, same_dim
 from . import F
 from .onnx_ops import OnnxImportError, _axes, _c, _rank, _shape, converter
 
@@ -52,7 +53,7 @@ def _logsumexp(x, axes, keep):
         return x
     r = _rank(x)
     reduced = range(r) if axes is None else [ax % r for ax in axes]
-    if any(_shape(x)[ax] == 0 for ax in reduced):
+    if any(is_static_dim(_shape(x)[ax], 0) for ax in reduced):
         return _same_dtype(F.log(F.sum(F.exp(x), axis=axes, keepdims=keep)), x)
     if any(not isinstance(_shape(x)[ax], (int, np.integer)) for ax in reduced):
         # a symbolic axis may be empty when it runs: the maximum of x with one -inf more on each reduced axis
@@ -113,7 +114,7 @@ def _group_norm(ins, a, ctx, env, node):
         raise OnnxImportError(f"GroupNormalization: {c} channels (a static count is needed) do not split into "
                               f"{g} groups")
     n_scale = _shape(scale)[0]
-    if n_scale not in (c, g):
+    if not any(same_dim(n_scale, v) for v in (c, g)):
         raise OnnxImportError(f"GroupNormalization: scale of {n_scale} entries, expected {c} (per channel) or {g} "
                               "(per group, opset 18)")
     grouped = F.reshape(x, (_shape(x)[0], g, c // g) + tuple(_shape(x)[2:]))

@@ -12,7 +12,7 @@ from dyntvm.errors import InputError
 
 from . import F
 from ..ir.ops_shape_tensors import ReshapeDynAttrs
-from ..ir.types import ShapeError, check_tensor_size, dim_bounds
+from ..ir.types import ShapeError, check_tensor_size, dim_bounds, is_static_dim, same_dim
 from .list_values import TensorList
 from .ops import apply
 from .shape_values import known_array, known_of
@@ -149,7 +149,7 @@ def _operands(ins, a, ctx, node) -> tuple:
                                   "shapes must be equal")
         return x, y
     axis = a.get("axis")
-    if axis is None or all(d == 1 for d in sy):
+    if axis is None or all(is_static_dim(d, 1) for d in sy):
         return x, y                             # suffix matching, or a one-element B: numpy's broadcasting
     if not 0 <= axis <= len(sx) - len(sy):
         raise OnnxImportError(f"{node.op_type} with broadcast=1, axis={axis}: B of shape {sy} does not fit A of shape "
@@ -499,7 +499,7 @@ def _range(ins, a, ctx, env, node):
 @converter("Tile")
 def _tile(ins, a, ctx, env, node):
     x, reps = ins
-    if len(_shape(reps)) != 1 or _shape(reps)[0] != _rank(x):
+    if len(_shape(reps)) != 1 or not same_dim(_shape(reps)[0], _rank(x)):
         raise OnnxImportError(f"Tile: repeats of shape {list(_shape(reps))} for a rank-{_rank(x)} input (one "
                               "repeat per axis)")
     if _is_const(reps):
@@ -522,7 +522,7 @@ def _compress(ins, a, ctx, env, node):
     n, k = _shape(x)[axis], _shape(cond)[0]
     if isinstance(n, int) and isinstance(k, int) and k < n:     # a shorter condition: the rest is dropped
         x = F.slice(x, [0], [k], [1], [axis])
-    elif not (isinstance(n, int) and isinstance(k, int)) and n != k:    # lengths known at run time only:
+    elif not (isinstance(n, int) and isinstance(k, int)) and not same_dim(n, k):    # lengths known at run time only:
         idx = F.nonzero(cond)[0]                                # the selected slices that exist (as onnxruntime)
         return F.take(x, F.boolean_mask(idx, F.less(idx, F.shape_of(x)[axis])), axis=axis)
     return F.boolean_mask(x, cond, axis=axis)

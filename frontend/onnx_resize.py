@@ -15,7 +15,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from ..ir.types import dim_floordiv, dim_mul
+from ..ir.types import dim_floordiv, dim_mul, is_static_dim, same_dim
 from . import F
 from .onnx_image import _text
 from .onnx_ops import OnnxImportError, _const, _is_const, _rank, _shape, converter
@@ -31,13 +31,9 @@ def _given(v) -> bool:
     return v is not None and not (_is_const(v) and np.size(v) == 0)
 
 
-def _static(d) -> bool:
-    return isinstance(d, (int, np.integer))
-
-
 def _scaled_dim(n, s: float, axis: int):
     """floor(n * s) as a dim: exact for a static n; for a symbolic one where s is a simple fraction p / q."""
-    if _static(n):
+    if is_static_dim(n):
         return int(np.floor(np.float64(n) * np.float64(s)))
     f = Fraction(s).limit_denominator(64)
     if float(f) != s:
@@ -81,7 +77,7 @@ def _plan(x, ins, a, ctx, node):
         raise OnnxImportError(f"Resize: {len(out)} sizes for {len(axes)} axes")
     if policy == "stretch":
         return axes, out, [None] * len(axes)
-    if not all(_static(d) for d in out) or not all(_static(dims[ax]) for ax in axes):
+    if not all(is_static_dim(d) for d in out) or not all(is_static_dim(dims[ax]) for ax in axes):
         raise OnnxImportError(f"Resize: keep_aspect_ratio_policy {policy} needs static sizes and input dims")
     ratios = [o / dims[ax] for o, ax in zip(out, axes)]
     s = min(ratios) if policy == "not_larger" else max(ratios)
@@ -107,12 +103,12 @@ class _RunTimeSize:
 
 
 def _f64(v):
-    return np.float64(v) if _static(v) else F.astype(v, "float64")
+    return np.float64(v) if is_static_dim(v) else F.astype(v, "float64")
 
 
 def _size(x, axis: int):
     d = _shape(x)[axis]
-    return np.int64(d) if _static(d) else F.take(F.shape_of(x), np.int64(axis))
+    return np.int64(d) if is_static_dim(d) else F.take(F.shape_of(x), np.int64(axis))
 
 
 def _coords(mode: str, y, n, o, scale, roi):
@@ -155,7 +151,7 @@ def _resize_axis(x, axis: int, o, scale, a, roi, work: str):
     n_t = _f64(_size(x, axis))
     run_time = isinstance(o, _RunTimeSize)
     y = F.astype(F.arange(0, o.tensor if run_time else o), "float64")
-    o_t = _f64(o) if not run_time and _static(o) else F.astype(F.reshape(F.shape_of(y), ()), "float64")
+    o_t = _f64(o) if not run_time and is_static_dim(o) else F.astype(F.reshape(F.shape_of(y), ()), "float64")
     if run_time:
         o = -1                                     # in the reshapes below: the length of y
     s_t = np.float64(scale) if scale is not None else o_t / n_t

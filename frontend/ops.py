@@ -16,7 +16,7 @@ from ..ir import ops as O
 from ..ir.ops_shape_tensors import BroadcastDynAttrs, ReshapeDynAttrs, ShapeTensorAttrs
 from ..runtime.kernels import run_kernel
 from ..ir.shapes import ShapeError, broadcast_shapes
-from ..ir.types import TensorType
+from ..ir.types import TensorType, is_static_dim, same_dim
 from .shape_values import as_dim, known_of
 from .tracer import Tensor, as_array, current, infer_types, source_hint, trace_error, tracing, user_source
 
@@ -326,7 +326,7 @@ def expand(x, shape):
     if st is None:
         dims = _dims(shape, "expand")
         if any(isinstance(d, str) for d in dims):       # symbolic dims: the broadcast of the two shapes
-            return broadcast_to(x, broadcast_shapes(tuple(x.shape) if isinstance(x, Tensor) else np.shape(x),
+            return broadcast_to(x, broadcast_shapes(x.type.shape if isinstance(x, Tensor) else np.shape(x),
                                                       dims))
         st = np.asarray(dims, np.int64)
     return _one("expand", "broadcast_to_dyn", [x, st], BroadcastDynAttrs(bidirectional=True))
@@ -346,7 +346,8 @@ def one_hot(indices, depth, axis=-1, dtype="float32"):
     equals the index (an index outside [0, depth) gives all zeros). `depth` is an int, a dim from `x.shape` or a
     0-d integer tensor computed at run time (a negative one raises)."""
     if isinstance(depth, (Tensor, np.ndarray)):
-        if np.dtype(depth.dtype).kind not in "iu" or depth.ndim > 1 or tuple(depth.shape) not in ((), (1,)):
+        one_element = depth.ndim <= 1 and all(is_static_dim(d, 1) for d in depth.shape)
+        if np.dtype(depth.dtype).kind not in "iu" or not one_element:
             raise trace_error(f"one_hot: depth must be an integer with one element, got {depth.dtype}"
                               f"{list(depth.shape)}")
         known = known_of(depth) if isinstance(depth, Tensor) else None
@@ -508,7 +509,7 @@ def conv(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
         return y
     b = bias if isinstance(bias, Tensor) else as_array(bias)
     if len(b.shape) != 1 or np.dtype(b.dtype) != np.dtype(y.dtype) or isinstance(b.shape[0], int) and \
-            b.shape[0] != y.shape[1]:
+            not same_dim(b.shape[0], y.shape[1]):
         raise trace_error(f"conv: bias must be 1-d with one {y.dtype} value per output channel ({y.shape[1]}), "
                           f"got {b.dtype}{list(b.shape)}")
     return _F["add"](y, reshape(b, (-1,) + (1,) * nsp))

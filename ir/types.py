@@ -328,6 +328,7 @@ class SymDim(str):
     `x.shape[0] * 2` is ``"(N * 2)"`` rather than ``"NN"``."""
 
     __slots__ = ()
+    __array_ufunc__ = None      # numpy defers to these operators: np.int64(1) == d asks d, as 1 == d does
 
     def _op(self, other, fn, reflected=False):
         if type(other) is str and fn is dim_add:    # plain strings concatenate as usual ("id_" + d)
@@ -363,10 +364,26 @@ class SymDim(str):
                              + (f"\n    at {where}" if where else ""))
         return str_compare(self, other)
 
+    # == / != against an int answer like the orderings (a str comparison would make `x.shape[0] == 1` always
+    # False, silently); against a str or SymDim they stay str's, so dims still work as dict keys and set members
+    def __eq__(self, o): return self._compare(o, "==", str.__eq__)
+    def __ne__(self, o): return self._compare(o, "!=", str.__ne__)
     def __lt__(self, o): return self._compare(o, "<", str.__lt__)
     def __le__(self, o): return self._compare(o, "<=", str.__le__)
     def __gt__(self, o): return self._compare(o, ">", str.__gt__)
     def __ge__(self, o): return self._compare(o, ">=", str.__ge__)
+
+
+def is_static_dim(d, value: int | None = None) -> bool:
+    """Whether `d` is a known int (equal to `value` where given). Internal code asks this rather than
+    ``d == 1``: for a `SymDim` that asks the dim algebra, and raises where the answer depends on the sizes."""
+    return isinstance(d, (int, np.integer)) and not isinstance(d, (bool, np.bool_)) and (value is None or d == value)
+
+
+def same_dim(a, b) -> bool:
+    """Whether dims `a` and `b` are the same: equal ints, or the same symbolic dim (an int and a symbol never are,
+    whatever sizes the symbol takes)."""
+    return isinstance(a, str) == isinstance(b, str) and a == b
 
 
 def as_shape_dim(d: Dim):
