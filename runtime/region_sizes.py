@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir.dims import parse_dim
+from ..ir.dims import DimVisitor, parse_dim
 from ..ir.graph import Node
-from ..ir.types import TensorType, dim_compare, dim_mul, format_bytes, memory_limit
+from ..ir.types import TensorType, dim_compare, dim_mul, format_bytes, is_symbol, memory_limit
 from .control_flow import bind_symbols
 
 
@@ -49,6 +49,9 @@ def size_guard(region: Node):
         return None
     inputs = [v.type for v in sub.inputs]
     counts = [(parse_dim(n), size, t) for _, n, size, t in largest]     # parsed once
+    fast = _compiled_counts(inputs, counts)
+    if fast is not None:
+        return _fast_check(region, fast, counts)
     last = [None]
 
     def check(args) -> None:
@@ -66,8 +69,79 @@ def size_guard(region: Node):
             except (KeyError, ValueError, ZeroDivisionError):
                 continue                # a size known only inside the region: TVM's own checks
             if elements * size > limit:
-                raise MemoryError(f"{region.attrs.name} would make a {t.dtype} value of {elements} elements "
-                                  f"({format_bytes(elements * size)}), more than this machine's memory "
-                                  f"({format_bytes(limit)}); nothing was allocated")
+                raise _too_large(region, t, elements, size, limit)
         last[0] = shapes
+    return check
+
+
+def _too_large(region: Node, t, elements: int, size: int, limit: int) -> MemoryError:
+    return MemoryError(f"{region.attrs.name} would make a {t.dtype} value of {elements} elements "
+                       f"({format_bytes(elements * size)}), more than this machine's memory "
+                       f"({format_bytes(limit)}); nothing was allocated")
+
+
+class _PyDim(DimVisitor):
+    """A parsed dim as Python source over local names (`names`: symbol -> name); constants are ints, so nothing
+    of a model's own text (its dim names) reaches the source."""
+
+    def __init__(self, names: dict):
+        self.names = names
+
+    def visit_Const(self, e):
+        return repr(int(e.value))
+
+    def visit_Sym(self, e):
+        return self.names[e.name]
+
+    def visit_BinOp(self, e):
+        return f"({self.visit(e.left)} {e.op} {self.visit(e.right)})"
+
+    def visit_Call(self, e):
+        return f"{e.fn}({', '.join(self.visit(a) for a in e.args)})"
+
+    def visit_Neg(self, e):
+        return f"(-{self.visit(e.operand)})"
+
+
+def _compiled_counts(inputs: list, counts: list):
+    """Where every symbol of the counts is a plain dim of an input: ``(positions, fn)`` - the (input, axis) each
+    symbol is read from, and one Python function of those sizes returning every count in bytes. A region run at
+    every step of a loop whose sizes change (a growing carry) then pays a few attribute reads and one call, not
+    a dim evaluation per count. None where some count needs more (an expression dim of an input)."""
+    where: dict = {}
+    for k, t in enumerate(inputs):
+        if isinstance(t, TensorType):
+            for ax, d in enumerate(t.shape):
+                if is_symbol(d) and d not in where:
+                    where[d] = (k, ax)
+    if not all(n.free_symbols() <= set(where) for n, _, _ in counts):
+        return None
+    names = {sym: f"v{i}" for i, sym in enumerate(where)}
+    to_py = _PyDim(names)
+    body = ", ".join(f"{to_py.visit(n)} * {int(size)}" for n, size, _ in counts)
+    scope = {"min": min, "max": max, "__builtins__": {}}
+    try:
+        exec(f"def counts({', '.join(names.values())}):\n    return ({body},)\n", scope)  # noqa: S102 - our source
+    except (SyntaxError, RecursionError, MemoryError):     # nested past Python's parser: the general check
+        return None
+    return list(where.values()), scope["counts"]
+
+
+def _fast_check(region: Node, fast, counts: list):
+    positions, fn = fast
+    last = [None]
+
+    def check(args) -> None:
+        sizes = tuple([args[k].shape[ax] for k, ax in positions])
+        if sizes == last[0]:
+            return
+        try:
+            nbytes = fn(*sizes)
+        except ZeroDivisionError:
+            return                      # a size known only inside the region: TVM's own checks
+        limit = memory_limit()
+        for b, (_, size, t) in zip(nbytes, counts):
+            if b > limit:
+                raise _too_large(region, t, b // size, size, limit)
+        last[0] = sizes
     return check
