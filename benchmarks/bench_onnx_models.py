@@ -52,10 +52,12 @@ def load_zoos(names=None) -> dict:
         module = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = module
         spec.loader.exec_module(module)
-        zoos[name] = list(module.CASES)
+        if hasattr(module, "CASES"):            # (zoo_generation.py: step-by-step decoders, not ModelCases)
+            zoos[name] = list(module.CASES)
     if names and set(names) - set(zoos):
+        found = sorted(os.path.basename(p)[len("zoo_"):-len(".py")] for p in glob.glob(os.path.join(TESTS, "zoo_*.py")))
         raise SystemExit(f"no tests/zoo_<name>.py for {', '.join(sorted(set(names) - set(zoos)))}; "
-                         f"found: {', '.join(sorted(load_zoos())) or 'none'}")
+                         f"found: {', '.join(found) or 'none'}")
     return zoos
 
 

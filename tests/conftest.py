@@ -11,3 +11,17 @@ os.environ["DYNTVM_TUNING_LOGS"] = _NO_TUNING_LOGS
 
 def pytest_unconfigure(config):
     shutil.rmtree(_NO_TUNING_LOGS, ignore_errors=True)
+
+
+def _torchvision_with_cpu_ops():
+    """transformers and torch's dynamo exporter import torchvision when it is installed, and the torchvision wheel
+    of the package index here is a CUDA build whose import fails on a CPU machine (`torchvision::nms does not
+    exist`): its CPU ops are defined first (tests/torchvision_cpu.py), once for the whole session."""
+    import importlib.util
+    if importlib.util.find_spec("torch") is None or importlib.util.find_spec("torchvision") is None:
+        return
+    import torchvision_cpu      # tests/ is on sys.path
+    torchvision_cpu.load()
+
+
+_torchvision_with_cpu_ops()
