@@ -249,13 +249,14 @@ def test_a_loop_carrying_a_sequence_is_unrolled(trip, with_cond, stop_after):
 
 def _loop_slicing_at_i(op):
     """A Loop over M = 4 whose body reads x at the iteration number: `Slice(x, i, i + 1)`, (`op="Tile"`)
-    `ReduceSum(Tile(x, i + 1))`, or (`op="Pad"`) `ReduceSum(Pad(x, (i, i)))`, whose pads dyntvm needs at import."""
+    `ReduceSum(Tile(x, i + 1))`, or (`op="Pad"`) `ReduceSum(Pad(x, (i, i)))` in edge mode, whose pads dyntvm needs
+    at import (pads computed at run time: constant mode only)."""
     if op == "Slice":
         nodes = [h.make_node("Add", ["i", "one"], ["end"]), h.make_node("Unsqueeze", ["i", "ax0"], ["b"]),
                  h.make_node("Unsqueeze", ["end", "ax0"], ["e"]), h.make_node("Slice", ["x", "b", "e"], ["xi"])]
     elif op == "Pad":
         nodes = [h.make_node("Unsqueeze", ["i", "ax0"], ["b"]), h.make_node("Concat", ["b", "b"], ["p"], axis=0),
-                 h.make_node("Pad", ["x", "p"], ["xp"]), h.make_node("ReduceSum", ["xp", "ax0"], ["xi"])]
+                 h.make_node("Pad", ["x", "p"], ["xp"], mode="edge"), h.make_node("ReduceSum", ["xp", "ax0"], ["xi"])]
     else:
         nodes = [h.make_node("Add", ["i", "one"], ["reps"]), h.make_node("Unsqueeze", ["reps", "ax0"], ["r"]),
                  h.make_node("Tile", ["x", "r"], ["xt"]), h.make_node("ReduceSum", ["xt", "ax0"], ["xi"])]
@@ -277,7 +278,7 @@ def test_slice_bounds_from_the_iteration_number_keep_the_loop():
 
 
 def test_a_loop_needing_its_iteration_number_at_import_is_unrolled():
-    # Pad's pads from the iteration number: no loop form, unrolled as the trip count is known
+    # Pad's pads (edge mode) from the iteration number: no loop form, unrolled as the trip count is known
     g = check(_loop_slicing_at_i("Pad"), [{"a0": f32(1), "x": f32(n)} for n in (1, 3, 6)])
     assert "while_loop" not in ops_of(g)
 
