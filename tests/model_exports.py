@@ -149,3 +149,21 @@ def run_case(case: ModelCase, exporter: str, cache_dir: str, seed: int = 0) -> C
         errors.append(err)
     return CaseResult(case.name, exporter, len(graph.nodes), len(compiled.regions), compile_s, builds, list(case.sizes), errors,
                       compiled, path)
+
+
+def check_case(case: ModelCase, exporter: str, cache_dir: str) -> CaseResult | None:
+    """The suites' one test: `case` through `exporter` compiles once and matches onnxruntime at >= 3 sizes, or,
+    where `case.cannot` lists the exporter, fails with that reason (so a fix shows up as a failing test)."""
+    import pytest
+
+    reason = case.cannot.get(exporter)
+    if reason is not None:
+        with pytest.raises(Exception) as failure:
+            run_case(case, exporter, cache_dir)
+        assert reason in f"{type(failure.value).__name__}: {failure.value}", \
+            f"{case.name} by {exporter} failed otherwise: {failure.value}"
+        return None
+    result = run_case(case, exporter, cache_dir)
+    assert result.builds == 1, f"{case.name} by {exporter}: {result.builds} builds, one for every size expected"
+    assert len(result.sizes) >= 3 and len(result.max_abs_err) == len(result.sizes), result
+    return result

@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 ort = pytest.importorskip("onnxruntime")
 import zoo_small  # noqa: E402  (tests/ is on sys.path)
-from model_exports import run_case  # noqa: E402
+from model_exports import check_case  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -22,6 +22,4 @@ def cache_dir(tmp_path_factory):
 
 @pytest.mark.parametrize("case,exporter", CASES, ids=[f"{c.name}-{e}" for c, e in CASES])
 def test_exported_model_matches_onnxruntime(case, exporter, cache_dir):
-    result = run_case(case, exporter, cache_dir)
-    assert len(result.max_abs_err) == len(case.sizes) >= 3
-    assert result.builds == 1, "one build for every size"
+    check_case(case, exporter, cache_dir)
