@@ -7,15 +7,23 @@ memory (so the allocation succeeds) and filling them gets the process killed by 
 error at all. So before a region runs, the element counts of its values that its inputs do not already hold are
 evaluated at the input sizes, and one over `memory_limit()` raises MemoryError (the executor reports it as an
 ExecutionError naming the region's largest value). The counts are evaluated again only when the input shapes
-change: a call at the sizes of the last one pays one tuple comparison."""
+change: a call at the sizes of the last one pays one tuple comparison.
+
+A value provably no larger than the region's inputs together plus `SLACK_BYTES` (``concat([tokens, t])`` in a
+loop that grows a sequence, a slice, an elementwise result) needs no check: its inputs already exist, so it
+amplifies nothing. Such a loop body, whose input sizes change at every step, then has no guard at all."""
 from __future__ import annotations
 
 import numpy as np
 
 from ..ir.dims import DimVisitor, parse_dim
 from ..ir.graph import Node
-from ..ir.types import TensorType, dim_compare, dim_mul, format_bytes, is_symbol, memory_limit
+from ..ir.types import TensorType, dim_add, dim_compare, dim_mul, format_bytes, is_symbol, memory_limit
 from .control_flow import bind_symbols
+
+
+#: bytes a region may make beyond its inputs' own bytes with no check (a few appended rows, small static tables)
+SLACK_BYTES = 1 << 20
 
 
 def _count(shape) -> object:
@@ -29,7 +37,11 @@ def size_guard(region: Node):
     """``check(args)`` raising MemoryError where one of `region`'s values would not fit in memory at the sizes of
     `args` (its inputs, with ``.shape``); None where every size the region makes is static or an input's."""
     sub = region.subgraphs[0]
-    held = {_count(v.type.shape) for v in sub.inputs if isinstance(v.type, TensorType)}
+    tensors = [v.type for v in sub.inputs if isinstance(v.type, TensorType)]
+    held = {_count(t.shape) for t in tensors}
+    bound: object = SLACK_BYTES         # the inputs' bytes together, plus the slack: what cannot amplify
+    for t in tensors:
+        bound = dim_add(bound, dim_mul(_count(t.shape), np.dtype(t.dtype).itemsize))
     made: dict = {}                     # element count -> (largest item size, an example shape and dtype)
     for m in sub.nodes:
         for v in m.outputs:
@@ -37,7 +49,9 @@ def size_guard(region: Node):
             if not isinstance(t, TensorType) or all(isinstance(d, int) for d in t.shape):
                 continue                # static: checked when traced
             n, size = _count(t.shape), np.dtype(t.dtype).itemsize
-            if n not in held and size > made.get(n, (0,))[0]:
+            if n in held or dim_compare(dim_mul(n, size), "<=", bound):
+                continue
+            if size > made.get(n, (0,))[0]:
                 made[n] = (size, t)
     largest: list = []                  # (bytes, count, size, type): those no other is provably as large as
     for n, (size, t) in made.items():

@@ -185,6 +185,37 @@ def test_a_loop_body_region_too_large_for_memory_is_refused(monkeypatch):
         model(x, np.array(12, np.int64))      # 4096 rows: 64 KiB
 
 
+def test_a_loop_body_that_only_appends_has_no_size_guard():
+    """A while loop growing a sequence by one token per step (the decoder example) re-checked its body's sizes at
+    every step; a value no larger than the body's inputs plus `SLACK_BYTES` cannot amplify, so that body has no
+    guard, while one that doubles its carry keeps its guard (the test above)."""
+    from dyntvm import F
+    from dyntvm.runtime.region_sizes import size_guard
+
+    def appending(x, n):
+        def body(i, y):
+            return i + 1, F.concat([y, F.reshape(F.sum(y), (1,))], 0)
+        return F.while_loop(lambda i, y: i < n, body, [np.int64(0), x])[1]
+
+    def doubling(x, n):
+        def body(i, y):
+            return i + 1, F.concat([y, y], 0)
+        return F.while_loop(lambda i, y: i < n, body, [np.int64(0), x])[1]
+    guarded = {}
+    for fn in (appending, doubling):
+        model = dt.compile(dt.trace(fn, dt.TensorSpec(("N",)), dt.TensorSpec((), "int64")))
+        bodies = [n for n in model.graph.walk() if n.op == "region" and "body" in n.attrs.name]
+        assert bodies, model.regions
+        guarded[fn.__name__] = [size_guard(n) is not None for n in bodies]
+    assert guarded == {"appending": [False] * len(guarded["appending"]), "doubling": [True] * len(guarded["doubling"])}
+    x = _r(3)
+    want = list(x)
+    for _ in range(4):
+        want.append(np.float32(sum(want, np.float32(0))))
+    model = dt.compile(dt.trace(appending, dt.TensorSpec(("N",)), dt.TensorSpec((), "int64")))
+    np.testing.assert_allclose(model(x, np.array(4, np.int64)), np.array(want, np.float32), rtol=1e-5)
+
+
 def test_roi_align_huge_boxes_sample_only_inside_the_image(monkeypatch):
     """The adaptive sampling grid follows the box's size: one box of 1e9 from the data made [out, 5e8] arrays
     (gigabytes, then the OOM killer), and max mode made [c, oh, gh, 2, ow, gw, 2] at once (2 GiB for a box of
