@@ -90,8 +90,13 @@ def check_host_compiler() -> None:
 
 
 def collect_regions(graph: Graph) -> list:
-    """(name, subgraph) of every region node, control-flow bodies included (depth first)."""
-    return [(n.attrs.name, n.subgraphs[0]) for n in graph.walk() if n.op == "region"]
+    """(name, subgraph) of every region node, control-flow bodies included (depth first); a name once: regions
+    sharing a name compute the same function (`shared_regions`)."""
+    out: dict = {}
+    for n in graph.walk():
+        if n.op == "region" and n.attrs.name not in out:
+            out[n.attrs.name] = n.subgraphs[0]
+    return list(out.items())
 
 
 def concrete_target(target: str):

@@ -61,14 +61,17 @@ def _check_region(graph: Graph, name: str):
 
 
 def build_region_function(bb: relax.BlockBuilder, graph: Graph, name: str,
-                          device_checks: bool = False) -> relax.GlobalVar:
+                          device_checks: bool = False, taken: set | None = None) -> relax.GlobalVar:
     """Lower the closed static region `graph` to one public Relax function `name` in `bb`'s
-    module and return its GlobalVar (see module doc for the conventions)."""
+    module and return its GlobalVar (see module doc for the conventions). `taken`: the names of the functions
+    already built into `bb` (updated); without it the module is searched (slow for thousands of regions)."""
     _check_region(graph, name)
     if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
         raise CompileError(f"region function name {name!r} is not an identifier")
-    if any(gv.name_hint == name for gv in bb.get().get_global_vars()):
+    if name in taken if taken is not None else any(gv.name_hint == name for gv in bb.get().get_global_vars()):
         raise CompileError(f"a function named {name!r} is already in the module")
+    if taken is not None:
+        taken.add(name)
     ctx = ConvertContext(name, device_checks)
     params = []
     env = {}
@@ -115,8 +118,9 @@ def build_module(regions: list, device_checks: bool = False) -> tvm.IRModule:
     """One IRModule holding a public Relax function per ``(name, graph)`` region. `device_checks`: run-time
     checks that work inside GPU kernels (see `te_kernels.te_check_device`)."""
     bb = relax.BlockBuilder()
+    taken: set = set()
     for name, graph in regions:
-        build_region_function(bb, graph, name, device_checks)
+        build_region_function(bb, graph, name, device_checks, taken)
     mod = bb.get()
     try:
         relax.analysis.well_formed(mod)

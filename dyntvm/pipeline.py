@@ -20,6 +20,7 @@ import numpy as np
 
 from .codegen.build import build, check_target
 from .codegen.cache import is_uncached
+from .codegen.shared_regions import share_identical_regions
 from .errors import CompileError, InputError
 from .frontend.tracer import TensorSpec, trace
 from .ir.graph import Graph
@@ -37,8 +38,11 @@ _BUILD_LOCK = threading.Lock()
 
 
 def partition_graph(graph: Graph, selector=None) -> Graph:
-    """The graph `compile` builds: partitioned into regions, input-less regions folded to constants."""
-    return fold_constants(partition(graph, selector))
+    """The graph `compile` builds: partitioned into regions, input-less regions folded to constants, equal
+    regions sharing one function (`codegen.shared_regions`)."""
+    pg = fold_constants(partition(graph, selector))
+    share_identical_regions(pg)
+    return pg
 
 
 def compile(fn_or_graph, *specs, target: str = "cpu", selector=None, cache_dir: str | None = None,

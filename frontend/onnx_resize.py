@@ -226,7 +226,7 @@ def _resize(ins, a, ctx, env, node):
     y = x if mode == "nearest" or dtype.name == work else F.astype(x, work)
     for ax, o, s in zip(axes, outs, scales):
         trivial = roi is None or roi[ax] == (0.0, 1.0)
-        if not isinstance(o, _RunTimeSize) and o == _shape(x)[ax] and (s is None or s == 1.0) and trivial:
+        if not isinstance(o, _RunTimeSize) and same_dim(o, _shape(x)[ax]) and (s is None or s == 1.0) and trivial:
             continue                                 # the reference skips an axis it does not resize
         y = _resize_axis(y, ax, o, s, a, None if roi is None else tuple(np.float64(v) for v in roi[ax]), work)
     if y.dtype != dtype:

@@ -349,7 +349,8 @@ class WhileAttrs:
 
 @dataclass(frozen=True)
 class RegionAttrs:
-    name: str          # the compiled function's name (unique in a model, deterministic)
+    name: str          # the compiled function's name (deterministic; regions of one name compute the same
+                       # function: codegen/shared_regions.py)
 
 
 # ------------------------------------------------------------------------------------- JSON

@@ -92,6 +92,7 @@ class Executor:
         self.calls = [0, 0]                 # region calls, of them to a specialization (a list: read by the
         #                                     model after this executor dies)
         self._plans: dict = {}
+        self._guards: dict = {}             # region name -> its size guard (regions of one name are equal)
         self.constants = {} if constants is None else constants
         self.constant_ids: set = set()      # constants handed out as outputs must be copied
         self.plan = self._plan(graph)
@@ -193,7 +194,7 @@ class Executor:
         validate = self.validate
         calls = self.calls
         pick = self._specialized(n, fn)
-        guard = size_guard(n)
+        guard = self._size_guard(n)
         if self.pl is not None:
             return self._device_region(n, fn, sub, ins, outs, pick, guard)
 
@@ -208,6 +209,12 @@ class Executor:
             if validate:
                 _check_region(n, sub, [slots[i] for i in ins], [slots[o] for o in outs])
         return run
+
+    def _size_guard(self, region: Node):
+        name = region.attrs.name
+        if name not in self._guards:
+            self._guards[name] = size_guard(region)
+        return self._guards[name]
 
     def _specialized(self, n: Node, fn):
         """``pick(args) -> function`` for a region with specializations (a tuning log's hinted sizes): the one
@@ -449,7 +456,7 @@ class Executor:
         out_map = [made[v] if v in made else ~pos[v] for v in g.outputs]
         fn, calls = self.vm[region.attrs.name], self.calls
         pick = self._specialized(region, fn)
-        guard = size_guard(region)
+        guard = self._size_guard(region)
 
         def run(args):
             ins = [args[i] for i in arg_idx]
