@@ -57,6 +57,18 @@ def test_a_region_too_large_for_memory_is_refused_before_it_allocates(monkeypatc
     np.testing.assert_allclose(compiled(x), _ort(m, x), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("mode", ["linear", "nearest"])
+def test_resize_to_static_sizes_from_symbolic_ones(mode):
+    """SSDlite's transform resizes every image to 320 x 320: comparing the static size with the symbolic input
+    dim ('H' == 320) was an undecidable Python comparison, and the import failed."""
+    m = _model("Resize", [("x", "float32", (1, 2, "H", "W"))], consts={"sz": np.array([1, 2, 6, 6], np.int64)},
+               order=["x", "", "", "sz"], mode=mode)
+    compiled = dt.compile(dt.from_onnx(m))
+    for h, w in [(6, 6), (3, 9), (1, 1), (12, 5)]:
+        x = _r(1, 2, h, w)
+        np.testing.assert_allclose(compiled(x), _ort(m, x), rtol=1e-5, atol=1e-5)
+
+
 def test_range_checks_its_length_and_step_before_numpy(monkeypatch):
     m = _model("Range", [("a", "int64", ()), ("b", "int64", ()), ("d", "int64", ())])
     compiled = dt.compile(dt.from_onnx(m))
