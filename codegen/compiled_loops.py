@@ -276,7 +276,7 @@ def build_loop(mod: tvm.IRModule, region: str, roles: tuple, outs: tuple, n_ys: 
     # previous value in row (t + 1) % 2 (row 1 starts as the initial state), so no step copies a state. A
     # call reading a state kept in its stacked rows reads row t - 1, and at step 0 the initial state (the
     # only calls whose text differs at step 0)
-    loc_tmp, loc_state = {}, {}                       # (call, j) -> _Loc; state s -> _Double
+    loc_tmp, loc_state = {}, {}                       # (call, j) -> _Loc; state s -> _Ring
     in_rows = {}                                      # state s -> the _Loc of the stacked rows it lives in
     for c, (_, _, otypes, _) in enumerate(calls):
         for j, (shape, dtype) in enumerate(otypes):

@@ -185,9 +185,10 @@ class _LibraryFile:
 
 def build_cuda_library(regions: list, target, binding: str | None, build_executable, tuning=None, loops=()):
     """Build the regions for CUDA with device code (`build_executable`: `build.build_executable`; `tuning`:
-    ``(TuningLog, specializations)`` to apply; `loops`: `compiled_loops.loop_specs`). Returns (library, path, kernels built with a tuned schedule):
-    in this process on a GPU host (library: the executable, path None; the count None: `build_executable`
-    counted them), else in the stub child `cuda_child.py` (library: a file wrapper, not loadable here)."""
+    ``(TuningLog, specializations)`` to apply; `loops`: `compiled_loops.loop_specs`). Returns (library, path,
+    kernels built with a tuned schedule): in this process on a GPU host (library: the executable, path None;
+    the count None: `build_executable` counted them), else in the stub child `cuda_child.py` (library: a file
+    wrapper, not loadable here)."""
     arch = target_arch(target)
     find_nvcc()
     if gpu_present():

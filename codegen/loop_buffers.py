@@ -98,8 +98,8 @@ class _Loc:
 
     def addr(self, row, names: _Names) -> str:
         if names.device is not None:        # pointer arithmetic only: the host part never touches device memory
-            return (f"T.tvm_access_ptr(T.type_annotation(\"{self.dtype}\"), {self.buf}.data, {self.offset(row, names)}, "
-                    f"{_elements(self.shape, names)}, 3)")
+            return (f"T.tvm_access_ptr(T.type_annotation(\"{self.dtype}\"), {self.buf}.data, "
+                    f"{self.offset(row, names)}, {_elements(self.shape, names)}, 3)")
         return f"T.address_of({self.buf}[{self.index(row, ['T.int64(0)'] * len(self.shape), names)}])"
 
     def arg(self, row, names: _Names) -> str:
@@ -207,5 +207,6 @@ def select_copy_lines(dst, count: str, first, first_row, rows, rows_row, shape: 
     dst = _as_loc(dst, None, shape)
     first, rows = _as_loc(first, first_row, shape), _as_loc(rows, rows_row, shape)
     return elementwise(shape, lambda its: [
-        f"if {count} == T.int64(0):", f"    {_element(dst, None, its, names)} = {_element(first, first_row, its, names)}",
+        f"if {count} == T.int64(0):",
+        f"    {_element(dst, None, its, names)} = {_element(first, first_row, its, names)}",
         "else:", f"    {_element(dst, None, its, names)} = {_element(rows, rows_row, its, names)}"], names)

@@ -7,36 +7,16 @@ import numpy as np
 import dyntvm as dt
 from dyntvm import F
 from dyntvm.examples import lstm as lstm_example
+from dyntvm.examples.plain_numpy import numpy_lstm
 from dyntvm.ir.compiled_loop import compiled_loop_name, foreach_loop_plan, while_loop_plan
 from dyntvm.runtime.loop_calls import _device_chunk
+from test_compiled_loops import END, greedy
 
 _rng = np.random.default_rng(7)
 W = (_rng.standard_normal((16, 16)) / 4).astype(np.float32)
 
 
-def _sigmoid(x):
-    return 1.0 / (1.0 + np.exp(-x))
-
-
 # ------------------------------------------------------------------------------------------ foreach
-def lstm(xs, h0, c0):
-    """The example's LSTM, with its final cell state."""
-    hs, (h, c) = F.foreach(lstm_example.step, xs, [h0, c0])
-    return hs, h, c
-
-
-def numpy_lstm_c(xs, h0, c0):
-    ex = lstm_example
-    h, c = h0, c0
-    hs = np.empty((xs.shape[0],) + h0.shape, np.float32)
-    for t in range(xs.shape[0]):
-        i, f, g, o = np.split(xs[t] @ ex.W + h @ ex.U + ex.b, 4, axis=-1)
-        c = _sigmoid(f) * c + _sigmoid(i) * np.tanh(g)
-        h = _sigmoid(o) * np.tanh(c)
-        hs[t] = h
-    return hs, h, c
-
-
 def small_rows(xs, n):
     """Rows of 3 floats (not 64-byte multiples: copied through buffers of their own) and a 0-d state, both
     stacked; a softmax makes a second kernel and an intermediate."""
@@ -95,23 +75,13 @@ def numpy_count(x, limit):
             s)
 
 
-END = 3
+# test_compiled_loops's decode loop (0-d token and step states, the token stacked, the condition in the body),
+# its weights drawn here again in the same order for the numpy reference
 _g = np.random.default_rng(11)
 E = _g.standard_normal((8, 16)).astype(np.float32)
 WH = (_g.standard_normal((16, 16)) / 4).astype(np.float32)
 WOUT = _g.standard_normal((16, 8)).astype(np.float32)
 BIAS = np.where(np.arange(8) == END, 0.1, 0.0).astype(np.float32)
-
-
-def greedy(start, h0, limit):
-    """A decode loop: 0-d token and step states, the token stacked, the condition in the body."""
-    def body(tok, h, step):
-        h = F.tanh(F.take(E, tok) + F.matmul(h, WH))
-        tok = F.argmax(F.matmul(h, WOUT) + F.cast(step, "float32") * BIAS)
-        return tok, [tok, h, step + 1]
-    toks, (tok, h, steps) = F.while_loop(lambda tok, h, step: tok != END, body,
-                                         [start, h0, F.zeros((), "int64")], max_iterations=limit)
-    return toks, h, steps
 
 
 def numpy_greedy(start, h0, limit):
@@ -160,11 +130,11 @@ def call_counting(model, args):
 
 
 SPECS = {
-    "lstm": (lstm, (dt.TensorSpec(("T", "B", 128)), dt.TensorSpec(("B", 256)), dt.TensorSpec(("B", 256)))),
+    "lstm": (lstm_example.lstm, (dt.TensorSpec(("T", "B", 128)), dt.TensorSpec(("B", 256)), dt.TensorSpec(("B", 256)))),
     "small_rows": (small_rows, (dt.TensorSpec(("T", 3)), dt.TensorSpec(()))),
     "rnn": (rnn, (dt.TensorSpec(("T", "B", 16)), dt.TensorSpec(("B", 16)))),
     "count": (count, (dt.TensorSpec((4,)), dt.TensorSpec((), "int64"))),
     "greedy": (greedy, (dt.TensorSpec((), "int64"), dt.TensorSpec((16,)), dt.TensorSpec((), "int64"))),
 }
-REFERENCE = {"lstm": numpy_lstm_c, "small_rows": numpy_small_rows, "rnn": numpy_rnn, "count": numpy_count,
+REFERENCE = {"lstm": numpy_lstm, "small_rows": numpy_small_rows, "rnn": numpy_rnn, "count": numpy_count,
              "greedy": numpy_greedy}

@@ -46,3 +46,39 @@ def test_a_cuda_library_holds_the_device_loops(name, cache_dir_module, tmp_path)
         args = (xs, np.zeros((2, 16), np.float32)) if name == "rnn" else (xs, np.asarray(5, np.int64))
         loaded = dt.load(str(tmp_path / "m.dtvm"))
         assert len(loaded(*args)) == len(model(*args))
+
+
+def _sources(module) -> str:
+    """The generated source of a module and its imports (CUDA C where no GPU compiled it)."""
+    out = []
+    try:
+        out.append(module.inspect_source())
+    except Exception:  # noqa: BLE001 - a module kind without source
+        pass
+    for m in module.imports:
+        out.append(_sources(m))
+    return "\n".join(out)
+
+
+@needs_nvcc
+@pytest.mark.parametrize("name", ["rnn", "small_rows", "count", "greedy"])
+def test_the_cuda_pipeline_splits_the_device_loop_into_host_code_and_kernels(name):
+    """TVM's CUDA pipeline refuses host code that reads or writes device memory (VerifyMemory) and splits the
+    thread-bound loops into kernels (SplitHostDevice): the device loop passes both, its copies and bookkeeping
+    become kernels (built in this process: CUDA source where there is no GPU). The greedy decode's `take`
+    is checked on the device (`compiled_loops._DeviceChecks`)."""
+    from dyntvm.codegen.build import collect_regions
+    from dyntvm.codegen.compiled_loops import loop_specs, stats
+    from dyntvm.codegen.gpu import build_cuda, cuda_target
+    from dyntvm.codegen.relax_builder import build_module
+    from dyntvm.pipeline import partition_graph
+    fn, specs = SPECS[name]
+    graph = partition_graph(dt.trace(fn, *specs))
+    stats.declined.clear()
+    stats.compiled.clear()
+    ex = build_cuda(build_module(collect_regions(graph), device_checks=True), cuda_target("sm_90"), None,
+                    loop_specs(graph, "cuda"))
+    assert stats.compiled and not stats.declined, stats.declined
+    if not HAS_GPU:
+        src = _sources(ex.mod)
+        assert "__dloop_kernel_kernel" in src and "__global__" in src
