@@ -119,14 +119,14 @@ class _DeviceChecks:
     runs the loop again step by step, which raises the check's error, when it is not 0."""
 
     def __init__(self):
-        self.shape_of, self.bad_of = {}, {}         # tensor_to_shape var -> bad value; dim k -> bad value
+        self.shape_of, self.bad_of = {}, []         # tensor_to_shape var -> bad value; [(dim k, bad value)]
 
     def take(self, b, resolve, calls, value_of) -> bool:
         v = b.value
         if isinstance(b, relax.MatchCast):
             dims = getattr(b.var.ty, "values", None)
-            if v in self.shape_of and dims is not None and len(dims) == 1 and isinstance(dims[0], tvm.tirx.Var):
-                self.bad_of[dims[0]] = self.shape_of[v]
+            if v in self.shape_of and dims is not None and len(dims) == 1 and type(dims[0]).__name__ == "Var":
+                self.bad_of.append((dims[0], self.shape_of[v]))
                 return True
             return False
         if not isinstance(v, relax.Call):
@@ -141,13 +141,13 @@ class _DeviceChecks:
             self.shape_of[b.var] = bad
             return True
         fields = v.args[1].fields if len(v.args) > 1 and isinstance(v.args[1], relax.Tuple) else []
-        k = fields[1].value if len(fields) == 2 and isinstance(fields[1], relax.PrimValue) else None
-        if isinstance(v.args[0], tvm.ir.GlobalVar) and v.args[0].name_hint.startswith("dt_pass_") and \
-                isinstance(k, tvm.tirx.Var) and k in self.bad_of:
+        k = None if len(fields) != 2 else fields[1].value if type(fields[1]).__name__ == "PrimValue" else fields[1]
+        bad = [key for var, key in self.bad_of if k is not None and var.same_as(k)]      # (tirx vars: no hash)
+        if isinstance(v.args[0], tvm.ir.GlobalVar) and v.args[0].name_hint.startswith("dt_pass_") and bad:
             src = resolve(fields[0])
             if src[0] != "call":
                 raise Decline("a run-time check of a value that is not a kernel output")
-            calls.append((SANITIZE, [src, self.bad_of[k]], [_tensor_type(v.ty)], []))
+            calls.append((SANITIZE, [src, bad[0]], [_tensor_type(v.ty)], []))
             value_of[b.var] = ("call", len(calls) - 1, 0)
             return True
         return False
@@ -472,7 +472,7 @@ def add_loop(mod: tvm.IRModule, region: str, roles: tuple, outs: tuple, n_ys: in
 
 
 def _uses(d, var) -> bool:
-    return isinstance(d, tvm.tirx.PrimExpr) and any(v.same_as(var) for v in tvm.tirx.analysis.undefined_vars(d))
+    return not isinstance(d, (int, str)) and any(v.same_as(var) for v in tvm.tirx.analysis.undefined_vars(d))
 
 
 def _redirect_calls(func: relax.Function, redirect: dict) -> relax.Function:

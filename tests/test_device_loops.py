@@ -74,7 +74,7 @@ def test_a_while_loop_on_the_device_reads_its_condition_once_per_chunk(models, s
     assert calls == 1 + chunks                  # the first condition, then one call per chunk of 1, 2, 4, 8, 16...
     # reads: the first condition, (count, go) once per chunk, then the outputs that hold elements
     assert d2h == 1 + chunks + sum(np.asarray(g).size > 0 for g in got), (steps, d2h, chunks)
-    assert h2d == 1                             # x (the limit is read where the condition runs: on the device)
+    assert h2d == 2                             # x and the limit (a capture the condition reads on the device)
 
 
 def test_chunks_grow_to_sixteen_steps():
