@@ -171,3 +171,21 @@ def test_a_gpus_run_time_checks_stay_on_the_device_in_a_while_loop():
     for bad in (9, -9):                 # out of the table at the first step: the step-by-step run's error
         with pytest.raises(dt.ExecutionError, match="index out of range"):
             model(np.array(bad, np.int64), h0, np.array(5, np.int64))
+
+
+@pytest.mark.parametrize("which", ["_foreach", "_while"])
+def test_the_gpu_tests_control_flow_programs_with_device_loops(which, cache_dir_module, monkeypatch):
+    """test_cuda.py's foreach and while_loop programs (run on a GPU there), on the CPU's device path with device
+    loops: the same results as eager mode at every size."""
+    from test_cuda import PROGRAMS
+    fn, shapes = next((f, s) for f, s in PROGRAMS if f.__name__ == which)
+    monkeypatch.setenv(DEVICE_LOOPS_ON_CPU, "1")
+    model = dt.compile(fn, *[dt.TensorSpec(s) for s in shapes], cache_dir=cache_dir_module)
+    model._use_device_path(tvm.cpu())
+    assert device_loops(model)
+    for n, seed in ((0, 0), (1, 1), (5, 2), (37, 3)):
+        inputs = [np.random.default_rng(seed).standard_normal([n if d == "N" else d for d in s]).astype(np.float32)
+                  for s in shapes]
+        if n == 0 and which == "_while":
+            continue
+        assert_same(model(*inputs), fn(*inputs), rtol=1e-4, atol=1e-4)
