@@ -1,8 +1,9 @@
 """Device loops on a GPU (benchmarks/gpu_host.sh stage `loops`): for the loop workloads of bench_peers --gpu (LSTM
 rows, greedy decode, the decoder example), compiled for CUDA: which loops run as a device loop, and per call
 the region calls from Python, the host<->device copies and the median time, with the device loops and with
-them switched off (the step-by-step loop, a region call per step). `python3 -P benchmarks/gpu_loops.py [N]`
-(N calls per measurement, default 50)."""
+them switched off (the step-by-step loop, a region call per step). `python3 -P benchmarks/gpu_loops.py [N] [--cpu]`
+(N calls per measurement, default 50; --cpu: the CPU's device path instead, to check this script without a
+GPU: its times mean nothing)."""
 from __future__ import annotations
 
 import os
@@ -51,18 +52,28 @@ def main(argv) -> int:
     from dyntvm.codegen import compiled_loops
     from dyntvm.runtime import loop_calls
     from peers import BuildContext, all_workloads
+    cpu = "--cpu" in argv
+    argv = [a for a in argv if a != "--cpu"]
     calls = int(argv[1]) if len(argv) > 1 else 50
     wanted = ("lstm_", "decode_", "ex_decoder_")
+    system = "dyntvm" if cpu else "dyntvm_cuda"
+    if cpu:
+        import tvm
+
+        from dyntvm.codegen.build import DEVICE_LOOPS_ON_CPU
+        os.environ[DEVICE_LOOPS_ON_CPU] = "1"
     rows = []
     for w in all_workloads(gpu=True):
-        if not any(w.name.lower().startswith(k) for k in wanted) or "dyntvm_cuda" not in w.builders:
+        if not w.key.startswith(wanted) or system not in w.builders:
             continue
         try:
-            prepared = w.builders["dyntvm_cuda"](BuildContext())
+            prepared = w.builders[system](BuildContext())
         except Exception as e:  # noqa: BLE001 - report and go on
-            print(f"{w.name}: build failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
+            print(f"{w.label}: build failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
             continue
         model = prepared.keep
+        if cpu:
+            model._use_device_path(tvm.cpu())
         want = w.reference()
         got = prepared.fn(*prepared.args)
         ok = all(np.allclose(np.asarray(g), np.asarray(r), rtol=1e-3, atol=1e-3) for g, r in zip(got, want))
@@ -75,8 +86,8 @@ def main(argv) -> int:
         finally:
             loop_calls._loop_function = real
             model._threads.executor = None
-        rows.append((w.name, _loops(model), ok, on, off))
-        print(f"{w.name}: {_loops(model)}; matches numpy: {ok}\n"
+        rows.append((w.label, _loops(model), ok, on, off))
+        print(f"{w.label}: {_loops(model)}; matches numpy: {ok}\n"
               f"  device loops: {on[0]:8.3f} ms, {on[1]:5.1f} region calls, copies in {on[2]:.1f} out {on[3]:.1f}\n"
               f"  step by step: {off[0]:8.3f} ms, {off[1]:5.1f} region calls, copies in {off[2]:.1f} out {off[3]:.1f}",
               flush=True)
