@@ -38,8 +38,8 @@ def _top_regions(model) -> int:
     return sum(n.op == "region" for n in model.graph.nodes)
 
 
-@pytest.mark.parametrize("name, sizes", [("lstm", [(0, 1), (1, 1), (2, 3), (5, 2), (17, 1), (64, 4)]),
-                                         ("rnn", [(0, 2), (1, 1), (2, 2), (3, 1), (9, 5)]),
+@pytest.mark.parametrize("name, sizes", [("lstm", [(0, 1), (1, 1), (2, 3), (5, 2), (17, 1), (64, 4), (3, 0)]),
+                                         ("rnn", [(0, 2), (1, 1), (2, 2), (3, 1), (9, 5), (4, 0)]),
                                          ("small_rows", [(0, None), (1, None), (2, None), (7, None)])])
 def test_a_foreach_on_the_device_is_one_call_with_constant_copies(models, name, sizes):
     model = models[name]
