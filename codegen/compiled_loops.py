@@ -24,6 +24,12 @@ Kernels assume 64-byte aligned data: a data row or per-step output that is not a
 function. Shapes must be products/sums of the body's dims. Any other pattern (a Relax op that is not a kernel
 call, a state that changes shape, a value returned twice) declines the loop: the executor then runs it step
 by step.
+
+The device loop (``<region>__dloop``, `build_loop`'s `device`; built for CUDA libraries, and for the CPU where
+tests ask, see `build._loop_specs`) is the same function written for a device (`loop_buffers`): its host part
+only does pointer arithmetic and launches, its copies are kernels, and a while_loop runs all `cap` steps with
+``(count, go)`` kept on the device (`ir.compiled_loop`), its states in rings of ``cap + 1`` rows, and a GPU's
+run-time checks summed on the device (`_DeviceChecks`).
 """
 from __future__ import annotations
 
