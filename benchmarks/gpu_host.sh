@@ -14,8 +14,9 @@
 #   .whl2/         xgboost-cpu (MetaSchedule's cost model; stages tunetests, tune): it does not fit in the same
 #                  call as .gpu, so a second call on the still-warm machine carries it (installed into /tmp/site2)
 # then dyntvm itself (`pip install --target`), and runs the stages named on the command line:
-#   cudatests  tests/test_cuda.py, test_cuda_loops.py, test_artifact.py, test_deploy.py (from a copy of the tests: a `python -c`
-#              child started in the repository root would import the source folder dyntvm/ instead)
+#   cudatests  tests/test_cuda.py, test_cuda_loops.py, test_artifact.py, test_deploy.py (from a copy of the
+#              tests: a `python -c` child started in the repository root would import the source folder dyntvm/
+#              instead)
 #   bench      benchmarks/bench_peers.py --gpu (numpy, torch, nn.LSTM and dyntvm on the CPU; PyTorch CUDA,
 #              nn.LSTM CUDA and dyntvm CUDA); results in $OUT
 #   loops      benchmarks/gpu_loops.py: the loop workloads with and without device loops (region calls, copies,

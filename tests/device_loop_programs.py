@@ -111,6 +111,18 @@ def device_loops(model) -> list:
     return found
 
 
+class LazyModels(dict):
+    """name -> ``make(name)``, made on first use (a test run on a few xdist workers compiles only what it uses)."""
+
+    def __init__(self, make):
+        super().__init__()
+        self.make = make
+
+    def __missing__(self, name):
+        self[name] = model = self.make(name)
+        return model
+
+
 def expected_chunks(steps: int, limit=None) -> int:
     """Calls of a device while_loop running `steps` iterations (`loop_calls._device_chunk`)."""
     done = chunks = 0

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import dyntvm as dt
-from device_loop_programs import SPECS
+from device_loop_programs import SPECS, LazyModels
 from test_cuda import FATBIN, HAS_GPU, needs_nvcc
 from test_device_loops import (test_a_device_loop_failing_where_the_steps_run_falls_back_with_a_warning,  # noqa: F401
                                test_a_foreach_on_the_device_is_one_call_with_constant_copies,
@@ -24,8 +24,10 @@ def models(cache_dir_module):
     """name -> the program compiled for CUDA (the tests imported above run with these)."""
     if not HAS_GPU:
         pytest.skip("needs a CUDA GPU (test_device_loops.py runs the same tests on the CPU's device path)")
-    return {name: dt.compile(fn, *specs, target="cuda", cache_dir=cache_dir_module)
-            for name, (fn, specs) in SPECS.items()}
+    def make(name):
+        fn, specs = SPECS[name]
+        return dt.compile(fn, *specs, target="cuda", cache_dir=cache_dir_module)
+    return LazyModels(make)
 
 
 @needs_nvcc

@@ -11,7 +11,7 @@ import dyntvm as dt
 from dyntvm.codegen import compiled_loops
 from dyntvm.codegen.build import DEVICE_LOOPS_ON_CPU
 from dyntvm.runtime import loop_calls
-from device_loop_programs import REFERENCE, SPECS, call_counting, device_loops, expected_chunks
+from device_loop_programs import REFERENCE, SPECS, LazyModels, call_counting, device_loops, expected_chunks
 from helpers import assert_same
 
 
@@ -23,15 +23,15 @@ def cache_dir_module(tmp_path_factory):
 @pytest.fixture(scope="module")
 def models(cache_dir_module):
     """name -> the program compiled for the CPU with its device loops, on the device path."""
-    out = {}
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(DEVICE_LOOPS_ON_CPU, "1")
-        compiled_loops.stats.declined.clear()
-        for name, (fn, specs) in SPECS.items():
+    def make(name):
+        fn, specs = SPECS[name]
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv(DEVICE_LOOPS_ON_CPU, "1")
+            compiled_loops.stats.declined.clear()
             model = dt.compile(fn, *specs, cache_dir=cache_dir_module)
-            model._use_device_path(tvm.cpu())
-            out[name] = model
-    return out
+        model._use_device_path(tvm.cpu())
+        return model
+    return LazyModels(make)
 
 
 def _top_regions(model) -> int:
