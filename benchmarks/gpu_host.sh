@@ -14,10 +14,13 @@
 #   .whl2/         xgboost-cpu (MetaSchedule's cost model; stages tunetests, tune): it does not fit in the same
 #                  call as .gpu, so a second call on the still-warm machine carries it (installed into /tmp/site2)
 # then dyntvm itself (`pip install --target`), and runs the stages named on the command line:
-#   cudatests  tests/test_cuda.py, test_artifact.py, test_deploy.py (from a copy of the tests: a `python -c`
-#              child started in the repository root would import the source folder dyntvm/ instead)
+#   cudatests  tests/test_cuda.py, test_cuda_loops.py, test_artifact.py, test_deploy.py (from a copy of the
+#              tests: a `python -c` child started in the repository root would import the source folder dyntvm/
+#              instead)
 #   bench      benchmarks/bench_peers.py --gpu (numpy, torch, nn.LSTM and dyntvm on the CPU; PyTorch CUDA,
 #              nn.LSTM CUDA and dyntvm CUDA); results in $OUT
+#   loops      benchmarks/gpu_loops.py: the loop workloads with and without device loops (region calls, copies,
+#              ms per call); $OUT/loops.log
 # On the GPU host: install the carried TVM (compiler included) + dyntvm into /tmp/site, then run stages.
 export PYTHONUNBUFFERED=1
 export OUT=${OUT:-/tmp/gpu-out}; mkdir -p $OUT
@@ -54,7 +57,7 @@ for stage in "$@"; do
     cudatests)
       # from a copy without the source folder dyntvm/: `python -c` / `-m` children put the cwd first on sys.path
       rm -rf /tmp/w && mkdir -p /tmp/w && cp -r tests benchmarks examples pyproject.toml README.md /tmp/w/ && cd /tmp/w && \
-      timeout ${TEST_LIMIT:-300} python3 -P -m pytest -p no:cacheprovider -p no:benchmark -q -n 8 tests/test_cuda.py tests/test_artifact.py tests/test_deploy.py \
+      timeout ${TEST_LIMIT:-300} python3 -P -m pytest -p no:cacheprovider -p no:benchmark -q -n 8 tests/test_cuda.py tests/test_cuda_loops.py tests/test_artifact.py tests/test_deploy.py \
         --junitxml=$OUT/junit_cuda.xml 2>&1 | tee $OUT/cudatests.log | tail -60; cd - >/dev/null ;;
     tunetests)
       rm -rf /tmp/w && mkdir -p /tmp/w && cp -r tests benchmarks examples pyproject.toml README.md /tmp/w/ && cd /tmp/w && \
@@ -66,6 +69,8 @@ for stage in "$@"; do
       timeout ${TUNE_LIMIT:-400} python3 -P benchmarks/tune_examples.py --target cuda --trials ${TRIALS:-32} \
         --only ${ONLY:-transformer,lstm,detection} ${TUNE_ARGS} 2>&1 | tee -a $OUT/tune.log | grep -v "^\s*$" | tail -60
       tar czf $OUT/cuda_logs.tgz $(ls -d tuning_logs/*/cuda-*/manifest.json tuning_logs/*/cuda-*/database_*.json); cd - >/dev/null ;;
+    loops)
+      timeout ${LOOPS_LIMIT:-240} python3 -P benchmarks/gpu_loops.py ${LOOP_CALLS:-50} 2>&1 | tee $OUT/loops.log | tail -40 ;;
     diag)
       python3 -P benchmarks/gpu_diag.py ${DIAG:-empties kernel_source profiles} 2>&1 | tee $OUT/diag.log | tail -120 ;;
     alltests)

@@ -8,6 +8,7 @@ built once; the library is kept in the on-disk compile cache (`cache`).
 from __future__ import annotations
 
 import json
+import os
 import warnings
 from dataclasses import dataclass
 
@@ -169,7 +170,7 @@ def build_executable(regions: list, target: str, binding: str | None = None, tvm
                      tuning=None):
     """Build one TVM executable holding every region function (no caching), plus the binding
     function when `binding` is given. `target` is "cpu" or "cuda" (`tvm_target`: the concrete one).
-    `loops`: foreach loops to compile end to end (`compiled_loops.loop_specs`; CPU only).
+    `loops`: foreach / while_loop loops to compile end to end (`compiled_loops.loop_specs`).
     `tuning`: ``(tuning.TuningLog, specializations)``: the regions' specializations are added and
     their kernels scheduled with the log's winning traces."""
     from .relax_builder import build_module, unsupported_ops
@@ -203,7 +204,14 @@ def build_executable(regions: list, target: str, binding: str | None = None, tvm
                           "the loops run step by step", RuntimeWarning, stacklevel=2)
             return build_cpu(mod, tvm_target, tuned=tuned)
     from .gpu import build_cuda
-    return build_cuda(mod, tvm_target, tuned)
+    if not loops:
+        return build_cuda(mod, tvm_target, tuned)
+    try:
+        return build_cuda(mod, tvm_target, tuned, loops)
+    except Exception as e:  # noqa: BLE001 - as on the CPU: the loops then run step by step
+        warnings.warn(f"dyntvm: building the compiled loops failed ({type(e).__name__}: {str(e)[:200]}); "
+                      "the loops run step by step", RuntimeWarning, stacklevel=2)
+        return build_cuda(mod, tvm_target, tuned)
 
 
 @dataclass
@@ -241,10 +249,9 @@ def build(graph: Graph, target: str = "cpu", cache_dir: str | None = None, use_c
     check_compiler()
     tvm_target = concrete_target(target)
     desc = str(tvm_target)
-    from .compiled_loops import loop_specs
-    loops = loop_specs(graph) if kind == "cpu" else []
+    loops = _loop_specs(graph, kind)
     if loops and tuning is not None:        # a specialization of a loop body gets a compiled loop of its own
-        loops += [(k, name, roles, outs, n_ys) for k, region, roles, outs, n_ys in list(loops)
+        loops += [(k, name, roles, outs, n_ys, dev) for k, region, roles, outs, n_ys, dev in list(loops)
                   for _, name in tuning[1].get(region, [])]
     facts = recorded_facts(kind, tvm_target, desc, tuning)
     binding = execution_binding(binding, execution_facts(kind, facts)) if binding is not None else None
@@ -261,7 +268,7 @@ def build(graph: Graph, target: str = "cpu", cache_dir: str | None = None, use_c
             return Built(lib, entry.path, True, desc, entry.sha256, entry.size, tuning is not None, facts)
     try:
         if kind == "cuda":
-            built = _build_cuda(regions, tvm_target, binding, cdir, key, desc, tuning)
+            built = _build_cuda(regions, tvm_target, binding, cdir, key, desc, tuning, loops)
             built.facts = facts
         else:
             ex = build_executable(regions, target, binding, tvm_target, loops, tuning)
@@ -294,6 +301,19 @@ def build(graph: Graph, target: str = "cpu", cache_dir: str | None = None, use_c
             warnings.warn(f"dyntvm compile cache: cannot load {entry.path} just stored ({type(e).__name__}: {e}); "
                           "using the kernels built in memory", _cache.CacheWarning, stacklevel=3)
     return Built(ex, None, False, desc, tuned=tuning is not None, facts=facts)
+
+
+DEVICE_LOOPS_ON_CPU = "DYNTVM_DEVICE_LOOPS_ON_CPU"
+
+
+def _loop_specs(graph: Graph, kind: str) -> list:
+    """The loops to compile (`compiled_loops.loop_specs`): a CUDA library's device loops; a CPU library's host
+    loops, plus its device loops when $DYNTVM_DEVICE_LOOPS_ON_CPU is 1 (tests: the executor's device path on
+    the CPU, `CompiledModel._use_device_path`, then runs the device loops' code path without a GPU)."""
+    from .compiled_loops import loop_specs
+    if kind == "cuda":
+        return loop_specs(graph, "cuda")
+    return loop_specs(graph) + (loop_specs(graph, "cpu") if os.environ.get(DEVICE_LOOPS_ON_CPU) == "1" else [])
 
 
 def tuning_tasks(graph: Graph, hints: dict, tvm_target) -> tuple[dict, dict, dict]:
@@ -369,14 +389,10 @@ def _gpu_present() -> bool:
     return gpu_present()
 
 
-def _build_cuda(regions, tvm_target, binding, cdir, key, desc, tuning=None) -> Built:
+def _build_cuda(regions, tvm_target, binding, cdir, key, desc, tuning=None, loops=()) -> Built:
     """CUDA: device code on any machine (see `gpu.py`); the library is loaded only where a GPU is."""
-    import os
-
-    import tvm
-
     from .gpu import build_cuda_library
-    lib, path, tuned_kernels = build_cuda_library(regions, tvm_target, binding, build_executable, tuning)
+    lib, path, tuned_kernels = build_cuda_library(regions, tvm_target, binding, build_executable, tuning, loops)
     if path is not None:                    # built in a child process (in this one, build_executable counts)
         stats.builds += 1
         stats.tuned_kernels += tuned_kernels

@@ -24,138 +24,31 @@ Kernels assume 64-byte aligned data: a data row or per-step output that is not a
 function. Shapes must be products/sums of the body's dims. Any other pattern (a Relax op that is not a kernel
 call, a state that changes shape, a value returned twice) declines the loop: the executor then runs it step
 by step.
+
+The device loop (``<region>__dloop``, `build_loop`'s `device`; built for CUDA libraries, and for the CPU where
+tests ask, see `build._loop_specs`) is the same function written for a device (`loop_buffers`): its host part
+only does pointer arithmetic and launches, its copies are kernels, and a while_loop runs all `cap` steps with
+``(count, go)`` kept on the device (`ir.compiled_loop`), its states in rings of ``cap + 1`` rows, and a GPU's
+run-time checks summed on the device (`_DeviceChecks`).
 """
 from __future__ import annotations
 
-import numpy as np
 import tvm
 from tvm import relax
 
 from ..ir.compiled_loop import compiled_loop_name
-
-ALIGN = 64
-
-
-class Decline(Exception):
-    """This loop is not compiled (the message says why; the step-by-step loop runs instead)."""
-
-
-class _Names:
-    """TVMScript names for the symbolic dims of the body (by object identity)."""
-
-    def __init__(self):
-        self.vars: list = []
-
-    def of(self, v) -> str:
-        for k, w in enumerate(self.vars):
-            if w.same_as(v):
-                return f"d{k}"
-        self.vars.append(v)
-        return f"d{len(self.vars) - 1}"
-
-
-_BIN = {"Add": "+", "Sub": "-", "Mul": "*", "FloorDiv": "//", "FloorMod": "%"}
-
-
-def _expr(e, names: _Names) -> str:
-    kind = type(e).__name__
-    if kind == "IntImm":
-        return f"T.int64({int(e.value)})"
-    if kind == "Var":
-        return names.of(e)
-    if kind in _BIN:
-        return f"({_expr(e.a, names)} {_BIN[kind]} {_expr(e.b, names)})"
-    if kind in ("Min", "Max"):
-        return f"T.{kind.lower()}({_expr(e.a, names)}, {_expr(e.b, names)})"
-    raise Decline(f"shape expression {e} ({kind})")
-
-
-def _tensor_type(ty):
-    if not isinstance(ty, relax.TensorType) or ty.shape is None or not hasattr(ty.shape, "values"):
-        raise Decline(f"not a tensor of known rank: {ty}")
-    return list(ty.shape.values), str(ty.dtype)
-
-
-def _dtype_hint(dtype: str) -> str:
-    return "T.bool(False)" if dtype == "bool" else f"T.{dtype}(0)"
-
-
-def _is_aligned(shape, dtype: str) -> bool:
-    size = np.dtype(dtype).itemsize
-    expr = tvm.tirx.const(size, "int64")
-    for d in shape:
-        expr = expr * d
-    ana = tvm.sym.Analyzer()
-    return bool(ana.can_prove(tvm.tirx.floormod(expr, ALIGN) == 0))
-
-
-class _Loc:
-    """A tensor value of the body in a buffer of the loop function: the whole buffer, or (`row`) one row of a
-    stacked buffer, the row given when addressed (the step `t`, say)."""
-
-    def __init__(self, buf: str, shape: list, dtype: str, row: bool):
-        self.buf, self.shape, self.dtype, self.row = buf, shape, dtype, row
-
-    def index(self, row, its: list, names: _Names) -> str:
-        idx = ([row] if self.row else []) + its
-        return ", ".join(idx) if idx else "()"
-
-    def addr(self, row, names: _Names) -> str:
-        return f"T.address_of({self.buf}[{self.index(row, ['T.int64(0)'] * len(self.shape), names)}])"
-
-    def arg(self, row, names: _Names) -> str:
-        dims = ", ".join(_expr(d, names) for d in self.shape)
-        shape = f"T.tvm_stack_make_shape({dims})" if dims else "T.reinterpret(\"handle\", T.uint64(0))"
-        return (f"T.tvm_stack_make_array({self.addr(row, names)}, {shape}, "
-                f"T.reinterpret(\"handle\", T.uint64(0)), {len(self.shape)}, {_dtype_hint(self.dtype)}, "
-                "T.int64(0))")
-
-
-class _Double(_Loc):
-    """A state's two values, in one flat buffer of two rows each padded to a multiple of 64 bytes (kernels
-    assume aligned data): row ``r % 2`` for a row expression r."""
-
-    def __init__(self, buf: str, shape: list, dtype: str, names: _Names):
-        super().__init__(buf, shape, dtype, row=True)
-        size = np.dtype(dtype).itemsize
-        elems = tvm.tirx.const(1, "int64")
-        for d in shape:
-            elems = elems * d
-        # elements per padded row: ceil(bytes / 64) * 64 / itemsize
-        self.stride = tvm.sym.Analyzer().simplify(
-            tvm.tirx.floordiv(elems * size + (ALIGN - 1), ALIGN) * (ALIGN // size))
-        self.names = names
-
-    def size(self, rows: int):
-        return tvm.sym.Analyzer().simplify(self.stride * rows)
-
-    def index(self, row, its: list, names: _Names) -> str:
-        flat = "T.int64(0)"
-        for d, i in zip(self.shape, its):
-            flat = f"({flat} * {_expr(d, names)} + {i})"
-        return f"({row}) % T.int64(2) * {_expr(self.stride, names)} + {flat}"
-
-
-def _element(loc: _Loc, row, its: list, names: _Names) -> str:
-    return f"{loc.buf}[{loc.index(row, its, names)}]"
-
-
-def _grid_copy(dst, dst_row, src, src_row, shape: list, names: _Names) -> list:
-    """TVMScript lines copying a tensor of `shape` from `src` to `dst` (each a _Loc, or the name of a buffer of
-    that shape, stacked when its row is given)."""
-    def loc(x, row):
-        return x if isinstance(x, _Loc) else _Loc(x, shape, "", row=row is not None)
-    dst, src = loc(dst, dst_row), loc(src, src_row)
-    its = [f"i{k}" for k in range(len(shape))]
-    line = f"{_element(dst, dst_row, its, names)} = {_element(src, src_row, its, names)}"
-    if not shape:
-        return [line]
-    rng = ", ".join(_expr(x, names) for x in shape)
-    return [f"for {', '.join(its)} in T.grid({rng}):", "    " + line]
-
+from .loop_buffers import (Decline, _element, _expr, _is_aligned, _Loc, _Names, _Ring, _tensor_type, copy_lines,
+                           elementwise, select_copy_lines)
 
 def _alias(region: str, kernel: str) -> str:
-    return f"{region}__loop__{kernel}"
+    """The name of the region's copy of `kernel` that its loop functions call (a kernel already copied by the
+    region's other loop function, host or device, is that copy)."""
+    prefix = f"{region}__loop__"
+    return kernel if kernel.startswith(prefix) else prefix + kernel
+
+
+def _prim_name(region: str, device) -> str:
+    return f"{region}__{'d' if device is not None else ''}loop_kernel"
 
 
 def _analyze(func, names: _Names):
@@ -185,7 +78,10 @@ def _analyze(func, names: _Names):
         raise Decline(f"an argument that is not a tensor of the body: {type(x).__name__}")
 
     call_tir = tvm.ir.Op.get("relax.call_tir")
+    checks = _DeviceChecks() if names.device is not None else None
     for b in seq.blocks[0].bindings:
+        if checks is not None and checks.take(b, resolve, calls, value_of):
+            continue
         if not isinstance(b, relax.VarBinding):
             raise Decline("a match_cast binding")
         v = b.value
@@ -220,19 +116,73 @@ def _analyze(func, names: _Names):
     return calls, consts, region_outs
 
 
-def build_loop(mod: tvm.IRModule, region: str, roles: tuple, outs: tuple, n_ys: int, kind: str = "foreach"):
+class _DeviceChecks:
+    """A GPU's run-time checks in a body (`converters.common.checked`): a kernel counts the bad values into
+    ``bad`` [1], ``R.tensor_to_shape(bad)`` and a match_cast read it to the host as a dim ``k``, and
+    ``dt_pass_*(x, k)`` asserts k == 0 there before passing `x` on. A device loop keeps the count on the
+    device instead: the pass becomes a pseudo-call ``SANITIZE(x, bad)`` (x where bad is 0, else zeros, so a
+    failed step reads no memory out of range: index 0) and the loop adds `bad` up in ``ctl[2]``; the caller
+    runs the loop again step by step, which raises the check's error, when it is not 0."""
+
+    def __init__(self):
+        self.shape_of, self.bad_of = {}, []         # tensor_to_shape var -> bad value; [(dim k, bad value)]
+
+    def take(self, b, resolve, calls, value_of) -> bool:
+        v = b.value
+        if isinstance(b, relax.MatchCast):
+            dims = getattr(b.var.ty, "values", None)
+            if v in self.shape_of and dims is not None and len(dims) == 1 and type(dims[0]).__name__ == "Var":
+                self.bad_of.append((dims[0], self.shape_of[v]))
+                return True
+            return False
+        if not isinstance(v, relax.Call):
+            return False
+        if v.op.same_as(tvm.ir.Op.get("relax.tensor_to_shape")):
+            bad = resolve(v.args[0])
+            shape, dtype = calls[bad[1]][2][bad[2]] if bad[0] == "call" and bad[2] is not None else ([], "")
+            if dtype != "int64" or len(shape) != 1 or not isinstance(shape[0], tvm.tirx.IntImm) or shape[0].value != 1:
+                raise Decline("a tensor read to the host that is not a run-time check's count")
+            if any(not isinstance(x, tvm.tirx.IntImm) for x in calls[bad[1]][3]):
+                raise Decline("a run-time check over a size known only at run time")
+            self.shape_of[b.var] = bad
+            return True
+        fields = v.args[1].fields if len(v.args) > 1 and isinstance(v.args[1], relax.Tuple) else []
+        k = None if len(fields) != 2 else fields[1].value if type(fields[1]).__name__ == "PrimValue" else fields[1]
+        bad = [key for var, key in self.bad_of if k is not None and var.same_as(k)]      # (tirx vars: no hash)
+        if isinstance(v.args[0], tvm.ir.GlobalVar) and v.args[0].name_hint.startswith("dt_pass_") and bad:
+            src = resolve(fields[0])
+            if src[0] != "call":
+                raise Decline("a run-time check of a value that is not a kernel output")
+            calls.append((SANITIZE, [src, bad[0]], [_tensor_type(v.ty)], []))
+            value_of[b.var] = ("call", len(calls) - 1, 0)
+            return True
+        return False
+
+
+SANITIZE = "@sanitize"          # a pseudo-kernel of `_DeviceChecks`
+
+
+def build_loop(mod: tvm.IRModule, region: str, roles: tuple, outs: tuple, n_ys: int, kind: str = "foreach",
+               device: str | None = None):
     """(TVMScript text of the loop PrimFunc, the Relax constants it takes, its output types, the kernel calls)
     for one loop, or raises Decline. `kind`: "foreach" (`n` = the data rows) or "while" (`outs` ends with the
-    condition; `n` = the capacity of the stacked outputs, see `ir.compiled_loop`)."""
+    condition; `n` = the capacity of the stacked outputs, see `ir.compiled_loop`). `device`: None for the
+    host loop, "cpu" / "cuda" for the device loop (`loop_buffers`; a while_loop's steps then all run, the
+    condition kept on the device, see `ir.compiled_loop`)."""
     func = mod[region]
     if not isinstance(func, relax.Function):
         raise Decline("the body is not a Relax function")
-    names = _Names()
+    steps_var = tvm.tirx.Var("n", "int64")
+    names = _Names(device, steps_var)
     is_while = kind == "while"
+    ahead = is_while and device is not None         # steps after the condition failed run, masked
     n_states = len(outs) - n_ys - is_while
     params = list(func.params)
     ptypes = [_tensor_type(p.ty) for p in params]
     calls, consts, region_outs = _analyze(func, names)
+    checks = [args[1] for kernel, args, _, _ in calls if kernel == SANITIZE]
+    if checks and not ahead:    # a foreach would read the counts at its end only: after a failed step's kernels
+        raise Decline("run-time checks (a GPU's) in a foreach body")
 
     # ---- which kernel output gives each per-step output, new state and the condition
     ys_of, state_of = {}, {}
@@ -322,8 +272,9 @@ def build_loop(mod: tvm.IRModule, region: str, roles: tuple, outs: tuple, n_ys: 
         out_types.append((shape, dtype))
     if is_while:                                      # (iterations run, condition after the last one)
         lines_params.append("h_ctl: T.handle")
-        lines_match.append("ctl = T.match_buffer(h_ctl, (T.int64(2),), \"int64\")")
-        out_types.append(([2], "int64"))
+        # (iterations, condition), and in a device loop the failed run-time checks' count
+        lines_match.append(f"ctl = T.match_buffer(h_ctl, (T.int64({2 + ahead}),), \"int64\")")
+        out_types.append(([2 + ahead], "int64"))
 
     # ---- buffers allocated once (by the VM, as extra outputs of the call: TIR allocations inside the loop
     # function were seen to crash the kernels at small sizes): intermediates, and per state not kept in its
@@ -331,7 +282,7 @@ def build_loop(mod: tvm.IRModule, region: str, roles: tuple, outs: tuple, n_ys: 
     # previous value in row (t + 1) % 2 (row 1 starts as the initial state), so no step copies a state. A
     # call reading a state kept in its stacked rows reads row t - 1, and at step 0 the initial state (the
     # only calls whose text differs at step 0)
-    loc_tmp, loc_state = {}, {}                       # (call, j) -> _Loc; state s -> _Double
+    loc_tmp, loc_state = {}, {}                       # (call, j) -> _Loc; state s -> _Ring
     in_rows = {}                                      # state s -> the _Loc of the stacked rows it lives in
     for c, (_, _, otypes, _) in enumerate(calls):
         for j, (shape, dtype) in enumerate(otypes):
@@ -341,8 +292,8 @@ def build_loop(mod: tvm.IRModule, region: str, roles: tuple, outs: tuple, n_ys: 
                     in_rows[state_key[key]] = loc_out[key]
                 continue
             if key in state_key:
-                st = _Double(f"s{state_key[key]}", shape, dtype, names)
-                scratch.append((st.buf, [st.size(2)], dtype))
+                st = _Ring(f"s{state_key[key]}", shape, dtype, names, steps_var + 1 if ahead else 2)
+                scratch.append((st.buf, [st.size()], dtype))
                 loc_state[state_key[key]] = st
             else:
                 scratch.append((f"t{c}_{j}", shape, dtype))
@@ -352,7 +303,7 @@ def build_loop(mod: tvm.IRModule, region: str, roles: tuple, outs: tuple, n_ys: 
         """Where a kernel output is written at step t: (_Loc-like, row expression or None); ("prev", s): where
         state s's value before step t is."""
         if key[0] == "prev":
-            return loc_state[key[1]], "(t + T.int64(1))"
+            return loc_state[key[1]], loc_state[key[1]].before("t")
         if key[0] == "row":
             return loc_param[key[1]], "t"
         if key in loc_out:
@@ -374,15 +325,24 @@ def build_loop(mod: tvm.IRModule, region: str, roles: tuple, outs: tuple, n_ys: 
             if role == "state" and k in in_rows:      # the previous row; the initial state at step 0
                 return loc_param[i].arg(None, names) if first else in_rows[k].arg("(t - T.int64(1))", names)
             if role == "state":                       # the previous step's value
-                return loc_state[k].arg("(t + T.int64(1))", names)
+                return loc_state[k].arg(loc_state[k].before("t"), names)
             return loc_param[i].arg("t", names)       # a data row (or its copy), a capture
         loc, row = written((value[1], value[2]))
         return loc.arg(row, names)
 
     step = []
     for name, i, shape in copy_in:
-        step += _grid_copy(name, None, f"p{i}", "t", shape, names)
+        step += copy_lines(name, None, f"p{i}", "t", shape, names)
     for c, (kernel, args, otypes, scalars) in enumerate(calls):
+        if kernel == SANITIZE:
+            (src_loc, src_row), (bad_loc, bad_row) = (written(v[1:]) for v in args)
+            dst_loc, dst_row = written((c, 0))
+            bad = _element(bad_loc, bad_row, ["T.int64(0)"], names)
+            dtype = otypes[0][1]
+            step += elementwise(otypes[0][0], lambda its: [
+                f"{_element(dst_loc, dst_row, its, names)} = T.if_then_else({bad} != T.int64(0), "
+                f"T.Cast(\"{dtype}\", 0), {_element(src_loc, src_row, its, names)})"], names)
+            continue
         text = []
         for first in (False, True):
             items = [arg_of(a, first) for a in args] + [arg_of(("call", c, j)) for j in range(len(otypes))]
@@ -394,8 +354,14 @@ def build_loop(mod: tvm.IRModule, region: str, roles: tuple, outs: tuple, n_ys: 
             step += ["if t == T.int64(0):", "    " + text[1], "else:", "    " + text[0]]
     for name, key, shape in copy_out:
         loc, row = written(key)
-        step += _grid_copy(name, "t", loc, row, shape, names)
-    if is_while:
+        step += copy_lines(name, "t", loc, row, shape, names)
+    if ahead:                   # on the device: a step counts, and sets the condition, while the condition held
+        loc, row = written(cond_key)
+        bads = [_element(*written(v[1:]), ["T.int64(0)"], names) for v in checks]
+        step += elementwise([], lambda _: ["if ctl[1] != T.int64(0):", "    ctl[0] = t + T.int64(1)"]
+                            + [f"    ctl[2] = ctl[2] + {b}" for b in bads]
+                            + [f"    ctl[1] = T.Cast(\"int64\", {_element(loc, row, [], names)})"], names)
+    elif is_while:
         loc, row = written(cond_key)
         step += [f"ctl[1] = T.Cast(\"int64\", {_element(loc, row, [], names)})", "ctl[0] = t + T.int64(1)"]
 
@@ -403,8 +369,15 @@ def build_loop(mod: tvm.IRModule, region: str, roles: tuple, outs: tuple, n_ys: 
     body = []
     for s in loc_state:
         shape = ptypes[state_param[s]][0]
-        body += _grid_copy(loc_state[s], "T.int64(1)", f"p{state_param[s]}", None, shape, names)
-    if is_while:
+        body += copy_lines(loc_state[s], loc_state[s].before("T.int64(0)") if ahead else "T.int64(1)",
+                           f"p{state_param[s]}", None, shape, names)
+    if ahead:
+        # the caller checked the condition for the first iteration; the n steps all run, those after the
+        # condition failed with their results ignored: (count, condition) is kept on the device
+        body += elementwise([], lambda _: ["ctl[0] = T.int64(0)", "ctl[1] = T.int64(1)", "ctl[2] = T.int64(0)"], names)
+        body.append("for t in range(n):")
+        count = "ctl[0]"
+    elif is_while:
         # the caller checked the condition for the first iteration; each step stores (t + 1, its condition)
         body += ["ctl[0] = T.int64(0)", "ctl[1] = T.int64(1)", "while ctl[0] < n and ctl[1] != T.int64(0):",
                  "    t: T.int64 = ctl[0]"]
@@ -415,14 +388,20 @@ def build_loop(mod: tvm.IRModule, region: str, roles: tuple, outs: tuple, n_ys: 
     body += ["    " + ln for ln in step]
     for s in range(n_states):
         shape = ptypes[state_param[s]][0]
-        if s in in_rows:
+        if device is not None:          # count may be on the device: read where the copy runs
+            if s in in_rows:
+                body += select_copy_lines(f"f{s}", count, f"p{state_param[s]}", None, in_rows[s],
+                                          f"({count} - T.int64(1))", shape, names)
+            else:
+                body += copy_lines(f"f{s}", None, loc_state[s], loc_state[s].before(count), shape, names)
+        elif s in in_rows:
             body.append(f"if {count} == T.int64(0):")
-            body += ["    " + ln for ln in _grid_copy(f"f{s}", None, f"p{state_param[s]}", None, shape, names)]
+            body += ["    " + ln for ln in copy_lines(f"f{s}", None, f"p{state_param[s]}", None, shape, names)]
             body.append("else:")
-            body += ["    " + ln for ln in _grid_copy(f"f{s}", None, in_rows[s], f"({count} - T.int64(1))", shape,
+            body += ["    " + ln for ln in copy_lines(f"f{s}", None, in_rows[s], f"({count} - T.int64(1))", shape,
                                                         names)]
         else:
-            body += _grid_copy(f"f{s}", None, loc_state[s], f"({count} + T.int64(1))", shape, names)
+            body += copy_lines(f"f{s}", None, loc_state[s], f"({count} + T.int64(1))", shape, names)
     for nm, shape, dtype in scratch:
         lines_params.append(f"h_{nm}: T.handle")
         dims = ", ".join(_expr(d, names) for d in shape)
@@ -430,12 +409,15 @@ def build_loop(mod: tvm.IRModule, region: str, roles: tuple, outs: tuple, n_ys: 
                            f"{nm} = T.match_buffer(h_{nm}, (), \"{dtype}\")")
         out_types.append((shape, dtype))
     decls = [f"{nm} = T.int64()" for nm in [f"d{k}" for k in range(len(names.vars))] + ([] if is_while else ["n"])]
-    text = ["# from tvm.script import tirx as T", "@T.prim_func", f"def {region}__loop_kernel("
+    text = ["# from tvm.script import tirx as T", "@T.prim_func", f"def {_prim_name(region, device)}("
             + ", ".join(lines_params) + "):"]
     # noalias (every buffer is its own tensor): a function without it in the LLVM module was seen to make LLVM
-    # keep matmul accumulators in memory (see cpu_schedule.build_cpu)
-    text += ["    " + ln for ln in ['T.func_attr({"tirx.noalias": True})'] + decls + lines_match + body]
-    return "\n".join(text) + "\n", consts, out_types, calls
+    # keep matmul accumulators in memory (see cpu_schedule.build_cpu). A device loop is marked: scheduled
+    # already (its copies are written as kernels) and no launch guard around the whole function (launch_guard)
+    attrs = '{"tirx.noalias": True}' if device is None else \
+        '{"tirx.noalias": True, "tirx.is_scheduled": True, "dyntvm.compiled_loop": True}'
+    text += ["    " + ln for ln in [f'T.func_attr({attrs})'] + decls + lines_match + body]
+    return "\n".join(text) + "\n", consts, out_types, calls, steps_var
 
 
 def _parse(src: str):
@@ -443,9 +425,9 @@ def _parse(src: str):
     return tvm.script.from_source(src)
 
 
-def add_loop(mod: tvm.IRModule, region: str, roles: tuple, outs: tuple, n_ys: int, kind: str = "foreach") \
-        -> tvm.IRModule:
-    src, consts, out_types, calls = build_loop(mod, region, roles, outs, n_ys, kind)
+def add_loop(mod: tvm.IRModule, region: str, roles: tuple, outs: tuple, n_ys: int, kind: str = "foreach",
+             device: str | None = None) -> tvm.IRModule:
+    src, consts, out_types, calls, steps_var = build_loop(mod, region, roles, outs, n_ys, kind, device)
     try:
         prim = _parse(src)
     except Exception as e:  # noqa: BLE001 - the generated text did not parse: decline, with the reason
@@ -457,17 +439,22 @@ def add_loop(mod: tvm.IRModule, region: str, roles: tuple, outs: tuple, n_ys: in
     # The region's own function calls the copies too, and an original no other function calls is dropped:
     # LLVM then compiles each kernel once (the copies had added about a second to the decode model's build).
     redirect = {}
-    for kernel in sorted({c[0] for c in calls}):
+    for kernel in sorted({c[0] for c in calls} - {SANITIZE}):
+        if _alias(region, kernel) == kernel:        # copied already for the region's other loop function
+            continue
         gv_k = mod.get_global_var(kernel)
         redirect[gv_k] = bb.add_func(mod[gv_k].with_attr("global_symbol", _alias(region, kernel)),
                                      _alias(region, kernel))
     gv_region = mod.get_global_var(region)
     bb.update_func(gv_region, _redirect_calls(func, redirect))
-    gv = bb.add_func(prim, f"{region}__loop_kernel")
+    gv = bb.add_func(prim, _prim_name(region, device))
     n = tvm.tirx.Var("n_steps", "int64")
 
+    steps = tvm.sym.Analyzer()
+    steps.bind(steps_var, n)
+
     def shape_of(shape):            # the body's dims as they are; "n" (the steps) becomes n_steps
-        return [n if isinstance(d, str) else d for d in shape]
+        return [n if isinstance(d, str) else steps.simplify(d) if _uses(d, steps_var) else d for d in shape]
     params = []
     for p, (role, _) in zip(func.params, roles):
         shape, dtype = _tensor_type(p.ty)
@@ -477,7 +464,7 @@ def add_loop(mod: tvm.IRModule, region: str, roles: tuple, outs: tuple, n_ys: in
     if kind == "while":                               # the capacity: a shape (cap,)
         params.append(relax.Var("cap", relax.ShapeType([n])))
     out_ty = [relax.TensorType(shape_of(s), d) for s, d in out_types]
-    name = compiled_loop_name(region)
+    name = compiled_loop_name(region, device is not None)
     with bb.function(name, params):
         # a while_loop's capacity n: a scalar argument after the tensors
         args = relax.Tuple(tensors + list(consts) + ([relax.prim_value(n)] if kind == "while" else []))
@@ -488,6 +475,10 @@ def add_loop(mod: tvm.IRModule, region: str, roles: tuple, outs: tuple, n_ys: in
             res = bb.emit(call)
         bb.emit_func_output(res)
     return _drop_unused(bb.get(), {gv.name_hint for gv in redirect})
+
+
+def _uses(d, var) -> bool:
+    return not isinstance(d, (int, str)) and any(v.same_as(var) for v in tvm.tirx.analysis.undefined_vars(d))
 
 
 def _redirect_calls(func: relax.Function, redirect: dict) -> relax.Function:
@@ -519,13 +510,13 @@ def _drop_unused(mod: tvm.IRModule, candidates: set) -> tvm.IRModule:
 
 
 def loop_pass(specs: list):
-    """Module pass adding a compiled loop per spec ``(kind, region, roles, outs, n_ys)``; a declined one is
-    left out (`declined` lists why, for tests and debugging)."""
+    """Module pass adding a compiled loop per spec ``(kind, region, roles, outs, n_ys, device)`` (`device`: see
+    `build_loop`); a declined one is left out (`declined` lists why, for tests and debugging)."""
     @tvm.transform.module_pass(opt_level=0, name="dyntvm.CompiledLoops")
     def add_compiled_loops(mod: tvm.IRModule, ctx) -> tvm.IRModule:
-        for kind, region, roles, outs, n_ys in specs:
+        for kind, region, roles, outs, n_ys, device in specs:
             try:
-                mod = add_loop(mod, region, roles, outs, n_ys, kind)
+                mod = add_loop(mod, region, roles, outs, n_ys, kind, device)
                 stats.compiled.append(region)
             except Decline as e:
                 stats.declined.append((region, str(e)))
@@ -544,9 +535,9 @@ class _Stats:
 stats = _Stats()
 
 
-def loop_specs(graph) -> list:
-    """``(kind, region, roles, outs, n_ys)`` for every foreach and while_loop of `graph` (nested ones too) that
-    `ir.compiled_loop.foreach_loop_plan` / `while_loop_plan` accepts."""
+def loop_specs(graph, device: str | None = None) -> list:
+    """``(kind, region, roles, outs, n_ys, device)`` for every foreach and while_loop of `graph` (nested ones
+    too) that `ir.compiled_loop.foreach_loop_plan` / `while_loop_plan` accepts."""
     from ..ir.compiled_loop import foreach_loop_plan, while_loop_plan
     out = []
 
@@ -557,13 +548,13 @@ def loop_specs(graph) -> list:
                 if plan is not None:
                     region, roles, outs = plan
                     out.append(("foreach", region.attrs.name, roles, outs,
-                                len(node.subgraphs[0].outputs) - node.attrs.num_states))
+                                len(node.subgraphs[0].outputs) - node.attrs.num_states, device))
             elif node.op == "while_loop":
                 plan = while_loop_plan(node)
                 if plan is not None:
                     region, roles, outs = plan
                     out.append(("while", region.attrs.name, roles, outs,
-                                len(node.subgraphs[1].outputs) - node.attrs.num_vars - 1))
+                                len(node.subgraphs[1].outputs) - node.attrs.num_vars - 1, device))
             for sub in node.subgraphs:
                 walk(sub)
     walk(graph)

@@ -35,12 +35,17 @@ def main(work: str) -> None:
             warnings.simplefilter("error")
             log = load_log(job["tuning"]["log"], None, target)
         tuning = (log, {r: [(dict(c), n) for c, n in specs] for r, specs in job["tuning"]["table"].items()})
-    ex = build_executable(regions, "cuda", job["binding"], target, tuning=tuning)
+    loops = [_tuples(spec) for spec in job.get("loops", [])]        # JSON made the specs' tuples lists
+    ex = build_executable(regions, "cuda", job["binding"], target, loops=loops, tuning=tuning)
     export_library(ex, os.path.join(work, "kernels.so"))       # a full disk: a message, not "LLVM ERROR"
     with open(os.path.join(work, "result.json"), "w") as f:
         json.dump({"tuned_kernels": stats.tuned_kernels,
                    "unscheduled": sorted(tuning[0].unscheduled) if tuning is not None else [],
                    "refused": tuning[0].refused if tuning is not None else {}}, f)
+
+
+def _tuples(x):
+    return tuple(_tuples(e) for e in x) if isinstance(x, list) else x
 
 
 def cuda_runtime_loaded() -> bool:

@@ -156,16 +156,18 @@ def tuned_pass(tuned):
     return tvm.transform.module_pass(apply, opt_level=0, name="DyntvmTunedCUDASchedules")
 
 
-def build_cuda(mod, target=None, tuned=None):
+def build_cuda(mod, target=None, tuned=None, loops=()):
     """Build `mod` for CUDA in this process with dlight's default GPU schedules, or the tuned schedule where
     ``tuned(func)`` gives one (device code only when TVM's CUDA runtime is loaded: on a GPU host, or in the
-    stub child)."""
+    stub child). `loops`: the device loops to add once the kernels are scheduled (`compiled_loops`)."""
     import tvm
     from tvm.relax.backend.cuda import pipeline as cuda_pipeline
     target = target or cuda_target()
     prepare_nvcc()
     from .launch_guard import with_launch_guards
+    from .compiled_loops import loop_pass
     passes = (fuse_passes(target) + ([tuned_pass(tuned)] if tuned is not None else []) + [dlight_pass()]
+              + ([loop_pass(list(loops))] if loops else [])
               + cuda_pipeline.dataflow_lower_passes(target) + cuda_pipeline.finalize_passes(target))
     with target, with_launch_guards():
         return tvm.compile(mod, target=target, relax_pipeline=tvm.transform.Sequential(passes))
@@ -181,15 +183,16 @@ class _LibraryFile:
         shutil.copyfile(self.path, dst)
 
 
-def build_cuda_library(regions: list, target, binding: str | None, build_executable, tuning=None):
+def build_cuda_library(regions: list, target, binding: str | None, build_executable, tuning=None, loops=()):
     """Build the regions for CUDA with device code (`build_executable`: `build.build_executable`; `tuning`:
-    ``(TuningLog, specializations)`` to apply). Returns (library, path, kernels built with a tuned schedule):
-    in this process on a GPU host (library: the executable, path None; the count None: `build_executable`
-    counted them), else in the stub child `cuda_child.py` (library: a file wrapper, not loadable here)."""
+    ``(TuningLog, specializations)`` to apply; `loops`: `compiled_loops.loop_specs`). Returns (library, path,
+    kernels built with a tuned schedule): in this process on a GPU host (library: the executable, path None;
+    the count None: `build_executable` counted them), else in the stub child `cuda_child.py` (library: a file
+    wrapper, not loadable here)."""
     arch = target_arch(target)
     find_nvcc()
     if gpu_present():
-        ex = build_executable(regions, "cuda", binding, target, tuning=tuning)
+        ex = build_executable(regions, "cuda", binding, target, loops=loops, tuning=tuning)
         tmp = tempfile.mkdtemp(prefix="dyntvm-cuda-")
         try:
             path = os.path.join(tmp, "kernels.so")
@@ -198,10 +201,10 @@ def build_cuda_library(regions: list, target, binding: str | None, build_executa
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         return ex, None, None
-    return _build_in_child(regions, arch, binding, tuning)
+    return _build_in_child(regions, arch, binding, tuning, loops)
 
 
-def _build_in_child(regions: list, arch: str, binding: str | None, tuning=None):
+def _build_in_child(regions: list, arch: str, binding: str | None, tuning=None, loops=()):
     import numpy as np
 
     from ..ir.serialize import graph_to_dict
@@ -210,7 +213,7 @@ def _build_in_child(regions: list, arch: str, binding: str | None, tuning=None):
     try:
         params: dict = {}
         graphs = [[name, graph_to_dict(g, params)[0]] for name, g in regions]
-        job = {"regions": graphs, "arch": arch, "binding": binding}
+        job = {"regions": graphs, "arch": arch, "binding": binding, "loops": list(loops)}
         if tuning is not None:          # the child reads the log again (checked here: same files, same target)
             log, table = tuning
             job["tuning"] = {"log": os.path.abspath(log.path),

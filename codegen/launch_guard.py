@@ -80,7 +80,9 @@ stats = _Stats()
 def skip_empty_launches(mod: tvm.IRModule, ctx) -> tvm.IRModule:
     """Wrap each PrimFunc with symbolic thread extents in ``if extent > 0``."""
     for gv, f in list(mod.functions.items()):
-        if isinstance(f, tirx.PrimFunc):
+        # a compiled loop function (compiled_loops) guards each of its copy kernels itself: a guard around the
+        # whole function would skip the loop
+        if isinstance(f, tirx.PrimFunc) and not f.attrs.get("dyntvm.compiled_loop", False):
             cond = launch_condition(f)
             if cond is not None:
                 mod[gv] = f.with_body(tirx.IfThenElse(cond, f.body, None))

@@ -14,6 +14,13 @@ region's inputs in the region's order and returns the loop's outputs:
   condition still held after the last one. The caller continues with a larger `cap` from the final vars when
   the loop stopped at `cap` with the condition holding.
 
+On a device (the executor's `DevicePlacement`: a GPU) the loop is the device loop, ``compiled_loop_name(region,
+device=True)``, with the same arguments and results (all on the device). Its while_loop cannot read the
+condition on the host at every step (that is a synchronisation): each call runs all `cap` steps, those after the
+condition failed computing values that are ignored, and keeps ``(count, go)`` on the device, where the final vars
+are copied from the state after the last step that ran with the condition holding; the caller reads
+``(count, go)`` once per call, and keeps `cap` small (`runtime/loop_calls.py`).
+
 Codegen may decline a body (a kernel pattern it does not handle); the executor then finds no such function and
 runs the loop step by step.
 """
@@ -22,10 +29,13 @@ from __future__ import annotations
 from .graph import Node
 
 LOOP_SUFFIX = "__loop"
+DEVICE_LOOP_SUFFIX = "__dloop"
 
 
-def compiled_loop_name(region_name: str) -> str:
-    return region_name + LOOP_SUFFIX
+def compiled_loop_name(region_name: str, device: bool = False) -> str:
+    """The loop function's name: the host loop (the CPU library's), or `device`: the device loop (a CUDA
+    library's; a CPU library has it only when built to test the device path, see `codegen/build.py`)."""
+    return region_name + (DEVICE_LOOP_SUFFIX if device else LOOP_SUFFIX)
 
 
 def _single_region(body, n_ys: int, n_states: int, first_state: int, n_data: int = 0):

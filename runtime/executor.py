@@ -366,7 +366,7 @@ class Executor:
                                              alloc=pl.alloc)
                 for o, r in zip(outs, pl.stacked(stacked) + list(states)):
                     slots[o] = r
-            return run_on_device
+            return compiled_foreach(self, n, ins, outs, run_on_device) or run_on_device
 
         direct = self._direct_body(body)
         caps_of = self._loop_consts(ins[nd + ns:])
@@ -421,7 +421,7 @@ class Executor:
                                                cond_in_body=in_body)
                 for o, r in zip(outs, stacked + list(vars_)):
                     slots[o] = r
-            return run_on_device
+            return compiled_while(self, n, ins, outs, run_on_device, cond_run, vars_of) or run_on_device
 
         direct = self._direct_body(body) if in_body else None
         caps_of = self._loop_consts(ins[nv + (1 if has_t else 0):])

@@ -294,6 +294,16 @@ class CompiledModel:
         return tree_unflatten(self.graph.out_tree, outs) if self.graph.out_tree is not None else outs
 
     @property
+    def device_copies(self) -> dict:
+        """Host<->device copies (counts and bytes) made so far by this thread's plain calls, for kernels on a
+        device (a GPU); {} on the CPU. Tests compare it before and after a call (`last_copies` needs
+        ``profile=True``, which runs loops step by step)."""
+        ex = getattr(self._threads, "executor", None)
+        pl = ex.pl if ex is not None else None
+        return {} if pl is None else {"host_to_device": pl.h2d, "device_to_host": pl.d2h,
+                                      "host_to_device_bytes": pl.h2d_bytes, "device_to_host_bytes": pl.d2h_bytes}
+
+    @property
     def kernel_calls(self) -> int:
         """Region calls made so far by plain calls of this model, from all threads."""
         with self._lock:

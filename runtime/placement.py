@@ -95,6 +95,24 @@ class DevicePlacement:
             out.append(buf.tensor)
         return out
 
+    def join_rows(self, chunks: list) -> _Tensor:
+        """The first `count` rows of each device tensor of ``[(tensor, count)]`` (a compiled while_loop's chunks),
+        stacked into one device tensor by device-to-device copies (a view when there is one chunk)."""
+        first = chunks[0][0]
+        row_shape, dtype = tuple(first.shape)[1:], str(first.dtype)
+        row_bytes = int(np.prod(row_shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        if len(chunks) == 1:
+            count = chunks[0][1]
+            return first if count == first.shape[0] else first._create_view((count,) + row_shape, dtype, 0)
+        out = tvm.runtime.empty((sum(c for _, c in chunks),) + row_shape, dtype, self.device)
+        done = 0
+        for t, count in chunks:
+            if count and row_bytes:
+                t._create_view((count,) + row_shape, dtype, 0).copyto(
+                    out._create_view((count,) + row_shape, dtype, done * row_bytes))
+            done += count
+        return out
+
 
 class _Rows:
     """Rows of a device tensor, copied into one reused device buffer: a fresh allocation per step measured
