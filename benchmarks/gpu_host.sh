@@ -53,7 +53,7 @@ for stage in "$@"; do
   case $stage in
     info)
       nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; nproc; python3 -V
-      python3 -c "import numpy, tvm, dyntvm; from dyntvm.codegen.gpu import gpu_present, cuda_target; print('numpy', numpy.__version__, 'tvm', tvm.__file__, 'gpu', gpu_present(), cuda_target())" ;;
+      python3 -P -c "import numpy, tvm, dyntvm; from dyntvm.codegen.gpu import gpu_present, cuda_target; print('numpy', numpy.__version__, 'tvm', tvm.__file__, 'gpu', gpu_present(), cuda_target())" ;;
     cudatests)
       # from a copy without the source folder dyntvm/: `python -c` / `-m` children put the cwd first on sys.path
       rm -rf /tmp/w && mkdir -p /tmp/w && cp -r tests benchmarks examples pyproject.toml README.md /tmp/w/ && cd /tmp/w && \

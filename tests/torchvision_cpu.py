@@ -9,7 +9,10 @@ A torchvision whose own ops load is used as it is."""
 from __future__ import annotations
 
 import functools
+import glob
 import importlib
+import importlib.util
+import os
 
 import torch
 
@@ -56,10 +59,26 @@ def _has_ops() -> bool:
     return True
 
 
+def _own_library_loads() -> bool:
+    """Whether torchvision's own `_C` library loads here (a CUDA build on a GPU host, a CPU build): then its ops
+    are its own, and defining them too would abort the process when `import torchvision` registers them again."""
+    spec = importlib.util.find_spec("torchvision")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    for folder in spec.submodule_search_locations:
+        for lib in glob.glob(os.path.join(folder, "_C*.so")):
+            try:
+                torch.ops.load_library(lib)
+                return True
+            except (OSError, RuntimeError):
+                pass
+    return False
+
+
 @functools.cache
 def load():
     """torchvision, imported; defines its CPU ops first when its own library does not load."""
-    if not hasattr(torch.ops.torchvision, "nms"):
+    if not hasattr(torch.ops.torchvision, "nms") and not _own_library_loads():
         lib = torch.library.Library("torchvision", "DEF")   # noqa: TOR901  (kept alive by the cache)
         for schema in _SCHEMAS.values():
             lib.define(schema)
