@@ -109,7 +109,19 @@ def _concat(bb, node, args, ctx):
     ax = norm_axis(int(node.attrs.axis), nd)
     ref = shape_of(xs[0])
     xs = [xs[0]] + [assert_dims(bb, ctx, x, {j: ref[j] for j in range(nd) if j != ax}) for x in xs[1:]]
-    return [R.concat(xs, axis=ax)]
+    return [_concat_tree(bb, xs, ax)]
+
+
+#: inputs per concat kernel: TVM's concatenate of n inputs is one nested select over all of them, whose lowering
+#: time grows as n^2 (90 inputs, as SSDlite concatenates its classes' boxes: 100 s); more are joined in a tree
+CONCAT_FANIN = 8
+
+
+def _concat_tree(bb, xs: list, axis: int):
+    while len(xs) > CONCAT_FANIN:
+        xs = [xs[k] if len(xs[k:k + CONCAT_FANIN]) == 1 else emit(bb, R.concat(xs[k:k + CONCAT_FANIN], axis=axis))
+              for k in range(0, len(xs), CONCAT_FANIN)]
+    return R.concat(xs, axis=axis)
 
 
 @converter("stack")
@@ -120,6 +132,8 @@ def _stack(bb, node, args, ctx):
     ax = norm_axis(int(node.attrs.axis), nd + 1)
     ref = shape_of(xs[0])
     xs = [xs[0]] + [assert_dims(bb, ctx, x, dict(enumerate(ref))) for x in xs[1:]]
+    if len(xs) > CONCAT_FANIN:          # as concat (see `_concat_tree`)
+        return [_concat_tree(bb, [emit(bb, R.expand_dims(x, ax)) for x in xs], ax)]
     return [R.stack(xs, axis=ax)]
 
 
