@@ -19,7 +19,9 @@ spatial dims, fusion with the epilogue (bias, activation, residual) and the rest
 """
 from __future__ import annotations
 
-from tvm import te, tirx
+import functools
+
+from tvm import DataType, te, tirx
 
 from .dims import I64
 
@@ -30,12 +32,34 @@ CROP_BLOCK = "dt_conv_crop"
 #: Annotation of the conv block: the register tile's output positions along a row (`row_tile`).
 ROW_TILE_ATTR = "dt_conv_row_tile"
 
-# Row tiles (output positions along the last axis) of each form: (largest, smallest divisor taken, ragged).
-# ocv: up to 14 positions x 16 channels (14 of the 32 zmm registers accumulate, as TVM's x86 conv2d picks its
-# reg_n); spv: up to 64 positions (4 vectors). A row that no such divisor tiles (a symbolic size, a prime) is
-# computed over whole ragged tiles into a buffer a crop stage reads (no predicate in the reduction).
-_OCV_TILES = (14, 4, 8)
+# Register tiles. ocv: vb channels x up to 14 vector registers of accumulators (as TVM's x86 conv2d picks its
+# reg_n): 14 positions when vb channels fill one register (AVX-512's 16 fp32 lanes), 7 when they fill two (AVX2:
+# 16 registers in all); a row's largest divisor down to a third of that, else a ragged tile of 8 (7). spv: up
+# to 64 positions (4 AVX-512 or 8 AVX2 registers), down to 32. A row that no such divisor tiles (a symbolic size,
+# a prime) is computed over whole ragged tiles into a buffer a crop stage reads (no predicate in the reduction).
+_ACC_REGISTERS = 14
 _SPV_TILES = (64, 32, 32)
+
+
+@functools.lru_cache(maxsize=None)
+def _host_vector_bits() -> int:
+    """The vector registers' width LLVM compiles for on this CPU (the CPU target is always the host,
+    `cpu_schedule.cpu_target`): 512 with AVX-512 (32 registers), else 256 (AVX2: 16). From the target's CPU
+    features: TVM's ``llvm_get_vector_width`` says 512 for every x86 -mcpu here, AVX2-only ones included."""
+    import tvm
+    from tvm.target import codegen
+    try:
+        features = {str(f) for f in codegen.llvm_get_cpu_features(tvm.target.Target.from_device(tvm.cpu()))}
+    except Exception:  # noqa: BLE001 - an LLVM without the query: the narrower registers (a smaller tile)
+        return 256
+    return 512 if "avx512f" in features else 256
+
+
+def _ocv_tiles(vb: int, dtype: str) -> tuple[int, int, int]:
+    """(largest, smallest divisor taken, ragged) row tiles of ``dt_conv_ocv`` for blocks of vb channels."""
+    lanes = max(1, _host_vector_bits() // DataType(dtype).bits)
+    largest = max(1, _ACC_REGISTERS // max(1, vb // lanes))
+    return largest, max(2, largest // 3), min(8, largest)
 
 
 def _i64(v):
@@ -55,11 +79,11 @@ def pack_axes(n_sp: int) -> list:
     return [0] + list(range(2, 3 + n_sp)) + [1]
 
 
-def row_tile(width, ocv: bool) -> tuple[int, bool]:
-    """(tile, exact) for a row of `width` output positions (an int, or a symbolic PrimExpr): the whole row when it
-    fits, else its largest divisor up to the form's largest tile if not below its smallest; else (the ragged tile,
-    False)."""
-    largest, smallest, ragged = _OCV_TILES if ocv else _SPV_TILES
+def row_tile(width, tiles: tuple[int, int, int]) -> tuple[int, bool]:
+    """(tile, exact) for a row of `width` output positions (an int, or a symbolic PrimExpr), `tiles` (largest,
+    smallest, ragged): the whole row when it fits, else its largest divisor up to `largest` if not below
+    `smallest`; else (ragged, False)."""
+    largest, smallest, ragged = tiles
     if isinstance(width, tirx.IntImm):
         width = int(width.value)
     if isinstance(width, int):
@@ -97,7 +121,7 @@ def te_conv(x, w, strides, dilations, pads, out, groups: int, vb: int, guard=Non
         o_total, cg, kernel = int(w.shape[0]) * vb, int(w.shape[1]), [int(k) for k in w.shape[2:2 + n_sp]]
     else:
         o_total, cg, kernel = int(w.shape[0]), int(w.shape[1]), [int(k) for k in w.shape[2:]]
-    tile, exact = row_tile(out[-1], vb > 1)
+    tile, exact = row_tile(out[-1], _ocv_tiles(vb, str(x.dtype)) if vb > 1 else _SPV_TILES)
     full = list(out)
     last_span = None
     if not exact:   # whole tiles: ceil(W / tile) * tile positions, the input read past its end as zeros
