@@ -25,6 +25,10 @@ from .cpu_sched_helpers import child_blocks, loop_extent, total_work, vector_lan
 from .te_conv import CROP_BLOCK, OCV_BLOCK, PAD_BLOCK, ROW_TILE_ATTR, SPV_BLOCK
 
 
+#: The taps of the kernel's last axis are unrolled up to this many (1.2x for resnet18's 7x7 stem, ~1.02x 3x3).
+_UNROLL_TAPS = 7
+
+
 def conv_block_name(sch: s_tir.Schedule) -> str | None:
     """The name of the `te_conv` reduction block of a (fused) PrimFunc, or None."""
     names = [sch.get(b).name_hint for b in child_blocks(sch)]
@@ -94,6 +98,8 @@ def _sched_conv(func, target, name: str, exact: bool, parallel: bool) -> tirx.Pr
     _pad_per_batch(sch, n, parallel)
     if parallel:
         sch.parallel(sch.fuse(*tasks) if len(tasks) > 1 else tasks[0])
+    if loop_extent(sch, red[-1]) <= _UNROLL_TAPS:   # the kernel's last axis: 1.2x for the 7x7 stem
+        sch.unroll(red[-1])
     if ocv:
         sch.unroll(wi)
         vectorize_tile(sch, oi, vb, lanes, unroll=True)
