@@ -4,6 +4,7 @@ Run from the repository root:
 
     .venv/bin/python benchmarks/bench_schedules.py [--quick]
     .venv/bin/python benchmarks/bench_schedules.py --small [--rounds 7]   # the small kernels only
+    .venv/bin/python benchmarks/bench_schedules.py --conv [--rounds 5]    # the convolution layers only
 
 Prints latency (and GFLOP/s where the FLOP count is meaningful) per case: the median of 5
 time_evaluator repeats, best of --rounds rounds. The machine is shared, so every round first waits
@@ -20,6 +21,11 @@ argmax / argmin / max / sum of a float32[N] (before: the generic reduction compu
 is a VM call of the region (what a compiled region costs without the executor); "kernel" is the one
 scheduled PrimFunc called directly. Also prints the launch cost of a trivial parallel loop. Every result
 is checked against numpy first (argmax: the same index).
+
+A third table ("convolutions", issue 24; `--conv` alone) times single conv layers of resnet18 and
+mobilenet_v3_small at 224 x 224, batch 1, compiled through dyntvm's converter before (Relax's conv2d under the
+generic schedule) and after (`te_conv` + `cpu_schedule_conv`), against numpy im2col + BLAS and onnxruntime
+(one Conv node), medians over interleaved rounds, with GFLOP/s next to numpy's large-GEMM peak and compile times.
 """
 
 from __future__ import annotations
@@ -332,6 +338,114 @@ def run_small(opts, target):
               f"{b / a:12.2f} {n / a:11.2f} {(n / k if k else float('nan')):9.2f}  {'ok' if ok else 'MISMATCH'}")
 
 
+# ----------------------------------------------------------------------------------------- convolutions
+# (label, C, O, kernel, stride, pad, groups, H = W of the input): single layers of resnet18 and mobilenet_v3_small
+# at 224 x 224, batch 1
+CONV_LAYERS = [
+    ("resnet18 stem 7x7/2 3->64", 3, 64, 7, 2, 3, 1, 224),
+    ("resnet18 3x3 64->64 @56", 64, 64, 3, 1, 1, 1, 56),
+    ("resnet18 3x3/2 64->128 @56", 64, 128, 3, 2, 1, 1, 56),
+    ("resnet18 1x1/2 64->128 @56", 64, 128, 1, 2, 0, 1, 56),
+    ("resnet18 3x3 128->128 @28", 128, 128, 3, 1, 1, 1, 28),
+    ("resnet18 3x3 256->256 @14", 256, 256, 3, 1, 1, 1, 14),
+    ("resnet18 3x3 512->512 @7", 512, 512, 3, 1, 1, 1, 7),
+    ("mobilenet stem 3x3/2 3->16", 3, 16, 3, 2, 1, 1, 224),
+    ("mobilenet dw 3x3/2 16 @112", 16, 16, 3, 2, 1, 16, 112),
+    ("mobilenet 1x1 24->88 @28", 24, 88, 1, 1, 0, 1, 28),
+    ("mobilenet dw 5x5 240 @14", 240, 240, 5, 1, 2, 240, 14),
+    ("mobilenet 1x1 96->576 @7", 96, 576, 1, 1, 0, 1, 7),
+]
+
+
+def _im2col_conv(w, stride, pad):
+    """numpy's convolution as a numpy user writes it: im2col (a strided window view) + one BLAS GEMM (groups: a
+    loop of them)."""
+    o, cg, k, _ = w.shape
+
+    def conv(x):
+        xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+        cols = np.lib.stride_tricks.sliding_window_view(xp, (k, k), axis=(2, 3))[:, :, ::stride, ::stride]
+        n, c, ho, wo = cols.shape[:4]
+        groups = c // cg
+        og = o // groups
+        outs = [np.tensordot(w[g * og:(g + 1) * og], cols[:, g * cg:(g + 1) * cg], axes=([1, 2, 3], [1, 4, 5]))
+                for g in range(groups)]
+        return np.concatenate(outs, 0).transpose(1, 0, 2, 3)
+    return conv
+
+
+def _ort_conv(w, stride, pad, groups, shape):
+    """An onnxruntime session of one Conv node (None without onnxruntime)."""
+    try:
+        import onnx
+        import onnxruntime as ort
+    except ImportError:
+        return None
+    from onnx import TensorProto, helper, numpy_helper
+    o = w.shape[0]
+    node = helper.make_node("Conv", ["x", "w"], ["y"], strides=[stride] * 2, pads=[pad] * 4, group=groups)
+    graph = helper.make_graph([node], "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = tvm.runtime.num_threads()
+    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    del onnx
+    return lambda x: sess.run(None, {"x": x})[0]
+
+
+def run_conv(opts, target):
+    """Single conv layers (CONV_LAYERS): dyntvm's conv kernel before (Relax's conv2d under the generic schedule,
+    `converters.window.TE_CONV = False`) and after, numpy im2col + BLAS, onnxruntime; medians over rounds,
+    interleaved; GFLOP/s against numpy's large-GEMM peak."""
+    import dyntvm as dt
+    from dyntvm import F
+    from dyntvm.codegen.converters import window
+    dev = tvm.cpu()
+    big = _rand(2048, 2048)
+    peak = min(time_np(np.matmul, [big, big], 1.0) for _ in range(3))
+    print(f"\nconvolutions, batch 1 (numpy GEMM 2048^3 peak: {2 * 2048 ** 3 / peak / 1e9:.0f} GFLOP/s)")
+    layers = CONV_LAYERS[:4] if opts.quick else CONV_LAYERS
+    print(f"{'layer':30s} {'compile s b/a':>13s} {'before ms':>10s} {'after ms':>9s} {'GF/s':>6s} {'%peak':>6s} "
+          f"{'numpy ms':>9s} {'ort ms':>8s} {'b/a':>6s} {'np/a':>6s} {'ort/a':>6s}  ok")
+    for label, c, o, k, stride, pad, groups, hw in layers:
+        w = (_rand(o, c // groups, k, k) / np.sqrt(c // groups * k * k)).astype("float32")
+        x = _rand(1, c, hw, hw)
+        built, compile_s = {}, {}
+        for before in (True, False):
+            window.TE_CONV = not before
+            mod, fname = _region(lambda v: F.conv(v, w, stride=stride, padding=pad, groups=groups), dt.TensorSpec(x.shape))
+            t0 = time.perf_counter()
+            built[before] = (relax.VirtualMachine(build_cpu(mod, target), dev), fname)
+            compile_s[before] = time.perf_counter() - t0
+        window.TE_CONV = True
+        numpy_fn, ort_fn = _im2col_conv(w, stride, pad), _ort_conv(w, stride, pad, groups, list(x.shape))
+        ref = numpy_fn(x)
+        targs = [tvm.runtime.tensor(x)]
+        outs = [vm[fn](*targs) for vm, fn in built.values()]
+        ok = all(np.allclose((out if hasattr(out, "numpy") else out[0]).numpy(), ref, rtol=1e-3, atol=1e-3)
+                 for out in outs)
+        times: dict = {"before": [], "after": [], "numpy": [], "ort": []}
+        for _ in range(opts.rounds):
+            if not opts.no_wait:
+                wait_idle()
+            for before in (True, False):
+                vm, fn = built[before]
+                times["before" if before else "after"].append(time_vm(vm, fn, targs, 0.1))
+            times["numpy"].append(time_np(numpy_fn, [x], 0.1))
+            if ort_fn is not None:
+                times["ort"].append(time_np(ort_fn, [x], 0.1))
+            time.sleep(0.3)
+        med = {key: float(np.median(v)) if v else float("nan") for key, v in times.items()}
+        flops = 2 * o * (c // groups) * k * k * ((hw + 2 * pad - k) // stride + 1) ** 2
+        gf = flops / med["after"] / 1e9
+        print(f"{label:30s} {compile_s[True]:6.2f}/{compile_s[False]:<6.2f} {med['before'] * 1e3:10.3f} "
+              f"{med['after'] * 1e3:9.3f} {gf:6.1f} {100 * gf / (2 * 2048 ** 3 / peak / 1e9):5.0f}% "
+              f"{med['numpy'] * 1e3:9.3f} {med['ort'] * 1e3:8.3f} {med['before'] / med['after']:6.2f} "
+              f"{med['numpy'] / med['after']:6.2f} {med['ort'] / med['after']:6.2f}  {'ok' if ok else 'MISMATCH'}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer sizes, shorter timing")
@@ -339,7 +453,13 @@ def main():
                         help="do not wait for an idle machine before each measurement")
     parser.add_argument("--rounds", type=int, default=3, help="best of this many rounds")
     parser.add_argument("--small", action="store_true", help="only the small-kernel table")
+    parser.add_argument("--conv", action="store_true", help="only the convolution table")
     opts = parser.parse_args()
+    if opts.conv:
+        target = cpu_target()
+        print(f"target: {target}\nTVM threads: {tvm.runtime.num_threads()}  numpy: {np.__version__}  "
+              f"load average: {os.getloadavg()[0]:.2f}")
+        return run_conv(opts, target)
     if opts.small:
         target = cpu_target()
         print(f"target: {target}\nTVM threads: {tvm.runtime.num_threads()}  numpy: {np.__version__}  "
@@ -400,6 +520,7 @@ def main():
     print("build seconds (default / ours):",
           ", ".join(f"{b:.2f}/{o:.2f}" for _, _, b, o in built.values()))
     run_small(opts, target)
+    run_conv(opts, target)
 
 
 if __name__ == "__main__":

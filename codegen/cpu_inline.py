@@ -193,18 +193,20 @@ def _has_let_or_lazy(expr) -> bool:
     return bool(found)
 
 
-def inline_spatial(func: tirx.PrimFunc, sch: s_tir.Schedule) -> None:
+def inline_spatial(func: tirx.PrimFunc, sch: s_tir.Schedule, keep: tuple = ()) -> None:
     """Inlines intermediate spatial blocks (elementwise chains, bias adds, reshapes) into their
     consumers, within ``INLINE_BUDGET``; an expensive one with several consumers (softmax's exp) is
     kept, not to compute it twice. Passes over the blocks, producers first: one-consumer blocks
-    until none is left to inline, then one cheap shared block, and again."""
+    until none is left to inline, then one cheap shared block, and again. Blocks whose names start
+    with a prefix in `keep` stay blocks (a convolution's padded input: `cpu_schedule_conv`)."""
     sizes: dict = {}
     for block in child_blocks(sch):
         bind_repeated_loads(sch, block)
 
     def try_inline(block) -> bool:
         stmt = sch.get(block)
-        if any(iv.iter_type != tirx.IterVar.DataPar for iv in stmt.iter_vars) or writes_param(func, sch, block):
+        if (any(iv.iter_type != tirx.IterVar.DataPar for iv in stmt.iter_vars) or writes_param(func, sch, block)
+                or (keep and stmt.name_hint.startswith(keep))):
             return False
         consumers = sch.get_consumers(block)
         if not consumers or (len(consumers) > 1 and (shared_done or op_count(sch, block) > _INLINE_MAX_OPS)):

@@ -18,6 +18,8 @@ Thread pool: on x86 TVM uses half of ``hardware_concurrency`` (it assumes SMT): 
 2-core machine without SMT. Importing this module sets ``TVM_NUM_THREADS`` to the physical core
 count unless already set; TVM reads it when a thread first runs a parallel kernel.
 
+Convolutions (`te_conv`'s kernels) have schedules of their own (`cpu_schedule_conv`).
+
 Files: this module (target, pipeline, runtime dispatch and the schedule rules), `cpu_inline` (which
 spatial blocks are inlined: within a budget that keeps compile time linear in chain length),
 `cpu_sched_helpers` (TIR analysis and loop helpers the rules share), `cpu_fast_math` (the fp32 math
@@ -37,6 +39,7 @@ from .compiled_loops import loop_pass
 from .fusion_guard import opaque_shape_scalar_kernels
 from .cpu_fast_math import FAST_MATH
 from .cpu_inline import inline_spatial
+from .cpu_schedule_conv import conv_block_name, conv_select
 from .cpu_schedule_dispatch import _parallel_cands, _select
 from .cpu_schedule_fuse import CONTRACTION_GROUP, merge_contractions
 from .cpu_schedule_matmul import _MATMUL_MR, _group_select, _sched_matmul
@@ -342,6 +345,9 @@ def _schedule_func(func: tirx.PrimFunc, target, name: str = "") -> tirx.PrimFunc
                                                         lambda par: sched(inlined, target, par)))
 
     rules = []
+    conv = conv_block_name(sch)
+    if conv is not None:    # the original func: its padded input stays a block (`cpu_schedule_conv`)
+        rules.append(("conv", lambda: conv_select(func, target, conv)))
     if name.startswith(CONTRACTION_GROUP):
         rules.append(("contraction_group", lambda: _group_select(inlined, target, work)))
     if lanes:

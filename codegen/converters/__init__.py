@@ -24,7 +24,8 @@ Converters register only with ``@converter(name, ...)``; an op family registers 
 * `nn.py`: matmul, softmax, layer_norm, topk;
 * `creation.py`: constant, full, full_like, arange;
 * `index.py`: cumsum, scatter_flat;
-* `window.py`: conv, max_pool, avg_pool (pools: the TE computes of `../te_window.py`);
+* `window.py`: conv, max_pool, avg_pool (pools: the TE computes of `../te_window.py`; conv on the CPU: those of
+  `../te_conv.py`, the weight packed at compile time);
 * `../te_kernels.py`: the hand-written TE computes they emit.
 
 Where Relax/TOPI does not reproduce numpy, the converter works around it (see the notes at each

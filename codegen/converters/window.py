@@ -1,23 +1,26 @@
-"""Sliding-window converters: `conv` (Relax ``conv1d/2d/3d``, NCW / NCHW / NCDHW with OIW / OIHW / OIDHW
-weights; padding given as all the before-sides, then all the after-sides), `max_pool` and `avg_pool` (the TE
-computes of `te_window.py`, whose reasons are there). float16 convolves and sums in float32.
+"""Sliding-window converters: `conv` (on the CPU the TE computes of `te_conv.py`, the weight packed at compile
+time for its schedule, `cpu_schedule_conv.py`; on a GPU Relax's ``conv1d/2d/3d``, NCW / NCHW / NCDHW with OIW /
+OIHW / OIDHW weights, padding given as all the before-sides, then all the after-sides), `max_pool` and
+`avg_pool` (the TE computes of `te_window.py`, whose reasons are there). float16 convolves and sums in float32.
 
 A padded input smaller than the dilated kernel is an error in numpy (`runtime/kernels_nn.py`); where a
 symbolic spatial dim makes that possible at run time, a run-time check (`common.checked`) stands in front of
-the kernel (on the weight for conv, on a 1-element tensor the pool reads for pools), so the compiled region
-fails and the executor reports numpy's error."""
+the kernel (on a 1-element tensor the kernel reads; Relax's conv on a GPU: on the weight), so the compiled
+region fails and the executor reports numpy's error."""
 from __future__ import annotations
 
 from functools import partial
 
-from tvm import tirx
+import numpy as np
+from tvm import relax, tirx
 from tvm.relax import op as R
 
 from ...ir.ops_nn import window_out_size
 from ..dims import I64
+from ..te_conv import out_channel_block, pack_axes, te_conv
 from ..te_kernels import nonempty_primfunc
 from ..te_window import te_avg_pool, te_max_pool
-from .common import assert_dims, cast, checked, dtype_of, emit, shape_of
+from .common import assert_dims, cast, checked, constant_of, dtype_of, emit, shape_of
 from .registry import converter
 
 
@@ -47,6 +50,9 @@ def _check_sizes(bb, ctx, t, out):
                             "nonempty"))
 
 
+#: Convolutions on the CPU through `te_conv` (False: Relax's conv1d/2d/3d, as before; for A/B measurements).
+TE_CONV = True
+
 _CONV = {1: (R.nn.conv1d, "NCW", "OIW"), 2: (R.nn.conv2d, "NCHW", "OIHW"), 3: (R.nn.conv3d, "NCDHW", "OIDHW")}
 
 
@@ -59,12 +65,41 @@ def _conv(bb, node, args, ctx):
     work = "float32" if dt == "float16" else dt
     sw = [int(d) for d in node.inputs[1].type.shape]
     x = assert_dims(bb, ctx, x, {1: tirx.IntImm(I64, sw[1] * a.groups)})     # C: checked at run time
+    groups = int(a.groups)
+    if TE_CONV and not ctx.device_checks and sw[0] > 0 and sw[1] > 0:     # the CPU: our computes (`te_conv`)
+        out = _out_sizes(ctx, x, sw[2:], a)
+        vb = out_channel_block(sw[0] // groups, sw[1], groups)
+        w = _packed_weight(bb, w, sw, vb, work)
+        # the size check on a 1-element tensor the kernel reads (through the weight, it copied every weight
+        # at every call: 47 MB for resnet18)
+        guard = None
+        if not all(ctx.positive(o) for o in out):
+            guard = _check_sizes(bb, ctx, emit(bb, R.zeros([tirx.IntImm(I64, 1)], I64)), out)
+        r = bb.emit_te(te_conv, emit(bb, cast(x, work)), w, list(a.strides), list(a.dilations), list(a.pads),
+                       out, groups, vb, guard, primfunc_name_hint="dt_conv")
+        return [cast(r, dt)]
     w = _check_sizes(bb, ctx, w, _out_sizes(ctx, x, sw[2:], a))
     fn, data_layout, kernel_layout = _CONV[nsp]
     r = fn(emit(bb, cast(x, work)), emit(bb, cast(w, work)), strides=list(a.strides),
            padding=[lo for lo, _ in a.pads] + [hi for _, hi in a.pads], dilation=list(a.dilations),
            groups=int(a.groups), data_layout=data_layout, kernel_layout=kernel_layout, out_dtype=work)
     return [cast(emit(bb, r), dt)]
+
+
+def _packed_weight(bb, w, sw: list, vb: int, work: str):
+    """The weight in `work` dtype, packed for ``te_conv`` when vb > 1: once, here, when it is a constant (the
+    usual case: a model's weights), else by a transpose kernel at run time."""
+    value = constant_of(bb, w)
+    if value is not None:
+        value = value.astype(work)
+        if vb > 1:
+            value = value.reshape([sw[0] // vb, vb] + sw[1:]).transpose(pack_axes(len(sw) - 2))
+        return emit(bb, relax.const(np.ascontiguousarray(value), work))
+    w = emit(bb, cast(w, work))
+    if vb == 1:
+        return w
+    split = emit(bb, R.reshape(w, [sw[0] // vb, vb] + sw[1:]))
+    return emit(bb, R.permute_dims(split, pack_axes(len(sw) - 2)))
 
 
 def _pool(kind):

@@ -1,0 +1,83 @@
+"""CNNs end to end: torchvision resnet18 and mobilenet_v3_small (random weights, eval mode, TorchScript ONNX
+export with symbolic B, H, W), dyntvm against onnxruntime at batch 1 (or --batch), 224 x 224, timed in the same
+process in alternating blocks (`bench_peers.measure`); compile time (no compile cache) and the maximum
+difference from onnxruntime. `--before` also compiles and times the convolutions as they were before issue 24
+(Relax's conv2d under the generic schedule: `converters.window.TE_CONV = False`).
+
+    .venv/bin/python benchmarks/bench_conv_models.py [--models resnet18,mobilenet_v3_small] [--batch 1]
+                                                    [--before] [--rounds 7]
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+if __name__ == "__main__":
+    from thread_env import threads_from_argv     # the script's folder is on sys.path
+    threads_from_argv(sys.argv, os.cpu_count() or 1)
+
+import argparse  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+import types  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+
+
+def export(name: str, folder: str) -> str:
+    import torch
+    import torchvision_cpu      # the CUDA torchvision wheel needs its CPU ops defined first
+    torchvision_cpu.load()
+    import torchvision
+    torch.manual_seed(0)
+    model = getattr(torchvision.models, name)(weights=None).eval()
+    path = os.path.join(folder, f"{name}.onnx")
+    torch.onnx.export(model, (torch.randn(1, 3, 224, 224),), path, dynamo=False, input_names=["x"],
+                      dynamic_axes={"x": {0: "B", 2: "H", 3: "W"}})
+    return path
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--models", default="resnet18,mobilenet_v3_small")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--before", action="store_true", help="also the convolutions before issue 24")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args(argv)
+    import dyntvm as dt
+    from bench_onnx_models import ort_session
+    from bench_peers import measure
+    from dyntvm.codegen.converters import window
+    import tvm
+    threads = args.threads or tvm.runtime.num_threads()
+    rng = np.random.default_rng(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.models.split(","):
+            path = export(name, tmp)
+            x = rng.standard_normal((args.batch, 3, 224, 224)).astype("float32")
+            session = ort_session(path, threads)
+            want = session.run(None, {"x": x})[0]
+            runs = {"onnxruntime": types.SimpleNamespace(fn=lambda s=session: s.run(None, {"x": x}), args=())}
+            for label, te_conv in ((("before", False),) if args.before else ()) + (("dyntvm", True),):
+                window.TE_CONV = te_conv
+                t0 = time.perf_counter()
+                model = dt.compile(dt.from_onnx(path), use_cache=False)
+                compile_s = time.perf_counter() - t0
+                err = float(np.max(np.abs(np.asarray(model(x)) - want)))
+                print(f"{name} {label}: compile {compile_s:.1f} s, max |dyntvm - onnxruntime| {err:.2e}", flush=True)
+                runs[label] = types.SimpleNamespace(fn=lambda m=model: m(x), args=())
+            window.TE_CONV = True
+            timing = measure(runs, args.rounds, 0.5, 0.2)
+            ort_ms = timing["onnxruntime"]["median_ms"]
+            print(f"{name} B{args.batch} 224x224: " + ", ".join(
+                f"{k} {v['median_ms']:.2f} ms ({v['median_ms'] / ort_ms:.2f}x ort)" for k, v in timing.items()),
+                flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,151 @@
+"""TE computes of `conv` for the CPU (`converters/window.py`), in the forms the CPU conv schedule
+(`cpu_schedule_conv`) finds by block name:
+
+* ``dt_conv_ocv`` (output channels vectorized): the weight packed ``[O / vb, C / groups, *K, vb]`` (a
+  block of `vb` output channels contiguous, as TVM's x86 ``conv2d_NCHWc`` packs it), so a vector of `vb`
+  output channels is one weight load and every input value one broadcast; used where `vb` divides the
+  output channels of a group. A 1x1 kernel is then a GEMM micro-kernel (weight vectors times broadcast
+  input values into a register tile of output channels x output positions).
+* ``dt_conv_spv`` (spatial vectorized): the weight as given ``[O, C / groups, *K]``, vectorized along the
+  last output axis: depthwise convolutions (one input channel per output channel) and groups whose
+  output channels `vb` does not divide.
+* ``dt_conv_pad``: the zero-padded input, a stage of its own (no padding: none) that the schedule computes
+  inside the kernel, once per batch element; the reduction then reads it without a bounds test.
+* ``dt_conv_crop``: where no register tile divides the output rows (a symbolic width, a prime), the convolution
+  is computed over whole tiles (the padded input extended with zeros) and this stage keeps the first W.
+
+Data and result stay NCHW (NCW, NCDHW): no layout change crosses the kernel's boundary, so symbolic batch and
+spatial dims, fusion with the epilogue (bias, activation, residual) and the rest of the graph are as before.
+"""
+from __future__ import annotations
+
+import functools
+
+from tvm import DataType, te, tirx
+
+from .dims import I64
+
+OCV_BLOCK = "dt_conv_ocv"
+SPV_BLOCK = "dt_conv_spv"
+PAD_BLOCK = "dt_conv_pad"
+CROP_BLOCK = "dt_conv_crop"
+#: Annotation of the conv block: the register tile's output positions along a row (`row_tile`).
+ROW_TILE_ATTR = "dt_conv_row_tile"
+
+# Register tiles. ocv: vb channels x up to 14 vector registers of accumulators (as TVM's x86 conv2d picks its
+# reg_n): 14 positions when vb channels fill one register (AVX-512's 16 fp32 lanes), 7 when they fill two (AVX2:
+# 16 registers in all); a row's largest divisor down to a third of that, else a ragged tile of 8 (7). spv: up
+# to 64 positions (4 AVX-512 or 8 AVX2 registers), down to 32. A row that no such divisor tiles (a symbolic size,
+# a prime) is computed over whole ragged tiles into a buffer a crop stage reads (no predicate in the reduction).
+_ACC_REGISTERS = 14
+_SPV_TILES = (64, 32, 32)
+
+
+@functools.lru_cache(maxsize=None)
+def _host_vector_bits() -> int:
+    """The vector registers' width LLVM compiles for on this CPU (the CPU target is always the host,
+    `cpu_schedule.cpu_target`): 512 with AVX-512 (32 registers), else 256 (AVX2: 16). From the target's CPU
+    features: TVM's ``llvm_get_vector_width`` says 512 for every x86 -mcpu here, AVX2-only ones included."""
+    import tvm
+    from tvm.target import codegen
+    try:
+        features = {str(f) for f in codegen.llvm_get_cpu_features(tvm.target.Target.from_device(tvm.cpu()))}
+    except Exception:  # noqa: BLE001 - an LLVM without the query: the narrower registers (a smaller tile)
+        return 256
+    return 512 if "avx512f" in features else 256
+
+
+def _ocv_tiles(vb: int, dtype: str) -> tuple[int, int, int]:
+    """(largest, smallest divisor taken, ragged) row tiles of ``dt_conv_ocv`` for blocks of vb channels."""
+    lanes = max(1, _host_vector_bits() // DataType(dtype).bits)
+    largest = max(1, _ACC_REGISTERS // max(1, vb // lanes))
+    return largest, max(2, largest // 3), min(8, largest)
+
+
+def _i64(v):
+    return tirx.IntImm(I64, v) if isinstance(v, int) else v
+
+
+def out_channel_block(out_per_group: int, cin_per_group: int, groups: int) -> int:
+    """The output-channel block `vb` of ``dt_conv_ocv`` (16 fp32 lanes: one AVX-512 register, two AVX2
+    ones), or 1: the spatial-vectorized form (depthwise, or a group's output channels not a multiple of 8)."""
+    if (cin_per_group == 1 and groups > 1) or out_per_group < 8:
+        return 1
+    return next((vb for vb in (16, 8) if out_per_group % vb == 0), 1)
+
+
+def pack_axes(n_sp: int) -> list:
+    """permute_dims axes from [O / vb, vb, Cg, *K] to [O / vb, Cg, *K, vb]."""
+    return [0] + list(range(2, 3 + n_sp)) + [1]
+
+
+def row_tile(width, tiles: tuple[int, int, int]) -> tuple[int, bool]:
+    """(tile, exact) for a row of `width` output positions (an int, or a symbolic PrimExpr), `tiles` (largest,
+    smallest, ragged): the whole row when it fits, else its largest divisor up to `largest` if not below
+    `smallest`; else (ragged, False)."""
+    largest, smallest, ragged = tiles
+    if isinstance(width, tirx.IntImm):
+        width = int(width.value)
+    if isinstance(width, int):
+        if width <= largest:
+            return width, True
+        best = max(d for d in range(1, largest + 1) if width % d == 0)
+        if best >= smallest:
+            return best, True
+    return ragged, False
+
+
+def _padded(x, pads, last_span=None, guard=None):
+    """x zero-padded; `last_span`: the extent of the last axis instead of its padded size (whole ragged tiles);
+    `guard`: a 1-element int64 tensor (always 0) of a run-time size check, read for the padding value so that
+    the check runs first."""
+    if not any(lo or hi for lo, hi in pads) and last_span is None and guard is None:
+        return x
+    zero = tirx.const(0, x.dtype) if guard is None else tirx.Cast(x.dtype, guard[0])
+    shape = list(x.shape[:2]) + [x.shape[2 + i] + _i64(lo + hi) for i, (lo, hi) in enumerate(pads)]
+    if last_span is not None:
+        shape[-1] = last_span
+
+    def value(n, c, *p):
+        src = [p[i] - _i64(lo) for i, (lo, _) in enumerate(pads)]
+        inside = tirx.all(*[tirx.all(s >= _i64(0), s < x.shape[2 + i]) for i, s in enumerate(src)])
+        return tirx.if_then_else(inside, x(n, c, *src), zero)
+    return te.compute(shape, value, name=PAD_BLOCK)
+
+
+def te_conv(x, w, strides, dilations, pads, out, groups: int, vb: int, guard=None):
+    """conv of `x` [N, C, *S] with `w` (packed [O / vb, Cg, *K, vb] when vb > 1, else [O, Cg, *K]) to
+    [N, O, *out], summed in x's dtype (the converter casts float16 to float32 first). `guard`: see `_padded`."""
+    n_sp = len(strides)
+    if vb > 1:
+        o_total, cg, kernel = int(w.shape[0]) * vb, int(w.shape[1]), [int(k) for k in w.shape[2:2 + n_sp]]
+    else:
+        o_total, cg, kernel = int(w.shape[0]), int(w.shape[1]), [int(k) for k in w.shape[2:]]
+    tile, exact = row_tile(out[-1], _ocv_tiles(vb, str(x.dtype)) if vb > 1 else _SPV_TILES)
+    full = list(out)
+    last_span = None
+    if not exact:   # whole tiles: ceil(W / tile) * tile positions, the input read past its end as zeros
+        full[-1] = tirx.floordiv(out[-1] + _i64(tile - 1), _i64(tile)) * _i64(tile)
+        last_span = (full[-1] - _i64(1)) * _i64(strides[-1]) + _i64((kernel[-1] - 1) * dilations[-1] + 1)
+    xp = _padded(x, pads, last_span, guard)
+    og = o_total // groups
+    rc = [te.reduce_axis((_i64(0), _i64(cg)), name="rc")] if cg > 1 else []
+    rk = [te.reduce_axis((_i64(0), _i64(k)), name=f"rk{i}") for i, k in enumerate(kernel)]
+
+    def value(n, o, *s):
+        c_in = rc[0] if rc else _i64(0)
+        if groups > 1:
+            # vb divides og, so a vector of vb output channels lies in one group: written through o // vb (which
+            # the schedule's split simplifies to the block index), the group is a scalar, not a per-lane gather
+            group = tirx.floordiv(tirx.floordiv(o, _i64(vb)), _i64(og // vb)) if vb > 1 else tirx.floordiv(o, _i64(og))
+            c_in = group * _i64(cg) + c_in
+        pos = [s[i] * _i64(st) + rk[i] * _i64(d) for i, (st, d) in enumerate(zip(strides, dilations))]
+        w_c = rc[0] if rc else _i64(0)
+        wv = (w[tirx.floordiv(o, _i64(vb)), w_c, *rk, tirx.floormod(o, _i64(vb))] if vb > 1
+              else w[o, w_c, *rk])
+        return te.sum(xp(n, c_in, *pos) * wv, axis=rc + rk)
+    res = te.compute([x.shape[0], _i64(o_total)] + full, value, name=OCV_BLOCK if vb > 1 else SPV_BLOCK,
+                     attrs={ROW_TILE_ATTR: tile})
+    if exact:
+        return res
+    return te.compute([x.shape[0], _i64(o_total)] + list(out), lambda *i: res(*i), name=CROP_BLOCK)
