@@ -91,6 +91,9 @@ class ModelCase:
     rtol: float = 1e-4
     atol: float = 1e-4
     outputs: Callable[[list], list] | None = None
+    #: detections compared as a set (`match_detections`): rows of (boxes, labels, scores) whose scores are within
+    #: float rounding of each other may come in either order, and NMS may keep either of two such boxes
+    detections: bool = False
 
 
 @dataclasses.dataclass
@@ -138,6 +141,9 @@ def run_case(case: ModelCase, exporter: str, cache_dir: str, seed: int = 0) -> C
         got = compiled(*feeds.values())
         got = pick([np.asarray(g) for g in (got if isinstance(got, (list, tuple)) else [got])])
         assert len(got) == len(want), (case.name, exporter, size, len(got), len(want))
+        if case.detections:
+            errors.append(match_detections(got, want, case.atol, f"{case.name} {exporter} at {size}"))
+            continue
         err = 0.0
         for k, (g, w) in enumerate(zip(got, want)):
             g = np.asarray(g)
@@ -149,6 +155,28 @@ def run_case(case: ModelCase, exporter: str, cache_dir: str, seed: int = 0) -> C
         errors.append(err)
     return CaseResult(case.name, exporter, len(graph.nodes), len(compiled.regions), compile_s, builds, list(case.sizes), errors,
                       compiled, path)
+
+
+def match_detections(got: list, want: list, atol: float, where: str, score_atol: float = 1e-4) -> float:
+    """Every detection of `got` (boxes [n, 4], labels [n], scores [n]) matched to its own detection of `want` with
+    the same label, a score within `score_atol` and a box within `atol` (relative to the box scale); the sorted
+    scores equal within `score_atol`. Returns the largest score difference of a matched pair."""
+    (gb, gl, gs), (wb, wl, ws) = [[np.asarray(a) for a in x] for x in (got, want)]
+    assert gb.shape == wb.shape and gl.shape == wl.shape and gs.shape == ws.shape, \
+        f"{where}: shapes {[a.shape for a in (gb, gl, gs)]} != {[a.shape for a in (wb, wl, ws)]}"
+    np.testing.assert_allclose(np.sort(gs), np.sort(ws), rtol=0, atol=score_atol, err_msg=f"{where}: sorted scores")
+    box_tol = atol * max(1.0, float(np.abs(wb).max(initial=0.0)))
+    used = np.zeros(len(ws), bool)
+    worst = 0.0
+    for i in range(len(gs)):
+        near = np.abs(wb - gb[i]).max(axis=1, initial=0.0)
+        cand = np.flatnonzero(~used & (wl == gl[i]) & (np.abs(ws - gs[i]) <= score_atol) & (near <= box_tol))
+        assert cand.size, (f"{where}: detection {i} (label {gl[i]}, score {gs[i]:.6f}, box {gb[i]}) has no match in "
+                           "onnxruntime's")
+        j = cand[np.argmin(near[cand])]
+        used[j] = True
+        worst = max(worst, float(abs(ws[j] - gs[i])))
+    return worst
 
 
 def check_case(case: ModelCase, exporter: str, cache_dir: str) -> CaseResult | None:
