@@ -106,6 +106,34 @@ def cprof():
     pr.disable()
     print("== cProfile decode cuda x5"); pstats.Stats(pr).sort_stats("tottime").print_stats(14)
 
+def kernel_times():
+    """Device time per CUDA kernel (torch.profiler over CUPTI sees TVM's kernels too) for the loop workloads and a
+    small model: which kernels a step spends its time in."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    import dyntvm as dt
+    sys.path.insert(0, "benchmarks")
+    from dyntvm import examples
+    from peers import BuildContext, decode
+    work = []
+    p = decode.workload().builders["dyntvm"](BuildContext(device="cuda"))
+    work.append(("greedy decode (56 steps)", p.fn, p.args))
+    for name, sizes in (("lstm", dict(T=64, B=1)), ("branchy", dict(B=1)), ("detection", dict(N=200))):
+        ex = examples.get(name)
+        m = dt.compile(ex.fn, *ex.specs, target="cuda")
+        work.append((f"{name} {sizes}", m, ex.make_inputs(np.random.default_rng(0), **sizes)))
+    for label, fn, args in work:
+        for _ in range(3):
+            fn(*args)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+            for _ in range(5):
+                fn(*args)
+            torch.cuda.synchronize()
+        print(f"== {label}: 5 calls")
+        print(prof.key_averages().table(sort_by="device_time_total", row_limit=14, max_name_column_width=60))
+
+
 for stage in sys.argv[1:]:
     print("#####", stage, flush=True)
     try:
