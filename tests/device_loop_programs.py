@@ -10,7 +10,7 @@ from dyntvm.examples import lstm as lstm_example
 from dyntvm.examples.plain_numpy import numpy_lstm
 from dyntvm.ir.compiled_loop import compiled_loop_name, foreach_loop_plan, while_loop_plan
 from dyntvm.runtime.loop_calls import _device_chunk
-from test_compiled_loops import END, greedy
+from test_compiled_loops import END, greedy, greedy_weights
 
 _rng = np.random.default_rng(7)
 W = (_rng.standard_normal((16, 16)) / 4).astype(np.float32)
@@ -75,13 +75,8 @@ def numpy_count(x, limit):
             s)
 
 
-# test_compiled_loops's decode loop (0-d token and step states, the token stacked, the condition in the body),
-# its weights drawn here again in the same order for the numpy reference
-_g = np.random.default_rng(11)
-E = _g.standard_normal((8, 16)).astype(np.float32)
-WH = (_g.standard_normal((16, 16)) / 4).astype(np.float32)
-WOUT = _g.standard_normal((16, 8)).astype(np.float32)
-BIAS = np.where(np.arange(8) == END, 0.1, 0.0).astype(np.float32)
+# test_compiled_loops's decode loop (0-d token and step states, the token stacked, the condition in the body)
+E, WH, WOUT, BIAS = greedy_weights()
 
 
 def numpy_greedy(start, h0, limit):

@@ -165,13 +165,18 @@ def test_bodies_it_cannot_compile_run_step_by_step():
 END = 3
 
 
-def greedy(start, h0, limit):
-    """A decode loop: 0-d token and step states, the token stacked, the condition in the body."""
+def greedy_weights():
+    """(E, W, Wout, bias) of `greedy` (tests/device_loop_programs.py's numpy reference uses them too)."""
     rng = np.random.default_rng(11)
     E = rng.standard_normal((8, 16)).astype(np.float32)
     W = (rng.standard_normal((16, 16)) / 4).astype(np.float32)
     Wout = rng.standard_normal((16, 8)).astype(np.float32)
-    bias = np.where(np.arange(8) == END, 0.1, 0.0).astype(np.float32)
+    return E, W, Wout, np.where(np.arange(8) == END, 0.1, 0.0).astype(np.float32)
+
+
+def greedy(start, h0, limit):
+    """A decode loop: 0-d token and step states, the token stacked, the condition in the body."""
+    E, W, Wout, bias = greedy_weights()
 
     def body(tok, h, step):
         h = F.tanh(F.take(E, tok) + F.matmul(h, W))
