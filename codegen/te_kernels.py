@@ -501,10 +501,11 @@ def te_check_device(flat, n, kind: str):
     return out, bad
 
 
-def pass_if_zero_primfunc(dtype: str, message: str):
+def pass_if_zero_primfunc(dtype: str, message: str, resized: bool = False):
     """A copy ``a (m,) -> b (m,)`` that first asserts its scalar argument `bad` is 0 (`te_check_device`'s
     count, read to the host). The assert stands outside any loop, so on a GPU it runs in the host part of
-    the kernel, before the launch."""
+    the kernel, before the launch. `resized`: ``b`` has a size of its own (``m2``, which `bad` == 0 makes m: a
+    reshape whose dims `bad` compared; `converters.common.cast_shape`)."""
     from tvm.script import tirx as T
 
     @T.prim_func(private=True, s_tir=True)
@@ -518,4 +519,18 @@ def pass_if_zero_primfunc(dtype: str, message: str):
             with T.sblock("copy"):
                 vk = T.axis.spatial(m, k)
                 dst[vk] = src[vk]
-    return pass_if_zero
+
+    @T.prim_func(private=True, s_tir=True)
+    def pass_if_zero_resized(a: T.handle, bad: T.int64, b: T.handle):
+        T.func_attr({"tirx.noalias": True, "op_pattern": 8})
+        m = T.int64()
+        m2 = T.int64()
+        src = T.match_buffer(a, (m,), dtype)
+        dst = T.match_buffer(b, (m2,), dtype)
+        assert bad == T.int64(0), message
+        assert m == m2, message
+        for k in range(m2):
+            with T.sblock("copy"):
+                vk = T.axis.spatial(m2, k)
+                dst[vk] = src[vk]
+    return pass_if_zero_resized if resized else pass_if_zero

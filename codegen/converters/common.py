@@ -169,7 +169,7 @@ def unify_broadcast(bb, ctx: ConvertContext, xs: list, ours: list, skip_trailing
     for k, x in enumerate(xs):
         if cast_to[k]:
             s = [cast_to[k].get(j, d) for j, d in enumerate(shape_of(x))]
-            x = bb.match_cast(x, relax.TensorType(s, dtype_of(x)))
+            x = cast_shape(bb, x, s)
         if bcast_to[k]:
             s = [bcast_to[k].get(j, d) for j, d in enumerate(shape_of(x))]
             x = bb.emit_te(te_broadcast, x, s, primfunc_name_hint="dt_broadcast_to")
@@ -183,7 +183,35 @@ def assert_dims(bb, ctx, x, dims: dict):
     need = {j: d for j, d in dims.items() if not ctx.relax_equal(s[j], d)}
     if not need:
         return x
-    return bb.match_cast(x, relax.TensorType([need.get(j, d) for j, d in enumerate(s)], dtype_of(x)))
+    return cast_shape(bb, x, [need.get(j, d) for j, d in enumerate(s)])
+
+
+def _vars_of(dim) -> set:
+    return set() if isinstance(dim, (int, tirx.IntImm)) else {v.name for v in tirx.analysis.undefined_vars(dim)}
+
+
+DIMS_DIFFER = "dyntvm: dims that must be equal differ at run time"
+
+
+def cast_shape(bb, x, shape: list):
+    """`x` with the shape `shape`, checked at run time: a match_cast. Where a dim's expression uses a var that the
+    new shape also uses (``min(a + b, W)`` cast to ``W``; Mask R-CNN's mask pasting makes one), TVM 0.27's
+    CanonicalizeBindings (run by FuseTIR) turns the cast into ``W := min(a + b, W)`` and recurses without end (a
+    segfault), and through a fresh var it drops the var's definition: there the dims are compared in a copy
+    kernel (`pass_if_zero_primfunc`) whose output is reshaped to `shape`."""
+    old = shape_of(x)
+    wanted = set().union(*(_vars_of(d) for d in shape)) if shape else set()
+    if not any(not isinstance(d, (int, tirx.Var, tirx.IntImm)) and _vars_of(d) & wanted for d in old):
+        return bb.match_cast(x, relax.TensorType(list(shape), dtype_of(x)))
+    differ = tirx.IntImm(I64, 0)
+    for a, b in zip(old, shape):
+        differ = differ + tirx.Select(tirx.EQ(tirx.Cast(I64, a), tirx.Cast(I64, b)), tirx.IntImm(I64, 0),
+                                      tirx.IntImm(I64, 1))
+    dtype = dtype_of(x)
+    flat = emit(bb, R.reshape(x, [prod(old)]))
+    gv = primfunc_once(bb, f"dt_pass_dims_{dtype}", lambda: pass_if_zero_primfunc(dtype, DIMS_DIFFER, resized=True))
+    out = emit(bb, R.call_tir(gv, [flat, relax.prim_value(differ)], relax.TensorType([prod(shape)], dtype)))
+    return emit(bb, R.reshape(out, list(shape)))
 
 
 # --------------------------------------------------------------------------- empty-axis guards
