@@ -309,7 +309,7 @@ def convert(fn):
     cells[_RUNTIME] = types.CellType(autograph_runtime)
     new = types.FunctionType(fn_code, fn.__globals__, fn.__name__, fn.__defaults__,
                              tuple(cells[n] for n in fn_code.co_freevars))
-    new.__kwdefaults__ = fn.__kwdefaults__
+    new.__kwdefaults__, new.__annotations__ = fn.__kwdefaults__, dict(fn.__annotations__)
     new.__dict__.update(fn.__dict__)
     new.__qualname__, new.__doc__, new.__module__ = fn.__qualname__, fn.__doc__, fn.__module__
     new.__wrapped__ = fn

@@ -150,29 +150,32 @@ def _as_bool(x):
 
 
 def and_(*thunks):
-    """``a and b and ...``, lazily as Python evaluates it; a traced operand makes the rest traced too."""
-    return _bool_op(thunks, True)
+    """``a and b and ...``, lazily as Python evaluates it; after a traced operand, the next ones run under an
+    `F.cond` on it (``i < n and x[i] > 0`` reads ``x[i]`` only where ``i < n``)."""
+    return _bool_op(list(thunks), True)
 
 
 def or_(*thunks):
-    return _bool_op(thunks, False)
+    return _bool_op(list(thunks), False)
 
 
-def _bool_op(thunks, is_and: bool):
-    from . import F
-    acc = None
+def _bool_op(thunks: list, is_and: bool):
     for i, t in enumerate(thunks):
         v = t()
-        if acc is None:
-            if not _traced(v):
-                if bool(v) != is_and or i == len(thunks) - 1:
-                    return v            # Python's short circuit: the deciding operand itself
-                continue
-            acc = _as_bool(v)
-        else:                           # a traced operand came before: combine as tensors
-            v = _as_bool(v) if _traced(v) else np.asarray(bool(v))
-            acc = (F.logical_and if is_and else F.logical_or)(acc, v)
-    return acc
+        if _traced(v):
+            v = _as_bool(v)
+            if i == len(thunks) - 1:
+                return v
+            rest = lambda: _as_bool_any(_bool_op(thunks[i + 1:], is_and))
+            decided = lambda: np.asarray(not is_and)
+            return _cond(v, rest, decided) if is_and else _cond(v, decided, rest)
+        if bool(v) != is_and or i == len(thunks) - 1:
+            return v                    # Python's short circuit: the deciding operand itself
+    return None
+
+
+def _as_bool_any(v):
+    return _as_bool(v) if _traced(v) else np.asarray(bool(v))
 
 
 # ---------------------------------------------------------------------------------------- loops

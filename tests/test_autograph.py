@@ -62,7 +62,7 @@ def elif_chain(x):
 
 
 def early_return(x):
-    if F.max(x) > 1.5:
+    if F.sum(x) > 1.5:
         return x * 2.0
     y = x - 1.0
     return y * y
@@ -142,6 +142,26 @@ def test_loops():
         model = compiled(fn, *specs, ops=ops)
         for n in (0, 1, 2, 6):
             check(model, fn, *make(n))
+
+
+def enumerate_zip_and_symbolic_range(xs, ys):
+    acc = F.sum(xs, axis=0) * 0.0
+    for i, x in enumerate(xs):
+        acc = acc + x * F.cast(i, "float32")
+    for a, b in zip(xs, ys):
+        acc = acc + a * b
+    for t in range(xs.shape[0]):        # a symbolic dim
+        acc = acc - ys[t]
+    return acc
+
+
+def test_enumerate_zip_and_symbolic_range_traced():     # the reference interpreter: no build needed
+    g = dt.trace(dt.autograph(enumerate_zip_and_symbolic_range), S(("T", 3)), S(("T", 3)))
+    assert sum(n.op == "foreach" for n in g.walk()) == 3
+    for n in (0, 1, 4):
+        xs, ys = data(n, 3), data(n, 3, seed=1)
+        np.testing.assert_allclose(dt.run_reference(g, xs, ys), enumerate_zip_and_symbolic_range(xs, ys),
+                                   rtol=1e-5, atol=1e-5)
 
 
 def running_states(xs, h):
