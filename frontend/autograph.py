@@ -30,7 +30,7 @@ import types
 from dyntvm.errors import TraceError
 
 from . import autograph_runtime
-from .autograph_lowering import find, lower_jumps, lower_returns
+from .autograph_lowering import at_line, find, lower_jumps, lower_returns
 from .autograph_names import exposed, liveness, reads, writes
 
 _RUNTIME = "ag__"
@@ -118,7 +118,7 @@ class _Converter:
             done = ast.Assign([_tuple(outs, s, store=True)], call)
         else:
             done = ast.Expr(call)
-        return [then_fn, else_fn, ast.copy_location(done, s)]
+        return [then_fn, else_fn, at_line(done, s)]
 
     # ----------------------------------------------------------------------------- loops
     def loop(self, s, live: set) -> list:
@@ -128,19 +128,19 @@ class _Converter:
         body, lists = self.appends(s.body, s)
         item = f"item_{k}"
         if isinstance(s, ast.For):
-            body = [ast.copy_location(ast.Assign([s.target], _name(item, s)), s)] + body
+            body = [at_line(ast.Assign([s.target], _name(item, s)), s)] + body
         test_reads = reads(s.test) if isinstance(s, ast.While) else set()
         carried = sorted(writes(body) & (live | exposed(body) | test_reads) - {item})
         if brk and brk not in carried:
             carried.append(brk)
         steps = [tmp for _, tmp in lists]
-        ret = ast.Return(ast.copy_location(ast.Tuple([_tuple(carried, s), _tuple(steps, s)], ast.Load()), s))
+        ret = ast.Return(at_line(ast.Tuple([_tuple(carried, s), _tuple(steps, s)], ast.Load()), s))
         body_fn = _def(f"loop_body_{k}", ([item] if isinstance(s, ast.For) else []) + carried,
-                       self.block(body, set(carried) | set(steps)) + [ast.copy_location(ret, s)], s)
+                       self.block(body, set(carried) | set(steps)) + [at_line(ret, s)], s)
         names = [lst for lst, _ in lists]
         common = [_loads(carried + names, s), _strs(carried, s), _strs(names, s), ast.Constant(self.where(s))]
         if isinstance(s, ast.While):
-            test_fn = _def(f"loop_test_{k}", carried, [ast.copy_location(ast.Return(self.expr(s.test)), s)], s)
+            test_fn = _def(f"loop_test_{k}", carried, [at_line(ast.Return(self.expr(s.test)), s)], s)
             defs, call = [test_fn, body_fn], _call("while_stmt", [_name(test_fn.name, s), _name(body_fn.name, s)]
                                                    + common, s)
         else:
@@ -152,7 +152,7 @@ class _Converter:
             defs, call = [body_fn], _call("for_stmt", [it, _name(body_fn.name, s)] + common + flag, s)
         outs = carried + names
         done = ast.Assign([_tuple(outs, s, store=True)], call) if outs else ast.Expr(call)
-        return pre + defs + [ast.copy_location(done, s)]
+        return pre + defs + [at_line(done, s)]
 
     def appends(self, body: list, loop) -> tuple[list, list]:
         """The loop body with each top-level ``lst.append(v)`` (of a list the body does not assign) made
@@ -169,7 +169,7 @@ class _Converter:
                                    "is not a tensor: stack them first)")
                 tmp = f"append_{self.counter}_{lst}"
                 lists.append((lst, tmp))
-                s = ast.copy_location(ast.Assign([_name(tmp, s, True)], v.args[0]), s)
+                s = at_line(ast.Assign([_name(tmp, s, True)], v.args[0]), s)
             out.append(s)
         return out, lists
 
@@ -201,48 +201,48 @@ class _Expressions(ast.NodeTransformer):
         f = node.func
         if ((isinstance(f, ast.Attribute) and f.attr == "stack") or (isinstance(f, ast.Name) and f.id == "stack")) \
                 and node.args and not isinstance(node.args[0], ast.Starred):
-            return ast.copy_location(ast.Call(_runtime("stack_", node), [f] + node.args, node.keywords), node)
+            return at_line(ast.Call(_runtime("stack_", node), [f] + node.args, node.keywords), node)
         return node
 
 
 # ------------------------------------------------------------------------------ AST builders
 def _name(id_, at, store=False):
-    return ast.copy_location(ast.Name(id_, ast.Store() if store else ast.Load()), at)
+    return at_line(ast.Name(id_, ast.Store() if store else ast.Load()), at)
 
 
 def _runtime(attr, at):
-    return ast.copy_location(ast.Attribute(_name(_RUNTIME, at), attr, ast.Load()), at)
+    return at_line(ast.Attribute(_name(_RUNTIME, at), attr, ast.Load()), at)
 
 
 def _call(helper, args, at, keywords=()):
-    return ast.copy_location(ast.Call(_runtime(helper, at), list(args), list(keywords)), at)
+    return at_line(ast.Call(_runtime(helper, at), list(args), list(keywords)), at)
 
 
 def _thunk(e):
-    return ast.copy_location(ast.Lambda(ast.arguments([], [], None, [], [], None, []), e), e)
+    return at_line(ast.Lambda(ast.arguments([], [], None, [], [], None, []), e), e)
 
 
 def _tuple(names, at, store=False):
-    return ast.copy_location(ast.Tuple([_name(n, at, store) for n in names], ast.Store() if store else ast.Load()), at)
+    return at_line(ast.Tuple([_name(n, at, store) for n in names], ast.Store() if store else ast.Load()), at)
 
 
 def _strs(names, at):
-    return ast.copy_location(ast.Tuple([ast.Constant(n) for n in names], ast.Load()), at)
+    return at_line(ast.Tuple([ast.Constant(n) for n in names], ast.Load()), at)
 
 
 def _loads(names, at):
     """(ag__.ld(lambda: a, 'a'), ...): each variable's value, or Undefined where it has none yet."""
-    return ast.copy_location(ast.Tuple([_call("ld", [_thunk(_name(n, at)), ast.Constant(n)], at) for n in names],
+    return at_line(ast.Tuple([_call("ld", [_thunk(_name(n, at)), ast.Constant(n)], at) for n in names],
                                        ast.Load()), at)
 
 
 def _return(value):
-    return ast.copy_location(ast.Return(value), value)
+    return at_line(ast.Return(value), value)
 
 
 def _def(name, params, body, at):
     args = ast.arguments([], [ast.arg(p) for p in params], None, [], [], None, [])
-    return ast.copy_location(ast.FunctionDef(name, args, body or [ast.Pass()], [], None), at)
+    return at_line(ast.FunctionDef(name, args, body or [ast.Pass()], [], None), at)
 
 
 # ---------------------------------------------------------------------------------- entry

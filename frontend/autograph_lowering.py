@@ -13,6 +13,14 @@ from __future__ import annotations
 import ast
 import copy
 
+def at_line(new, at):
+    """`new` placed at the first line of `at` only: a generated node spanning all of `at`'s lines would make
+    Python report its calls at `at`'s last line (frames and tracebacks name the statement's first line)."""
+    new.lineno, new.col_offset = at.lineno, at.col_offset
+    new.end_lineno, new.end_col_offset = at.lineno, at.col_offset
+    return new
+
+
 _NESTED = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
 _LOOPS = (ast.For, ast.While, ast.AsyncFor)
 
@@ -57,23 +65,23 @@ def lower_returns(stmts: list, refuse) -> list:
             body = s.body if always_returns(s.body) else s.body + copy.deepcopy(rest)
             orelse = s.orelse if always_returns(s.orelse) else s.orelse + copy.deepcopy(rest)
             new = ast.If(s.test, lower_returns(body, refuse), lower_returns(orelse, refuse))
-            return out + [ast.copy_location(new, s)]
+            return out + [at_line(new, s)]
         out.append(s)
     return out
 
 
 def _name(id_, store=False, at=None):
     n = ast.Name(id_, ast.Store() if store else ast.Load())
-    return ast.copy_location(n, at) if at is not None else n
+    return at_line(n, at) if at is not None else n
 
 
 def _set(flag: str, value: bool, at) -> ast.Assign:
-    return ast.copy_location(ast.Assign([_name(flag, True, at)], ast.Constant(value)), at)
+    return at_line(ast.Assign([_name(flag, True, at)], ast.Constant(value)), at)
 
 
 def _not_any(flags: list, at):
     test = _name(flags[0], at=at) if len(flags) == 1 else ast.BoolOp(ast.Or(), [_name(f, at=at) for f in flags])
-    return ast.copy_location(ast.UnaryOp(ast.Not(), test), at)
+    return at_line(ast.UnaryOp(ast.Not(), test), at)
 
 
 def _guard(stmts: list, flags: dict, refuse) -> list:
@@ -89,10 +97,10 @@ def _guard(stmts: list, flags: dict, refuse) -> list:
         if not isinstance(s, ast.If):
             refuse(find([s], (ast.Break, ast.Continue), False), "`break` / `continue` inside `with` / `try` is not "
                    "converted")
-        out.append(ast.copy_location(ast.If(s.test, _guard(s.body, flags, refuse), _guard(s.orelse, flags, refuse)), s))
+        out.append(at_line(ast.If(s.test, _guard(s.body, flags, refuse), _guard(s.orelse, flags, refuse)), s))
         rest = stmts[i + 1:]
         if rest:
-            out.append(ast.copy_location(ast.If(_not_any(list(flags.values()), rest[0]),
+            out.append(at_line(ast.If(_not_any(list(flags.values()), rest[0]),
                                                 _guard(rest, flags, refuse), []), rest[0]))
         return out
     return out
@@ -119,8 +127,8 @@ def lower_jumps(loop, counter: int, refuse) -> tuple[list, object, str | None]:
     if brk:
         pre.append(_set(brk, False, loop))
         if isinstance(loop, ast.While):
-            loop.test = ast.copy_location(ast.BoolOp(ast.And(), [_not_any([brk], loop), loop.test]), loop)
+            loop.test = at_line(ast.BoolOp(ast.And(), [_not_any([brk], loop), loop.test]), loop)
         else:
-            body = [ast.copy_location(ast.If(_not_any([brk], loop), body, []), loop)]
+            body = [at_line(ast.If(_not_any([brk], loop), body, []), loop)]
     loop.body = body
     return pre, loop, brk

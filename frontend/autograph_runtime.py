@@ -247,7 +247,7 @@ def for_stmt(iterable, body, init: tuple, names: tuple, lists: tuple, where: str
     Returns the carried values and then the lists."""
     traced = _traced(iterable) or isinstance(iterable, _TracedIter)
     if not traced:
-        vals = tuple(init)
+        vals = tuple(init[:len(names)])
         n = len(names)
         for item in iterable:
             vals, steps = body(item, *vals)

@@ -237,7 +237,7 @@ def assigned_in_one_branch(x):
 
 def bad_matmul_in_branch(x):
     if x.sum() > 0:
-        x = F.matmul(x, x)
+        x = F.matmul(x, np.ones((4, 2), np.float32))
     return x
 
 
