@@ -260,3 +260,59 @@ def test_errors_name_the_variable_and_the_users_line():
     assert _line_of(return_in_loop, "return x") in str(e.value)
     with pytest.raises(dt.TraceError, match="autograph=True"):      # the refusal without autograph says how
         dt.trace(if_on_reduction, S(("N",)))
+
+
+def elementwise_condition(x):
+    if x > 0:
+        x = x * 2.0
+    return x
+
+
+def carries_a_list(xs):
+    acc = []
+    for x in xs:
+        acc = acc + [x]
+    return F.stack(acc)
+
+
+def carried_without_a_value(xs):
+    for x in xs:
+        last = x * 2.0
+    return last
+
+
+def loop_with_else(xs):
+    for x in xs:
+        pass
+    else:
+        xs = xs * 2.0
+    return xs
+
+
+def generator(xs):
+    yield xs
+
+
+class Callable:
+    def __call__(self, x):
+        return x
+
+
+def test_refusals_name_what_and_where():
+    spec = S(("N",))
+    for fn, spec, pattern in [
+            (elementwise_condition, spec, "condition of the `if` at test_autograph.py:\\d+ is a traced tensor bool\\[N\\]"),
+            (carries_a_list, S(("T", 3)), "'acc' is carried by the `for` loop .* it is a list"),
+            (carried_without_a_value, S(("T", 3)), "'last' is carried by the `for` loop .* has no value before it")]:
+        with pytest.raises(dt.TraceError, match=pattern):
+            dt.trace(dt.autograph(fn), spec)
+    for fn in (carries_a_list, carried_without_a_value):     # eagerly, Python runs them: the same results
+        np.testing.assert_array_equal(dt.autograph(fn)(data(2, 3)), fn(data(2, 3)))
+    for fn, pattern in [(loop_with_else, "loop's `else:`"), (generator, "generators"),
+                        (Callable(), "got a Callable")]:
+        with pytest.raises(dt.TraceError, match=pattern):
+            dt.autograph(fn)
+    namespace = {}
+    exec("def typed_in(x):\n    if x.sum() > 0:\n        x = x * 2\n    return x\n", {}, namespace)
+    with pytest.raises(dt.TraceError, match="cannot read the source of typed_in"):
+        dt.autograph(namespace["typed_in"])
