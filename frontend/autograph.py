@@ -307,6 +307,8 @@ def convert(fn):
     fn_code = next(c for c in factory_code.co_consts if isinstance(c, types.CodeType) and c.co_name == tree.name)
     cells = dict(zip(free, fn.__closure__ or ()))
     cells[_RUNTIME] = types.CellType(autograph_runtime)
+    if hasattr(fn_code, "co_qualname"):        # tracebacks name the user's function, not the factory
+        fn_code = fn_code.replace(co_qualname=fn.__code__.co_qualname)
     new = types.FunctionType(fn_code, fn.__globals__, fn.__name__, fn.__defaults__,
                              tuple(cells[n] for n in fn_code.co_freevars))
     new.__kwdefaults__, new.__annotations__ = fn.__kwdefaults__, dict(fn.__annotations__)

@@ -9,8 +9,12 @@ after the statement), so they are pure functions of their inputs, as the control
 from __future__ import annotations
 
 import builtins
+import contextlib
+import re
 
 import numpy as np
+
+from dyntvm.errors import TraceError
 
 from ..ir.types import SymDim
 from .control_flow import cond as _cond, foreach as _foreach, while_loop as _while_loop
@@ -100,8 +104,9 @@ def if_stmt(pred, then_fn, else_fn, args: tuple, out_names: tuple, where: str, r
                 return res
             return run
         return _cond(pred, branch(then_fn, "then"), branch(else_fn, "else"))
-    if not out_names:           # the branches only compute values used inside them: nothing to select
-        return ()
+    if not out_names:           # no variable to select: the branches still run (traced) once each, so that what
+        _cond(pred, lambda: (then_fn(*args), np.False_)[1], lambda: (else_fn(*args), np.False_)[1])   # they do
+        return ()               # is not lost silently (a traced value they leak is refused where it is used)
     inputs = dict(zip(_in_names(then_fn, len(args)), args))
     kept: dict = {}             # output -> the one non-tensor input value both branches leave as it is
     tensors: set = set()        # outputs a branch made a tensor
@@ -122,8 +127,25 @@ def if_stmt(pred, then_fn, else_fn, args: tuple, out_names: tuple, where: str, r
                 marks.append(np.False_ if passed else v)    # a placeholder output; the Python value is restored
             return tuple(marks)
         return run
-    res = _cond(pred, branch(then_fn, "then"), branch(else_fn, "else"))
+    with _naming_outputs("`if`", where, out_names):
+        res = _cond(pred, branch(then_fn, "then"), branch(else_fn, "else"))
     return tuple(kept.get(name, v) for name, v in zip(out_names, res))
+
+
+@contextlib.contextmanager
+def _naming_outputs(what: str, where: str, names):
+    """A TraceError of the control-flow op a statement became names its outputs / states by number: say which
+    variables those are."""
+    try:
+        yield
+    except TraceError as e:
+        if not names or getattr(e, "_named", False) or not re.search(r"\b(output|states|loop vars)\b", str(e)):
+            raise                       # named already, or not about the outputs (an op of the body)
+        listed = ", ".join(f"{i}: {n!r}" for i, n in enumerate(names))
+        err = TraceError(f"{e}\n    (the {what} at {where} is converted with the variables {listed} as its "
+                         "outputs / states, in that order)")
+        err._named = True
+        raise err from None
 
 
 def _in_names(fn, n: int) -> tuple:
@@ -281,7 +303,8 @@ def _traced_loop(kind, where, names, lists, init, run, call):
         vals, steps = call(item, tuple(states))
         vals = _check_values(vals, names, f"carried by the `{kind}` loop", where)
         return list(steps), list(vals)
-    stacked, final = run(step, list(carried))
+    with _naming_outputs(f"`{kind}` loop", where, names):
+        stacked, final = run(step, list(carried))
     return tuple(final) + tuple(StackedList(nm, p, s) for nm, p, s in zip(lists, prefixes, stacked))
 
 

@@ -316,3 +316,30 @@ def test_refusals_name_what_and_where():
     exec("def typed_in(x):\n    if x.sum() > 0:\n        x = x * 2\n    return x\n", {}, namespace)
     with pytest.raises(dt.TraceError, match="cannot read the source of typed_in"):
         dt.autograph(namespace["typed_in"])
+
+
+def int_becomes_float(xs):
+    total = 0
+    for x in xs:
+        total = total + F.sum(x)
+    return total
+
+
+def test_op_errors_name_the_variables():
+    with pytest.raises(dt.TraceError, match="0: 'total'"):
+        dt.trace(dt.autograph(int_becomes_float), S(("T", 3)))
+
+
+def appends_under_condition(xs):
+    ys = [xs[0] * 0.0]
+    for x in xs:
+        if F.sum(x) > 0:            # a per-step value only on some steps: no foreach output expresses it
+            ys.append(x)
+    return F.stack(ys)
+
+
+def test_side_effects_under_a_traced_condition_are_refused_not_dropped():
+    with pytest.raises(dt.TraceError, match="another scope"):
+        dt.trace(dt.autograph(appends_under_condition), S(("T", 3)))
+    xs = data(4, 3)
+    np.testing.assert_array_equal(dt.autograph(appends_under_condition)(xs), appends_under_condition(xs))
