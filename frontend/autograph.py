@@ -189,8 +189,10 @@ class _Expressions(ast.NodeTransformer):
         return _call("not_", [node.operand], node) if isinstance(node.op, ast.Not) else node
 
     def visit_BoolOp(self, node):
+        simple = all(_cannot_fail(v) for v in node.values[1:])     # checked before the operands are rewritten
         self.generic_visit(node)
-        return _call("and_" if isinstance(node.op, ast.And) else "or_", [_thunk(v) for v in node.values], node)
+        helper = ("and_" if isinstance(node.op, ast.And) else "or_") + ("strict" if simple else "")
+        return _call(helper, [_thunk(v) for v in node.values], node)
 
     def visit_IfExp(self, node):
         self.generic_visit(node)
@@ -203,6 +205,15 @@ class _Expressions(ast.NodeTransformer):
                 and node.args and not isinstance(node.args[0], ast.Starred):
             return at_line(ast.Call(_runtime("stack_", node), [f] + node.args, node.keywords), node)
         return node
+
+
+def _cannot_fail(e) -> bool:
+    """Whether evaluating `e` cannot fail nor act (names, constants, attributes, arithmetic and comparisons of
+    them): `and` / `or` may then evaluate it even where Python would not, as one `logical_and` rather than an
+    `F.cond` (which a condition like ``i < n and x[i] > 0`` needs, so that ``x[i]`` is read only when ``i < n``)."""
+    return all(isinstance(n, (ast.Name, ast.Constant, ast.Attribute, ast.Compare, ast.BinOp, ast.UnaryOp, ast.BoolOp,
+                              ast.Load, ast.cmpop, ast.operator, ast.unaryop, ast.boolop)) for n in ast.walk(e)) and \
+        not any(isinstance(n, ast.BinOp) and isinstance(n.op, (ast.Div, ast.FloorDiv, ast.Mod)) for n in ast.walk(e))
 
 
 # ------------------------------------------------------------------------------ AST builders

@@ -181,13 +181,27 @@ def or_(*thunks):
     return _bool_op(list(thunks), False)
 
 
-def _bool_op(thunks: list, is_and: bool):
+def and_strict(*thunks):
+    """``a and b``, where evaluating the operands after `a` cannot fail (`autograph._cannot_fail`): after a traced
+    operand they are combined with `F.logical_and` (no `F.cond` per evaluation)."""
+    return _bool_op(list(thunks), True, strict=True)
+
+
+def or_strict(*thunks):
+    return _bool_op(list(thunks), False, strict=True)
+
+
+def _bool_op(thunks: list, is_and: bool, strict: bool = False):
+    from . import F
     for i, t in enumerate(thunks):
         v = t()
         if _traced(v):
             v = _as_bool(v)
             if i == len(thunks) - 1:
                 return v
+            if strict:
+                return (F.logical_and if is_and else F.logical_or)(v, _as_bool_any(_bool_op(thunks[i + 1:], is_and,
+                                                                                             True)))
             rest = lambda: _as_bool_any(_bool_op(thunks[i + 1:], is_and))
             decided = lambda: np.asarray(not is_and)
             return _cond(v, rest, decided) if is_and else _cond(v, decided, rest)
