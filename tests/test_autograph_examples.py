@@ -74,3 +74,11 @@ def test_plain_python_example_equals_the_F_version(plain, example, ops):
         for g, w in zip(got, want):
             assert np.shape(g) == np.shape(w), (size, np.shape(g), np.shape(w))
             np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-4, err_msg=str(size))
+
+
+@pytest.mark.parametrize("name", ["detection", "transformer", "lstm"])
+def test_code_without_python_control_flow_traces_to_the_same_graph(name):
+    from dyntvm.examples import get
+    from dyntvm.ir.serialize import graphs_equal
+    example = get(name)
+    assert graphs_equal(dt.trace(dt.autograph(example.fn), *example.specs), dt.trace(example.fn, *example.specs))
