@@ -40,6 +40,7 @@ _CONVERTED = "__dyntvm_autograph__"
 class _Converter:
     def __init__(self, filename: str):
         self.filename, self.counter = filename, 0
+        self.always_live: set = set()
 
     def refuse(self, node, msg: str):
         line = getattr(node, "lineno", 0)
@@ -61,13 +62,18 @@ class _Converter:
                 self.refuse(n, "functions with `global` / `nonlocal` statements are not converted")
             if isinstance(n, (ast.Yield, ast.YieldFrom, ast.Await)):
                 self.refuse(n, "generators and coroutines are not converted")
+        outer = self.always_live
+        # names a nested function or lambda reads are live everywhere: it may be called later, anywhere
+        self.always_live = set().union(*(_free_reads(n) for n in ast.walk(fn) if n is not fn and isinstance(
+            n, (ast.FunctionDef, ast.Lambda))))
         fn.body = self.block(lower_returns(fn.body, self.refuse), set())
+        self.always_live = outer
         fn.decorator_list = []
         return fn
 
     def block(self, stmts: list, live_out: set) -> list:
         out = []
-        for s, live in zip(stmts, liveness(stmts, live_out)):
+        for s, live in zip(stmts, liveness(stmts, live_out | self.always_live)):
             out += self.stmt(s, live)
         return out
 
@@ -214,6 +220,14 @@ def _cannot_fail(e) -> bool:
     return all(isinstance(n, (ast.Name, ast.Constant, ast.Attribute, ast.Compare, ast.BinOp, ast.UnaryOp, ast.BoolOp,
                               ast.Load, ast.cmpop, ast.operator, ast.unaryop, ast.boolop)) for n in ast.walk(e)) and \
         not any(isinstance(n, ast.BinOp) and isinstance(n.op, (ast.Div, ast.FloorDiv, ast.Mod)) for n in ast.walk(e))
+
+
+def _free_reads(fn) -> set:
+    """The names a nested function or lambda reads from enclosing scopes (not its parameters or locals)."""
+    a = fn.args
+    own = {x.arg for x in a.posonlyargs + a.args + a.kwonlyargs + [a.vararg, a.kwarg] if x is not None}
+    body = fn.body if isinstance(fn.body, list) else [fn.body]
+    return reads(fn) - own - writes(body)
 
 
 # ------------------------------------------------------------------------------ AST builders

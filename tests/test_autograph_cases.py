@@ -1,7 +1,8 @@
 """More converted statements, traced once and run by the reference interpreter (no build: cheap) against the same
 Python function run by plain numpy at several sizes, 0 included: if inside a user's F.foreach body, a tensor `if`
 in a static loop, a loop over a Python list, conditional expressions, and / or, nested early returns, `continue`
-in a while, `break` in a for over a tensor, a method reading `self`, tuple swaps."""
+in a while, `break` in a for over a tensor, a method reading `self`, tuple swaps, a nested function reading a
+variable assigned in an `if` after it."""
 from __future__ import annotations
 
 import numpy as np
@@ -98,6 +99,16 @@ def l_augassign_tuple(x):
         a = a + 1.0
     return a, b
 
+def m_closure_reads_later(x):
+    def helper():               # reads y when called, after the if: y is an output of the if
+        return y * 2.0
+    if F.sum(x) > 0:
+        y = x
+    else:
+        y = -x
+    return helper()
+
+
 MODEL = Model()
 ROWS = (S(("T", 3)),)
 VEC = (S(("N",)),)
@@ -107,7 +118,8 @@ VEC = (S(("N",)),)
     (c_inner_def, ROWS, {"foreach", "cond"}), (k_break_for, ROWS, {"foreach", "cond"}),
     (d_static_unroll, VEC, {"cond"}), (e_python_list, VEC, set()), (f_ifexp, VEC, {"cond"}),
     (g_python_while, VEC, {"cond"}), (h_and_or, VEC, {"cond"}), (i_nested_return, VEC, {"cond"}),
-    (j_continue_while, VEC, {"while_loop", "cond"}), (MODEL.forward, VEC, {"cond"}), (l_augassign_tuple, VEC, {"cond"})],
+    (j_continue_while, VEC, {"while_loop", "cond"}), (MODEL.forward, VEC, {"cond"}), (l_augassign_tuple, VEC, {"cond"}),
+    (m_closure_reads_later, VEC, {"cond"})],
     ids=lambda p: getattr(p, "__name__", None))
 def test_converted_matches_python(fn, specs, ops):
     g = dt.trace(dt.autograph(fn), *specs)
