@@ -68,12 +68,12 @@ def early_return(x):
     return y * y
 
 
-def test_if_elif_and_early_return():
-    for fn in (if_on_reduction, elif_chain, early_return):
-        model = compiled(fn, S(("N",)), ops={"cond"})
-        for n in (0, 1, 2, 7):
-            for sign in (1.0, -1.0, 0.1):
-                check(model, fn, data(n, 0) * np.float32(sign))
+@pytest.mark.parametrize("fn", [if_on_reduction, elif_chain, early_return], ids=lambda f: f.__name__)
+def test_if_elif_and_early_return(fn):
+    model = compiled(fn, S(("N",)), ops={"cond"})
+    for n in (0, 1, 2, 7):
+        for sign in (1.0, -1.0, 0.1):
+            check(model, fn, data(n, 0) * np.float32(sign))
 
 
 # ----------------------------------------------------------------------------------------- loops
@@ -131,17 +131,18 @@ def skip_negatives(xs):
     return total
 
 
-def test_loops():
-    cases = [(rows_with_carry, (S(("T", 4)), S((4,))), {"foreach"}, lambda n: (data(n), data(1)[0])),
-             (range_from_data, (S(("N",)),), {"foreach"}, lambda n: (data(n, 0),)),
-             (halve_until_small, (S(("N",)),), {"while_loop"}, lambda n: (data(n, 0) * np.float32(n),)),
-             (nested_loop_and_if, (S(("R", "C")),), {"foreach", "cond"}, lambda n: (data(n, n + 1),)),
-             (first_above, (S(("N",)),), {"while_loop", "cond"}, lambda n: (data(n, 0),)),
-             (skip_negatives, (S(("T", 3)),), {"foreach", "cond"}, lambda n: (data(n, 3),))]
-    for fn, specs, ops, make in cases:
-        model = compiled(fn, *specs, ops=ops)
-        for n in (0, 1, 2, 6):
-            check(model, fn, *make(n))
+@pytest.mark.parametrize("fn, specs, ops, make", [
+    (rows_with_carry, (S(("T", 4)), S((4,))), {"foreach"}, lambda n: (data(n), data(1)[0])),
+    (range_from_data, (S(("N",)),), {"foreach"}, lambda n: (data(n, 0),)),
+    (halve_until_small, (S(("N",)),), {"while_loop"}, lambda n: (data(n, 0) * np.float32(n),)),
+    (nested_loop_and_if, (S(("R", "C")),), {"foreach", "cond"}, lambda n: (data(n, n + 1),)),
+    (first_above, (S(("N",)),), {"while_loop", "cond"}, lambda n: (data(n, 0),)),
+    (skip_negatives, (S(("T", 3)),), {"foreach", "cond"}, lambda n: (data(n, 3),))],
+    ids=lambda p: getattr(p, "__name__", ""))
+def test_loops(fn, specs, ops, make):
+    model = compiled(fn, *specs, ops=ops)
+    for n in (0, 1, 2, 6):
+        check(model, fn, *make(n))
 
 
 def enumerate_zip_and_symbolic_range(xs, ys):
