@@ -283,8 +283,8 @@ def for_stmt(iterable, body, init: tuple, names: tuple, lists: tuple, where: str
     Returns the carried values and then the lists."""
     traced = _traced(iterable) or isinstance(iterable, _TracedIter)
     if not traced:
-        vals = tuple(init[:len(names)])
         n = len(names)
+        vals = tuple(init[:n])
         for item in iterable:
             vals, steps = body(item, *vals)
             for lst, v in zip(lists_of(init, n, lists), steps):
@@ -323,10 +323,11 @@ def _traced_loop(kind, where, names, lists, init, run, call):
 
 
 def while_stmt(test, body, init: tuple, names: tuple, lists: tuple, where: str):
-    """``while test: body``: `test(*carried)` and `body(*carried)` (which returns (carried, appended values))."""
+    """``while test: body``: `test(*carried)` and `body(*carried)` (which returns (carried, appended values)). A
+    condition that becomes a traced tensor after some Python iterations makes the rest of the loop a while_loop
+    (what those iterations appended comes first in the lists)."""
     n = len(names)
     vals = tuple(init[:n])
-    first = True
     while True:
         c = test(*vals)
         if _traced(c):
@@ -334,14 +335,9 @@ def while_stmt(test, body, init: tuple, names: tuple, lists: tuple, where: str):
         if not c:
             return vals + tuple(init[n:])
         vals, steps = body(*vals)
-        first = False
         for lst, v in zip(lists_of(init, n, lists), steps):
             lst.append(v)
-    if not first and lists:
-        raise trace_error(f"the condition of the `while` at {where} became a traced tensor after some Python "
-                          "iterations, and the loop appends to a list; make its loop variables tensors before the loop")
-    where_pred = where
     return _traced_loop("while", where, names, lists, vals + tuple(init[n:]),
-                        lambda fn, carried: _while_loop(lambda *v: _tensor_pred(test(*v), "`while`", where_pred),
+                        lambda fn, carried: _while_loop(lambda *v: _tensor_pred(test(*v), "`while`", where),
                                                         lambda *v: fn(None, v), carried),
                         lambda _item, vals: body(*vals))

@@ -137,3 +137,23 @@ def test_converted_matches_python(fn, specs, ops):
             for a, b in zip(got, want):
                 assert np.shape(a) == np.shape(b)
                 np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(b, np.float64), atol=1e-5)
+
+
+def n_python_then_traced_while(x):
+    ys = [x * 0.0]
+    i = 0
+    while i < 2 or F.sum(x) > 1.0:      # two Python iterations, then the condition is a tensor
+        x = x * 0.5
+        ys.append(x)
+        i = i + 1
+    return F.stack(ys), i
+
+
+def test_while_becomes_traced_after_python_iterations():
+    g = dt.trace(dt.autograph(n_python_then_traced_while), *VEC)
+    assert "while_loop" in ops_in(g)
+    for n in (1, 3, 6):
+        x = np.random.default_rng(n).uniform(0, 3, (n,)).astype(np.float32)
+        want, got = n_python_then_traced_while(x), dt.run_reference(g, x)
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(b, np.float64), atol=1e-5)
