@@ -151,8 +151,9 @@ class _Converter:
                                                    + common, s)
         else:
             it = self.expr(s.iter)
-            if (isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id in ("range", "enumerate", "zip")
-                    and not it.keywords and not any(isinstance(a, ast.Starred) for a in it.args)):
+            if (isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and
+                    it.func.id in ("range", "enumerate", "zip") and not it.keywords and
+                    not any(isinstance(a, ast.Starred) for a in it.args)):
                 it = _call("loop_iter", [it.func] + it.args, it)
             flag = [ast.Constant(carried.index(brk))] if brk else []
             defs, call = [body_fn], _call("for_stmt", [it, _name(body_fn.name, s)] + common + flag, s)

@@ -63,8 +63,8 @@ def _tensor_pred(x, what: str, where: str):
     if not _traced(x):
         return np.asarray(bool(x))
     if x.ndim != 0:
-        raise trace_error(f"the condition of the {what} at {where} is a traced tensor {x.type}, not one value; Python's "
-                          "`if` / `while` needs one value: reduce it (F.any, F.all, x.sum() > 0)")
+        raise trace_error(f"the condition of the {what} at {where} is a traced tensor {x.type}, not one value; "
+                          "Python's `if` / `while` needs one value: reduce it (F.any, F.all, x.sum() > 0)")
     return x if x.dtype == np.bool_ else F.not_equal(x, np.zeros((), x.dtype))
 
 
