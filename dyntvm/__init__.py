@@ -30,6 +30,8 @@ _LAZY = {
     "graph_to_json": ("dyntvm.ir.serialize", "graph_to_json"),
     "compile": ("dyntvm.pipeline", "compile"),
     "hybridize": ("dyntvm.pipeline", "hybridize"),
+    "autograph": ("dyntvm.frontend.autograph", "convert"),
+    "show_converted": ("dyntvm.frontend.autograph", "show_converted"),
     "tune": ("dyntvm.pipeline", "tune"),
     "from_onnx": ("dyntvm.frontend.onnx", "from_onnx"),
     "inspect_onnx": ("dyntvm.onnx_inspect", "inspect_onnx"),

@@ -22,6 +22,7 @@ from .codegen.build import build, check_target
 from .codegen.cache import is_uncached
 from .codegen.shared_regions import share_identical_regions
 from .errors import CompileError, InputError
+from .frontend.autograph import convert
 from .frontend.tracer import TensorSpec, trace
 from .ir.graph import Graph
 from .ir.tree import tree_flatten, tree_unflatten
@@ -46,7 +47,7 @@ def partition_graph(graph: Graph, selector=None) -> Graph:
 
 
 def compile(fn_or_graph, *specs, target: str = "cpu", selector=None, cache_dir: str | None = None,
-            use_cache: bool = True, tuning_log: str | None = None) -> CompiledModel:
+            use_cache: bool = True, tuning_log: str | None = None, autograph: bool = False) -> CompiledModel:
     """Compile a model function (traced with `specs`) or a traced Graph.
 
     Args:
@@ -62,6 +63,8 @@ def compile(fn_or_graph, *specs, target: str = "cpu", selector=None, cache_dir: 
             hinted sizes, with its tuned kernels where they won, and each call picks the build for its sizes.
             A log for another model or target, or a corrupt one, warns and is not applied. Without it, a log
             for this model and target under the shipped ``tuning_logs/`` (or $DYNTVM_TUNING_LOGS) is used.
+        autograph: convert the function's Python `if` / `for` / `while` on traced tensors to `F.cond` /
+            `F.foreach` / `F.while_loop` first (`dt.autograph`; `dt.show_converted` shows the result).
 
     Example:
         >>> model = dt.compile(lambda x: F.tanh(x) * 2, dt.TensorSpec(("N", 4)))
@@ -75,7 +78,7 @@ def compile(fn_or_graph, *specs, target: str = "cpu", selector=None, cache_dir: 
             raise CompileError("compile: specs are only for a function; this graph is already traced")
         graph = fn_or_graph
     elif callable(fn_or_graph):
-        graph = trace(fn_or_graph, *specs)
+        graph = trace(convert(fn_or_graph) if autograph else fn_or_graph, *specs)
     else:
         raise CompileError(f"compile: expected a function or a dt.Graph, got {type(fn_or_graph).__name__}")
     pg = partition_graph(graph, selector)
@@ -332,12 +335,13 @@ def _check_hints(hints, symbols: list) -> dict:
     return out
 
 
-def hybridize(fn, target: str = "cpu", dynamic=(), selector=None, cache_dir=None):
+def hybridize(fn, target: str = "cpu", dynamic=(), selector=None, cache_dir=None, autograph: bool = False):
     """Compile `fn` on first call and cache per input signature (MXNet's hybridize).
 
     The signature of a call is the dtype and rank of every input, plus the size of every axis not
     named dynamic. `dynamic` gives, per argument, a tuple with a symbol name for each axis that stays
     symbolic (None: specialize to the call's size); ``dynamic="all"`` keeps every axis symbolic.
+    ``autograph=True`` converts Python control flow on tensors, as for `compile`.
 
     Example:
         >>> fast = dt.hybridize(lstm, dynamic=(("T", "B", None), ("B", None), ("B", None)))
@@ -367,7 +371,7 @@ def hybridize(fn, target: str = "cpu", dynamic=(), selector=None, cache_dir=None
         model = compiled.get(sig)
         if model is None:
             model = compiled[sig] = compile(fn, *tree_unflatten(spec, specs), target=target, selector=selector,
-                                            cache_dir=cache_dir)
+                                            cache_dir=cache_dir, autograph=autograph)
         return model(*args)
 
     call.compiled = compiled

@@ -239,7 +239,8 @@ class Tensor:
         raise trace_error(f"{what} of a traced tensor {self.type} is not known while tracing; {hint}")
 
     def __bool__(self):
-        self._no("bool()", "use F.cond / F.case for data-dependent branches or F.while_loop for loops")
+        self._no("bool()", "use F.cond / F.case for data-dependent branches or F.while_loop for loops (or "
+                 "dt.compile(..., autograph=True), which converts Python `if` / `while` on tensors to them)")
 
     def __int__(self):
         self._no("int()", "keep it a tensor (F.cast) or use F.while_loop / F.cond on it")
@@ -251,7 +252,8 @@ class Tensor:
         self._no("the integer value", "use F.take / F.slice with tensor indices")
 
     def __iter__(self):
-        self._no("iteration", "use F.foreach to loop over axis 0")
+        self._no("iteration", "use F.foreach to loop over axis 0 (or dt.compile(..., autograph=True), which converts "
+                 "a Python `for` over a tensor to it)")
 
     def __len__(self):
         self._no("len()", "use x.shape[0] (may be symbolic) or F.shape_of(x), and F.foreach to loop over axis 0")
