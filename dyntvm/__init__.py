@@ -32,6 +32,7 @@ _LAZY = {
     "hybridize": ("dyntvm.pipeline", "hybridize"),
     "tune": ("dyntvm.pipeline", "tune"),
     "from_onnx": ("dyntvm.frontend.onnx", "from_onnx"),
+    "from_torch": ("dyntvm.frontend.torch_export", "from_torch"),
     "inspect_onnx": ("dyntvm.onnx_inspect", "inspect_onnx"),
     "load": ("dyntvm.runtime.load", "load"),
 }
