@@ -36,10 +36,6 @@ def _module(gm, node, k: int):
     return v
 
 
-def _single(outs: list):
-    return outs
-
-
 def _pred(p):
     """cond's predicate: a 0-d bool tensor (a [1] one reshaped), a Python bool, or a 0-d integer of a size test."""
     if isinstance(p, (bool, np.bool_)):

@@ -36,9 +36,8 @@ __all__ = ["from_torch", "unsupported_ops", "TorchImportError"]
 def target_name(node) -> str:
     """The converter key of a call_function node: "aten.add.Tensor", "higher_order.cond", "_operator.mul"."""
     t = node.target
-    name = getattr(t, "name", None)
-    if callable(name) and hasattr(t, "_schema"):            # an OpOverload: "aten::add.Tensor"
-        return name().replace("::", ".")
+    if hasattr(t, "_schema") and hasattr(t, "overloadpacket"):     # an OpOverload: "aten.add.Tensor"
+        return str(t)
     if any(c.__name__ == "HigherOrderOperator" for c in type(t).__mro__):
         return "higher_order." + t._name
     if getattr(t, "__module__", None) in ("_operator", "operator"):
@@ -53,9 +52,11 @@ def user_line(node) -> str:
     import re
     trace_text = node.meta.get("stack_trace") or ""
     frames = re.findall(r'File "([^"]+)", line (\d+), in [^\n]*\n\s*([^\n]*)', trace_text)
-    if not frames:
+    here = os.path.dirname(os.path.abspath(__file__))      # the user's frames, not nn.Linear's nor from_torch's
+    own = [f for f in frames if f"{os.sep}torch{os.sep}" not in f[0] and not f[0].startswith(here)] or frames
+    if not own:
         return ""
-    path, line, code = frames[-1]
+    path, line, code = own[-1]
     return f"{os.path.basename(path)}:{line}: {code.strip()}"
 
 
@@ -202,24 +203,31 @@ def _to_numpy(t, what: str) -> np.ndarray:
 
 # ------------------------------------------------------------------------------------------ inputs
 def _check_program(module_or_fn, example_args):
+    import types
+
     import torch
     if isinstance(example_args, (torch.Tensor, np.ndarray)):
         example_args = (example_args,)
     if not isinstance(example_args, (tuple, list)):
-        raise InputError(f"from_torch: example_args must be a tuple of example inputs (torch tensors or numpy "
-                         f"arrays), got {type(example_args).__name__}")
+        raise TorchImportError(f"from_torch: example_args must be a tuple of example inputs (torch tensors or numpy "
+                               f"arrays), got {type(example_args).__name__}")
     if not isinstance(module_or_fn, torch.nn.Module):
         if not callable(module_or_fn):
-            raise InputError(f"from_torch: expected a torch.nn.Module or a function of torch tensors, got "
-                             f"{type(module_or_fn).__name__}")
+            raise TorchImportError(f"from_torch: expected a torch.nn.Module or a function of torch tensors, got "
+                                   f"{type(module_or_fn).__name__}")
         fn = module_or_fn
 
         class _Wrapped(torch.nn.Module):
             def forward(self, *args):
                 return fn(*args)
-        _Wrapped.__name__ = getattr(fn, "__name__", "fn")
+        if isinstance(fn, types.FunctionType):
+            # fn itself as forward, renamed so: torch records the source lines of `forward` frames only (and of
+            # submodules'), and its parameters name the inputs and key dynamic_shapes
+            code = fn.__code__.replace(co_name="forward")
+            _Wrapped.forward = staticmethod(types.FunctionType(code, fn.__globals__, "forward", fn.__defaults__,
+                                                               fn.__closure__))
         module_or_fn = _Wrapped()
-    args = tuple(torch.from_numpy(np.ascontiguousarray(a)) if isinstance(a, np.ndarray) else a for a in example_args)
+    args = tuple(torch.from_numpy(np.array(a, copy=True)) if isinstance(a, np.ndarray) else a for a in example_args)
     return module_or_fn, args
 
 
@@ -240,24 +248,7 @@ def _dims_from_strings(dynamic_shapes):
     return conv(dynamic_shapes)
 
 
-def _symbol_names(dynamic_shapes) -> dict:
-    """{torch Dim name: name} of the Dims in `dynamic_shapes` (their names are the user's symbols)."""
-    names = {}
-
-    def walk(x):
-        if isinstance(x, dict):
-            for v in x.values():
-                walk(v)
-        elif isinstance(x, (list, tuple)):
-            for v in x:
-                walk(v)
-        elif getattr(x, "__name__", None) and type(x).__name__.endswith("Dim"):
-            names[x.__name__] = x.__name__
-    walk(dynamic_shapes)
-    return names
-
-
-def _input_specs(ep, dynamic_shapes, user_names):
+def _input_specs(ep, dynamic_shapes):
     """One TensorSpec per user input placeholder, its symbolic axes named after the user's Dims."""
     from torch.export.graph_signature import InputKind
     gm = ep.graph_module
@@ -281,39 +272,30 @@ def _input_specs(ep, dynamic_shapes, user_names):
                 dims.append(rename.get(key, key))
             else:
                 dims.append(int(d))
-        specs.append(TensorSpec(tuple(dims), np_dtype(val.dtype), name=user_names.get(name, name)))
+        specs.append(TensorSpec(tuple(dims), np_dtype(val.dtype), name=name))
     return user, specs, constants_from_inputs
 
 
 def _torch_symbol_names(ep, dynamic_shapes, user) -> dict:
-    """{torch symbol (str): the user's Dim name}: read off the example inputs' placeholders where the user gave
-    a Dim at that axis (a Dim object or a str in the short form)."""
-    import torch.utils._pytree as pytree
+    """{torch symbol (str): the user's Dim name}: read off the placeholders of the tensor arguments where the user
+    gave a Dim at an axis (a Dim object, or a str in the short form). `dynamic_shapes` keyed by argument name or
+    one entry per argument; an argument holding several tensors keeps torch's names (s0, s1)."""
     if dynamic_shapes is None:
         return {}
     placeholders = {n.name: n for n in ep.graph_module.graph.nodes if n.op == "placeholder"}
-    spec_leaves = []
     if isinstance(dynamic_shapes, dict):
-        spec_leaves = list(dynamic_shapes.values())
-    elif isinstance(dynamic_shapes, (list, tuple)):
-        spec_leaves = list(dynamic_shapes)
-    # flatten each argument's spec to per-tensor dicts/tuples, in the order of the user inputs
-    per_tensor = []
-    for s in spec_leaves:
-        leaves = pytree.tree_leaves(s, is_leaf=lambda x: isinstance(x, dict) or
-                                    (isinstance(x, (list, tuple)) and all(not isinstance(e, (list, tuple, dict))
-                                                                           for e in x)))
-        per_tensor += leaves if leaves else [None]
+        per_arg = [(k, v) for k, v in dynamic_shapes.items() if k in placeholders]
+    else:
+        per_arg = list(zip(user, dynamic_shapes))
     out = {}
-    for name, axes in zip(user, per_tensor):
+    for name, axes in per_arg:
         val = placeholders[name].meta.get("val")
-        if axes is None or not hasattr(val, "shape"):
+        if not hasattr(val, "shape") or not isinstance(axes, (dict, list, tuple)):
             continue
-        items = axes.items() if isinstance(axes, dict) else enumerate(axes)
-        for ax, dim in items:
-            dim_name = getattr(dim, "__name__", None)
-            d = val.shape[ax] if ax < len(val.shape) else None
-            if dim_name and type(d).__name__ == "SymInt" and getattr(d.node.expr, "is_Symbol", False):
+        for ax, dim in (axes.items() if isinstance(axes, dict) else enumerate(axes)):
+            dim_name = dim if isinstance(dim, str) else getattr(dim, "__name__", None)
+            d = val.shape[ax] if isinstance(ax, int) and ax < len(val.shape) else None
+            if isinstance(dim_name, str) and type(d).__name__ == "SymInt" and getattr(d.node.expr, "is_Symbol", False):
                 out.setdefault(str(d.node.expr), _symbol(dim_name))
     return out
 
@@ -334,7 +316,8 @@ def export(module_or_fn, example_args, dynamic_shapes=None):
     except DyntvmError:
         raise
     except Exception as e:      # torch's many refusals (UserError, constraint violations, guards on data)
-        first = str(e).strip().split("\n\n")[0]
+        lines = [ln.rstrip() for ln in str(e).strip().splitlines() if ln.strip()]
+        first = "\n    ".join(lines[:8]) + ("\n    ..." if len(lines) > 8 else "")
         raise TorchImportError(f"from_torch: torch.export refused the program ({type(e).__name__}): {first}") from e
 
 
@@ -376,7 +359,7 @@ def from_torch(module_or_fn, example_args, dynamic_shapes=None):
                                  f"{', '.join(sorted(missing))} (supported: {len(CONVERTERS)} ATen ops, "
                                  f"dyntvm.frontend.torch_ops.CONVERTERS); where: {where}")
     constants = _constants(ep)
-    user, specs, specialized = _input_specs(ep, dynamic_shapes, {})
+    user, specs, specialized = _input_specs(ep, dynamic_shapes)
     constants.update(specialized)
     interp = Interpreter(constants)
     tensor_inputs = [n for n in user if n not in specialized]

@@ -170,7 +170,7 @@ def _pow(a, b):
 
 
 def _unary(fn, floats=False):
-    def conv(x, *rest):
+    def conv(x, *rest, **kw):
         if floats and np.dtype(x.dtype).kind != "f":
             x = F.cast(x, "float32")
         return fn(x)
@@ -430,7 +430,7 @@ CONVERTERS["aten.ones_like.default"] = lambda x, *, dtype=None, **kw: _full_like
 
 @converter("aten.scalar_tensor.default")
 def _scalar_tensor(v, *, dtype=None, **kw):
-    return np.asarray(v, np_dtype(dtype) if dtype is not None else "float32")
+    return _as(v, np_dtype(dtype) if dtype is not None else "float32")
 
 
 @converter("aten.arange.start_step", "aten.arange.default", "aten.arange.start")
@@ -544,7 +544,8 @@ def _nonzero(x):
 
 @converter("aten.masked_select.default")
 def _masked_select(x, mask):
-    x, mask = F.broadcast_to(x, _shape_of_both(x, mask)), F.broadcast_to(mask, _shape_of_both(x, mask))
+    if tuple(x.shape) != tuple(mask.shape):
+        x, mask = F.broadcast_to(x, _shape_of_both(x, mask)), F.broadcast_to(mask, _shape_of_both(x, mask))
     return F.boolean_mask(F.reshape(x, (-1,)), F.reshape(mask, (-1,)))
 
 
@@ -598,8 +599,10 @@ for _op in (operator.add, operator.sub, operator.mul, operator.floordiv, operato
 def _size_test(op, fn):
     """A comparison of SymInts: a Python bool where tracing decides it, else a 0-d bool tensor (a `cond` on it)."""
     def conv(a, b):
-        if is_static_dim(a) and is_static_dim(b) or a == b and op in (operator.eq, operator.le, operator.ge):
-            return op(int(a) if is_static_dim(a) else a, int(b) if is_static_dim(b) else b)
+        if is_static_dim(a) and is_static_dim(b):
+            return op(int(a), int(b))
+        if isinstance(a, str) and isinstance(b, str) and str(a) == str(b):
+            return op(0, 0)
         return fn(dim_tensor(a), dim_tensor(b))
     return conv
 

@@ -16,7 +16,7 @@ from torch.export import Dim  # noqa: E402
 def eager(module, *args):
     """torch eager's outputs as numpy arrays (flattened as the graph's)."""
     with torch.no_grad():
-        out = module(*[torch.from_numpy(np.ascontiguousarray(a)) for a in args])
+        out = module(*[torch.from_numpy(np.array(a, copy=True)) for a in args])
     out = out if isinstance(out, (tuple, list)) else (out,)
     return [o.numpy() for o in out]
 
@@ -41,6 +41,7 @@ class MLP(torch.nn.Module):
         return torch.softmax(self.l2(torch.relu(self.l1(x))), dim=-1)
 
 
+@pytest.mark.slow
 def test_mlp_symbolic_batch():
     m = MLP().eval()
     g = dt.from_torch(m, (torch.randn(3, 8),), dynamic_shapes={"x": {0: Dim("B")}})
@@ -64,6 +65,7 @@ def test_function_short_dims_and_numpy_examples():
         model(f32(2, 3), f32(3, 3))
 
 
+@pytest.mark.slow
 def test_transformer_example():
     m = tex.Transformer()
     from dyntvm.examples import transformer as ex
@@ -77,6 +79,7 @@ def test_transformer_example():
     np.testing.assert_allclose(model(x, mask), ex.encoder_layer(x, mask), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_lstm_scan():
     m = tex.LSTM()
     from dyntvm.examples import lstm as ex
@@ -87,10 +90,12 @@ def test_lstm_scan():
     model = dt.compile(g)
     for t, b in ((0, 1), (1, 1), (7, 3)):
         inputs = ex.make_inputs(np.random.default_rng(t), T=t, B=b)
-        check(model, m, inputs, atol=1e-4)
+        if t:               # torch's eager scan refuses 0 steps; the F version is the reference there
+            check(model, m, inputs, atol=1e-4)
         assert_same(list(model(*inputs)), list(ex.lstm(*inputs)), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_branchy_cond_map_different_widths():
     m = tex.Branchy()
     from dyntvm.examples import branchy as ex
@@ -119,6 +124,7 @@ def test_detection_data_dependent():
     assert 0 in kept and len(kept) >= 3
 
 
+@pytest.mark.slow
 def test_decoder_while_loop():
     """torch's while_loop wants loop values of fixed shape: the decoder as a token buffer and a length."""
     m = tex.Decoder()
@@ -130,7 +136,8 @@ def test_decoder_while_loop():
     lengths = set()
     for i, sizes in enumerate(ex.EXAMPLE.test_sizes):
         inputs = ex.make_inputs(np.random.default_rng(i), **sizes)
-        check(model, m, inputs)
+        if len(inputs[0]):      # torch's eager scan refuses an empty prompt; the F version is the reference there
+            check(model, m, inputs)
         buf, n = model(*inputs)
         want_buf, want_n = tex.decoder_reference(*inputs)
         assert int(n) == want_n and (buf[:want_n] == want_buf[:want_n]).all()     # = the F version

@@ -113,7 +113,7 @@ class Decoder(torch.nn.Module):
             self.register_buffer(name, T(getattr(decoder, name).copy()))
 
     def gru(self, token, h):
-        x = self.E[token].reshape(1, -1)
+        x = self.E[token.reshape(1)]
         xr, xz, xn = (x @ self.Wx + self.bx).chunk(3, dim=-1)
         hr, hz, hn = (h @ self.Wh + self.bh).chunk(3, dim=-1)
         r, z = torch.sigmoid(xr + hr), torch.sigmoid(xz + hz)
