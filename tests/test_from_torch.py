@@ -197,3 +197,21 @@ def test_bad_inputs_are_clear_errors():
         dt.from_torch(MLP(), "x")
     with pytest.raises(TorchImportError, match="torch.export refused"):     # wrong example: 8 features expected
         dt.from_torch(MLP(), (torch.randn(3, 5),))
+
+
+def test_cli_compile_torch(tmp_path, capsys):
+    """`dyntvm compile file.py:make --torch`: make() returns (module, example_args, dynamic_shapes)."""
+    from dyntvm.cli import main
+    (tmp_path / "model.py").write_text(
+        "import torch\n\n"
+        "def f(x):\n    return torch.tanh(x).cumsum(dim=0) * 2\n\n"
+        "def make():\n    return f, (torch.randn(4, 3),), {'x': {0: 'N'}}\n\n"
+        "def bad():\n    return 3\n")
+    out = str(tmp_path / "m.dtvm")
+    assert main(["compile", f"{tmp_path}/model.py:make", "--torch", "-o", out]) == 0
+    model = dt.load(out)
+    for n in (1, 6):
+        x = f32(n, 3)
+        np.testing.assert_allclose(model(x), np.cumsum(np.tanh(x), axis=0) * 2, rtol=1e-5, atol=1e-5)
+    assert main(["compile", f"{tmp_path}/model.py:bad", "--torch", "-o", out]) != 0
+    assert "must return (module, example_args)" in capsys.readouterr().err
