@@ -318,7 +318,11 @@ def export(module_or_fn, example_args, dynamic_shapes=None):
     except Exception as e:      # torch's many refusals (UserError, constraint violations, guards on data)
         lines = [ln.rstrip() for ln in str(e).strip().splitlines() if ln.strip()]
         first = "\n    ".join(lines[:8]) + ("\n    ..." if len(lines) > 8 else "")
-        raise TorchImportError(f"from_torch: torch.export refused the program ({type(e).__name__}): {first}") from e
+        hint = ("\n    (torch's while_loop needs loop values of fixed shape; dyntvm's F.while_loop takes values that "
+                "change shape: write that loop with it, or with a fixed-size buffer, see docs/torch.md)"
+                if "while_loop" in str(e) and "same metadata" in str(e) else "")
+        raise TorchImportError(f"from_torch: torch.export refused the program ({type(e).__name__}): {first}{hint}"
+                               ) from e
 
 
 def from_torch(module_or_fn, example_args, dynamic_shapes=None):

@@ -199,6 +199,17 @@ def test_bad_inputs_are_clear_errors():
         dt.from_torch(MLP(), (torch.randn(3, 5),))
 
 
+def test_growing_while_loop_refused_by_torch_export_with_a_hint():
+    """torch.export's while_loop wants loop values of fixed shape (dyntvm's F.while_loop does not): the refusal
+    says so and points at F.while_loop."""
+    from torch._higher_order_ops.while_loop import while_loop
+
+    def grow(x):
+        return while_loop(lambda t: t.shape[0] < 10, lambda t: (torch.cat([t, t[:1]]),), (x,))
+    with pytest.raises(TorchImportError, match=r"(?s)torch.export refused.*F\.while_loop takes values that change"):
+        dt.from_torch(grow, (torch.randn(3),))
+
+
 def test_cli_compile_torch(tmp_path, capsys):
     """`dyntvm compile file.py:make --torch`: make() returns (module, example_args, dynamic_shapes)."""
     from dyntvm.cli import main
