@@ -116,18 +116,17 @@ def _dims_or_tensor(sizes):
     return F.stack([dim_tensor(s) for s in sizes]) if sizes else ()
 
 
-def _binary(fn, compare=False):
-    def conv(a, b, *, alpha=1, out_dtype=None):
+def _binary(fn):
+    """An elementwise op of two operands (tensors or Python scalars) in torch's promoted dtype; `alpha` scales b."""
+    def conv(a, b, alpha=1):
         dt = _promoted(a, b)
         if alpha != 1:
             b = F.multiply(_as(b, dt), _as(alpha, dt))
-        if not isinstance(a, Tensor) and not isinstance(b, Tensor):
-            a = np.asarray(a, dt)
         return fn(_as(a, dt), _as(b, dt))
-    return lambda a, b, alpha=1: conv(a, b, alpha=alpha)
+    return conv
 
 
-for _names, _fn in {("add.Tensor", "add.Scalar"): F.add, ("sub.Tensor", "sub.Scalar", "rsub.Scalar"): F.subtract,
+for _names, _fn in {("add.Tensor", "add.Scalar"): F.add, ("sub.Tensor", "sub.Scalar"): F.subtract,
                     ("mul.Tensor", "mul.Scalar"): F.multiply, ("maximum.default",): F.maximum,
                     ("minimum.default",): F.minimum, ("fmod.Tensor", "fmod.Scalar"): F.fmod,
                     ("remainder.Tensor", "remainder.Scalar"): F.mod,
