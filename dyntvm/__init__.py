@@ -34,6 +34,7 @@ _LAZY = {
     "show_converted": ("dyntvm.frontend.autograph", "show_converted"),
     "tune": ("dyntvm.pipeline", "tune"),
     "from_onnx": ("dyntvm.frontend.onnx", "from_onnx"),
+    "from_torch": ("dyntvm.frontend.torch_export", "from_torch"),
     "inspect_onnx": ("dyntvm.onnx_inspect", "inspect_onnx"),
     "load": ("dyntvm.runtime.load", "load"),
 }

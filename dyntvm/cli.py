@@ -113,7 +113,13 @@ def _compile(args) -> int:
     from dyntvm.runtime.artifact import check_destination
     check_destination(args.output)      # before compiling: never overwrite what is not an artifact
     t0 = time.perf_counter()
-    loaded = load_model(args.model, args.example, args.input)
+    if getattr(args, "torch", False):
+        if args.example or args.input:
+            raise InputError("--torch takes MODEL as file.py:make only (no --example, no --input)")
+        from dyntvm.loader import load_torch
+        loaded = load_torch(args.model)
+    else:
+        loaded = load_model(args.model, args.example, args.input)
     t_trace = time.perf_counter() - t0
     kwargs = {"target": args.target, "cache_dir": args.cache_dir}
     if args.tuning_log is not None:
@@ -427,6 +433,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "warns and is not applied)")
     c.add_argument("--cache-dir", metavar="DIR", help="compile cache (default $DYNTVM_CACHE_DIR or the user "
                    "cache folder)")
+    c.add_argument("--torch", action="store_true", help="MODEL is file.py:make, make() returning (module, "
+                   "example_args[, dynamic_shapes]): imported with dt.from_torch (torch.export)")
     c.set_defaults(func=_compile)
 
     t = sub.add_parser("tune", parents=[common], help="autotune a model's kernels (MetaSchedule + XGBoost)",

@@ -210,6 +210,26 @@ def _from_python(path: str, attr: str, inputs, source: str) -> LoadedModel:
     return LoadedModel(attr, dt.trace(obj, *specs, name=attr), source, obj)
 
 
+def load_torch(model: str | None) -> LoadedModel:
+    """``file.py:make`` for ``--torch``: ``make()`` returns ``(module_or_fn, example_args)`` or ``(module_or_fn,
+    example_args, dynamic_shapes)``, imported with `dt.from_torch`."""
+    path, colon, attr = (model or "").rpartition(":")
+    if not (colon and path.endswith(".py") and _NAME.match(attr)):
+        raise InputError(f"--torch takes MODEL as file.py:make, where make() returns (module, example_args[, "
+                         f"dynamic_shapes]); got {model!r}")
+    module = import_file(path)
+    make = getattr(module, attr, None)
+    if not callable(make):
+        raise InputError(f"{path} has no function {attr!r} (make() returns (module, example_args[, dynamic_shapes]))")
+    got = make()
+    if not (isinstance(got, (tuple, list)) and len(got) in (2, 3)):
+        raise InputError(f"{model}: {attr}() must return (module, example_args) or (module, example_args, "
+                         f"dynamic_shapes), got {type(got).__name__}")
+    from .frontend.torch_export import from_torch
+    graph = from_torch(*got)
+    return LoadedModel(graph.name, graph, model)
+
+
 def _order_specs(fn, specs: list, source: str) -> list:
     """Put the --input specs in the function's parameter order (matched by name when they all match)."""
     try:
