@@ -34,6 +34,9 @@ _LAZY = {
     "from_onnx": ("dyntvm.frontend.onnx", "from_onnx"),
     "inspect_onnx": ("dyntvm.onnx_inspect", "inspect_onnx"),
     "load": ("dyntvm.runtime.load", "load"),
+    "grad": ("dyntvm.frontend.grad", "grad"),
+    "value_and_grad": ("dyntvm.frontend.grad", "value_and_grad"),
+    "vjp": ("dyntvm.frontend.grad", "vjp"),
 }
 
 
