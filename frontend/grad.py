@@ -12,7 +12,7 @@ import numpy as np
 
 from ..ir.tree import tree_flatten, tree_unflatten
 from . import grad_control, grad_rules, grad_rules_index  # noqa: F401  (they register the rules)
-from .grad_engine import backprop, is_float
+from .grad_engine import NOT_DIFFERENTIABLE_YET, backprop, is_float, rule_table  # noqa: F401  (re-exported: the loaded table)
 from .tracer import Tensor, TensorSpec, as_array, current, trace, trace_error, tracing
 
 MEMORY = ("recompute", "save_all")

@@ -19,7 +19,7 @@ from ..ir.graph import Node, Value
 from ..ir.list_type import ListType, value_dims
 from ..ir.types import TensorType, dim_symbols, fresh_dim
 from . import F
-from .grad_engine import closed_graph, graph_vjp, is_float, replay, vjp
+from .grad_engine import VjpCall, closed_graph, graph_vjp, is_float, replay, vjp
 from .grad_rules import _flip
 from .tracer import Tensor, trace_error
 
@@ -177,7 +177,7 @@ def _foreach(c):
     node, b = c.node, c.builder
     a = node.attrs
     if a.has_valid_length:
-        raise trace_error("grad: foreach with valid_length has no vjp rule yet", node.source)
+        return _foreach_valid_length(c)
     nd, ns, no = a.num_data, a.num_states, a.num_outputs
     body = node.subgraphs[0]
     ins = list(node.inputs)
@@ -238,3 +238,36 @@ def _while_loop(c):
     for i, g in d_caps.items():
         res[cap_at + i] = (lambda g=g: g)
     return res
+
+
+def _foreach_valid_length(c):
+    """foreach with valid_length, differentiated as the equal loop over the whole batch whose body keeps a row's
+    state and zeroes its output once the row is past its length (``t >= valid_length[b]``): the finished rows get
+    no gradient from the steps they did not run. The masked node is only the rule's input, never emitted."""
+    node, b = c.node, c.builder
+    a = node.attrs
+    nd, ns, no = a.num_data, a.num_states, a.num_outputs
+    ins = list(node.inputs)
+    data, states, vl, caps = ins[:nd], ins[nd:nd + ns], ins[nd + ns], ins[nd + ns + 1:]
+    body = node.subgraphs[0]
+    steps = F.arange(F.shape_of(Tensor(data[0], b))[0])
+    active = F.less(F.expand_dims(steps, 1), F.expand_dims(F.cast(Tensor(vl, b), "int64"), 0))     # [T, B]
+
+    def build(bb, vals):
+        xs, m, sts, cap = vals[:nd], vals[nd], vals[nd + 1:nd + 1 + ns], vals[nd + 1 + ns:]
+        env = dict(zip(body.inputs, list(xs) + list(sts) + list(cap)))
+        replay(bb, body.nodes, env)
+        outs = [Tensor(env[v], bb) for v in body.outputs]
+        mask = Tensor(m, bb)
+
+        def keep(new, old):
+            mk = F.reshape(mask, (-1,) + (1,) * (new.ndim - 1)) if new.ndim > 1 else mask
+            return F.where(mk, new, old)
+        return [keep(o, F.zeros_like(o)) for o in outs[:no]] + \
+            [keep(o, Tensor(s, bb)) for o, s in zip(outs[no:], sts)]
+    in_types = [TensorType(v.type.shape[1:], v.type.dtype) for v in data] + [TensorType(active.type.shape[1:], "bool")] \
+        + [v.type for v in states] + [v.type for v in caps]
+    masked = Node("foreach", tuple(data) + (active.value,) + tuple(states) + tuple(caps), A.ForeachAttrs(nd + 1, ns, no),
+                  node.outputs, (closed_graph(in_types, build, f"{body.name}_masked"),), source=node.source)
+    grads = _foreach(VjpCall(masked, [Tensor(v, b) for v in masked.inputs], c.outs, c.cots, b, c.options))
+    return grads[:nd] + grads[nd + 1:nd + 1 + ns] + [None] + grads[nd + 1 + ns:]

@@ -26,9 +26,9 @@ _NO_GRADIENT: set = set()
 
 #: Registered ops that have no vjp rule yet: differentiating through one raises a TraceError naming it.
 NOT_DIFFERENTIABLE_YET = frozenset({
-    "conv", "max_pool", "avg_pool", "roi_align", "nms", "tile", "tile_dyn", "prod", "region", "unique",
+    "conv", "max_pool", "avg_pool", "roi_align", "prod", "region", "unique",
     "list_append", "list_at", "list_concat", "list_empty", "list_erase", "list_insert", "list_length", "list_stack",
-    "make_list", "split_to_list", "slice_axes_dyn",
+    "make_list", "split_to_list",
 })
 
 

@@ -35,7 +35,7 @@ def _scatter_add(x, pos, g):
     return F.reshape(out, F.shape_of(x))
 
 
-@vjp("slice", "slice_dyn", "take", "boolean_mask", "tile", "tile_dyn", "broadcast_to_dyn")
+@vjp("slice", "slice_dyn", "slice_axes_dyn", "take", "boolean_mask", "tile", "tile_dyn", "broadcast_to_dyn")
 def _gather(c):
     """Input 0 is the data; the others (bounds, indices, a mask, shapes) are integers or bools."""
     def d():
