@@ -13,19 +13,14 @@ import numpy as np
 
 import dyntvm as dt
 from dyntvm import F
+from dyntvm.examples.lstm import cell
 
 INPUT, HIDDEN = 4, 16
 
 
 def loss(W, U, b, V, xs, h0, y):
     """Mean squared error of a linear read-out of the LSTM's last hidden state."""
-    def step(x, states):
-        h, c = states
-        i, f, g, o = F.split(F.matmul(x, W) + F.matmul(h, U) + b, 4, axis=-1)
-        c = F.sigmoid(f) * c + F.sigmoid(i) * F.tanh(g)
-        h = F.sigmoid(o) * F.tanh(c)
-        return h, [h, c]
-    _, (h, _) = F.foreach(step, xs, [h0, h0])
+    _, (h, _) = F.foreach(lambda x, states: cell(x, states, W, U, b), xs, [h0, h0])
     err = F.matmul(h, V) - y
     return F.mean(err * err)
 

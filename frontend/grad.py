@@ -18,7 +18,9 @@ from .tracer import Tensor, TensorSpec, as_array, current, trace, trace_error, t
 MEMORY = ("recompute", "save_all")
 
 
-def _options(memory):
+def _options(api, fn, memory):
+    if not callable(fn):
+        raise trace_error(f"{api}: expected a function of tensors to differentiate, got a {type(fn).__name__}")
     if memory not in MEMORY:
         raise trace_error(f"grad: memory must be one of {', '.join(map(repr, MEMORY))}, got {memory!r}")
     return {"memory": memory}
@@ -79,6 +81,9 @@ def _scalar_out(api, out):
 def _eager(api, traced_fn, args, cache):
     """Run `traced_fn` (a function of traced tensors) on numpy `args`: traced for their shapes, cached."""
     from ..runtime.interpreter import run_reference
+    for i, a in enumerate(args):
+        if isinstance(a, (str, bytes)) or as_array(a).dtype.kind not in "biuf":
+            raise trace_error(f"{api}: argument {i} is a {type(a).__name__}; pass tensors or numpy arrays")
     arrays = [as_array(a) for a in args]
     key = tuple((a.shape, a.dtype.str) for a in arrays)
     graph = cache.get(key)
@@ -99,7 +104,7 @@ def value_and_grad(fn, argnums=0, memory: str = "recompute"):
         >>> dfdx = dt.grad(lambda x: F.sum(F.tanh(x) ** 2))
         >>> model = dt.compile(dfdx, dt.TensorSpec(("N",)))
     """
-    options = _options(memory)
+    options = _options("grad", fn, memory)
     cache: dict = {}
 
     def traced(*args):
@@ -138,7 +143,7 @@ def vjp(fn, *primals, memory: str = "recompute"):
     """``(fn(*primals), vjp_fn)``: ``vjp_fn(cotangent)`` (shaped like fn's output, a tensor or a nest of them)
     returns one cotangent per primal: ``sum(cotangent * d fn(primals) / d primal)``, zeros for a float primal
     the output does not depend on, None for an integer one."""
-    options = _options(memory)
+    options = _options("vjp", fn, memory)
     if tracing() or any(isinstance(a, Tensor) for a in primals):
         tape = _Tape("vjp", fn, primals)
         out_leaves, out_spec = tree_flatten(tape.out)

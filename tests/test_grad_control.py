@@ -129,23 +129,34 @@ def mlp_masked(x, w):
     return F.sum(F.log_softmax(keep, axis=-1) * keep) + F.sum(F.layer_norm(h, w[0], w[1])) * 0.1
 
 
-def test_compiled_gradients_equal_eager():
-    """One build per gradient function, run at several sizes (0 and 1 included)."""
-    cases = [
-        (dt.value_and_grad(mlp_masked, argnums=(0, 1)), (S(("N", 3)), S((3, 3))),
-         lambda n: (r(n, 3).astype(np.float32), r(3, 3, seed=1).astype(np.float32)), (0, 1, 7)),
-        (dt.grad(lambda xs, h0, W, U: F.sum(rnn(xs, h0, W, U)[0]), argnums=(0, 1, 2, 3)),
-         (S(("T", "B", 3), "float64"), S(("B", 4), "float64"), S((3, 4), "float64"), S((4, 4), "float64")),
-         lambda n: (r(n, 2, 3), r(2, 4, seed=1), r(3, 4, seed=2), r(4, 4, seed=3)), (0, 1, 5)),
-        (dt.value_and_grad(powers), (S(()),), lambda n: (np.float32(n / 2),), (1, 4)),
-    ]
-    for fn, specs, make, sizes in cases:
-        model = dt.compile(fn, *specs)
-        for n in sizes:
-            args = make(n)
-            got, want = model(*args), fn(*args)
-            for a, b in zip(_flat(got), _flat(want)):
-                np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+def _check_compiled(fn, specs, make, sizes):
+    """One build of the gradient function, run at several sizes (0 and 1 included), equals the eager gradient."""
+    model = dt.compile(fn, *specs)
+    for n in sizes:
+        args = make(n)
+        got, want = model(*args), fn(*args)
+        for a, b in zip(_flat(got), _flat(want)):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    return model
+
+
+def test_compiled_while_loop_gradient():
+    model = _check_compiled(dt.value_and_grad(powers), (S(()),), lambda n: (np.float32(n / 2),), (1, 4))
+    assert [float(v) for v in model(np.float32(2.0))] == [14.0, 17.0]
+
+
+@pytest.mark.slow
+def test_compiled_mask_softmax_layer_norm_gradient():
+    _check_compiled(dt.value_and_grad(mlp_masked, argnums=(0, 1)), (S(("N", 3)), S((3, 3))),
+                    lambda n: (r(n, 3).astype(np.float32), r(3, 3, seed=1).astype(np.float32)), (0, 1, 7))
+
+
+@pytest.mark.slow
+def test_compiled_foreach_gradient():
+    _check_compiled(dt.grad(lambda xs, h0, W, U: F.sum(rnn(xs, h0, W, U)[0]), argnums=(0, 1, 2, 3)),
+                    (S(("T", "B", 3), "float64"), S(("B", 4), "float64"), S((3, 4), "float64"),
+                     S((4, 4), "float64")),
+                    lambda n: (r(n, 2, 3), r(2, 4, seed=1), r(3, 4, seed=2), r(4, 4, seed=3)), (0, 1, 5))
 
 
 def _flat(x):
@@ -154,6 +165,7 @@ def _flat(x):
     return [np.asarray(x)]
 
 
+@pytest.mark.slow
 def test_train_lstm_example_loss_decreases(tmp_path):
     from dyntvm.examples import train_lstm
     losses = train_lstm.train(steps=60)

@@ -182,3 +182,7 @@ def test_bad_calls():
         dt.grad(lambda x: F.sum(x), argnums=3)(x)
     with pytest.raises(dt.TraceError, match="memory"):
         dt.grad(lambda x: F.sum(x), memory="all")
+    with pytest.raises(dt.TraceError, match="expected a function"):
+        dt.grad(x)
+    with pytest.raises(dt.TraceError, match="argument 0 is a str"):
+        dt.grad(lambda x: F.sum(x))("abc")
