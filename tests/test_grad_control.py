@@ -203,3 +203,12 @@ def test_memory_strategies_differ_in_what_the_reverse_pass_recomputes():
     saved_r, mul_r = count("recompute")
     saved_s, mul_s = count("save_all")
     assert saved_s > saved_r and mul_s < mul_r
+
+
+def test_growing_carry_refused_by_name():
+    def f(x):
+        (y,) = F.while_loop(lambda y: F.sum(y) < 10.0,
+                            lambda y: [F.concat([y, y], axis=0)], [x])
+        return F.sum(y)
+    with pytest.raises(dt.TraceError, match="while_loop loop var 0 changes shape"):
+        dt.grad(f)(np.ones(2))
