@@ -37,6 +37,9 @@ _LAZY = {
     "from_torch": ("dyntvm.frontend.torch_export", "from_torch"),
     "inspect_onnx": ("dyntvm.onnx_inspect", "inspect_onnx"),
     "load": ("dyntvm.runtime.load", "load"),
+    "grad": ("dyntvm.frontend.grad", "grad"),
+    "value_and_grad": ("dyntvm.frontend.grad", "value_and_grad"),
+    "vjp": ("dyntvm.frontend.grad", "vjp"),
 }
 
 

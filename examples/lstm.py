@@ -19,13 +19,18 @@ b = np.zeros(4 * HIDDEN, np.float32)
 b[HIDDEN:2 * HIDDEN] = 1.0                  # forget-gate bias 1 (the usual initialization)
 
 
-def step(x, states):
-    """One LSTM step: (x_t, [h, c]) -> (h, [h, c])."""
+def cell(x, states, W, U, b):
+    """One LSTM step with weights W [in, 4H], U [H, 4H], b [4H]: (x_t, [h, c]) -> (h, [h, c])."""
     h, c = states
     i, f, g, o = F.split(F.matmul(x, W) + F.matmul(h, U) + b, 4, axis=-1)
     c = F.sigmoid(f) * c + F.sigmoid(i) * F.tanh(g)
     h = F.sigmoid(o) * F.tanh(c)
     return h, [h, c]
+
+
+def step(x, states):
+    """One LSTM step of this example's weights: (x_t, [h, c]) -> (h, [h, c])."""
+    return cell(x, states, W, U, b)
 
 
 def lstm(xs, h0, c0):

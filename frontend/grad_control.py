@@ -1,0 +1,273 @@
+"""vjp rules of the control-flow ops: the backward of a control-flow node is a control-flow node.
+
+* ``cond`` / ``case``: the same choice again, each branch replaced by its vjp graph (the taken branch's vjp runs).
+* ``foreach``: the forward runs again with a body that also emits the states each step starts from (stacked
+  like its outputs); then a `foreach` over the reversed steps runs each step's vjp, carrying the state
+  cotangents and summing the captured values' cotangents.
+* ``while_loop``: the same, with the loop vars of every iteration saved (a stack that grows with the iterations,
+  as per-step outputs do) and the reverse pass a `foreach` over the saved stack: exactly as many steps as the
+  forward ran, whatever decided that.
+
+Memory (``memory=`` of `dt.grad`): ``"recompute"`` saves the carries only and recomputes each step's body in the
+reverse pass; ``"save_all"`` saves every float intermediate of the body (stacked) and does not recompute, where
+the body's values keep one shape per step (else it falls back to recomputing).
+"""
+from __future__ import annotations
+
+from ..ir import attrs as A
+from ..ir.graph import Node, Value
+from ..ir.list_type import ListType, value_dims
+from ..ir.types import TensorType, dim_symbols, fresh_dim
+from . import F
+from .grad_engine import VjpCall, closed_graph, graph_vjp, is_float, replay, vjp
+from .grad_rules import _flip
+from .tracer import Tensor, trace_error
+
+
+def _emit(b, node, op, attrs, inputs, out_types, subgraphs) -> list:
+    new = Node(op, tuple(b.lift(v) for v in inputs), attrs, tuple(Value(t) for t in out_types), tuple(subgraphs),
+               source=node.source)
+    return [Tensor(v, b) for v in b.add_node(new)]
+
+
+def _given(cots):
+    """Positions of the outputs that have a cotangent, and those cotangents."""
+    pos = [i for i, x in enumerate(cots) if x is not None]
+    return pos, [cots[i] for i in pos]
+
+
+def _copy_with_inputs(g, extra_types, name):
+    """Graph `g` copied with unused inputs of `extra_types` appended (a predicate next to vjp branches)."""
+    def build(bb, ins):
+        env = dict(zip(g.inputs, ins))
+        replay(bb, g.nodes, env)
+        return [Tensor(env[v], bb) for v in g.outputs]
+    return closed_graph([v.type for v in g.inputs] + list(extra_types), build, name)
+
+
+def _branch_vjp(g, n_caps, cot_pos, cot_types, wrt, options, name):
+    def build(bb, ins):
+        caps, cots = ins[:n_caps], ins[n_caps:]
+        return graph_vjp(bb, g, caps, {i: Tensor(v, bb) for i, v in zip(cot_pos, cots)}, wrt, options)[1]
+    return closed_graph([v.type for v in g.inputs] + cot_types, build, name)
+
+
+def _result(n_inputs, offset, wrt, outs):
+    res = [None] * n_inputs
+    for k, i in enumerate(wrt):
+        res[offset + i] = (lambda o=outs[k]: o)
+    return res
+
+
+@vjp("cond")
+def _cond(c):
+    node, b = c.node, c.builder
+    caps = list(node.inputs[1:])
+    wrt = [i for i, v in enumerate(caps) if is_float(v)]
+    cot_pos, cots = _given(c.cots)
+    cot_types = [x.type for x in cots]
+    graphs = [_branch_vjp(g, len(caps), cot_pos, cot_types, wrt, c.options, f"{g.name}_vjp") for g in node.subgraphs]
+    outs = _emit(b, node, "cond", A.CondAttrs(len(wrt)), [node.inputs[0]] + caps + [x.value for x in cots],
+                 [caps[i].type for i in wrt], graphs)
+    return _result(len(node.inputs), 1, wrt, outs)
+
+
+@vjp("case")
+def _case(c):
+    node, b = c.node, c.builder
+    caps = list(node.inputs)
+    wrt = [i for i, v in enumerate(caps) if is_float(v)]
+    cot_pos, cots = _given(c.cots)
+    cot_types = [x.type for x in cots]
+    n = node.attrs.num_cases
+    graphs = []
+    for i, g in enumerate(node.subgraphs):
+        is_pred = i < 2 * n and i % 2 == 0
+        graphs.append(_copy_with_inputs(g, cot_types, g.name) if is_pred else
+                      _branch_vjp(g, len(caps), cot_pos, cot_types, wrt, c.options, f"{g.name}_vjp"))
+    outs = _emit(b, node, "case", A.CaseAttrs(n, len(wrt), node.attrs.exclusive), caps + [x.value for x in cots],
+                 [caps[i].type for i in wrt], graphs)
+    return _result(len(node.inputs), 0, wrt, outs)
+
+
+# ----------------------------------------------------------------------------------------- loops
+def _check_carries(api, body, carried, outer_types):
+    for k, (v, t) in enumerate(zip(carried, outer_types)):
+        if isinstance(v.type, ListType):
+            raise trace_error(f"grad: {api} carries a list (loop var {k}); gradients through list carries are not "
+                              f"supported")
+        if is_float(v) and v.type.shape != t.shape:
+            raise trace_error(f"grad: {api} loop var {k} changes shape between iterations ({t} in, {v.type} in the "
+                              f"body); gradients need carries of one shape")
+
+
+def _saving_body(body, n_steps_out, carried_pos, keep):
+    """The loop body also emitting, as extra per-step outputs, the carries each step starts from and the
+    intermediates in `keep`."""
+    def build(bb, ins):
+        env = dict(zip(body.inputs, ins))
+        replay(bb, body.nodes, env)
+        outs = [Tensor(env[v], bb) for v in body.outputs]
+        return outs[:n_steps_out] + [Tensor(ins[i], bb) for i in carried_pos] + [Tensor(env[v], bb) for v in keep] \
+            + outs[n_steps_out:]
+    return closed_graph([v.type for v in body.inputs], build, f"{body.name}_saving")
+
+
+def _kept(c, body) -> list:
+    """memory="save_all": the body's float intermediates to save per step (those whose shape is the same at
+    every step: dims of the body's inputs); none for "recompute"."""
+    if c.options.get("memory") != "save_all":
+        return []
+    known = {s for v in body.inputs for d in value_dims(v.type) if isinstance(d, str) for s in dim_symbols(d)}
+    return [v for n in body.nodes if n.op != "constant" for v in n.outputs
+            if is_float(v) and all(isinstance(d, int) or dim_symbols(d) <= known for d in v.type.shape)]
+
+
+def _reverse_scan(c, body, n_data, data_rev, n_carry, saved_rev, n_out, dys_rev, dys_pos, dcarry, caps, keep,
+                  kept_rev):
+    """A `foreach` over the reversed steps running the body's vjp. `body` inputs: `n_data` data slices,
+    `n_carry` carries, the captures; outputs: `n_out` step outputs, new carries. `kept_rev`: the reversed
+    stacks of the intermediates `keep` (not recomputed). Returns (cotangents of the data, stacked in forward
+    order, of the carries' initial values, of the captures): float ones only."""
+    b = c.builder
+    wrt_data = [i for i in range(n_data) if is_float(body.inputs[i])]
+    wrt_carry = [i for i in range(n_carry) if is_float(body.inputs[n_data + i])]
+    wrt_caps = [i for i, v in enumerate(caps) if is_float(v)]
+    slice_types = [v.type for v in body.inputs[:n_data + n_carry]] + [body.outputs[j].type for j in dys_pos] + \
+        [v.type for v in keep]
+    state_types = [body.inputs[n_data + i].type for i in wrt_carry] + [caps[i].type for i in wrt_caps]
+    cap_types = [v.type for v in body.inputs[n_data + n_carry:]]
+
+    def build(bb, ins):
+        k = 0
+        xs = ins[k:k + n_data + n_carry]
+        k += n_data + n_carry
+        dys = ins[k:k + len(dys_pos)]
+        k += len(dys_pos)
+        kept = dict(zip(keep, ins[k:k + len(keep)]))
+        k += len(keep)
+        dcar = ins[k:k + len(wrt_carry)]
+        k += len(wrt_carry)
+        dcap = ins[k:k + len(wrt_caps)]
+        k += len(wrt_caps)
+        cap_in = ins[k:]
+        seeds = {j: Tensor(v, bb) for j, v in zip(dys_pos, dys)}
+        for i, v in zip(wrt_carry, dcar):
+            seeds[n_out + i] = Tensor(v, bb)
+        wrt = wrt_data + [n_data + i for i in wrt_carry] + [n_data + n_carry + i for i in wrt_caps]
+        _, grads = graph_vjp(bb, body, list(xs) + list(cap_in), seeds, wrt, c.options, kept)
+        nd, nc = len(wrt_data), len(wrt_carry)
+        acc = [Tensor(v, bb) + g for v, g in zip(dcap, grads[nd + nc:])]
+        return grads[:nd] + grads[nd:nd + nc] + acc
+    g = closed_graph(slice_types + state_types + cap_types, build, f"{body.name}_vjp")
+    inits = [dcarry[i] for i in wrt_carry] + [F.zeros_like(Tensor(caps[i], b)) for i in wrt_caps]
+    out_types = [TensorType(data_rev[i].type.shape, body.inputs[i].type.dtype) for i in wrt_data] + \
+        [t for t in state_types]
+    outs = _emit(b, c.node, "foreach", A.ForeachAttrs(n_data + n_carry + len(dys_pos) + len(keep), len(inits),
+                                                      len(wrt_data)),
+                 [x.value for x in data_rev + saved_rev + dys_rev + kept_rev] + [x.value for x in inits] + list(caps),
+                 out_types, [g])
+    nd, nc = len(wrt_data), len(wrt_carry)
+    return (dict(zip(wrt_data, [_flip(o, 0) for o in outs[:nd]])), dict(zip(wrt_carry, outs[nd:nd + nc])),
+            dict(zip(wrt_caps, outs[nd + nc:])))
+
+
+@vjp("foreach")
+def _foreach(c):
+    node, b = c.node, c.builder
+    a = node.attrs
+    if a.has_valid_length:
+        return _foreach_valid_length(c)
+    nd, ns, no = a.num_data, a.num_states, a.num_outputs
+    body = node.subgraphs[0]
+    ins = list(node.inputs)
+    data, states, caps = ins[:nd], ins[nd:nd + ns], ins[nd + ns:]
+    _check_carries("foreach", body, body.inputs[nd:nd + ns], [v.type for v in states])
+    length = data[0].type.shape[0]
+    keep = _kept(c, body)
+    saving = _saving_body(body, no, list(range(nd, nd + ns)), keep)
+    out_types = [v.type for v in node.outputs[:no]] + \
+        [TensorType((length,) + v.type.shape, v.type.dtype) for v in states + keep] + \
+        [v.type for v in node.outputs[no:]]
+    fwd = _emit(b, node, "foreach", A.ForeachAttrs(nd, ns, no + ns + len(keep)), ins, out_types, [saving])
+    saved, kept = fwd[no:no + ns], fwd[no + ns:no + ns + len(keep)]
+    dys_pos, dys = _given(c.cots[:no])
+    dcarry = [c.cot(no + k) if is_float(node.outputs[no + k]) else None for k in range(ns)]
+    d_data, d_states, d_caps = _reverse_scan(
+        c, body, nd, [_flip(Tensor(v, b), 0) for v in data], ns, [_flip(s, 0) for s in saved], no,
+        [_flip(x, 0) for x in dys], dys_pos, dcarry, caps, keep, [_flip(x, 0) for x in kept])
+    res = [None] * len(ins)
+    for i, g in d_data.items():
+        res[i] = (lambda g=g: g)
+    for i, g in d_states.items():
+        res[nd + i] = (lambda g=g: g)
+    for i, g in d_caps.items():
+        res[nd + ns + i] = (lambda g=g: g)
+    return res
+
+
+@vjp("while_loop")
+def _while_loop(c):
+    node, b = c.node, c.builder
+    a = node.attrs
+    nv, no = a.num_vars, a.num_outputs
+    cond_g, body = node.subgraphs
+    ins = list(node.inputs)
+    lvars = ins[:nv]
+    cap_at = nv + int(a.has_max_tensor)
+    caps = ins[cap_at:]
+    _check_carries("while_loop", body, body.inputs[:nv], [v.type for v in lvars])
+    keep = _kept(c, body)
+    saving = _saving_body(body, no, list(range(nv)), keep)
+    n_iter = fresh_dim(origin="the number of iterations of while_loop (saved for its gradient)")
+    out_types = [TensorType((n_iter,) + v.type.shape[1:], v.type.dtype) for v in node.outputs[:no]] + \
+        [TensorType((n_iter,) + v.type.shape, v.type.dtype) for v in list(body.inputs[:nv]) + keep] + \
+        [v.type for v in node.outputs[no:]]
+    fwd = _emit(b, node, "while_loop", A.WhileAttrs(nv, no + nv + len(keep), a.max_iterations, a.has_max_tensor),
+                ins, out_types, [cond_g, saving])
+    saved, kept = fwd[no:no + nv], fwd[no + nv:no + nv + len(keep)]
+    dys_pos, dys = _given(c.cots[:no])
+    dys = [F.reshape(x, F.shape_of(fwd[j])) for j, x in zip(dys_pos, dys)]     # on the saved run's count
+    dcarry = [c.cot(no + k) if is_float(node.outputs[no + k]) else None for k in range(nv)]
+    _, d_vars, d_caps = _reverse_scan(c, body, 0, [], nv, [_flip(s, 0) for s in saved], no,
+                                      [_flip(x, 0) for x in dys], dys_pos, dcarry, caps, keep,
+                                      [_flip(x, 0) for x in kept])
+    res = [None] * len(ins)
+    for i, g in d_vars.items():
+        res[i] = (lambda g=g: g)
+    for i, g in d_caps.items():
+        res[cap_at + i] = (lambda g=g: g)
+    return res
+
+
+def _foreach_valid_length(c):
+    """foreach with valid_length, differentiated as the equal loop over the whole batch whose body keeps a row's
+    state and zeroes its output once the row is past its length (``t >= valid_length[b]``): the finished rows get
+    no gradient from the steps they did not run. The masked node is only the rule's input, never emitted."""
+    node, b = c.node, c.builder
+    a = node.attrs
+    nd, ns, no = a.num_data, a.num_states, a.num_outputs
+    ins = list(node.inputs)
+    data, states, vl, caps = ins[:nd], ins[nd:nd + ns], ins[nd + ns], ins[nd + ns + 1:]
+    body = node.subgraphs[0]
+    steps = F.arange(F.shape_of(Tensor(data[0], b))[0])
+    active = F.less(F.expand_dims(steps, 1), F.expand_dims(F.cast(Tensor(vl, b), "int64"), 0))     # [T, B]
+
+    def build(bb, vals):
+        xs, m, sts, cap = vals[:nd], vals[nd], vals[nd + 1:nd + 1 + ns], vals[nd + 1 + ns:]
+        env = dict(zip(body.inputs, list(xs) + list(sts) + list(cap)))
+        replay(bb, body.nodes, env)
+        outs = [Tensor(env[v], bb) for v in body.outputs]
+        mask = Tensor(m, bb)
+
+        def keep(new, old):
+            mk = F.reshape(mask, (-1,) + (1,) * (new.ndim - 1)) if new.ndim > 1 else mask
+            return F.where(mk, new, old)
+        return [keep(o, F.zeros_like(o)) for o in outs[:no]] + \
+            [keep(o, Tensor(s, bb)) for o, s in zip(outs[no:], sts)]
+    in_types = [TensorType(v.type.shape[1:], v.type.dtype) for v in data] + [TensorType(active.type.shape[1:], "bool")] \
+        + [v.type for v in states] + [v.type for v in caps]
+    masked = Node("foreach", tuple(data) + (active.value,) + tuple(states) + tuple(caps), A.ForeachAttrs(nd + 1, ns, no),
+                  node.outputs, (closed_graph(in_types, build, f"{body.name}_masked"),), source=node.source)
+    grads = _foreach(VjpCall(masked, [Tensor(v, b) for v in masked.inputs], c.outs, c.cots, b, c.options))
+    return grads[:nd] + grads[nd + 1:nd + 1 + ns] + [None] + grads[nd + 1 + ns:]
