@@ -29,19 +29,24 @@ def dense(x):
 
 
 # ------------------------------------------------------------------------------------------ the rule
-def _fixed(values):
-    it = iter(values)
-    return lambda: next(it)
+# the first round at which all-wins is significant: 7 (0.5 ** 7 < 1%)
+DECISIVE = next(n for n in range(tuning_verdict.MIN_ROUNDS, 99) if tuning_verdict.sign_test(n, 0) < tuning_verdict.ALPHA)
+
+
+def test_the_sign_test():
+    assert tuning_verdict.sign_test(0, 0) == 1.0 and tuning_verdict.sign_test(7, 0) == 0.5 ** 7
+    assert tuning_verdict.sign_test(9, 1) == 11 / 1024 and tuning_verdict.sign_test(1, 9) == 1 - 1 / 1024
+    assert DECISIVE == 7
 
 
 def test_a_clearly_faster_schedule_is_kept_after_the_minimum_rounds():
     v = tuning_verdict.interleaved(lambda: 2e-3, lambda: 1e-3, "kernel alone")
-    assert (v.use, v.rounds) == ("tuned", tuning_verdict.MIN_ROUNDS) and v.reason.startswith("faster")
+    assert (v.use, v.rounds) == ("tuned", DECISIVE) and v.reason.startswith("faster")
 
 
 def test_a_clearly_slower_schedule_is_rejected_after_the_minimum_rounds():
     v = tuning_verdict.interleaved(lambda: 1e-3, lambda: 3e-3, "kernel alone")
-    assert (v.use, v.rounds) == ("default", tuning_verdict.MIN_ROUNDS) and v.reason.startswith("slower")
+    assert (v.use, v.rounds) == ("default", DECISIVE) and v.reason.startswith("slower")
 
 
 def test_no_difference_is_rejected_after_the_most_rounds():
@@ -51,14 +56,15 @@ def test_no_difference_is_rejected_after_the_most_rounds():
 
 
 def test_a_gain_below_the_minimum_is_not_kept():
-    """1% faster every time: outside the noise, but below MIN_GAIN (2%)."""
+    """1% faster every time: significant, but below MIN_GAIN (2%)."""
     v = tuning_verdict.interleaved(lambda: 1.00e-3, lambda: 0.99e-3, "kernel alone")
     assert v.use == "default"
 
 
 def test_equal_noisy_timings_are_seldom_kept():
-    """Both sides drawn from one distribution (noise of +-30% with spikes): the rule keeps the "tuned" one in
-    few of 200 seeded trials (a kept equal schedule costs nothing, but the rule must not be a coin toss)."""
+    """Both sides drawn from one distribution (noise of +30% with spikes of up to 3x in 10% of the samples): the
+    rule keeps the "tuned" one in few of 200 seeded trials (a kept equal schedule costs nothing, but the rule
+    must not be a coin toss: the quartile rule first tried here kept 48)."""
     kept = 0
     for seed in range(200):
         rng = np.random.default_rng(seed)
@@ -66,7 +72,7 @@ def test_equal_noisy_timings_are_seldom_kept():
         def draw():
             return 1e-3 * (1 + 0.3 * rng.random() + (2 * rng.random() if rng.random() < 0.1 else 0))
         kept += tuning_verdict.interleaved(draw, draw, "kernel alone").use == "tuned"
-    assert kept <= 10, kept
+    assert kept <= 12, kept
 
 
 def test_the_order_alternates():
@@ -105,6 +111,7 @@ def test_a_far_better_schedule_is_kept_in_its_region(matmul_task, monkeypatch):
     assert verdict is not None and verdict.use == "tuned", verdict
 
 
+@pytest.mark.slow      # ~40 s: MetaSchedule's builder and runner pools start even when the search is replaced
 def test_a_tune_rejects_a_bad_schedule_and_compile_does_not_use_it(tmp_path, monkeypatch):
     """A whole tune whose search "finds" the unscheduled kernel for every kernel: each is rejected (the matmul
     as slower), the log says why, and a build with the log uses no tuned kernel. The machine is made to look
