@@ -367,6 +367,32 @@ def tune_kernels(kernels: dict, target, log_dir: str, manifest: dict, trials: in
     return manifest
 
 
+@contextlib.contextmanager
+def _cpu_tensor_intrinsics_only(target):
+    """MetaSchedule's TuneContext imports ``tvm.s_tir.tensor_intrin``, which parses every target's intrinsics
+    (CUDA, ROCm, Hexagon, ...: 25 s idle, minutes on a loaded machine, mostly in TVMScript's `inspect.stack`).
+    For a CPU tune only the CPU ones (x86's VNNI / AVX-512 dots, Arm's) can be used: those are imported, the
+    package stands in for the rest meanwhile (its real ``__init__`` still runs on a later import)."""
+    import importlib
+    import sys
+    import types
+    name = "tvm.s_tir.tensor_intrin"
+    if is_cuda(target) or name in sys.modules:
+        yield
+        return
+    import tvm.s_tir
+    stub = types.ModuleType(name)
+    stub.__path__ = [os.path.join(os.path.dirname(tvm.s_tir.__file__), "tensor_intrin")]
+    sys.modules[name] = stub
+    try:
+        for cpu in ("x86", "arm_cpu"):
+            importlib.import_module(f"{name}.{cpu}")
+        yield
+    finally:
+        if sys.modules.get(name) is stub:
+            del sys.modules[name]
+
+
 def search(task, target, log_dir: str, db, trials: int, measurers, stop):
     """MetaSchedule's search of `task` (a module of one ``main``) into `db`; the best schedule's PrimFunc, or
     a CompileError when no candidate was valid."""
@@ -374,7 +400,7 @@ def search(task, target, log_dir: str, db, trials: int, measurers, stop):
 
     from .tuning_interrupt import MeasuredOnly, StoppableRoundRobin
     builder, runner = measurers
-    with warnings.catch_warnings(), _meta_schedule_logging():
+    with warnings.catch_warnings(), _meta_schedule_logging(), _cpu_tensor_intrinsics_only(target):
         warnings.simplefilter("ignore")
         ms.tune_tir(task, target, log_dir, max_trials_global=trials, num_trials_per_iter=min(trials, 64),
                     builder=builder, runner=runner, database=db, cost_model="xgb", seed=0,
