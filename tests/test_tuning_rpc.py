@@ -96,7 +96,7 @@ def test_the_servers_behind_a_tracker_measure_the_candidates(tracker, tmp_path):
     env = {**os.environ, "DYNTVM_TUNE_BUSY_LOAD": "1000"}
     run = subprocess.run([sys.executable, "-m", "dyntvm", "tune", f"{model}:tiny", "--input", "x:8,32:float32",
                           "--trials", "4", "--rpc", address, "--key", KEY, "-o", str(out)],
-                         capture_output=True, text=True, env=env, timeout=400)
+                         capture_output=True, text=True, env=env, timeout=540)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["tuned_under"]["runner"] == f"rpc {address} key {KEY} (2 servers)"
