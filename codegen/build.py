@@ -316,11 +316,12 @@ def _loop_specs(graph: Graph, kind: str) -> list:
     return loop_specs(graph) + (loop_specs(graph, "cpu") if os.environ.get(DEVICE_LOOPS_ON_CPU) == "1" else [])
 
 
-def tuning_tasks(graph: Graph, hints: dict, tvm_target) -> tuple[dict, dict, dict]:
+def tuning_tasks(graph: Graph, hints: dict, tvm_target, origins: dict | None = None) -> tuple[dict, dict, dict]:
     """``(specializations, kernels, failed)`` of a partitioned `graph` for tuning (`tuning.tune`): the regions'
     specializations at the hinted sizes (`tuning.specialized_regions`), the static kernels of those and of
     the regions without symbolic dims, fused exactly as a build fuses them, and ``{specialization: why}``
-    for those that do not build (each is built on its own)."""
+    for those that do not build (each is built on its own). `origins`, when given, is filled with
+    ``{kernel key: (region name, graph)}``: a region that calls the kernel (where a tuned one is compared)."""
     import tvm
     from tvm import relax
 
@@ -341,18 +342,26 @@ def tuning_tasks(graph: Graph, hints: dict, tvm_target) -> tuple[dict, dict, dic
     static = {gv.name_hint for gv, f in mod.functions_items()      # regions of static shapes: tuned as they are
               if isinstance(f, relax.Function) and not region_symbols(f)}
     kernels = static_kernels(whole, static) if static else {}
+    if origins is not None:
+        graphs = dict(regions)
+        for region in sorted(static & graphs.keys()):
+            for key in static_kernels(whole, {region}):
+                origins.setdefault(key, (region, graphs[region]))
     kept, failed = {}, {}
     for region, specs in table.items():
         for combo, name in specs:
             try:
                 # alone: fusion works per function, so its kernels are those of the full build
-                _, one = fused(specialized_regions(regions, {region: [(combo, name)]}))
+                spec = specialized_regions(regions, {region: [(combo, name)]})
+                _, one = fused(spec)
             except Exception as e:  # noqa: BLE001 - a TVM pass failing on the bound sizes: skip that one
                 failed[name] = f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:200]}"
                 continue
             kept.setdefault(region, []).append((combo, name))
             for key, kernel in static_kernels(one, {name}).items():
                 kernels.setdefault(key, kernel)
+                if origins is not None:
+                    origins.setdefault(key, spec[0])
     return kept, kernels, failed
 
 

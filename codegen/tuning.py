@@ -4,15 +4,19 @@ MetaSchedule cannot tune kernels with symbolic dims, so tuning works on *special
 whose symbols all have hints gets one copy per combination of hinted sizes (``<region>__at_T16_B1``, a
 copy of the region's graph with its symbols bound), which legalization and fusion turn into static kernels. Each static kernel is one task:
 
-1. our default schedule (`cpu_schedule`) is built and timed;
-2. MetaSchedule tunes the kernel (`trials` candidates, XGBoost cost model) into a JSON database;
-3. the best tuned schedule is built and timed the same way (one kernel alone, random inputs, median);
-4. the faster of the two is recorded; tuning never makes a kernel slower than our default.
+1. our default schedule (`cpu_schedule`) is built and timed alone (random inputs, median);
+2. MetaSchedule tunes the kernel (`trials` candidates, XGBoost cost model) into a JSON database; its
+   candidates are measured here or, with a tracker (`tuning_rpc`), on the RPC servers behind it;
+3. the best tuned schedule is timed alone the same way (for information), then kept only if the region it
+   runs in, built with it in place and the rest default, is faster than with the default, timed interleaved
+   in this process until the difference is outside the noise (`tuning_verdict`); otherwise the manifest
+   records it as rejected, and why. Tuning never makes a region slower than our default.
 
 The log folder (``tuning_logs/<model>/<target-key>/``) holds the MetaSchedule database
 (``database_workload.json``, ``database_tuning_record.json``) and ``manifest.json``: the model's hash
-(`runtime.artifact.kernel_binding`), the target (string, CPU model), the hints, the specializations per
-region, and per kernel the default and tuned latency and which one is used. A task finished in the manifest
+(`runtime.artifact.kernel_binding`), the target (string, ISA features and core class it is matched by:
+`tuning_keys`), the hints, the specializations per
+region, and per kernel the default and tuned latency, which one is used and the verdict that chose. A task finished in the manifest
 is not tuned again (an interrupted or repeated run resumes).
 
 Applying a log (`load_log`, then `codegen.build` with ``tuning=``): the same specializations are compiled
@@ -31,7 +35,6 @@ import itertools
 import json
 import logging
 import os
-import platform
 import re
 import time
 import warnings
@@ -39,11 +42,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import tvm
-import tvm_ffi
 from tvm import relax, tirx
 
 from ..errors import CompileError
-from .tuning_task import TuningWarning, _as_main, _main_mod, _random_args, is_cuda, task_func  # noqa: F401
+from .tuning_keys import cpu_model, gpu_name, log_mismatch, target_identity, target_key  # noqa: F401
+from .tuning_task import TuningWarning, _as_main, _main_mod, _random_args, is_cuda, task_func, workload_key  # noqa: F401
 
 FORMAT = 1
 MANIFEST = "manifest.json"
@@ -157,53 +160,6 @@ def static_kernels(mod: tvm.IRModule, callers: set) -> dict:
     return out
 
 
-def workload_key(func: tirx.PrimFunc) -> str:
-    return f"{tvm_ffi.structural_hash(_as_main(func)) & (2 ** 64 - 1):016x}"
-
-
-# ------------------------------------------------------------------------------------------ target keys
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def target_key(target) -> str:
-    """A folder name for the target: kind, CPU (mcpu) and cores, e.g. ``llvm-znver4-2c``."""
-    cfg = dict(target.export())
-    parts = [str(cfg.get("kind", "target"))]
-    for k in ("mcpu", "arch"):
-        if cfg.get(k):
-            parts.append(str(cfg[k]))
-    if cfg.get("num-cores"):
-        parts.append(f"{cfg['num-cores']}c")
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", "-".join(parts))
-
-
-def gpu_name() -> str | None:
-    try:
-        dev = tvm.cuda(0)
-        return str(dev.device_name) if dev.exist else None
-    except Exception:  # noqa: BLE001 - no CUDA runtime in this TVM
-        return None
-
-
-def target_identity(target) -> dict:
-    """What a log records of its target: the target string and key, and the CPU model (a CPU log applies
-    only on that CPU model) or, informally, the GPU it was tuned on (a CUDA log applies to its arch: the key)."""
-    ident = {"target": str(target), "target_key": target_key(target)}
-    if is_cuda(target):
-        ident["gpu"] = gpu_name()
-    else:
-        ident["cpu"] = cpu_model()
-    return ident
-
-
 # ---------------------------------------------------------------------------------------------- timing
 
 
@@ -302,12 +258,9 @@ def load_log(path: str, model_hash: str | None, target, quiet_mismatch: bool = F
             raise ValueError("its 'kernels' are not entries with a 'workload'")
     except ValueError as e:                                 # LogFileError too
         return refuse(f"{MANIFEST} is missing or corrupt ({type(e).__name__}: {e})")
-    ident = target_identity(target)
-    mismatch = None
-    if manifest.get("target_key") != ident["target_key"] or ("cpu" in ident and manifest.get("cpu") != ident["cpu"]):
-        where = lambda d: f" on {d['cpu']!r}" if d.get("cpu") else ""    # noqa: E731
-        mismatch = (f"it was made for another target ({manifest.get('target_key')}{where(manifest)}; "
-                    f"this is {ident['target_key']}{where(ident)})")
+    mismatch = log_mismatch(manifest, target)
+    if mismatch is not None:
+        mismatch = f"it was made for another target: {mismatch}"
     elif model_hash is not None and manifest.get("model_hash") != model_hash:
         mismatch = f"it was made for another model (or this model changed since): {manifest.get('model')!r}"
     if mismatch:
@@ -344,14 +297,6 @@ def write_manifest(path: str, manifest: dict) -> None:
 
 
 # ------------------------------------------------------------------------------------------ tuning
-MARGIN = 0.95           # the tuned kernel must be this much faster: timings of tiny kernels are mostly noise
-
-
-def winner(default_us: float, tuned_us: float) -> str:
-    """"tuned" if the tuned kernel beat the default by the margin, else "default"."""
-    return "tuned" if tuned_us < MARGIN * default_us else "default"
-
-
 def _build(mod, target, _params):
     """MetaSchedule's builder function without its ``import tvm.s_tir.tensor_intrin`` (25 s in each fresh
     worker here: it parses every target's tensor intrinsics; fp32 CPU kernels use none)."""
@@ -383,11 +328,14 @@ def _meta_schedule_logging():
 
 
 def tune_kernels(kernels: dict, target, log_dir: str, manifest: dict, trials: int, progress=None,
-                 on_done=None) -> dict:
+                 on_done=None, regions: dict | None = None, rpc: tuple | None = None) -> dict:
     """Tune each kernel of `kernels` (``static_kernels``) not yet finished in `manifest`, into the database in
     `log_dir`; updates and writes the manifest after each kernel. `progress`: a tqdm-like bar (``update``,
-    ``set_postfix_str``). Returns the manifest. Ctrl-C stops at the next safe point (`tuning_interrupt`): the
-    manifest and database keep what was finished and measured, then KeyboardInterrupt is raised."""
+    ``set_postfix_str``). `regions`: ``{workload key: (region name, graph)}``, the region each kernel is
+    compared in (`tuning_verdict`). `rpc`: ``(host, port, key)`` of a TVM RPC tracker whose servers measure
+    the candidates (`tuning_rpc`) instead of this machine. Returns the manifest. Ctrl-C stops at the next safe
+    point (`tuning_interrupt`): the manifest and database keep what was finished and measured, then
+    KeyboardInterrupt is raised."""
     done = {k["workload"]: k for k in manifest["kernels"] if k.get("status") in ("done", "failed")}
     todo = [(key, name, func) for key, (name, func) in kernels.items() if key not in done]
     if progress is not None:
@@ -406,12 +354,62 @@ def tune_kernels(kernels: dict, target, log_dir: str, manifest: dict, trials: in
     from .tuning_interrupt import StoppableBuilder, StoppableRunner, deferred_interrupt
     with deferred_interrupt() as stop:      # Ctrl-C: acted upon at safe points (`tuning_interrupt`)
         builder = StoppableBuilder(stop, max_workers=workers, f_build=_build, timeout_sec=120)
-        runner = StoppableRunner(stop)
+        if rpc is None:
+            runner = StoppableRunner(stop)
+        else:
+            from .tuning_rpc import rpc_runner
+            runner = rpc_runner(stop, *rpc)
         try:
-            _tune_each(todo, target, log_dir, manifest, trials, schedule, (builder, runner), stop, progress, on_done)
+            _tune_each(todo, target, log_dir, manifest, trials, schedule, (builder, runner), stop, progress, on_done,
+                       regions or {})
         finally:
             runner.close()
     return manifest
+
+
+@contextlib.contextmanager
+def _cpu_tensor_intrinsics_only(target):
+    """MetaSchedule's TuneContext imports ``tvm.s_tir.tensor_intrin``, which parses every target's intrinsics
+    (CUDA, ROCm, Hexagon, ...: 25 s idle, minutes on a loaded machine, mostly in TVMScript's `inspect.stack`).
+    For a CPU tune only the CPU ones (x86's VNNI / AVX-512 dots, Arm's) can be used: those are imported, the
+    package stands in for the rest meanwhile (its real ``__init__`` still runs on a later import)."""
+    import importlib
+    import sys
+    import types
+    name = "tvm.s_tir.tensor_intrin"
+    if is_cuda(target) or name in sys.modules:
+        yield
+        return
+    import tvm.s_tir
+    stub = types.ModuleType(name)
+    stub.__path__ = [os.path.join(os.path.dirname(tvm.s_tir.__file__), "tensor_intrin")]
+    sys.modules[name] = stub
+    try:
+        for cpu in ("x86", "arm_cpu"):
+            importlib.import_module(f"{name}.{cpu}")
+        yield
+    finally:
+        if sys.modules.get(name) is stub:
+            del sys.modules[name]
+
+
+def search(task, target, log_dir: str, db, trials: int, measurers, stop):
+    """MetaSchedule's search of `task` (a module of one ``main``) into `db`; the best schedule's PrimFunc, or
+    a CompileError when no candidate was valid."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from .tuning_interrupt import MeasuredOnly, StoppableRoundRobin
+    builder, runner = measurers
+    with warnings.catch_warnings(), _meta_schedule_logging(), _cpu_tensor_intrinsics_only(target):
+        warnings.simplefilter("ignore")
+        ms.tune_tir(task, target, log_dir, max_trials_global=trials, num_trials_per_iter=min(trials, 64),
+                    builder=builder, runner=runner, database=db, cost_model="xgb", seed=0,
+                    task_scheduler=StoppableRoundRobin(stop), measure_callbacks=[MeasuredOnly(stop)])
+    stop.check()                            # interrupted: what was measured is in the database, not finished
+    sch = db.query_schedule(task, target=target, workload_name="main")
+    if sch is None:
+        raise CompileError("no valid candidate was found")
+    return sch.mod["main"]
 
 
 def _first_line(e: BaseException) -> str:
@@ -419,14 +417,13 @@ def _first_line(e: BaseException) -> str:
     return lines[0][:200] if lines else "(no message)"
 
 
-def _tune_each(todo, target, log_dir, manifest, trials, schedule, measurers, stop, progress, on_done) -> None:
+def _tune_each(todo, target, log_dir, manifest, trials, schedule, measurers, stop, progress, on_done,
+               regions) -> None:
     """`tune_kernels`' loop over the kernels to tune; `stop.check()` at its safe points."""
     from tvm.s_tir import meta_schedule as ms
 
-    from .tuning_interrupt import MeasuredOnly, StoppableRoundRobin
-    builder, runner = measurers
+    from .tuning_verdict import keep_or_reject
     db = ms.database.JSONDatabase(work_dir=log_dir)
-    best = None
     for key, name, func in todo:
         stop.check()
         entry = {"workload": key, "name": name, "trials": trials}
@@ -440,19 +437,14 @@ def _tune_each(todo, target, log_dir, manifest, trials, schedule, measurers, sto
             default = None
         if default is not None:
             try:
-                task = _main_mod(task_func(func))
-                with warnings.catch_warnings(), _meta_schedule_logging():
-                    warnings.simplefilter("ignore")
-                    ms.tune_tir(task, target, log_dir, max_trials_global=trials, num_trials_per_iter=min(trials, 64),
-                                builder=builder, runner=runner, database=db, cost_model="xgb", seed=0,
-                                task_scheduler=StoppableRoundRobin(stop), measure_callbacks=[MeasuredOnly(stop)])
-                stop.check()                # interrupted: what was measured is in the database, not finished
-                sch = db.query_schedule(task, target=target, workload_name="main")
-                if sch is None:
-                    raise CompileError("no valid candidate was found")
-                entry["tuned_us"] = round(measure(sch.mod["main"], target) * 1e6, 3)
-                entry["use"] = winner(entry["default_us"], entry["tuned_us"])
-                entry["status"] = "done"
+                tuned = search(_main_mod(task_func(func)), target, log_dir, db, trials, measurers, stop)
+                entry["tuned_us"] = round(measure(tuned, target) * 1e6, 3)      # alone: for information
+                stop.check()
+                verdict = keep_or_reject(key, default, tuned, target, regions.get(key))
+                entry.update(use=verdict.use, status="done", verdict=verdict.record())
+                if verdict.use != "tuned":
+                    entry["rejected"] = verdict.reason
+                stop.check()
             except KeyboardInterrupt:
                 raise
             except Exception as e:  # noqa: BLE001 - MetaSchedule fails on some kernels: keep the default
@@ -464,11 +456,9 @@ def _tune_each(todo, target, log_dir, manifest, trials, schedule, measurers, sto
         entry["seconds"] = round(time.perf_counter() - t0, 1)
         manifest["kernels"] = [k for k in manifest["kernels"] if k["workload"] != key] + [entry]
         write_manifest(log_dir, manifest)
-        if entry.get("tuned_us") is not None:
-            best = entry["tuned_us"] if best is None else min(best, entry["tuned_us"])
         if progress is not None:
             progress.update(1)
             progress.set_postfix_str(f"{name}: default {entry.get('default_us', '-')} us, tuned "
-                                     f"{entry.get('tuned_us', '-')} us")
+                                     f"{entry.get('tuned_us', '-')} us, {entry.get('use', '-')}")
         if on_done is not None:
             on_done(entry)

@@ -35,21 +35,26 @@ def _main_mod(func: tirx.PrimFunc) -> tvm.IRModule:
     return tvm.IRModule({"main": _as_main(func)})
 
 
+def workload_key(func: tirx.PrimFunc) -> str:
+    """A kernel's key in a tuning log: the structural hash of the PrimFunc (as ``main``)."""
+    return f"{tvm_ffi.structural_hash(_as_main(func)) & (2 ** 64 - 1):016x}"
+
+
 def is_cuda(target) -> bool:
     return str(target.kind.name) == "cuda"
 
 
+def random_tensor(shape: list, dtype: str, rng, dev):
+    """A tensor of random values on `dev`: 0 / 1 for integers and bools (valid indices for gathers)."""
+    if dtype == "bool":
+        a = rng.integers(0, 2, shape).astype(bool)
+    elif np.dtype(dtype).kind in "iu":
+        a = rng.integers(0, 2, shape).astype(dtype)
+    else:
+        a = rng.standard_normal(shape).astype(dtype)
+    return tvm.runtime.tensor(a, dev)
+
+
 def _random_args(func: tirx.PrimFunc, dev, seed: int = 0) -> list:
-    rng = np.random.default_rng(seed)
-    args = []
-    for p in func.params:                           # buffers (static shapes: `static_kernels`)
-        shape = [int(d) for d in p.shape]
-        dtype = str(p.dtype)
-        if dtype == "bool":
-            a = rng.integers(0, 2, shape).astype(bool)
-        elif np.dtype(dtype).kind in "iu":
-            a = rng.integers(0, 2, shape).astype(dtype)     # small: valid indices for gathers
-        else:
-            a = rng.standard_normal(shape).astype(dtype)
-        args.append(tvm.runtime.tensor(a, dev))
-    return args
+    rng = np.random.default_rng(seed)               # buffers (static shapes: `static_kernels`)
+    return [random_tensor([int(d) for d in p.shape], str(p.dtype), rng, dev) for p in func.params]

@@ -176,13 +176,15 @@ def _tune(args) -> int:
     print(f"tuning {loaded.source} for {args.target} ({args.trials} trials per kernel) ...", flush=True)
     t0 = time.perf_counter()
     log = dt.tune(loaded.graph, target=args.target, trials=args.trials, shape_hints=_hints(args.hint) or None,
-                  log_dir=args.output)
+                  log_dir=args.output, rpc=args.rpc, rpc_key=args.key, busy_load=args.busy_load,
+                  refuse_busy=args.refuse_busy)
     with open(os.path.join(log, "manifest.json")) as f:
         manifest = json.load(f)
     print(f"{'kernel':<40} {'default us':>11} {'tuned us':>10}  used")
     for k in manifest["kernels"]:
+        why = k.get("reason") or k.get("rejected") or k.get("verdict", {}).get("reason")
         print(f"{k.get('name', '?'):<40} {k.get('default_us', '-'):>11} {k.get('tuned_us', '-'):>10}  "
-              f"{k.get('use', '-')}" + (f" ({k['reason']})" if k.get("reason") else ""))
+              f"{k.get('use', '-')}" + (f" ({why})" if why else ""))
     won = sum(k.get("use") == "tuned" for k in manifest["kernels"])
     print(f"{won} of {len(manifest['kernels'])} kernels use the tuned schedule; {time.perf_counter() - t0:.1f} s; "
           f"log: {log} (dyntvm compile ... --tuning-log {log})")
@@ -449,6 +451,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--hint", action="append", metavar="SYM=SIZES",
                    help="sizes to tune a symbolic dim for, e.g. T=16,64; once per symbol (default 16 each)")
     t.add_argument("-o", "--output", metavar="DIR", help="log folder (default tuning_logs/<model>/<target key>)")
+    t.add_argument("--rpc", metavar="HOST:PORT", help="a TVM RPC tracker: its servers (registered with --key) "
+                   "measure the candidates (CPU)")
+    t.add_argument("--key", metavar="KEY", help="the key the RPC servers registered under at the tracker (--rpc)")
+    t.add_argument("--busy-load", type=float, metavar="X", help="load average per core above which the machine "
+                   "counts as busy (default $DYNTVM_TUNE_BUSY_LOAD, else 0.5): warns, or refuses with --refuse-busy")
+    t.add_argument("--refuse-busy", action="store_true", help="refuse to tune on a busy machine instead of warning")
     t.set_defaults(func=_tune)
 
     r = sub.add_parser("run", parents=[common], help="run an artifact (or an ONNX model) on .npy or random inputs",

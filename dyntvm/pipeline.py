@@ -125,13 +125,10 @@ def _tuning_for(pg: Graph, name: str, binding: str, target: str, kind: str, tuni
     """``(TuningLog, specializations)`` to build with, or None (no log, or one that does not apply: warned)."""
     from .codegen.build import check_compiler, concrete_target
     check_compiler()                            # TVM's compiler library (runtime-only: a clear CompileError)
-    from .codegen.tuning import load_log, target_key
+    from .codegen.tuning import load_log
     tvm_target = concrete_target(target)
     if tuning_log is None:                      # a shipped log for this model and target, if any: silently
-        path = os.path.join(shipped_logs(), name, target_key(tvm_target))
-        if not os.path.lexists(os.path.join(path, "manifest.json")):
-            return None
-        log = load_log(path, binding, tvm_target, quiet_mismatch=True)    # a bad file warns, another CPU not
+        log = _shipped_log(os.path.join(shipped_logs(), name), binding, tvm_target)
     else:
         if not isinstance(tuning_log, (str, os.PathLike)):
             raise CompileError(f"compile: tuning_log must be a folder path, got {type(tuning_log).__name__}")
@@ -142,13 +139,36 @@ def _tuning_for(pg: Graph, name: str, binding: str, target: str, kind: str, tuni
     return log, table
 
 
+def _shipped_log(folder: str, binding: str, tvm_target):
+    """The first log under `folder` (``tuning_logs/<model>``) that applies to this model and target: the one
+    named by this target's key first, then the others (a log matches by ISA features and core class, not by
+    its folder's name: `codegen/tuning_keys.py`). A bad file warns; another model or CPU says nothing."""
+    from .codegen.tuning import load_log, target_key
+    try:
+        names = sorted(e.name for e in os.scandir(folder) if e.is_dir())
+    except OSError:
+        return None
+    key = target_key(tvm_target)
+    for name in sorted(names, key=lambda n: n != key):
+        if name.partition("-")[0] != key.partition("-")[0]:      # a CUDA log for a CPU build: not read
+            continue
+        path = os.path.join(folder, name)
+        if os.path.lexists(os.path.join(path, "manifest.json")):
+            log = load_log(path, binding, tvm_target, quiet_mismatch=True)
+            if log is not None:
+                return log
+    return None
+
+
 def tune(fn_or_graph, *specs, target: str = "cpu", trials: int = 64, shape_hints: dict | None = None,
-         log_dir: str | None = None, selector=None, progress: bool = True) -> str:
+         log_dir: str | None = None, selector=None, progress: bool = True, rpc: str | None = None,
+         rpc_key: str | None = None, busy_load: float | None = None, refuse_busy: bool = False) -> str:
     """Autotune a model's kernels with MetaSchedule and its XGBoost cost model; returns the log folder.
 
     Every region whose symbolic dims all have hints is specialized to each combination of hinted sizes;
-    each resulting static kernel is tuned (`trials` candidates), timed against our default schedule, and
-    the faster one recorded (`codegen/tuning.py`). Running again with the same folder resumes: finished
+    each resulting static kernel is tuned (`trials` candidates), and the tuned schedule kept only if the
+    region it runs in is faster with it than with our default schedule, timed interleaved until the
+    difference is outside the noise (`codegen/tuning_verdict.py`); else the log records it as rejected. Running again with the same folder resumes: finished
     kernels are not tuned again. Ctrl-C stops at the next safe point (once the candidates being built or
     measured are done), keeps what was finished and measured, and raises KeyboardInterrupt.
 
@@ -161,6 +181,11 @@ def tune(fn_or_graph, *specs, target: str = "cpu", trials: int = 64, shape_hints
             symbol of the inputs.
         log_dir: default ``tuning_logs/<model name>/<target key>`` under the current folder.
         progress: show a progress bar (kernels done, the last one's default and tuned latency).
+        rpc, rpc_key: ``"HOST:PORT"`` of a TVM RPC tracker and the key its servers registered under: they
+            measure MetaSchedule's candidates (`codegen/tuning_rpc.py`); CPU only.
+        busy_load: the 1-minute load average per core above which the machine counts as busy (default
+            $DYNTVM_TUNE_BUSY_LOAD, else 0.5): a busy machine warns (`TuningWarning`), or, with
+            `refuse_busy`, refuses the tune (CompileError).
 
     Example:
         >>> log = dt.tune(lstm, *specs, trials=32, shape_hints={"T": [64], "B": [1, 16]})
@@ -170,9 +195,20 @@ def tune(fn_or_graph, *specs, target: str = "cpu", trials: int = 64, shape_hints
     from .codegen.log_files import create_database_files
     from .codegen.tuning import FORMAT, target_identity, target_key, tune_kernels, write_manifest
     from .codegen.tuning_interrupt import deferred_interrupt
+    from .codegen.tuning_verdict import busy_load as load_limit
+    from .codegen.tuning_verdict import check_load
     kind = check_target(target)
     if not isinstance(trials, int) or isinstance(trials, bool) or trials < 1:
         raise CompileError(f"tune: trials must be a positive int, got {trials!r}")
+    load = check_load(load_limit(busy_load), refuse_busy)        # before any work of ours loads the machine
+    remote = None
+    if rpc is not None:
+        if kind != "cpu":
+            raise CompileError(f"tune: rpc= (--rpc) tunes CPU kernels on the tracker's servers, not {target!r}")
+        from .codegen.tuning_rpc import check_rpc
+        remote = check_rpc(rpc, rpc_key)
+    elif rpc_key is not None:
+        raise CompileError("tune: rpc_key (--key) is the servers' key at a tracker: give the tracker too (--rpc)")
     if isinstance(fn_or_graph, Graph):
         graph = fn_or_graph
     elif callable(fn_or_graph):
@@ -192,12 +228,16 @@ def tune(fn_or_graph, *specs, target: str = "cpu", trials: int = 64, shape_hints
     log_dir = os.fspath(log_dir) if log_dir is not None else \
         os.path.join("tuning_logs", graph.name, target_key(tvm_target))
     with _BUILD_LOCK, deferred_interrupt():     # Ctrl-C in TVM's (Python) passes: KeyboardInterrupt after them
-        table, kernels, failed = tuning_tasks(pg, hints, tvm_target)
+        origins: dict = {}
+        table, kernels, failed = tuning_tasks(pg, hints, tvm_target, origins)
     if not kernels:
         _warn_nothing_to_tune(pg, hints)
     manifest = {"format": FORMAT, "model": graph.name, "model_hash": binding, **target_identity(tvm_target),
                 "hints": hints, "specialized": {r: [[c, n] for c, n in specs] for r, specs in table.items()},
                 "not_specialized": failed, "kernels": []}
+    manifest["tuned_under"] = {**load,
+                               "runner": f"rpc {remote[0]}:{remote[1]} key {remote[2]} ({remote[3]} servers)"
+                               if remote else "local"}
     try:
         os.makedirs(log_dir, exist_ok=True)
     except OSError as e:
@@ -215,7 +255,8 @@ def tune(fn_or_graph, *specs, target: str = "cpu", trials: int = 64, shape_hints
             from tqdm.auto import tqdm
             with tqdm(total=len(kernels), desc=f"tuning {graph.name}", unit="kernel", disable=not progress) as bar, \
                     _BUILD_LOCK:
-                tune_kernels(kernels, tvm_target, log_dir, manifest, trials, progress=bar)
+                tune_kernels(kernels, tvm_target, log_dir, manifest, trials, progress=bar, regions=origins,
+                             rpc=remote)
         except KeyboardInterrupt:     # raised at a safe point of `tune_kernels`, or in plain Python code here
             print(f"dyntvm tune: interrupted; what was tuned is kept in {log_dir} (run again to resume)")
             raise
@@ -242,8 +283,8 @@ def _kernels_to_resume(log_dir: str, manifest: dict) -> list:
     except ValueError as e:                         # LogFileError too
         raise CompileError(f"tune: {mpath} exists but is not readable ({type(e).__name__}: {e}); remove it or "
                            "pick another log_dir") from None
-    same = {k: old.get(k) for k in ("model_hash", "target_key", "cpu", "hints")} == \
-        {k: manifest.get(k) for k in ("model_hash", "target_key", "cpu", "hints")}
+    fields = ("model_hash", "target_key", "isa", "core_class", "hints")
+    same = {k: old.get(k) for k in fields} == {k: manifest.get(k) for k in fields}
     if not same:
         raise CompileError(f"tune: {log_dir} holds a log of another model, target or hints "
                            f"({old.get('model')!r}, {old.get('target_key')}, hints {old.get('hints')}); pick "

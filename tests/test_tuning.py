@@ -53,7 +53,8 @@ def test_a_tune_writes_a_log(log):
     assert m["specialized"] == {"affine_r0": [[{"N": 16}, "affine_r0__at_N16"]]}
     (k,) = m["kernels"]
     assert k["status"] == "done" and k["default_us"] > 0 and k["tuned_us"] > 0
-    assert k["use"] == tuning.winner(k["default_us"], k["tuned_us"])
+    assert k["use"] == k["verdict"]["use"] and k["verdict"]["compared"] == "region affine_r0__at_N16"
+    assert (k["use"] == "tuned") == ("rejected" not in k)
     for name in ("database_workload.json", "database_tuning_record.json"):
         assert os.path.getsize(os.path.join(log, name)) > 0
 
@@ -151,7 +152,7 @@ def test_bad_logs_fall_back_with_a_warning(log, tmp_path):
     foreign = str(tmp_path / "foreign")
     shutil.copytree(log, foreign)
     m = _manifest(foreign)
-    m["target_key"], m["cpu"] = "llvm-skylake-avx512-8c", "Intel(R) Xeon(R) Platinum 8280"
+    m["target_key"], m["cpu"], m["core_class"] = "llvm-skylake-avx512-8c", "Intel(R) Xeon(R) Platinum 8280", 8
     tuning.write_manifest(foreign, m)
     assert "another target" in compiled_with(foreign)
     broken_db = str(tmp_path / "db")
