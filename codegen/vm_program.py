@@ -78,7 +78,8 @@ class _Lowering:
         return [env[v] for v in g.outputs]
 
     def _constant(self, seq, n, ins):
-        return [relax.const(np.asarray(n.attrs.value, dtype=n.outputs[0].type.dtype))]
+        dtype = n.outputs[0].type.dtype          # (relax.const would make int64 and float64 32-bit)
+        return [relax.const(np.asarray(n.attrs.value, dtype=dtype), dtype)]
 
     def _items(self, seq, res, k: int) -> list:
         return [seq.emit(relax.TupleGetItem(res, j)) for j in range(k)]
@@ -287,7 +288,7 @@ class _Lowering:
         executor."""
         seq = _Seq(self.bb)
         if all(isinstance(d, int) for t in row_types for d in t.shape):
-            ys = [relax.const(np.zeros((0,) + tuple(t.shape), t.dtype)) for t in row_types]
+            ys = [relax.const(np.zeros((0,) + tuple(t.shape), t.dtype), t.dtype) for t in row_types]
             return seq.result(ys + ins[first:first + count])
         call = relax.Call(relax.ExternFunc(FALLBACK_CALLBACK), [tvm.ir.StringImm(
             f"{n.op} node {n.name!r}: zero steps with per-step outputs of shapes known only when the body runs")],

@@ -37,8 +37,7 @@ _guards: dict = {}                             # node key -> a region's size che
 _lock = threading.Lock()
 
 
-class ProgramFallback(RuntimeError):
-    """Raised inside a program where it cannot go on (`FALLBACK_CALLBACK`): the executor runs the call."""
+FALLBACK_MARK = "dyntvm: the VM program hands this call to the executor: "   # TVM re-raises it as a RuntimeError
 
 
 def _run_kernel(key, *args):
@@ -55,7 +54,7 @@ def _size_guard(key, *args):
 
 
 def _fallback(why):
-    raise ProgramFallback(str(why))
+    raise RuntimeError(FALLBACK_MARK + str(why))
 
 
 tvm_ffi.register_global_func(KERNEL_CALLBACK, _run_kernel, override=True)
@@ -135,9 +134,9 @@ class ProgramRunner:
     def __call__(self, arrays: list, fallback) -> list:
         try:
             res = self.fn(*[to_tvm(a) for a in arrays])
-        except ProgramFallback:
-            return fallback(arrays)
         except Exception as e:  # noqa: BLE001 - TVM raises many kinds: the executor names the node
+            if FALLBACK_MARK in str(e):      # a case the program leaves to the executor (`FALLBACK_CALLBACK`)
+                return fallback(arrays)
             outs = fallback(arrays)          # raises the executor's error where the call fails there too
             warnings.warn(f"dyntvm: the VM program failed ({type(e).__name__}: {str(e).strip()[:200]}) where the "
                           "executor runs the call; the result comes from the executor", RuntimeWarning, stacklevel=3)
