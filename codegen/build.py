@@ -313,7 +313,7 @@ def build(graph: Graph, target: str = "cpu", cache_dir: str | None = None, use_c
 
 DEVICE_LOOPS_ON_CPU = "DYNTVM_DEVICE_LOOPS_ON_CPU"
 NO_VM_PROGRAM = "DYNTVM_NO_VM_PROGRAM"        # "1": build no VM program (runtime/vm_program.py reads it too)
-PROGRAM_KEY = "vm_program:1"                  # in the cache key of a library with a VM program
+PROGRAM_KEY = "vm_program:2"                  # in the cache key of a library with a VM program (its version)
 
 
 def _program_spec(graph: Graph, kind: str, prefix: str | None):

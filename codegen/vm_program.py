@@ -14,7 +14,9 @@ region function checks its inputs' shapes when called, as it does when the execu
   overflows it), at the cost of copying each stacked row log2(steps) times. Zero steps give empty stacks
   when the body's per-step output types are static, else the program asks the runtime to run the model in
   the executor (`FALLBACK_CALLBACK`);
-* a dynamic-shape op -> `ir.vm_program.KERNEL_CALLBACK` with the node's key (the runtime runs its numpy kernel).
+* `boolean_mask` (a bool mask on axis 0) and 1-d `nonzero` -> kernels that count, then fill (`vm_dynamic`);
+* another dynamic-shape op -> `ir.vm_program.KERNEL_CALLBACK` with the node's key (the runtime runs its numpy
+  kernel).
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from ..ir.compiled_loop import compiled_loop_name, foreach_loop_plan, while_loop
 from ..ir.graph import Graph
 from ..ir.types import TensorType
 from ..ir.vm_program import GUARD_CALLBACK, KERNEL_CALLBACK, PROGRAM, node_keys, unsupported_nodes
+from .vm_dynamic import DynamicOps, native
 
 FALLBACK_CALLBACK = "dyntvm.vm_fallback"     # raises: the runtime runs this call in the executor instead
 
@@ -67,6 +70,7 @@ class _Lowering:
         self.keys = node_keys(graph, prefix)
         self.n_loops = 0
         self.recursive: list = []                # (GlobalVar, function) of the halving foreach loops
+        self.dynamic = DynamicOps(self)
 
     def graph(self, seq: _Seq, g: Graph, args: list) -> list:
         """Emit `g`'s nodes into `seq` on `args` (Relax values of its inputs); returns its outputs' values."""
@@ -97,6 +101,12 @@ class _Lowering:
         call = relax.Call(relax.ExternFunc(KERNEL_CALLBACK), [tvm.ir.StringImm(self.keys[n])] + ins, ty_args=[ty])
         res = seq.emit(call, n.op)
         return [res] if len(types) == 1 else self._items(seq, res, len(types))
+
+    def _boolean_mask(self, seq, n, ins):
+        return self.dynamic.boolean_mask(seq, n, ins) if native(n) else self._kernel(seq, n, ins)
+
+    def _nonzero(self, seq, n, ins):
+        return self.dynamic.nonzero(seq, n, ins) if native(n) else self._kernel(seq, n, ins)
 
     def _branch(self, g: Graph, args: list):
         seq = _Seq(self.bb)
