@@ -145,3 +145,28 @@ def test_validate_and_profile_run_in_the_executor(compiled):
     assert_same(model(*inputs, validate=True), ex.fn(*inputs))
     assert_same(model(*inputs, profile=True), ex.fn(*inputs))
     assert model.vm_program_calls == calls and model.last_profile
+
+
+def test_threads_each_run_their_own_program(compiled):
+    """Calls from several threads at once: each thread's VM runs the program (one call per model call there)."""
+    import threading
+    ex, model = compiled("detection")
+    inputs = [ex.make_inputs(np.random.default_rng(i), N=n) for i, n in enumerate((0, 1, 30, 200))]
+    wants = [ex.fn(*x) for x in inputs]
+    errors, counts = [], []
+
+    def work(k):
+        try:
+            for r in range(20):
+                i = (k + r) % len(inputs)
+                assert_same(model(*inputs[i]), wants[i])
+            counts.append(model.vm_program_calls)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+    assert counts == [20] * 4
