@@ -262,7 +262,7 @@ def build(graph: Graph, target: str = "cpu", cache_dir: str | None = None, use_c
                   for _, name in tuning[1].get(region, [])]
     facts = recorded_facts(kind, tvm_target, desc, tuning)
     binding = execution_binding(binding, execution_facts(kind, facts)) if binding is not None else None
-    program = _program_spec(graph, kind, graph_binding) if tuning is None else None
+    program = _program_spec(graph, kind, binding) if tuning is None else None
     extra = (binding or "") + (f"|loops:{loops!r}" if loops else "") + (f"|{PROGRAM_KEY}" if program else "") + \
         (f"|tuning:{tuning[0].digest()}:{tuning[1]!r}" if tuning is not None else "")
     key = _cache.cache_key(regions, desc, extra)
@@ -313,7 +313,7 @@ def build(graph: Graph, target: str = "cpu", cache_dir: str | None = None, use_c
 
 DEVICE_LOOPS_ON_CPU = "DYNTVM_DEVICE_LOOPS_ON_CPU"
 NO_VM_PROGRAM = "DYNTVM_NO_VM_PROGRAM"        # "1": build no VM program (runtime/vm_program.py reads it too)
-PROGRAM_KEY = "vm_program:2"                  # in the cache key of a library with a VM program (its version)
+PROGRAM_KEY = "vm_program:5"                  # in the cache key of a library with a VM program (its version)
 
 
 def _program_spec(graph: Graph, kind: str, prefix: str | None):

@@ -49,6 +49,20 @@ def {name}(h_x: T.handle, h_o: T.handle, h_c: T.handle):
 '''
 
 
+_COUNT = '''# from tvm.script import tirx as T
+@T.prim_func
+def {name}(h_x: T.handle, h_c: T.handle):
+    T.func_attr({{"tirx.noalias": True}})
+    n = T.int64()
+    x = T.match_buffer(h_x, (n,), "{dtype}")
+    c = T.match_buffer(h_c, (T.int64(1),), "int64")
+    c[0] = T.int64(0)
+    for i in range(n):
+        if {test}:
+            c[0] = c[0] + T.int64(1)
+'''
+
+
 def native(n: Node) -> bool:
     """Whether `n` runs as kernels in the program (else as a Python callback)."""
     if n.op == "boolean_mask":
@@ -76,12 +90,11 @@ class DynamicOps:
         return self.prims[name]
 
     def _count(self, seq, nonzero_of):
-        """The number of nonzero entries of the 1-d `nonzero_of` as a symbolic dim."""
+        """The number of nonzero entries of the 1-d `nonzero_of` as a symbolic dim (a loop of its own: a TIR
+        reduction over no element never initializes its result)."""
         low = self.low
-        if nonzero_of.ty.dtype != "bool":
-            nonzero_of = seq.emit(relax.op.not_equal(nonzero_of, relax.const(0, nonzero_of.ty.dtype)))
-        flags = seq.emit(relax.op.astype(nonzero_of, "int64"))
-        total = seq.emit(relax.op.reshape(seq.emit(relax.op.sum(flags)), [1]))
+        total = seq.emit(relax.call_tir(self._prim(_COUNT, "count", nonzero_of.ty.dtype), relax.Tuple([nonzero_of]),
+                                        relax.TensorType([1], "int64")))
         k = tvm.tirx.Var("kept", "int64")
         low._match(seq, seq.emit(relax.op.tensor_to_shape(total)), relax.ShapeType([k]))
         return k

@@ -83,7 +83,10 @@ class _Lowering:
 
     def _constant(self, seq, n, ins):
         dtype = n.outputs[0].type.dtype          # (relax.const would make int64 and float64 32-bit)
-        return [relax.const(np.asarray(n.attrs.value, dtype=dtype), dtype)]
+        value = np.asarray(n.attrs.value, dtype=dtype)
+        if not value.size:                       # a library holding a constant of no element does not load
+            return [seq.emit(relax.op.zeros(relax.ShapeExpr([_i64(d) for d in value.shape]), dtype))]
+        return [relax.const(value, dtype)]
 
     def _items(self, seq, res, k: int) -> list:
         return [seq.emit(relax.TupleGetItem(res, j)) for j in range(k)]
@@ -298,7 +301,9 @@ class _Lowering:
         executor."""
         seq = _Seq(self.bb)
         if all(isinstance(d, int) for t in row_types for d in t.shape):
-            ys = [relax.const(np.zeros((0,) + tuple(t.shape), t.dtype), t.dtype) for t in row_types]
+            # (zeros made when they run: a library holding a constant of no element does not load)
+            ys = [seq.emit(relax.op.zeros(relax.ShapeExpr([_i64(0)] + [_i64(d) for d in t.shape]), t.dtype))
+                  for t in row_types]
             return seq.result(ys + ins[first:first + count])
         call = relax.Call(relax.ExternFunc(FALLBACK_CALLBACK), [tvm.ir.StringImm(
             f"{n.op} node {n.name!r}: zero steps with per-step outputs of shapes known only when the body runs")],

@@ -86,8 +86,9 @@ def _why_not(n: Node):
 def node_keys(graph: Graph, prefix: str) -> dict:
     """``{node: key}`` for the nodes the program calls back into Python for, in a fixed order (whole tree,
     depth first): the dynamic-shape nodes (`KERNEL_CALLBACK`) and the regions whose sizes the runtime checks
-    before they run (`GUARD_CALLBACK`, `ir.region_counts`). The key is `prefix` (the model's kernel binding,
-    so that models share keys only where their graphs are the same) and the node's position."""
+    before they run (`GUARD_CALLBACK`, `ir.region_counts`). The key is `prefix` (the binding compiled into the
+    model's library, `codegen.build.add_binding`: models share keys only where their graphs are the same) and
+    the node's position."""
     keys = {}
     for i, n in enumerate(graph.walk()):
         if n.op == "region" and amplified_counts(n) or \

@@ -230,11 +230,9 @@ class CompiledModel:
         # the VM program (`vm_program`): whether plain calls run as one VM call, else why not (print(model))
         self.vm_program, self.vm_program_fallback = program_status(graph, vm, self.specialized) if target == "cpu" else \
             (False, [f"the VM program is built for the CPU only (target {target})"])
-        if self.vm_program:
-            from ..ir.vm_program import node_keys
-            from .artifact import kernel_binding
-            if node_keys(graph, ""):
-                register_kernels(graph, kernel_binding(graph))
+        if self.vm_program:             # its callbacks' keys begin with the binding compiled into the library
+            from .artifact import library_binding
+            register_kernels(graph, library_binding(vm))
         if vm is None and self.regions and target == "cuda":
             self.not_runnable = ("this model was compiled for CUDA on a machine without a GPU: it cannot run here; "
                                  "save it (model.save) and run it on a GPU host with dt.load / dyntvm run")
