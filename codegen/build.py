@@ -167,12 +167,14 @@ def add_binding(mod, binding: str):
 
 
 def build_executable(regions: list, target: str, binding: str | None = None, tvm_target=None, loops=(),
-                     tuning=None):
+                     tuning=None, program=None):
     """Build one TVM executable holding every region function (no caching), plus the binding
     function when `binding` is given. `target` is "cpu" or "cuda" (`tvm_target`: the concrete one).
     `loops`: foreach / while_loop loops to compile end to end (`compiled_loops.loop_specs`).
     `tuning`: ``(tuning.TuningLog, specializations)``: the regions' specializations are added and
-    their kernels scheduled with the log's winning traces."""
+    their kernels scheduled with the log's winning traces.
+    `program`: ``(graph, key prefix)``: add the VM program of the whole graph (CPU; `vm_program`); should the
+    build with it fail, the library is built without it (warned)."""
     from .relax_builder import build_module, unsupported_ops
     check_host_compiler()
     missing = sorted({op for _, g in regions for op in unsupported_ops(g)})
@@ -195,6 +197,11 @@ def build_executable(regions: list, target: str, binding: str | None = None, tvm
     stats.builds += 1
     if target == "cpu":
         from .cpu_schedule import build_cpu
+        if program is not None:
+            from .vm_program import build_with_program
+            ex = build_with_program(build_cpu, mod, tvm_target, loops, tuned, program)
+            if ex is not None:
+                return ex
         if not loops:
             return build_cpu(mod, tvm_target, tuned=tuned)
         try:
@@ -255,7 +262,8 @@ def build(graph: Graph, target: str = "cpu", cache_dir: str | None = None, use_c
                   for _, name in tuning[1].get(region, [])]
     facts = recorded_facts(kind, tvm_target, desc, tuning)
     binding = execution_binding(binding, execution_facts(kind, facts)) if binding is not None else None
-    extra = (binding or "") + (f"|loops:{loops!r}" if loops else "") + \
+    program = _program_spec(graph, kind, binding) if tuning is None else None
+    extra = (binding or "") + (f"|loops:{loops!r}" if loops else "") + (f"|{PROGRAM_KEY}" if program else "") + \
         (f"|tuning:{tuning[0].digest()}:{tuning[1]!r}" if tuning is not None else "")
     key = _cache.cache_key(regions, desc, extra)
     cdir = _usable_cache_dir(cache_dir or _cache.default_cache_dir()) if use_cache else None
@@ -271,7 +279,7 @@ def build(graph: Graph, target: str = "cpu", cache_dir: str | None = None, use_c
             built = _build_cuda(regions, tvm_target, binding, cdir, key, desc, tuning, loops)
             built.facts = facts
         else:
-            ex = build_executable(regions, target, binding, tvm_target, loops, tuning)
+            ex = build_executable(regions, target, binding, tvm_target, loops, tuning, program)
     except OSError as e:            # the build's own temporary files (CUDA), not the cache: a full $TMPDIR...
         import tempfile
         where = e.filename or tempfile.gettempdir()
@@ -304,6 +312,19 @@ def build(graph: Graph, target: str = "cpu", cache_dir: str | None = None, use_c
 
 
 DEVICE_LOOPS_ON_CPU = "DYNTVM_DEVICE_LOOPS_ON_CPU"
+NO_VM_PROGRAM = "DYNTVM_NO_VM_PROGRAM"        # "1": build no VM program (runtime/vm_program.py reads it too)
+PROGRAM_KEY = "vm_program:5"                  # in the cache key of a library with a VM program (its version)
+
+
+def _program_spec(graph: Graph, kind: str, prefix: str | None):
+    """``(graph, key prefix)`` when the library gets a VM program (`vm_program`): CPU libraries of graphs whose
+    every node the program runs (`ir.vm_program.unsupported_nodes`), unless $DYNTVM_NO_VM_PROGRAM is 1 (and
+    without a tuning log: the executor picks its specializations by size)."""
+    from ..ir.vm_program import unsupported_nodes
+    if kind != "cpu" or prefix is None or os.environ.get(NO_VM_PROGRAM) == "1" or unsupported_nodes(graph):
+        return None
+    return graph, prefix
+
 
 
 def _loop_specs(graph: Graph, kind: str) -> list:

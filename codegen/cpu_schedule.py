@@ -149,7 +149,7 @@ def fuse_passes(target) -> list:
     return _cpu_pipeline.library_dispatch_passes(target) + [legalize_and_fuse(target)]
 
 
-def build_cpu(mod: tvm.IRModule, target=None, loops=(), tuned=None) -> relax.VMExecutable:
+def build_cpu(mod: tvm.IRModule, target=None, loops=(), tuned=None, program=None) -> relax.VMExecutable:
     """Compiles a Relax module for the CPU with fusion and the default schedules.
 
     Pipeline: DispatchSampling, DispatchSortScan -> ``legalize_and_fuse`` ->
@@ -161,6 +161,7 @@ def build_cpu(mod: tvm.IRModule, target=None, loops=(), tuned=None) -> relax.VME
         target: LLVM target; ``cpu_target()`` when None.
         loops: foreach loops to compile end to end, added after scheduling (`compiled_loops.loop_pass`).
         tuned: tuned schedules to use where they exist (see ``schedule_module``).
+        program: a module pass adding the VM program after the compiled loops (`vm_program.program_pass`).
 
     Returns:
         The executable, for ``relax.VirtualMachine(ex, tvm.cpu())``.
@@ -169,6 +170,7 @@ def build_cpu(mod: tvm.IRModule, target=None, loops=(), tuned=None) -> relax.VME
     target = target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
     passes = (fuse_passes(target) + [cpu_schedule_pass(target, tuned)]
               + ([loop_pass(list(loops))] if loops else [])
+              + ([program] if program is not None else [])
               + _cpu_pipeline.dataflow_lower_passes(target)
               + _cpu_pipeline.finalize_passes(target))
     with target:

@@ -320,6 +320,10 @@ def _inspect(args) -> int:
     print(f"{len(regions)} compiled region(s):")
     for line in partition_summary(pg):
         print(f"  {line}")
+    from dyntvm.ir.vm_program import describe, unsupported_nodes
+    bad = describe(unsupported_nodes(pg))
+    print("VM program (CPU): " + ("the whole model, one VM call per call" if not bad else
+                                  "no, the executor runs the model: " + "; ".join(bad)))
     print(pg)
     _draw(pg, args.svg)
     return 0

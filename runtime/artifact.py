@@ -79,6 +79,18 @@ def region_names(graph) -> list:
     return [n.attrs.name for n in graph.walk() if n.op == "region"]
 
 
+def library_binding(vm) -> str | None:
+    """The kernel binding compiled into a library (hex), through its `BINDING_FUNCTION`; None if it has none."""
+    try:
+        fn = vm[BINDING_FUNCTION]
+    except Exception:  # noqa: BLE001 - AttributeError from the VM: no such function
+        return None
+    try:
+        return fn().numpy().tobytes().hex()
+    except Exception:  # noqa: BLE001 - not our function (another signature or result)
+        return None
+
+
 def kernel_binding(graph) -> str:
     """sha256 (hex) of the compiled model `graph`: its whole structure (every node, region bodies included)
     and all its constant data, source lines left out.

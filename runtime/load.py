@@ -13,7 +13,7 @@ import tempfile
 from dyntvm.errors import ArtifactError
 
 from ..native import execution_binding, execution_facts, shared_object_problem
-from .artifact import BINDING_FUNCTION, KERNELS, folder_of, read_folder
+from .artifact import KERNELS, folder_of, library_binding, read_folder
 from .model import CompiledModel, virtual_machine
 from .staging import remove_stale
 
@@ -159,18 +159,6 @@ def check_cpu_features(built_with, label: str) -> None:
     if missing:
         raise ArtifactError(f"{label}: its kernels use CPU instructions this CPU lacks ({', '.join(missing)}); "
                             "compile the model on (or for) this machine")
-
-
-def library_binding(vm) -> str | None:
-    """The kernel binding compiled into a library (hex), through its `BINDING_FUNCTION`; None if it has none."""
-    try:
-        fn = vm[BINDING_FUNCTION]
-    except Exception:  # noqa: BLE001 - AttributeError from the VM: no such function
-        return None
-    try:
-        return fn().numpy().tobytes().hex()
-    except Exception:  # noqa: BLE001 - not our function (another signature or result)
-        return None
 
 
 def check_shared_object(path: str, label: str) -> None:

@@ -24,6 +24,8 @@ from .lists import check_list_value, host_list
 from .placement import DevicePlacement
 from .tensors import to_numpy
 from .torch_inputs import is_torch_tensor, torch_to_numpy
+from .vm_program import ProgramRunner, register_kernels
+from .vm_program import status as program_status
 
 
 def virtual_machine(lib, device: str = "cpu"):
@@ -225,6 +227,12 @@ class CompiledModel:
         if target == "cuda" and vm is not None:
             import tvm
             self._device = tvm.cuda(0)
+        # the VM program (`vm_program`): whether plain calls run as one VM call, else why not (print(model))
+        self.vm_program, self.vm_program_fallback = program_status(graph, vm, self.specialized) if target == "cpu" else \
+            (False, [f"the VM program is built for the CPU only (target {target})"])
+        if self.vm_program:             # its callbacks' keys begin with the binding compiled into the library
+            from .artifact import library_binding
+            register_kernels(graph, library_binding(vm))
         if vm is None and self.regions and target == "cuda":
             self.not_runnable = ("this model was compiled for CUDA on a machine without a GPU: it cannot run here; "
                                  "save it (model.save) and run it on a GPU host with dt.load / dyntvm run")
@@ -245,6 +253,8 @@ class CompiledModel:
             self._calls[key] = ex.calls
         weakref.finalize(ex, _retire, self._lock, self._calls, key, self._calls_retired)
         self._threads.executor = ex
+        # the program needs the VM of this thread; none on a device path (tests run it on the CPU)
+        ex.program = ProgramRunner(vm, self.graph) if self.vm_program and ex.pl is None else None
         return ex
 
     def _placement(self):
@@ -275,6 +285,18 @@ class CompiledModel:
         if validate or profile:
             ex = Executor(self.graph, ex.vm, validate=validate, profile=profile, constants=self._constants,
                           placement=self._placement(), specialized=self.specialized)
+        elif ex.program is not None:          # one VM call; the executor runs a call the program cannot finish
+            return self._nest(ex.program(arrays, lambda a: self._run_executor(ex, a, False)))
+        return self._nest(self._run_executor(ex, arrays, profile))
+
+    @property
+    def vm_program_calls(self) -> int:
+        """Calls this thread made through the VM program (tests: one per plain call where it runs)."""
+        ex = getattr(self._threads, "executor", None)
+        return ex.program.calls if ex is not None and ex.program is not None else 0
+
+    def _run_executor(self, ex: Executor, arrays: list, profile: bool) -> list:
+        """The outputs of one call run by the executor `ex`, as host arrays."""
         if ex.pl is not None:                 # values on a device: the outputs are copied to the host
             outs = [host_list(o, ex.pl.to_host) if isinstance(o, list) else ex.pl.to_host(o) for o in ex.run(arrays)]
         else:
@@ -286,6 +308,10 @@ class CompiledModel:
             pl = ex.pl
             self.last_copies = {"host_to_device": pl.h2d, "device_to_host": pl.d2h, "host_to_device_bytes":
                                 pl.h2d_bytes, "device_to_host_bytes": pl.d2h_bytes} if pl is not None else {}
+        return outs
+
+    def _nest(self, outs: list):
+        """The flat outputs nested like the traced function's."""
         kind = self._out_kind
         if kind == "leaf":
             return outs[0]
@@ -324,6 +350,8 @@ class CompiledModel:
     def summary(self) -> str:
         lines = [f"CompiledModel {self.graph.name!r} target={self.target}: {len(self.regions)} region(s)"]
         lines += ["  " + line for line in partition_summary(self.graph)]
+        lines.append("  vm program: " + ("every plain call runs as one VM call" if self.vm_program else
+                                         "no, the executor runs the model: " + "; ".join(self.vm_program_fallback)))
         for k, v in self.info.items():
             lines.append(f"  {k}: {v}")
         return "\n".join(lines)

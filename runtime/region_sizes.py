@@ -16,53 +16,20 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir.dims import DimVisitor, parse_dim
+from ..ir.dims import DimVisitor
 from ..ir.graph import Node
-from ..ir.types import TensorType, dim_add, dim_compare, dim_mul, format_bytes, is_symbol, memory_limit
+from ..ir.region_counts import amplified_counts
+from ..ir.types import TensorType, format_bytes, is_symbol, memory_limit
 from .control_flow import bind_symbols
-
-
-#: bytes a region may make beyond its inputs' own bytes with no check (a few appended rows, small static tables)
-SLACK_BYTES = 1 << 20
-
-
-def _count(shape) -> object:
-    n = 1
-    for d in shape:
-        n = dim_mul(n, d)
-    return n
 
 
 def size_guard(region: Node):
     """``check(args)`` raising MemoryError where one of `region`'s values would not fit in memory at the sizes of
     `args` (its inputs, with ``.shape``); None where every size the region makes is static or an input's."""
-    sub = region.subgraphs[0]
-    tensors = [v.type for v in sub.inputs if isinstance(v.type, TensorType)]
-    held = {_count(t.shape) for t in tensors}
-    bound: object = SLACK_BYTES         # the inputs' bytes together, plus the slack: what cannot amplify
-    for t in tensors:
-        bound = dim_add(bound, dim_mul(_count(t.shape), np.dtype(t.dtype).itemsize))
-    made: dict = {}                     # element count -> (largest item size, an example shape and dtype)
-    for m in sub.nodes:
-        for v in m.outputs:
-            t = v.type
-            if not isinstance(t, TensorType) or all(isinstance(d, int) for d in t.shape):
-                continue                # static: checked when traced
-            n, size = _count(t.shape), np.dtype(t.dtype).itemsize
-            if n in held or dim_compare(dim_mul(n, size), "<=", bound):
-                continue
-            if size > made.get(n, (0,))[0]:
-                made[n] = (size, t)
-    largest: list = []                  # (bytes, count, size, type): those no other is provably as large as
-    for n, (size, t) in made.items():
-        nbytes = dim_mul(n, size)
-        if any(dim_compare(nbytes, "<=", other[0]) for other in largest):
-            continue
-        largest = [o for o in largest if not dim_compare(o[0], "<=", nbytes)] + [(nbytes, n, size, t)]
-    if not largest:
+    counts = amplified_counts(region)
+    if not counts:
         return None
-    inputs = [v.type for v in sub.inputs]
-    counts = [(parse_dim(n), size, t) for _, n, size, t in largest]     # parsed once
+    inputs = [v.type for v in region.subgraphs[0].inputs]
     fast = _compiled_counts(inputs, counts)
     if fast is not None:
         return _fast_check(region, fast, counts)

@@ -25,3 +25,16 @@ def _torchvision_with_cpu_ops():
 
 
 _torchvision_with_cpu_ops()
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def executor_only():
+    """Models compiled and loaded in the module run in the Python executor, not as VM programs
+    (`runtime/vm_program.py`): for tests that count the executor's region calls (`model.kernel_calls`). Use it
+    with ``pytestmark = pytest.mark.usefixtures("executor_only")``."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DYNTVM_NO_VM_PROGRAM", "1")
+        yield

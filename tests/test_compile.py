@@ -9,6 +9,9 @@ from dyntvm import F, examples
 from dyntvm.codegen.build import stats
 from dyntvm.ir.tree import tree_flatten
 
+# these tests count the executor's region calls (`model.kernel_calls`): models run in the executor
+pytestmark = pytest.mark.usefixtures("executor_only")
+
 
 def assert_same(got, want, rtol=1e-4, atol=1e-4):
     g, w = tree_flatten(got)[0], tree_flatten(want)[0]

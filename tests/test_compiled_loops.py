@@ -14,6 +14,9 @@ from dyntvm.examples import lstm as lstm_example
 from dyntvm.ir.compiled_loop import compiled_loop_name, foreach_loop_plan, while_loop_plan
 from helpers import assert_same
 
+# these tests count the executor's region calls (`model.kernel_calls`): models run in the executor
+pytestmark = pytest.mark.usefixtures("executor_only")
+
 
 def _compiled(model) -> list:
     """Names of the compiled loop functions the model's library has, for every loop (nested too)."""

@@ -1,5 +1,6 @@
-"""Differential fuzzing: random programs (`fuzz_programs.py`) give the same answers compiled, eagerly and in the
-reference interpreter, at sizes 0, 1 and more of every symbolic dim.
+"""Differential fuzzing: random programs (`fuzz_programs.py`) give the same answers compiled (as the model's VM
+program where it has one, and in the executor: ``profile=True``), eagerly and in the reference interpreter, at
+sizes 0, 1 and more of every symbolic dim.
 
 Each hypothesis example is a batch of 1-4 programs traced into one function and compiled with one
 `dt.compile` (a build costs far more than a run). A failing batch shrinks to a minimal program, printed as
@@ -100,13 +101,14 @@ def check_batch(batch: list[Program], cache_dir: str):
         inputs = [a for k, p in enumerate(batch) for a in make_inputs(p, sizes, 100 * r + k, r == SPECIAL_RUN)]
         eager, e_err = _attempt(lambda: run_all(*inputs))
         ref, r_err = _attempt(lambda: dt.run_reference(graph, *inputs))
-        comp, c_err = _attempt(lambda: model(*inputs))
-        errs = (e_err, r_err, c_err)
+        comp, c_err = _attempt(lambda: model(*inputs))      # the VM program where the model has one
+        steps, s_err = _attempt(lambda: model(*inputs, profile=True))      # the executor, step by step
+        errs = (e_err, r_err, c_err, s_err)
         if any(errs):
             kinds = [type(e).__name__ if e else "ok" for e in errs]
-            ok = all(isinstance(e, DyntvmError) for e in errs) and type(r_err) is type(c_err) and (
+            ok = all(isinstance(e, DyntvmError) for e in errs) and type(r_err) is type(c_err) is type(s_err) and (
                 type(e_err) is type(r_err) or isinstance(e_err, TraceError) and isinstance(r_err, ExecutionError))
-            assert ok, f"eager / reference / compiled: {kinds}: {next(e for e in errs if e)!r}\n" + \
+            assert ok, f"eager / reference / compiled / executor: {kinds}: {next(e for e in errs if e)!r}\n" + \
                 _describe(batch, sizes)
             continue
         for k, p in enumerate(batch):
@@ -118,6 +120,8 @@ def check_batch(batch: list[Program], cache_dir: str):
                           f"{what}: reference vs eager")
                     _same(tree_flatten(comp)[0][sum(len(q.outputs) for q in batch[:k]) + j], w, v.exact, v.bound,
                           f"{what}: compiled vs eager")
+                    _same(tree_flatten(steps)[0][sum(len(q.outputs) for q in batch[:k]) + j], w, v.exact, v.bound,
+                          f"{what}: executor vs eager")
                 except AssertionError as e:
                     raise AssertionError(f"{e}\n{_describe(batch, sizes)}") from None
         checked["runs"] += 1

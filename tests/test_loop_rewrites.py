@@ -10,6 +10,9 @@ from dyntvm.partition.partitioner import partition
 
 from helpers import assert_same
 
+# these tests count the executor's region calls (`model.kernel_calls`): models run in the executor
+pytestmark = pytest.mark.usefixtures("executor_only")
+
 RNG = np.random.default_rng(5)
 W = (RNG.standard_normal((8, 16)) * 0.3).astype("float32")
 U = (RNG.standard_normal((16, 16)) * 0.3).astype("float32")

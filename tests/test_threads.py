@@ -11,6 +11,9 @@ from dyntvm import F
 
 from helpers import assert_same
 
+# these tests count the executor's region calls (`model.kernel_calls`): models run in the executor
+pytestmark = pytest.mark.usefixtures("executor_only")
+
 THREADS = 8
 SIZES = (0, 1, 2, 5, 17, 64, 257)
 _rng = np.random.default_rng(0)

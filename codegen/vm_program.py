@@ -1,0 +1,385 @@
+"""The VM program: the whole partitioned graph as one Relax function (`ir.vm_program`), so one model call is
+one VM call.
+
+`program_pass(graph, prefix)` is a module pass run after the regions are fused and scheduled and the compiled
+loops added (`cpu_schedule.build_cpu`): it adds the public function `PROGRAM` and the functions it needs, then
+legalizes the few Relax ops they use (row slices, stacking). Values have rank and dtype only (no shapes): each
+region function checks its inputs' shapes when called, as it does when the executor calls it. Lowering:
+
+* region -> a call of its function; cond / case -> ``If`` (a case: nested, predicates in order);
+* foreach -> a call of its compiled loop where codegen built one, else a recursive function over a range of
+  steps that halves the range: ``steps(lo, hi)`` runs ``steps(lo, mid)`` then ``steps(mid, hi)`` and
+  concatenates their stacked outputs (a range of one step runs the body on row `lo`). The recursion is
+  log2(steps) deep, so the number of steps is not limited by the VM's stack (a recursion per step
+  overflows it), at the cost of copying each stacked row log2(steps) times. Zero steps give empty stacks
+  when the body's per-step output types are static, else the program asks the runtime to run the model in
+  the executor (`FALLBACK_CALLBACK`);
+* `boolean_mask` (a bool mask on axis 0) and 1-d `nonzero` -> kernels that count, then fill (`vm_dynamic`);
+* another dynamic-shape op -> `ir.vm_program.KERNEL_CALLBACK` with the node's key (the runtime runs its numpy
+  kernel).
+"""
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from dyntvm.errors import CompileError
+
+from ..ir.compiled_loop import compiled_loop_name, foreach_loop_plan, while_loop_plan
+from ..ir.graph import Graph
+from ..ir.types import TensorType
+from ..ir.vm_program import GUARD_CALLBACK, KERNEL_CALLBACK, PROGRAM, node_keys, unsupported_nodes
+from .vm_dynamic import DynamicOps, native
+
+FALLBACK_CALLBACK = "dyntvm.vm_fallback"     # raises: the runtime runs this call in the executor instead
+
+
+def _i64(v: int):
+    return tvm.tirx.IntImm("int64", v)
+
+
+def _ty(t: TensorType):
+    return relax.TensorType(dtype=t.dtype, ndim=t.ndim)
+
+
+def _ret_ty(types: list):
+    return relax.TupleType([_ty(t) for t in types])
+
+
+class _Seq:
+    """The bindings of one Relax sequence (a function body or an If branch)."""
+
+    def __init__(self, bb):
+        self.bb, self.bindings = bb, []
+
+    def emit(self, expr, name: str = "v"):
+        expr = self.bb.normalize(expr)
+        var = relax.Var(name, expr.ty)
+        self.bindings.append(relax.VarBinding(var, expr))
+        return var
+
+    def result(self, values: list):
+        return relax.SeqExpr([relax.BindingBlock(self.bindings)], self.bb.normalize(relax.Tuple(values)))
+
+
+class _Lowering:
+    def __init__(self, mod: tvm.IRModule, graph: Graph, prefix: str):
+        self.bb = relax.BlockBuilder(mod)
+        self.funcs = {gv.name_hint: gv for gv in mod.get_global_vars()}
+        self.keys = node_keys(graph, prefix)
+        self.n_loops = 0
+        self.recursive: list = []                # (GlobalVar, function) of the halving foreach loops
+        self.dynamic = DynamicOps(self)
+
+    def graph(self, seq: _Seq, g: Graph, args: list) -> list:
+        """Emit `g`'s nodes into `seq` on `args` (Relax values of its inputs); returns its outputs' values."""
+        env = dict(zip(g.inputs, args))
+        for n in g.nodes:
+            ins = [env[v] for v in n.inputs]
+            outs = getattr(self, "_" + n.op, self._kernel)(seq, n, ins)
+            env.update(zip(n.outputs, outs))
+        return [env[v] for v in g.outputs]
+
+    def _constant(self, seq, n, ins):
+        dtype = n.outputs[0].type.dtype          # (relax.const would make int64 and float64 32-bit)
+        value = np.asarray(n.attrs.value, dtype=dtype)
+        if not value.size:                       # a library holding a constant of no element does not load
+            return [seq.emit(relax.op.zeros(relax.ShapeExpr([_i64(d) for d in value.shape]), dtype))]
+        return [relax.const(value, dtype)]
+
+    def _items(self, seq, res, k: int) -> list:
+        return [seq.emit(relax.TupleGetItem(res, j)) for j in range(k)]
+
+    def _region(self, seq, n, ins):
+        if n in self.keys:              # the runtime checks its sizes first
+            seq.emit(relax.Call(relax.ExternFunc(GUARD_CALLBACK), [tvm.ir.StringImm(self.keys[n])] + ins,
+                                ty_args=[relax.TupleType([])]), "guard")
+        res = seq.emit(relax.Call(self.funcs[n.attrs.name], ins), n.attrs.name)
+        return self._items(seq, res, len(n.outputs))
+
+    def _kernel(self, seq, n, ins):
+        types = [v.type for v in n.outputs]
+        ty = _ty(types[0]) if len(types) == 1 else _ret_ty(types)
+        call = relax.Call(relax.ExternFunc(KERNEL_CALLBACK), [tvm.ir.StringImm(self.keys[n])] + ins, ty_args=[ty])
+        res = seq.emit(call, n.op)
+        return [res] if len(types) == 1 else self._items(seq, res, len(types))
+
+    def _boolean_mask(self, seq, n, ins):
+        return self.dynamic.boolean_mask(seq, n, ins) if native(n) else self._kernel(seq, n, ins)
+
+    def _nonzero(self, seq, n, ins):
+        return self.dynamic.nonzero(seq, n, ins) if native(n) else self._kernel(seq, n, ins)
+
+    def _branch(self, g: Graph, args: list):
+        seq = _Seq(self.bb)
+        return seq.result(self.graph(seq, g, args))
+
+    def _cond(self, seq, n, ins):
+        then_g, else_g = n.subgraphs
+        res = seq.emit(relax.If(ins[0], self._branch(then_g, ins[1:]), self._branch(else_g, ins[1:])), "cond")
+        return self._items(seq, res, len(n.outputs))
+
+    def _case(self, seq, n, ins):
+        subs = n.subgraphs
+        preds, branches, default = subs[0:-1:2], subs[1:-1:2], subs[-1]
+
+        def from_case(k: int, into: _Seq) -> list:      # case k onwards (its predicate first), into `into`
+            if k == len(preds):
+                return self.graph(into, default, ins)
+            (pred,) = self.graph(into, preds[k], ins)
+            rest = _Seq(self.bb)
+            rest_seq = rest.result(from_case(k + 1, rest))
+            res = into.emit(relax.If(pred, self._branch(branches[k], ins), rest_seq), "case")
+            return self._items(into, res, len(n.outputs))
+        return from_case(0, seq)
+
+    def _foreach(self, seq, n, ins):
+        plan = foreach_loop_plan(n)
+        loop = self.funcs.get(compiled_loop_name(plan[0].attrs.name)) if plan is not None else None
+        if loop is not None:
+            region, roles, _ = plan
+            nd, ns = n.attrs.num_data, n.attrs.num_states
+            args = [ins[k if r == "data" else nd + k if r == "state" else nd + ns + k] for r, k in roles]
+            res = seq.emit(relax.Call(loop, args), "loop")
+            return self._items(seq, res, len(n.outputs))
+        return self._halving_foreach(seq, n, ins)
+
+    def _halving_foreach(self, seq, n, ins):
+        a = n.attrs
+        body = n.subgraphs[0]
+        nd, ns = a.num_data, a.num_states
+        n_ys = len(body.outputs) - ns
+        row_types = [v.type for v in body.outputs[:n_ys]]
+        out_types = [TensorType((0,) + tuple(t.shape), t.dtype) for t in row_types] + \
+            [v.type for v in body.outputs[n_ys:]]
+        in_types = [v.type for v in n.inputs]
+        name = f"dyntvm_foreach_{self.n_loops}"
+        self.n_loops += 1
+        lo, hi = tvm.tirx.Var("lo", "int64"), tvm.tirx.Var("hi", "int64")
+        params = [relax.Var(f"in{i}", _ty(t)) for i, t in enumerate(in_types)]
+        rng = relax.Var("range", relax.ShapeType([lo, hi]))
+        gv = relax.GlobalVar(name)
+        relax.expr._update_type(gv, relax.FuncType([p.ty for p in params] + [rng.ty], _ret_ty(out_types),
+                                                   purity=False))
+        data, states, caps = params[:nd], params[nd:nd + ns], params[nd + ns:]
+
+        one = _Seq(self.bb)                         # one step: the body on row `lo`
+        rows = [one.emit(relax.op.squeeze(one.emit(relax.op.strided_slice(self._shaped(one, d), [0], [lo],
+                                                                           [lo + _i64(1)])), [0]), "row")
+                for d in data]
+        outs = self.graph(one, body, rows + states + caps)
+        stacked = [one.emit(relax.op.expand_dims(self._shaped(one, y), 0)) for y in outs[:n_ys]]
+        one_seq = one.result(stacked + outs[n_ys:])
+
+        two = _Seq(self.bb)                         # two halves, in order
+        mid = lo + tvm.tirx.floordiv(hi - lo, _i64(2))
+        first = two.emit(relax.Call(gv, data + states + caps + [relax.ShapeExpr([lo, mid])]), "first")
+        first_states = [two.emit(relax.TupleGetItem(first, n_ys + k)) for k in range(ns)]
+        second = two.emit(relax.Call(gv, data + first_states + caps + [relax.ShapeExpr([mid, hi])]), "second")
+        ys = [self._concat(two, two.emit(relax.TupleGetItem(first, k)), two.emit(relax.TupleGetItem(second, k)))
+              for k in range(n_ys)]
+        two_seq = two.result(ys + [two.emit(relax.TupleGetItem(second, n_ys + k)) for k in range(ns)])
+
+        body_seq = _Seq(self.bb)
+        res = body_seq.emit(relax.If(tvm.tirx.EQ(hi - lo, _i64(1)), one_seq, two_seq), "steps")
+        func = relax.Function(params + [rng], body_seq.result(self._items(body_seq, res, len(out_types))),
+                              _ret_ty(out_types), is_pure=False)
+        self.recursive.append((gv, func.with_attr("global_symbol", name)))     # added under `gv` at the end
+
+        # the call: the steps are axis 0 of the data (all data the same length, checked by a match_cast)
+        steps = tvm.tirx.Var("steps", "int64")
+        for k, d in enumerate(ins[:nd]):
+            t = in_types[k]
+            shape = [steps] + [tvm.tirx.Var(f"d{k}_{j}", "int64") for j in range(1, t.ndim)]
+            ins[k] = self._match(seq, d, relax.TensorType(shape, t.dtype))
+        run = _Seq(self.bb)
+        got = run.emit(relax.Call(gv, ins + [relax.ShapeExpr([_i64(0), steps])]), "steps")
+        run_seq = run.result(self._items(run, got, len(out_types)))
+        res = seq.emit(relax.If(tvm.tirx.EQ(steps, _i64(0)), self._zero_steps(n, row_types, ins, out_types, nd, ns), run_seq),
+                       "foreach")
+        return self._items(seq, res, len(out_types))
+
+    def _while_loop(self, seq, n, ins):
+        """A while_loop with a compiled loop: its condition graph decides the first iteration; then calls of
+        the loop function of 256 iterations, then twice as many each call (within `_WHILE_BYTES` of stacked
+        rows), until the condition fails or max_iterations is reached: a recursion one level per call."""
+        a = n.attrs
+        region, roles, _ = while_loop_plan(n)
+        loop = self.funcs.get(compiled_loop_name(region.attrs.name))
+        if loop is None:
+            raise CompileError(f"while_loop node {n.name!r}: codegen declined its compiled loop")
+        cond_g, body = n.subgraphs
+        nv, has_t = a.num_vars, a.has_max_tensor
+        n_ys = len(n.outputs) - nv
+        vars_, caps = ins[:nv], ins[nv + has_t:]
+        row_types = [v.type for v in body.outputs[:n_ys]]
+        out_types = [TensorType((0,) + tuple(t.shape), t.dtype) for t in row_types] + \
+            [v.type for v in body.outputs[n_ys:n_ys + nv]]
+        if has_t:                                  # the limit as a shape value
+            lim = seq.emit(relax.op.reshape(seq.emit(relax.op.astype(self._shaped(seq, ins[nv]), "int64")), [1]))
+            limit = tvm.tirx.Var("limit", "int64")
+            self._match(seq, seq.emit(relax.op.tensor_to_shape(lim)), relax.ShapeType([limit]))
+        else:
+            limit = _i64(a.max_iterations if a.max_iterations is not None else 1 << 62)
+        most = _rows_per_call(row_types)
+        gv = self._chunks(n, loop, roles, nv, n_ys, len(caps), out_types, most)
+
+        first = _Seq(self.bb)                      # the first iteration runs: the chunks
+        got = first.emit(relax.Call(gv, vars_ + caps + [relax.ShapeExpr([_i64(min(256, most)), limit])]))
+        first_seq = first.result(self._items(first, got, len(out_types)))
+
+        check = _Seq(self.bb)                      # the limit allows one: the condition decides
+        (pred,) = self.graph(check, cond_g, vars_ + caps)
+        res = check.emit(relax.If(pred, first_seq, self._zero_steps(n, row_types, ins, out_types, 0, nv)))
+        check_seq = check.result(self._items(check, res, len(out_types)))
+        res = seq.emit(relax.If(limit > _i64(0), check_seq, self._zero_steps(n, row_types, ins, out_types, 0, nv)),
+                       "while_loop")
+        return self._items(seq, res, len(out_types))
+
+    def _chunks(self, n, loop, roles, nv, n_ys, n_caps, out_types, most):
+        """``chunks(vars..., caps..., (cap, left))``: one call of the loop function of min(cap, left) iterations,
+        then, while the condition holds and iterations are left, itself with (2 * cap, left - count)."""
+        name = f"dyntvm_while_{self.n_loops}"
+        self.n_loops += 1
+        cap, left = tvm.tirx.Var("cap", "int64"), tvm.tirx.Var("left", "int64")
+        params = [relax.Var(f"v{k}", _ty(t)) for k, t in enumerate(out_types[n_ys:])] + \
+            [relax.Var(f"c{k}", _ty(v.type)) for k, v in enumerate(n.inputs[len(n.inputs) - n_caps:])]
+        rng = relax.Var("chunk", relax.ShapeType([cap, left]))
+        gv = relax.GlobalVar(name)
+        relax.expr._update_type(gv, relax.FuncType([p.ty for p in params] + [rng.ty], _ret_ty(out_types),
+                                                   purity=False))
+        vars_, caps = params[:nv], params[nv:]
+        seq = _Seq(self.bb)
+        rows = tvm.tirx.min(cap, left)
+        args = [vars_[k] if r == "state" else caps[k] for r, k in roles]
+        res = seq.emit(relax.Call(loop, args + [relax.ShapeExpr([rows])]), "loop")
+        ctl = self._match(seq, seq.emit(relax.TupleGetItem(res, n_ys + nv)), relax.TensorType([2], "int64"))
+        count, go = tvm.tirx.Var("count", "int64"), tvm.tirx.Var("go", "int64")
+        self._match(seq, seq.emit(relax.op.tensor_to_shape(ctl)), relax.ShapeType([count, go]))
+        ys = [seq.emit(relax.op.strided_slice(self._shaped(seq, seq.emit(relax.TupleGetItem(res, k))), [0], [_i64(0)],
+                                              [count]))
+              for k in range(n_ys)]
+        new_vars = [seq.emit(relax.TupleGetItem(res, n_ys + k)) for k in range(nv)]
+
+        more = _Seq(self.bb)
+        rest = more.emit(relax.Call(gv, new_vars + caps + [relax.ShapeExpr([tvm.tirx.min(cap * _i64(2), _i64(most)),
+                                                                             left - count])]))
+        more_seq = more.result([self._concat(more, y, more.emit(relax.TupleGetItem(rest, k)))
+                                for k, y in enumerate(ys)] +
+                               [more.emit(relax.TupleGetItem(rest, n_ys + k)) for k in range(nv)])
+        done = _Seq(self.bb).result(ys + new_vars)
+        go_on = tvm.tirx.And(tvm.tirx.And(go != _i64(0), tvm.tirx.EQ(count, rows)), left > count)
+        out = seq.emit(relax.If(go_on, more_seq, done), "chunks")
+        func = relax.Function(params + [rng], seq.result(self._items(seq, out, len(out_types))),
+                              _ret_ty(out_types), is_pure=False)
+        self.recursive.append((gv, func.with_attr("global_symbol", name)))
+        return gv
+
+    def _concat(self, seq: _Seq, a, b):
+        """`a` and `b` (stacked rows of one shape) joined on axis 0."""
+        a = self._shaped(seq, a)
+        rows = list(a.ty.shape.values[1:])
+        b = self._match(seq, b, relax.TensorType([tvm.tirx.Var("s0", "int64")] + rows, a.ty.dtype))
+        return seq.emit(relax.op.concat([a, b], axis=0))
+
+    def _shaped(self, seq: _Seq, value):
+        """`value` (a tensor of known rank) with a shape of fresh symbolic dims: Relax ops are legalized only
+        where their inputs have a shape."""
+        ty = value.ty
+        dims = [tvm.tirx.Var(f"s{k}", "int64") for k in range(ty.ndim)]
+        return self._match(seq, value, relax.TensorType(dims, ty.dtype))
+
+    def _match(self, seq: _Seq, value, ty):
+        var = relax.Var("data", ty)
+        seq.bindings.append(relax.MatchCast(var, value, ty))
+        return var
+
+    def _zero_steps(self, n, row_types, ins, out_types, first: int, count: int):
+        """The result of no step: empty stacks and the initial states (``ins[first:first + count]``), or (a
+        per-step output whose shape is not static) a call that makes the runtime run the model in the
+        executor."""
+        seq = _Seq(self.bb)
+        if all(isinstance(d, int) for t in row_types for d in t.shape):
+            # (zeros made when they run: a library holding a constant of no element does not load)
+            ys = [seq.emit(relax.op.zeros(relax.ShapeExpr([_i64(0)] + [_i64(d) for d in t.shape]), t.dtype))
+                  for t in row_types]
+            return seq.result(ys + ins[first:first + count])
+        call = relax.Call(relax.ExternFunc(FALLBACK_CALLBACK), [tvm.ir.StringImm(
+            f"{n.op} node {n.name!r}: zero steps with per-step outputs of shapes known only when the body runs")],
+            ty_args=[_ret_ty(out_types)])
+        res = seq.emit(call, "fallback")
+        return seq.result(self._items(seq, res, len(out_types)))
+
+
+_WHILE_BYTES = 16 << 20         # a while_loop's call of its compiled loop stacks at most this many bytes (>= a row)
+_WHILE_UNSTACKED = 1 << 24      # iterations per call of a loop that stacks nothing
+
+
+def _rows_per_call(row_types: list) -> int:
+    """The most iterations one call of a compiled while_loop runs: as the executor (`runtime/loop_calls.py`)."""
+    if not row_types:
+        return _WHILE_UNSTACKED
+    if not all(isinstance(d, int) for t in row_types for d in t.shape):
+        return 4096                 # rows whose size is known only when the loop runs
+    row = sum(int(np.prod(t.shape, dtype=np.int64)) * np.dtype(t.dtype).itemsize for t in row_types)
+    return max(1, _WHILE_BYTES // row) if row else _WHILE_UNSTACKED
+
+
+def add_program(mod: tvm.IRModule, graph: Graph, prefix: str) -> tvm.IRModule:
+    """`mod` with the VM program of `graph` (see the module doc); raises CompileError where it cannot be built."""
+    bad = unsupported_nodes(graph)
+    if bad:
+        raise CompileError(f"no VM program: {bad[0][1]}")
+    low = _Lowering(mod, graph, prefix)
+    params = [relax.Var(f"in{i}", _ty(v.type)) for i, v in enumerate(graph.inputs)]
+    seq = _Seq(low.bb)
+    outs = low.graph(seq, graph, params)
+    func = relax.Function(params, seq.result(outs), _ret_ty([v.type for v in graph.outputs]), is_pure=False)
+    low.bb.add_func(func.with_attr("global_symbol", PROGRAM), PROGRAM)
+    out = low.bb.get()
+    for gv, f in low.recursive:
+        out[gv] = f
+    return relax.transform.LegalizeOps()(out)
+
+
+def program_pass(graph: Graph, prefix: str, declined: list):
+    """Module pass adding the VM program (`add_program`); where it cannot, the module is left as it was and the
+    reason appended to `declined`."""
+    @tvm.transform.module_pass(opt_level=0, name="dyntvm.VMProgram")
+    def add_vm_program(mod: tvm.IRModule, ctx) -> tvm.IRModule:
+        try:
+            return add_program(mod, graph, prefix)
+        except Exception as e:  # noqa: BLE001 - the program is an optimization: the executor runs the model
+            declined.append(f"{type(e).__name__}: {str(e).strip()[:300]}")
+            return mod
+    return add_vm_program
+
+
+class _Stats:
+    def __init__(self):
+        self.built = 0                          # libraries built with a VM program
+        self.declined: list = []                # why a program was not added (tests and debugging)
+
+
+stats = _Stats()
+
+
+def build_with_program(build_cpu, mod, tvm_target, loops, tuned, program):
+    """`build_cpu` with the VM program of ``program = (graph, key prefix)``; None where that build fails
+    (warned: the caller builds the library without the program, and the executor runs the model)."""
+    import warnings
+    graph, prefix = program
+    declined: list = []
+    try:
+        ex = build_cpu(mod, tvm_target, loops, tuned=tuned, program=program_pass(graph, prefix, declined))
+    except Exception as e:  # noqa: BLE001 - the program is an optimization: never the reason a build fails
+        warnings.warn(f"dyntvm: building the VM program failed ({type(e).__name__}: {str(e).strip()[:200]}); "
+                      "the model runs in the executor", RuntimeWarning, stacklevel=3)
+        stats.declined.append(f"{type(e).__name__}: {str(e).strip()[:300]}")
+        return None
+    if declined:
+        stats.declined += declined
+    else:
+        stats.built += 1
+    return ex

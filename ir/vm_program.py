@@ -1,0 +1,102 @@
+"""Which partitioned graphs run as one Relax VM program (codegen builds it, the runtime calls it).
+
+A *VM program* is one public Relax function, `PROGRAM`, in a model's kernel library that runs the whole
+partitioned graph: one call from Python is one VM call, and no Python runs between the kernels
+(`codegen/vm_program.py` builds it, `runtime/vm_program.py` calls it). Node by node:
+
+* a region: a call of its Relax function (first a call of `GUARD_CALLBACK`, where its sizes could exceed the
+  machine's memory: the runtime's size check, `runtime/region_sizes.py`);
+* `cond` / `case` (not exclusive): a Relax ``If`` (a case: nested ``If`` s, its predicates computed lazily in
+  order, as the executor does);
+* a `foreach`: a call of its compiled loop (`ir.compiled_loop`) where codegen built one, else a Relax
+  function over a range of steps that halves the range (`codegen/vm_program.py`); a `while_loop` whose body is
+  a compiled loop: calls of the loop function of growing capacity, a recursion one level per call;
+* a dynamic-shape op: a call of the packed function `KERNEL_CALLBACK` with the node's key (`node_keys`),
+  which runs the op's numpy kernel (registered from Python by the runtime: one Python callback per dynamic
+  node, no executor around it).
+
+Anything else — a `while_loop` that is not a compiled loop, a foreach with `valid_length`, lists, nodes with run-time dim checks,
+ops with symbolic attrs, an exclusive `case` — is listed by `unsupported_nodes`, and the whole model then runs
+in the Python executor (as before).
+"""
+from __future__ import annotations
+
+from .compiled_loop import while_loop_plan
+from .graph import Graph, Node
+from .list_type import ListType
+from .ops import OpKind
+from .region_counts import amplified_counts
+
+PROGRAM = "dyntvm_main"
+KERNEL_CALLBACK = "dyntvm.vm_kernel"
+GUARD_CALLBACK = "dyntvm.vm_size_guard"
+
+
+def _tensor_typed(values) -> bool:
+    return not any(isinstance(v.type, ListType) for v in values)
+
+
+def unsupported_nodes(graph: Graph) -> list:
+    """``(node, why)`` of every node (whole tree) the VM program cannot run; empty when it runs all of them
+    (codegen may still fail to build it: the library then has no program, `runtime/vm_program.status`)."""
+    out: list = []
+    if not _tensor_typed(graph.inputs) or not _tensor_typed(graph.outputs):
+        out.append((None, "list inputs or outputs"))
+    _walk(graph, out)
+    return out
+
+
+def _walk(g: Graph, out: list) -> None:
+    for n in g.nodes:
+        why = _why_not(n)
+        if why is not None:
+            out.append((n, why))
+            continue
+        if n.op in ("cond", "case", "foreach", "while_loop"):
+            for s in n.subgraphs:
+                _walk(s, out)
+
+
+def _why_not(n: Node):
+    if n.op == "constant":
+        return None if _tensor_typed(n.outputs) else "a list constant"
+    if not _tensor_typed(n.inputs) or not _tensor_typed(n.outputs):
+        return "a list value"
+    if n.op == "region":
+        return "run-time dim checks" if any(m.checks for m in n.subgraphs[0].nodes) else None
+    if n.checks:
+        return "run-time dim checks"
+    if n.op == "cond":
+        return None
+    if n.op == "case":
+        return "an exclusive case" if n.attrs.exclusive else None
+    if n.op == "foreach":
+        if n.attrs.has_valid_length:
+            return "a foreach with valid_length (not in the VM yet)"
+        return None if n.attrs.num_data else "a foreach without data"
+    if n.op == "while_loop":
+        return None if while_loop_plan(n) is not None else "a while_loop whose body is not a compiled loop"
+    if n.opdef.kind == OpKind.CONTROL_FLOW:
+        return f"control flow {n.op} (not in the VM yet)"
+    if n.opdef.dim_attrs:
+        return "an op with symbolic attrs"
+    return None
+
+
+def node_keys(graph: Graph, prefix: str) -> dict:
+    """``{node: key}`` for the nodes the program calls back into Python for, in a fixed order (whole tree,
+    depth first): the dynamic-shape nodes (`KERNEL_CALLBACK`) and the regions whose sizes the runtime checks
+    before they run (`GUARD_CALLBACK`, `ir.region_counts`). The key is `prefix` (the binding compiled into the
+    model's library, `codegen.build.add_binding`: models share keys only where their graphs are the same) and
+    the node's position."""
+    keys = {}
+    for i, n in enumerate(graph.walk()):
+        if n.op == "region" and amplified_counts(n) or \
+                n.op not in ("constant", "region") and n.opdef.kind != OpKind.CONTROL_FLOW:
+            keys[n] = f"{prefix}:{i}"
+    return keys
+
+
+def describe(unsupported: list) -> list:
+    """One line per node the VM program cannot run, for `print(model)` and `dyntvm inspect`."""
+    return [f"{n.op} node {n.name!r}: {why}" if n is not None else why for n, why in unsupported]

@@ -1,0 +1,145 @@
+"""Running a model as its VM program (`ir.vm_program`): one call of the library's `PROGRAM` function per model
+call, instead of the executor's Python step per node.
+
+`CompiledModel` uses it for plain calls on the CPU when the library has the program; the executor still runs
+calls with ``validate=True`` or ``profile=True``, models on a device, and every model without a program (the
+nodes the program cannot run are listed by `print(model)`). When the program fails (a run-time check, a
+kernel's error, an allocation), the call runs again in the executor, which raises the executor's error, naming
+the node and iteration; should the executor succeed, its result is returned with a RuntimeWarning. So results
+and errors are the executor's.
+
+The dynamic-shape nodes of a program call back into Python (`KERNEL_CALLBACK`, registered here when this module
+is imported, before any VM is made: a VM looks its packed functions up when it is created): the node's numpy
+kernel, from a table filled when a model with a program is made (`register_kernels`); so do the regions whose
+sizes are checked before they run (`GUARD_CALLBACK`: the executor's size guard).
+"""
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+
+import numpy as np
+import tvm_ffi
+from tvm_ffi._ffi_api import ArrayGetItem
+
+from ..ir.graph import Graph
+from ..ir.vm_program import GUARD_CALLBACK, KERNEL_CALLBACK, PROGRAM, describe, node_keys, unsupported_nodes
+from .kernels import KERNELS
+from .region_sizes import size_guard
+from .tensors import to_numpy, to_tvm
+
+FALLBACK_CALLBACK = "dyntvm.vm_fallback"       # codegen/vm_program.py calls it under this name
+
+_item = ArrayGetItem
+_kernels: dict = {}                            # node key -> (numpy kernel, attrs)
+_guards: dict = {}                             # node key -> a region's size check (`region_sizes.size_guard`)
+_lock = threading.Lock()
+
+
+FALLBACK_MARK = "dyntvm: the VM program hands this call to the executor: "   # TVM re-raises it as a RuntimeError
+
+
+def _run_kernel(key, *args):
+    kern, attrs = _kernels[str(key)]
+    res = kern(attrs, *[np.from_dlpack(a) for a in args])
+    if len(res) == 1:
+        return to_tvm(res[0])
+    return [to_tvm(r) for r in res]
+
+
+def _size_guard(key, *args):
+    _guards[str(key)](args)
+    return []
+
+
+def _fallback(why):
+    raise RuntimeError(FALLBACK_MARK + str(why))
+
+
+tvm_ffi.register_global_func(KERNEL_CALLBACK, _run_kernel, override=True)
+tvm_ffi.register_global_func(FALLBACK_CALLBACK, _fallback, override=True)
+tvm_ffi.register_global_func(GUARD_CALLBACK, _size_guard, override=True)
+
+
+def register_kernels(graph: Graph, prefix: str) -> None:
+    """Fill the tables with `graph`'s dynamic-shape nodes and region size checks under the keys its program
+    uses."""
+    keys = node_keys(graph, prefix)
+    with _lock:
+        for n, key in keys.items():
+            if n.op == "region":
+                _guards.setdefault(key, size_guard(n))
+            else:
+                _kernels.setdefault(key, (KERNELS[n.op], n.attrs))
+
+
+NO_VM_PROGRAM = "DYNTVM_NO_VM_PROGRAM"        # "1": models run in the executor (read when a model is made)
+
+
+def status(graph: Graph, vm, specialized: dict) -> tuple[bool, list]:
+    """``(runs in the VM, lines)``: whether the library behind `vm` has the program, else why not."""
+    if os.environ.get(NO_VM_PROGRAM) == "1":
+        return False, [f"${NO_VM_PROGRAM} is 1"]
+    if specialized:
+        return False, ["a tuning log's specializations (the executor picks them by size)"]
+    bad = unsupported_nodes(graph)
+    if bad:
+        return False, describe(bad)
+    if vm is None:
+        return False, ["no kernel library"]
+    if not has_program(vm):
+        return False, ["the library has no VM program (built without one, or the build declined it)"]
+    return True, []
+
+
+def has_program(vm) -> bool:
+    try:
+        vm[PROGRAM]
+        return True
+    except Exception:  # noqa: BLE001 - AttributeError from the VM: not in this library
+        return False
+
+
+def copied_outputs(graph: Graph) -> list:
+    """Per graph output, whether the program may return a tensor the model holds (a constant: directly, through
+    a branch, or as a foreach's final state after no step): those are copied, as the executor copies its
+    constants. An input given back is not (the executor gives it back too)."""
+    out = []
+    for v in graph.outputs:
+        p = v.producer
+        if p is None:
+            out.append(False)
+        elif p.op == "region":
+            inner = p.subgraphs[0].outputs[p.outputs.index(v)].producer
+            out.append(inner is None or inner.op == "constant")
+        elif p.op == "foreach":
+            out.append(p.outputs.index(v) >= p.attrs.num_outputs)
+        else:
+            out.append(p.op in ("constant", "cond", "case"))
+    return out
+
+
+class ProgramRunner:
+    """Calls the program of one thread's VM on checked input arrays; the executor `fallback` (a callable on the
+    same arrays) runs a call the program cannot finish."""
+
+    __slots__ = ("fn", "copy", "calls")
+
+    def __init__(self, vm, graph: Graph):
+        self.fn = vm[PROGRAM]
+        self.copy = copied_outputs(graph)
+        self.calls = 0                       # program calls (tests: one per model call)
+
+    def __call__(self, arrays: list, fallback) -> list:
+        try:
+            res = self.fn(*[to_tvm(a) for a in arrays])
+        except Exception as e:  # noqa: BLE001 - TVM raises many kinds: the executor names the node
+            if FALLBACK_MARK in str(e):      # a case the program leaves to the executor (`FALLBACK_CALLBACK`)
+                return fallback(arrays)
+            outs = fallback(arrays)          # raises the executor's error where the call fails there too
+            warnings.warn(f"dyntvm: the VM program failed ({type(e).__name__}: {str(e).strip()[:200]}) where the "
+                          "executor runs the call; the result comes from the executor", RuntimeWarning, stacklevel=3)
+            return outs
+        self.calls += 1
+        return [np.array(to_numpy(_item(res, k))) if c else to_numpy(_item(res, k)) for k, c in enumerate(self.copy)]

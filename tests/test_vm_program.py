@@ -1,0 +1,172 @@
+"""The VM program (`ir/vm_program.py`, `codegen/vm_program.py`, `runtime/vm_program.py`): a supported model runs
+as one Relax VM call per model call, equal to eager numpy; an unsupported node is listed and the executor runs
+the model; errors are the executor's."""
+import numpy as np
+import pytest
+
+import dyntvm as dt
+from dyntvm import F, examples
+from dyntvm.ir.tree import tree_flatten
+
+VM_EXAMPLES = ("branchy", "lstm", "detection")
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            ex = examples.get(name)
+            cache[name] = (ex, dt.compile(ex.fn, *ex.specs))
+        return cache[name]
+    return get
+
+
+def assert_same(got, want):
+    g_leaves, g_spec = tree_flatten(got)
+    w_leaves, w_spec = tree_flatten(want)
+    assert g_spec == w_spec
+    for a, b in zip(g_leaves, w_leaves):
+        a, b = np.asarray(a), np.asarray(b)
+        assert a.dtype == b.dtype and a.shape == b.shape, (a.dtype, a.shape, b.dtype, b.shape)
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", VM_EXAMPLES)
+def test_example_runs_as_one_vm_call(compiled, name):
+    """Every test size (1 and 0 included) matches eager numpy, each call is one VM call and no region is called
+    from Python (the executor's region-call counter stays 0)."""
+    ex, model = compiled(name)
+    assert model.vm_program, model.vm_program_fallback
+    assert "every plain call runs as one VM call" in str(model)
+    for i, sizes in enumerate(ex.test_sizes):
+        inputs = ex.make_inputs(np.random.default_rng(i), **sizes)
+        calls, regions = model.vm_program_calls, model.kernel_calls
+        got = model(*inputs)
+        assert model.vm_program_calls == calls + 1, sizes
+        assert model.kernel_calls == regions == 0, sizes
+        assert_same(got, ex.fn(*inputs))
+
+
+def test_many_steps_of_a_foreach_that_is_not_a_compiled_loop():
+    """A foreach whose body holds a cond runs by halving the range of steps: 3000 steps are far deeper than
+    a recursion per step could go, and match eager numpy."""
+    w = np.linspace(-1, 1, 8, dtype=np.float32)
+
+    def fn(x):
+        def body(row, states):
+            (acc,) = states
+            y = F.cond(F.sum(row) > 0, lambda: row * w, lambda: row - 1.0)
+            return y, [acc + y]
+        ys, (total,) = F.foreach(body, x, [F.zeros((8,))])
+        return ys, total
+
+    model = dt.compile(fn, dt.TensorSpec(("T", 8)))
+    assert model.vm_program, model.vm_program_fallback
+    for t in (0, 1, 5, 3000):
+        x = np.random.default_rng(t).standard_normal((t, 8)).astype(np.float32)
+        calls = model.vm_program_calls
+        assert_same(model(x), fn(x))
+        assert model.vm_program_calls == calls + 1
+
+
+def test_compiled_while_loop_runs_in_the_program():
+    """A while_loop whose body is a compiled loop: calls of growing capacity inside the VM (300 iterations take
+    two calls of the loop function), a static or tensor max_iterations, zero iterations."""
+    def fn(x, limit):
+        def body(i, v):
+            return v * 0.5, [i + 1, v * 1.01 + 1.0]
+        ys, (i, v) = F.while_loop(lambda i, v: F.sum(v) < 1e4, body, [F.zeros((), "int64"), x],
+                                  max_iterations=limit)
+        return ys, i, v
+
+    model = dt.compile(fn, dt.TensorSpec(("N",)), dt.TensorSpec((), "int64"))
+    assert model.vm_program, model.vm_program_fallback
+    for n, limit in ((0, 300), (1, 300), (5, 2), (3, 1000), (2000, 1000)):
+        x = np.random.default_rng(n).random(n).astype(np.float32)
+        calls = model.vm_program_calls
+        assert_same(model(x, np.int64(limit)), fn(x, np.int64(limit)))
+        assert model.vm_program_calls == calls + 1 and model.kernel_calls == 0
+    # no iteration: stacks of rows whose size is known only at run time: the program hands the call to the
+    # executor (one condition region call), quietly
+    x = np.ones(4, np.float32)
+    assert_same(model(x, np.int64(0)), fn(x, np.int64(0)))
+
+
+def test_unsupported_node_is_listed_and_the_executor_runs_it():
+    def fn(x):
+        def body(v):
+            return [F.cond(F.sum(v) > 10.0, lambda: v + 1.0, lambda: v * 2.0 + 1.0)]
+        return F.while_loop(lambda v: F.sum(v) < 100.0, body, [x], max_iterations=50)
+
+    model = dt.compile(fn, dt.TensorSpec(("N",)))
+    assert not model.vm_program
+    assert any("while_loop" in line for line in model.vm_program_fallback)
+    assert "vm program: no, the executor runs the model" in str(model) and "while_loop" in str(model)
+    x = np.ones(3, np.float32)
+    assert_same(model(x), fn(x))
+    assert model.vm_program_calls == 0 and model.kernel_calls > 0
+
+
+def test_errors_are_the_executors(compiled):
+    """A run-time failure inside the program (a bad size read from the data) raises the executor's error."""
+    def fn(x):
+        k = F.cast(F.sum(x), "int64")               # topk's k read from the data: more than N fails
+        return F.topk(x * 2.0, k)
+
+    model = dt.compile(fn, dt.TensorSpec(("N",)))
+    assert model.vm_program, model.vm_program_fallback
+    x = np.array([1.0, 0.0, 0.5, 0.5], np.float32)
+    assert_same(model(x), fn(x))
+    bad = np.full(3, 2.0, np.float32)
+    with pytest.raises(dt.ExecutionError) as in_vm:
+        model(bad)
+    with pytest.raises(dt.ExecutionError) as in_executor:
+        model(bad, profile=True)            # profile=True: the executor runs the call
+    assert str(in_vm.value) == str(in_executor.value)
+
+
+def test_saved_artifact_runs_its_program(compiled, tmp_path):
+    ex, model = compiled("detection")
+    path = str(tmp_path / "detection.dtvm")
+    model.save(path)
+    loaded = dt.load(path)
+    assert loaded.vm_program, loaded.vm_program_fallback
+    inputs = ex.make_inputs(np.random.default_rng(3), N=40)
+    assert_same(loaded(*inputs), ex.fn(*inputs))
+    assert loaded.vm_program_calls == 1 and loaded.kernel_calls == 0
+
+
+def test_validate_and_profile_run_in_the_executor(compiled):
+    ex, model = compiled("branchy")
+    inputs = ex.make_inputs(np.random.default_rng(0), B=4)
+    calls = model.vm_program_calls
+    assert_same(model(*inputs, validate=True), ex.fn(*inputs))
+    assert_same(model(*inputs, profile=True), ex.fn(*inputs))
+    assert model.vm_program_calls == calls and model.last_profile
+
+
+def test_threads_each_run_their_own_program(compiled):
+    """Calls from several threads at once: each thread's VM runs the program (one call per model call there)."""
+    import threading
+    ex, model = compiled("detection")
+    inputs = [ex.make_inputs(np.random.default_rng(i), N=n) for i, n in enumerate((0, 1, 30, 200))]
+    wants = [ex.fn(*x) for x in inputs]
+    errors, counts = [], []
+
+    def work(k):
+        try:
+            for r in range(20):
+                i = (k + r) % len(inputs)
+                assert_same(model(*inputs[i]), wants[i])
+            counts.append(model.vm_program_calls)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+    assert counts == [20] * 4
