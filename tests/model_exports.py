@@ -94,6 +94,8 @@ class ModelCase:
     #: detections compared as a set (`match_detections`): rows of (boxes, labels, scores) whose scores are within
     #: float rounding of each other may come in either order, and NMS may keep either of two such boxes
     detections: bool = False
+    #: how far a matched detection's score may be from onnxruntime's (`match_detections`)
+    score_atol: float = 1e-4
 
 
 @dataclasses.dataclass
@@ -142,7 +144,8 @@ def run_case(case: ModelCase, exporter: str, cache_dir: str, seed: int = 0) -> C
         got = pick([np.asarray(g) for g in (got if isinstance(got, (list, tuple)) else [got])])
         assert len(got) == len(want), (case.name, exporter, size, len(got), len(want))
         if case.detections:
-            errors.append(match_detections(got, want, case.atol, f"{case.name} {exporter} at {size}"))
+            errors.append(match_detections(got, want, case.atol, f"{case.name} {exporter} at {size}",
+                                              score_atol=case.score_atol))
             continue
         err = 0.0
         for k, (g, w) in enumerate(zip(got, want)):
@@ -158,19 +161,26 @@ def run_case(case: ModelCase, exporter: str, cache_dir: str, seed: int = 0) -> C
 
 
 def match_detections(got: list, want: list, atol: float, where: str, score_atol: float = 1e-4) -> float:
-    """Every detection of `got` (boxes [n, 4], labels [n], scores [n]) matched to its own detection of `want` with
-    the same label, a score within `score_atol` and a box within `atol` (relative to the box scale); the sorted
-    scores equal within `score_atol`. Returns the largest score difference of a matched pair."""
-    (gb, gl, gs), (wb, wl, ws) = [[np.asarray(a) for a in x] for x in (got, want)]
-    assert gb.shape == wb.shape and gl.shape == wl.shape and gs.shape == ws.shape, \
-        f"{where}: shapes {[a.shape for a in (gb, gl, gs)]} != {[a.shape for a in (wb, wl, ws)]}"
+    """Every detection of `got` (boxes [n, 4], labels [n], scores [n], and masks [n, ...] where the model has
+    them) matched to its own detection of `want` with the same label, a score within `score_atol`, a box within
+    `atol` (relative to the box scale) and a mask within `atol`; the sorted scores equal within `score_atol`.
+    Returns the largest score difference of a matched pair."""
+    got, want = [[np.asarray(a) for a in x] for x in (got, want)]
+    assert len(got) == len(want) in (3, 4), f"{where}: {len(got)} outputs, {len(want)} expected (3 or 4)"
+    assert all(g.shape == w.shape for g, w in zip(got, want)), \
+        f"{where}: shapes {[a.shape for a in got]} != {[a.shape for a in want]}"
+    (gb, gl, gs), (wb, wl, ws) = got[:3], want[:3]
+    gm, wm = (got[3], want[3]) if len(got) == 4 else (None, None)
     np.testing.assert_allclose(np.sort(gs), np.sort(ws), rtol=0, atol=score_atol, err_msg=f"{where}: sorted scores")
     box_tol = atol * max(1.0, float(np.abs(wb).max(initial=0.0)))
     used = np.zeros(len(ws), bool)
     worst = 0.0
     for i in range(len(gs)):
         near = np.abs(wb - gb[i]).max(axis=1, initial=0.0)
-        cand = np.flatnonzero(~used & (wl == gl[i]) & (np.abs(ws - gs[i]) <= score_atol) & (near <= box_tol))
+        ok = ~used & (wl == gl[i]) & (np.abs(ws - gs[i]) <= score_atol) & (near <= box_tol)
+        if gm is not None:
+            ok &= np.abs(wm - gm[i]).reshape(len(wm), -1).max(axis=1, initial=0.0) <= atol
+        cand = np.flatnonzero(ok)
         assert cand.size, (f"{where}: detection {i} (label {gl[i]}, score {gs[i]:.6f}, box {gb[i]}) has no match in "
                            "onnxruntime's")
         j = cand[np.argmin(near[cand])]
