@@ -12,6 +12,7 @@ import tvm
 from tvm import relax
 
 from ..ir.graph import Node
+from ..ir.vm_program import native  # noqa: F401  (codegen/vm_program.py imports it from here)
 
 _MASK_ROWS = '''# from tvm.script import tirx as T
 @T.prim_func
@@ -61,16 +62,6 @@ def {name}(h_x: T.handle, h_c: T.handle):
         if {test}:
             c[0] = c[0] + T.int64(1)
 '''
-
-
-def native(n: Node) -> bool:
-    """Whether `n` runs as kernels in the program (else as a Python callback)."""
-    if n.op == "boolean_mask":
-        t, m = n.inputs[0].type, n.inputs[1].type
-        return t.ndim >= 1 and n.attrs.axis % t.ndim == 0 and m.ndim == 1 and m.dtype == "bool"
-    if n.op == "nonzero":
-        return n.inputs[0].type.ndim == 1
-    return False
 
 
 class DynamicOps:

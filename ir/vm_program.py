@@ -97,6 +97,33 @@ def node_keys(graph: Graph, prefix: str) -> dict:
     return keys
 
 
+def native(n: Node) -> bool:
+    """Whether dynamic-shape node `n` runs as kernels in the program (`codegen/vm_dynamic.py`), else as a Python
+    callback."""
+    if n.op == "boolean_mask":
+        t, m = n.inputs[0].type, n.inputs[1].type
+        return t.ndim >= 1 and n.attrs.axis % t.ndim == 0 and m.ndim == 1 and m.dtype == "bool"
+    if n.op == "nonzero":
+        return n.inputs[0].type.ndim == 1
+    return False
+
+
+def python_callbacks(graph: Graph) -> list:
+    """The nodes the program would call back into Python for: a dynamic-shape op's numpy kernel, a region's size
+    check (the graph and its control-flow bodies; a region's own nodes are kernels)."""
+    out = []
+    for n in graph.nodes:
+        if n.op == "region":
+            if amplified_counts(n):
+                out.append(n)
+        elif n.op in ("cond", "case", "foreach", "while_loop"):
+            for s in n.subgraphs:
+                out.extend(python_callbacks(s))
+        elif n.op != "constant" and n.opdef.kind != OpKind.CONTROL_FLOW and not native(n):
+            out.append(n)
+    return out
+
+
 def describe(unsupported: list) -> list:
     """One line per node the VM program cannot run, for `print(model)` and `dyntvm inspect`."""
     return [f"{n.op} node {n.name!r}: {why}" if n is not None else why for n, why in unsupported]

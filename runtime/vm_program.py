@@ -24,7 +24,8 @@ import tvm_ffi
 from tvm_ffi._ffi_api import ArrayGetItem
 
 from ..ir.graph import Graph
-from ..ir.vm_program import GUARD_CALLBACK, KERNEL_CALLBACK, PROGRAM, describe, node_keys, unsupported_nodes
+from ..ir.vm_program import (GUARD_CALLBACK, KERNEL_CALLBACK, PROGRAM, describe, node_keys, python_callbacks,
+                             unsupported_nodes)
 from .kernels import KERNELS
 from .region_sizes import size_guard
 from .tensors import to_numpy, to_tvm
@@ -75,12 +76,21 @@ def register_kernels(graph: Graph, prefix: str) -> None:
 
 
 NO_VM_PROGRAM = "DYNTVM_NO_VM_PROGRAM"        # "1": models run in the executor (read when a model is made)
+#: "auto" (default): the program runs a model only where it calls no Python for a dynamic-shape op (such callbacks
+#: made the detection example 1.7x slower than the executor; branchy, with two region size checks called back,
+#: was 0.54x: bench_ab in the closing note of the stop that added the program);
+#: "always": wherever it can; "never": the executor runs every model
+VM_PROGRAM = "DYNTVM_VM_PROGRAM"
 
 
 def status(graph: Graph, vm, specialized: dict) -> tuple[bool, list]:
     """``(runs in the VM, lines)``: whether the library behind `vm` has the program, else why not."""
-    if os.environ.get(NO_VM_PROGRAM) == "1":
-        return False, [f"${NO_VM_PROGRAM} is 1"]
+    mode = os.environ.get(VM_PROGRAM, "auto")
+    if mode not in ("auto", "always", "never"):
+        warnings.warn(f"${VM_PROGRAM} is {mode!r}: expected auto, always or never; using auto", stacklevel=2)
+        mode = "auto"
+    if os.environ.get(NO_VM_PROGRAM) == "1" or mode == "never":
+        return False, [f"${NO_VM_PROGRAM} is 1" if mode != "never" else f"${VM_PROGRAM} is never"]
     if specialized:
         return False, ["a tuning log's specializations (the executor picks them by size)"]
     bad = unsupported_nodes(graph)
@@ -90,6 +100,11 @@ def status(graph: Graph, vm, specialized: dict) -> tuple[bool, list]:
         return False, ["no kernel library"]
     if not has_program(vm):
         return False, ["the library has no VM program (built without one, or the build declined it)"]
+    callbacks = [n for n in python_callbacks(graph) if n.op != "region"]     # size checks are cheap (branchy: 2)
+    if callbacks and mode == "auto":
+        ops = sorted({n.op for n in callbacks})
+        return False, [f"the program would call back into Python for {len(callbacks)} dynamic-shape ops "
+                       f"({', '.join(ops)}), slower than the executor today (${VM_PROGRAM}=always runs it anyway)"]
     return True, []
 
 

@@ -11,6 +11,15 @@ from dyntvm.ir.tree import tree_flatten
 VM_EXAMPLES = ("branchy", "lstm", "detection")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def program_always():
+    """The program wherever it can run, callbacks into Python included (by default such a model runs in the
+    executor: `test_a_model_with_python_callbacks_runs_in_the_executor_by_default`)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DYNTVM_VM_PROGRAM", "always")
+        yield
+
+
 @pytest.fixture(scope="module")
 def compiled():
     cache = {}
@@ -21,6 +30,28 @@ def compiled():
             cache[name] = (ex, dt.compile(ex.fn, *ex.specs))
         return cache[name]
     return get
+
+
+def test_a_model_with_python_callbacks_runs_in_the_executor_by_default(compiled, monkeypatch, tmp_path):
+    """The detection example's program calls back into Python (topk with a tensor k, ...): slower than the
+    executor, so by default the executor runs it, and says why; branchy's calls no Python for an op and runs in
+    the VM. The mode is read when a model is made (here: loaded)."""
+    saved = {}
+    for name in ("detection", "branchy"):
+        saved[name] = str(tmp_path / f"{name}.dtvm")
+        compiled(name)[1].save(saved[name])
+    monkeypatch.setenv("DYNTVM_VM_PROGRAM", "auto")
+    ex = compiled("detection")[0]
+    loaded = dt.load(saved["detection"])
+    assert not loaded.vm_program
+    assert any("call back into Python" in line and "topk_dyn" in line for line in loaded.vm_program_fallback)
+    inputs = ex.make_inputs(np.random.default_rng(0), N=50)
+    assert_same(loaded(*inputs), ex.fn(*inputs))
+    assert loaded.vm_program_calls == 0 and loaded.kernel_calls > 0
+    assert dt.load(saved["branchy"]).vm_program
+    monkeypatch.setenv("DYNTVM_VM_PROGRAM", "sometimes")
+    with pytest.warns(UserWarning, match="DYNTVM_VM_PROGRAM is 'sometimes': expected auto, always or never"):
+        assert dt.load(saved["branchy"]).vm_program
 
 
 def assert_same(got, want):
