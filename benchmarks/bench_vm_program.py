@@ -1,15 +1,23 @@
 """A/B in one process: each model's plain call through the VM program vs the executor (the same library and
 inputs), interleaved rounds; per-call microseconds (min and median of the rounds).
 
-    python benchmarks/bench_vm_program.py [rounds]       # branchy B1, B16, detection N200
-"""
-import sys, time
-import numpy as np
-import dyntvm as dt
-from dyntvm import examples
+    python benchmarks/bench_vm_program.py [rounds]   # branchy B1, B16, detection N200, lstm T64 B1 / B16, transformer
 
-rows = [("branchy", {"B": 1}), ("branchy", {"B": 16}), ("detection", {"N": 200})]
-rounds, calls = int(sys.argv[1]) if len(sys.argv) > 1 else 5, 2000
+Every model gets its program ($DYNTVM_VM_PROGRAM=always: by default a program with Python callbacks is not used).
+"""
+import os
+import sys
+import time
+
+import numpy as np
+
+os.environ["DYNTVM_VM_PROGRAM"] = "always"
+import dyntvm as dt  # noqa: E402
+from dyntvm import examples  # noqa: E402
+
+rows = [("branchy", {"B": 1}), ("branchy", {"B": 16}), ("detection", {"N": 200}), ("lstm", {"T": 64, "B": 1}),
+        ("lstm", {"T": 64, "B": 16}), ("transformer", {"B": 1, "S": 128})]
+rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 5
 for name, sizes in rows:
     ex = examples.get(name)
     m = dt.compile(ex.fn, *ex.specs)
@@ -18,6 +26,10 @@ for name, sizes in rows:
     exe = m._threads.executor
     prog = exe.program
     assert prog is not None, m.vm_program_fallback
+
+    t0 = time.perf_counter()
+    m(*inputs)
+    calls = max(20, min(2000, int(0.3 / max(time.perf_counter() - t0, 1e-6))))     # ~0.3 s per block
 
     def per_call():
         t0 = time.perf_counter()
