@@ -1,0 +1,60 @@
+"""Real models through `dt.from_torch` (random weights; the builders of the ONNX real-model suite,
+tests/zoo_torchvision.py and tests/zoo_hf.py): each imported, compiled once and compared with torch eager at 3
+sizes of its dynamic dims. A model that cannot run is listed in CANNOT with the exact reason, and its test
+expects that failure (so a fixed model shows up); none is skipped silently."""
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import dyntvm as dt  # noqa: E402
+from torch.export import Dim  # noqa: E402
+
+from helpers import assert_same  # noqa: E402
+import torchvision_cpu  # noqa: E402
+
+torchvision_cpu.load()           # before transformers, which imports torchvision
+import zoo_hf  # noqa: E402
+import zoo_torchvision  # noqa: E402
+
+
+def _resnet18():
+    model, args, _, _ = zoo_torchvision._classifier("resnet18")()
+    # torch.export specialises on a pooled size of 1 (its guards `1 + (H - 1) // 32 != 1`): H, W >= 33
+    return model, args, {"x": {0: Dim("B", max=64), 2: Dim("H", min=33, max=1024), 3: Dim("W", min=33, max=1024)}}
+
+
+def _bert():
+    model, args, _, _ = zoo_hf.make_bert()
+    batch, seq = Dim("batch", max=64), Dim("seq", max=64)         # seq <= max_position_embeddings
+    return model, args, {"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: seq}}
+
+
+#: name -> (builder, sizes, inputs(rng, size) -> list of arrays)
+MODELS = {
+    "resnet18": (_resnet18, [(1, 64, 64), (2, 96, 80), (1, 33, 47)],
+                 lambda rng, size: list(zoo_torchvision._images(rng, size).values())),
+    "bert": (_bert, [(1, 1), (2, 7), (3, 12)], lambda rng, size: list(zoo_hf._text_inputs(rng, size).values())),
+}
+#: name -> the exact reason (a substring of the error) a model cannot go through from_torch yet
+CANNOT: dict = {}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_model_through_from_torch_equals_torch_eager(name):
+    build, sizes, inputs = MODELS[name]
+    module, args, dynamic_shapes = build()
+    if name in CANNOT:
+        with pytest.raises(dt.DyntvmError, match=CANNOT[name]):
+            dt.compile(dt.from_torch(module, args, dynamic_shapes=dynamic_shapes))
+        return
+    model = dt.compile(dt.from_torch(module, args, dynamic_shapes=dynamic_shapes))     # once, for every size
+    rng = np.random.default_rng(0)
+    for size in sizes:
+        arrays = inputs(rng, size)
+        with torch.no_grad():
+            want = module(*[torch.from_numpy(a) for a in arrays]).numpy()
+        got = model(*arrays)
+        assert got.shape == want.shape, (name, size)
+        assert_same([got], [want], rtol=1e-4, atol=1e-4)
