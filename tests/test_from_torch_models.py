@@ -18,23 +18,40 @@ import zoo_hf  # noqa: E402
 import zoo_torchvision  # noqa: E402
 
 
-def _resnet18():
-    model, args, _, _ = zoo_torchvision._classifier("resnet18")()
-    # torch.export specialises on a pooled size of 1 (its guards `1 + (H - 1) // 32 != 1`): H, W >= 33
-    return model, args, {"x": {0: Dim("B", max=64), 2: Dim("H", min=33, max=1024), 3: Dim("W", min=33, max=1024)}}
+def _classifier(builder):
+    def build():
+        model, args, _, _ = zoo_torchvision._classifier(builder)()
+        # torch.export specialises on a pooled size of 1 (its guards `1 + (H - 1) // 32 != 1`): H, W >= 33
+        return model, args, {"x": {0: Dim("B", max=64), 2: Dim("H", min=33, max=1024),
+                                   3: Dim("W", min=33, max=1024)}}
+    return build
 
 
-def _bert():
-    model, args, _, _ = zoo_hf.make_bert()
-    batch, seq = Dim("batch", max=64), Dim("seq", max=64)         # seq <= max_position_embeddings
-    return model, args, {"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: seq}}
+def _text_model(make):
+    def build():
+        model, args, _, _ = make()
+        batch, seq = Dim("batch", max=64), Dim("seq", max=64)         # seq <= max_position_embeddings
+        return model, args, {"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: seq}}
+    return build
+
+
+IMAGE_SIZES, TEXT_SIZES = [(1, 64, 64), (2, 96, 80), (1, 33, 47)], [(1, 1), (2, 7), (3, 12)]   # B x H x W, B x S
+
+
+def _images(rng, size):
+    return list(zoo_torchvision._images(rng, size).values())
+
+
+def _text(rng, size):
+    return list(zoo_hf._text_inputs(rng, size).values())        # ids and a mask with padded rows
 
 
 #: name -> (builder, sizes, inputs(rng, size) -> list of arrays)
 MODELS = {
-    "resnet18": (_resnet18, [(1, 64, 64), (2, 96, 80), (1, 33, 47)],
-                 lambda rng, size: list(zoo_torchvision._images(rng, size).values())),
-    "bert": (_bert, [(1, 1), (2, 7), (3, 12)], lambda rng, size: list(zoo_hf._text_inputs(rng, size).values())),
+    "resnet18": (_classifier("resnet18"), IMAGE_SIZES, _images),
+    "bert": (_text_model(zoo_hf.make_bert), TEXT_SIZES, _text),
+    "distilbert": (_text_model(zoo_hf.make_distilbert), TEXT_SIZES, _text),
+    "gpt2": (_text_model(zoo_hf.make_gpt2), TEXT_SIZES, _text),
 }
 #: name -> the exact reason (a substring of the error) a model cannot go through from_torch yet
 CANNOT: dict = {}
