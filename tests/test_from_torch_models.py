@@ -52,6 +52,7 @@ MODELS = {
     "bert": (_text_model(zoo_hf.make_bert), TEXT_SIZES, _text),
     "distilbert": (_text_model(zoo_hf.make_distilbert), TEXT_SIZES, _text),
     "gpt2": (_text_model(zoo_hf.make_gpt2), TEXT_SIZES, _text),
+    "t5": (_text_model(zoo_hf.make_t5), TEXT_SIZES, _text),              # encoder-decoder, decoder fed the ids
 }
 #: name -> the exact reason (a substring of the error) a model cannot go through from_torch yet
 CANNOT: dict = {}
