@@ -2,6 +2,8 @@
 tests/zoo_torchvision.py and tests/zoo_hf.py): each imported, compiled once and compared with torch eager at 3
 sizes of its dynamic dims. A model that cannot run is listed in CANNOT with the exact reason, and its test
 expects that failure (so a fixed model shows up); none is skipped silently."""
+import re
+
 import numpy as np
 import pytest
 
@@ -46,6 +48,17 @@ def _text(rng, size):
     return list(zoo_hf._text_inputs(rng, size).values())        # ids and a mask with padded rows
 
 
+def _detector(builder):
+    def build():
+        model, args, _, axes = zoo_torchvision._detector(builder, zoo_torchvision._BOXES, **zoo_torchvision._SMALL)()
+        return model, args, axes
+    return build
+
+
+def _image(rng, size):
+    return list(zoo_torchvision._image(rng, size).values())
+
+
 #: name -> (builder, sizes, inputs(rng, size) -> list of arrays)
 MODELS = {
     "resnet18": (_classifier("resnet18"), IMAGE_SIZES, _images),
@@ -53,9 +66,16 @@ MODELS = {
     "distilbert": (_text_model(zoo_hf.make_distilbert), TEXT_SIZES, _text),
     "gpt2": (_text_model(zoo_hf.make_gpt2), TEXT_SIZES, _text),
     "t5": (_text_model(zoo_hf.make_t5), TEXT_SIZES, _text),              # encoder-decoder, decoder fed the ids
+    "fasterrcnn_mobilenet_v3_large_320_fpn": (_detector("fasterrcnn_mobilenet_v3_large_320_fpn"),
+                                              zoo_torchvision._DETECTOR_SIZES, _image),
 }
 #: name -> the exact reason (a substring of the error) a model cannot go through from_torch yet
-CANNOT: dict = {}
+CANNOT: dict = {
+    # torchvision's batched_nms branches on `boxes.numel() == 0`, a Python `if` on an unbacked size
+    "fasterrcnn_mobilenet_v3_large_320_fpn": re.escape(
+        "torch.export refused the program (GuardOnDataDependentSymNode): Could not guard on data-dependent "
+        "expression Eq(4*u1, 0)"),
+}
 
 
 @pytest.mark.slow
