@@ -27,7 +27,7 @@ from dyntvm.errors import DyntvmError, InputError, TraceError, UnsupportedOpErro
 from .torch_ops import CONVERTERS, TorchImportError, np_dtype
 from .tracer import Tensor, TensorSpec, source_hint, trace
 from . import F
-from . import torch_control, torch_index  # noqa: F401  (torch_index registers its converters)
+from . import torch_control, torch_index, torch_ops_more  # noqa: F401  (they register their converters)
 
 __all__ = ["from_torch", "unsupported_ops", "TorchImportError"]
 
