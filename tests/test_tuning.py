@@ -198,10 +198,10 @@ def test_a_build_that_fails_with_the_log_is_redone_without_it(log, monkeypatch):
     from dyntvm.codegen import build as build_mod
     real = build_mod.build_executable
 
-    def failing(regions, target, binding=None, tvm_target=None, loops=(), tuning=None):
+    def failing(regions, target, binding=None, tvm_target=None, loops=(), tuning=None, program=None):
         if tuning is not None:
             raise RuntimeError("FuseTIR: Inconsistent buffers")
-        return real(regions, target, binding, tvm_target, loops)
+        return real(regions, target, binding, tvm_target, loops, None, program)
     monkeypatch.setattr(build_mod, "build_executable", failing)
     with pytest.warns(tuning.TuningWarning, match="the build with it failed"):
         model = dt.compile(affine, SPEC, tuning_log=log, use_cache=False)
