@@ -110,7 +110,7 @@ def _recorded_cpu(manifest: dict):
     try:
         cfg = json.loads(manifest.get("target")) if isinstance(manifest.get("target"), str) else {}
         cfg = cfg if isinstance(cfg, dict) else {}
-    except ValueError:
+    except (ValueError, RecursionError):        # an untrusted manifest: a deeply nested target is no target
         cfg = {}
     isa = manifest.get("isa")
     isa = isa if isinstance(isa, list) and all(isinstance(f, str) for f in isa) else None

@@ -50,18 +50,28 @@ def writes(node) -> set:
     return out
 
 
+#: statements whose bodies may run zero times, stop anywhere, or run one of several arms (`match`; a `try*`)
+_MAYBE = tuple(getattr(ast, k) for k in ("For", "While", "AsyncFor", "Try", "TryStar", "Match") if hasattr(ast, k))
+
+
+def _walrus_targets(node) -> set:
+    return {n.target.id for n in ast.walk(node) if isinstance(n, ast.NamedExpr) and isinstance(n.target, ast.Name)}
+
+
 def definite(stmts: list) -> set:
-    """Names assigned on every path through `stmts`."""
+    """Names assigned on every path through `stmts` (under-approximated: a name left out only stays live)."""
     out = set()
     for s in stmts:
         if isinstance(s, ast.If):
             out |= definite(s.body) & definite(s.orelse)
-        elif isinstance(s, (ast.For, ast.While, ast.AsyncFor, ast.Try)):
-            continue                            # may run zero times / stop anywhere
+        elif isinstance(s, _MAYBE):
+            continue
         elif isinstance(s, (ast.With, ast.AsyncWith)):
             out |= definite(s.body)
+        elif isinstance(s, ast.AnnAssign) and s.value is None:
+            continue                            # `y: T` declares, assigns nothing
         else:
-            out |= writes(s)
+            out |= writes(s) - _walrus_targets(s)    # a walrus may sit in a branch of an expression
     return out
 
 

@@ -64,11 +64,26 @@ def _shape_of_both(a, b):
     return broadcast_shapes(tuple(a.shape), tuple(b.shape))
 
 
-@converter("aten._unique2.default", "aten.unique_dim.default", "aten._unique.default")
-def _unique(x, sorted=True, return_inverse=False, return_counts=False, *rest):
-    values, inverse, counts = F.unique(x, return_inverse=True, return_counts=True)
+def _unique_outputs(x, return_inverse, return_counts, axis=None):
+    values, inverse, counts = F.unique(x, return_inverse=True, return_counts=True, axis=axis)
     none = F.zeros((0,), "int64")       # torch's empty tensor for an output not asked for
     return values, inverse if return_inverse else none, counts if return_counts else none
+
+
+@converter("aten._unique2.default")
+def _unique2(x, sorted=True, return_inverse=False, return_counts=False):
+    return _unique_outputs(x, return_inverse, return_counts)
+
+
+@converter("aten._unique.default")
+def _unique(x, sorted=True, return_inverse=False):
+    return _unique_outputs(x, return_inverse, False)[:2]
+
+
+@converter("aten.unique_dim.default")
+def _unique_dim(x, dim, sorted=True, return_inverse=False, return_counts=False):
+    """The unique sub-tensors along `dim` (`torch.unique(x, dim=d)`)."""
+    return _unique_outputs(x, return_inverse, return_counts, axis=dim)
 
 
 @converter("aten.topk.default")

@@ -133,9 +133,23 @@ for _names, _fn in {("add.Tensor", "add.Scalar"): F.add, ("sub.Tensor", "sub.Sca
                     ("eq.Tensor", "eq.Scalar"): F.equal, ("ne.Tensor", "ne.Scalar"): F.not_equal,
                     ("lt.Tensor", "lt.Scalar"): F.less, ("le.Tensor", "le.Scalar"): F.less_equal,
                     ("gt.Tensor", "gt.Scalar"): F.greater, ("ge.Tensor", "ge.Scalar"): F.greater_equal,
-                    ("logical_and.default", "bitwise_and.Tensor"): F.logical_and,
-                    ("logical_or.default", "bitwise_or.Tensor"): F.logical_or}.items():
+                    ("logical_and.default",): F.logical_and, ("logical_or.default",): F.logical_or}.items():
     converter(*("aten." + n for n in _names))(_binary(_fn))
+
+
+def _bool_only(name, fn):
+    """A bitwise op: on bool tensors the logical one; dyntvm has no bitwise ops on integers (refused by name)."""
+    def conv(*args):
+        if any(getattr(a, "dtype", "bool") != "bool" for a in args):
+            raise TorchImportError(f"{name} on {[getattr(a, 'dtype', type(a).__name__) for a in args]}: dyntvm "
+                                   "has bitwise ops on bool tensors only (logical and / or / not / xor)")
+        return fn(*args)
+    return conv
+
+
+CONVERTERS["aten.bitwise_and.Tensor"] = _bool_only("bitwise_and", F.logical_and)
+CONVERTERS["aten.bitwise_or.Tensor"] = _bool_only("bitwise_or", F.logical_or)
+CONVERTERS["aten.bitwise_not.default"] = _bool_only("bitwise_not", F.logical_not)
 CONVERTERS["aten.rsub.Scalar"] = lambda a, b, alpha=1: F.subtract(_as(b, _promoted(a, b)),
                                                                   F.multiply(_as(a, _promoted(a, b)), alpha))
 
@@ -176,7 +190,7 @@ def _unary(fn, floats=False):
 
 
 for _name, _fn in {"neg": F.negative, "abs": F.abs, "relu": F.relu, "floor": F.floor, "ceil": F.ceil,
-                   "round": F.round, "sign": F.sign, "logical_not": F.logical_not, "bitwise_not": F.logical_not,
+                   "round": F.round, "sign": F.sign, "logical_not": F.logical_not,
                    "isnan": F.isnan, "clone": lambda x: x, "alias": lambda x: x, "lift_fresh_copy": lambda x: x,
                    "detach": lambda x: x, "contiguous": lambda x: x}.items():
     CONVERTERS[f"aten.{_name}.default"] = _unary(_fn)
@@ -194,9 +208,14 @@ def _gelu(x, approximate="none"):
     return F.gelu(x)
 
 
-@converter("aten.clamp.default", "aten.clip.default", "aten.hardtanh.default")
+@converter("aten.clamp.default", "aten.clip.default")
 def _clamp(x, min=None, max=None):
     return F.clip(x, min, max)
+
+
+@converter("aten.hardtanh.default")
+def _hardtanh(x, min_val=-1.0, max_val=1.0):
+    return F.clip(x, min_val, max_val)
 
 
 @converter("aten.clamp.Tensor")
@@ -241,13 +260,22 @@ for _names, _fn in {("sum.dim_IntList", "sum.default"): F.sum, ("mean.dim", "mea
     converter(*("aten." + n for n in _names))(_reduce(_fn))
 
 
-def _logical_reduce(fn):
-    """any / all: the max / min of the truth values."""
-    return lambda x, dim=None, keepdim=False: _reduce(fn)(F.cast(F.not_equal(x, 0), "int32"), dim, keepdim) > 0
+def _count_true(x, dim, keepdim):
+    return _reduce(F.sum)(F.cast(F.not_equal(x, 0), "int64"), dim, keepdim)
 
 
-CONVERTERS["aten.any.dim"] = CONVERTERS["aten.any.dims"] = CONVERTERS["aten.any.default"] = _logical_reduce(F.max)
-CONVERTERS["aten.all.dim"] = CONVERTERS["aten.all.dims"] = CONVERTERS["aten.all.default"] = _logical_reduce(F.min)
+def _any(x, dim=None, keepdim=False):
+    """any: some value is nonzero (a count, so an empty axis gives False, as torch does; max would fail there)."""
+    return _count_true(x, dim, keepdim) > 0
+
+
+def _all(x, dim=None, keepdim=False):
+    """all: no value is zero (an empty axis gives True)."""
+    return F.logical_not(_count_true(F.logical_not(F.not_equal(x, 0)), dim, keepdim) > 0)
+
+
+CONVERTERS["aten.any.dim"] = CONVERTERS["aten.any.dims"] = CONVERTERS["aten.any.default"] = _any
+CONVERTERS["aten.all.dim"] = CONVERTERS["aten.all.dims"] = CONVERTERS["aten.all.default"] = _all
 
 
 def _extreme_dim(values, arg):

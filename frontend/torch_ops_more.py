@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import F
-from .torch_ops import TorchImportError, _as, _axis, _binary, _rank, _unary, converter
+from .torch_ops import CONVERTERS, TorchImportError, _as, _axis, _binary, _bool_only, _rank, _unary, converter
 
 __all__: list = []
 
@@ -66,8 +66,8 @@ def _isinf(x):
     return F.equal(F.abs(x), _as(np.inf, x.dtype))
 
 
-converter("aten.logical_xor.default", "aten.bitwise_xor.Tensor")(
-    _binary(lambda a, b: F.not_equal(F.cast(a, "bool"), F.cast(b, "bool"))))
+converter("aten.logical_xor.default")(_binary(lambda a, b: F.not_equal(F.cast(a, "bool"), F.cast(b, "bool"))))
+CONVERTERS["aten.bitwise_xor.Tensor"] = _bool_only("bitwise_xor", F.not_equal)
 
 
 # ---------------------------------------------------------------------------- indexing, repeating

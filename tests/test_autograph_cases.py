@@ -157,3 +157,31 @@ def test_while_becomes_traced_after_python_iterations():
         want, got = n_python_then_traced_while(x), dt.run_reference(g, x)
         for a, b in zip(got, want):
             np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(b, np.float64), atol=1e-5)
+
+
+def o_if_then_match(x, mode):
+    y = x
+    if F.sum(x) > 0:
+        y = x * 2.0
+    match mode:                     # assigns y on one arm only: the if before it must still output y
+        case "a":
+            y = x + 1.0
+        case _:
+            pass
+    z: np.ndarray                   # declares, assigns nothing
+    if F.sum(x) > 0:
+        z = y
+    else:
+        z = y - 1.0
+    return z
+
+
+@pytest.mark.parametrize("mode", ["a", "b"])
+def test_a_match_after_an_if_keeps_the_ifs_assignment(mode):
+    """Review 33 #1: a `match` (or an annotation without a value) counted as assigning on every path made the
+    `if` before it drop its output: a silent wrong answer."""
+    converted = dt.autograph(o_if_then_match)
+    for n in (1, 4):
+        for sign in (1.0, -1.0):
+            x = np.random.default_rng(n).uniform(0.5, 2, (n,)).astype(np.float32) * np.float32(sign)
+            np.testing.assert_allclose(converted(x.copy(), mode), o_if_then_match(x.copy(), mode), atol=1e-6)

@@ -97,3 +97,14 @@ def test_a_hand_edited_isa_list_does_not_apply(isa, tmp_path):
     if tuning_keys.tuning_isa(here) is None:
         pytest.skip("LLVM names no tuning feature of this CPU")
     assert tuning_keys.log_mismatch(json.loads(json.dumps(manifest)), here) is not None
+
+
+def test_a_deeply_nested_target_in_a_manifest_is_no_target():
+    """Review 33 #7: the manifest's `target` string (untrusted) parsed without a depth guard raised a raw
+    RecursionError out of dt.compile; now it is a log for no known machine: it does not apply."""
+    here = concrete_target("cpu")
+    manifest = old_manifest(here)
+    manifest["target"] = "[" * 100000 + "]" * 100000
+    del manifest["target_key"]
+    assert tuning_keys._recorded_cpu(manifest)[0] is None
+    assert tuning_keys.log_mismatch(manifest, here) is not None
