@@ -118,7 +118,7 @@ def has_program(vm) -> bool:
 
 def copied_outputs(graph: Graph) -> list:
     """Per graph output, whether the program may return a tensor the model holds (a constant: directly, through
-    a branch, or as a foreach's final state after no step): those are copied, as the executor copies its
+    a branch, or as a loop's final state after no step): those are copied, as the executor copies its
     constants. An input given back is not (the executor gives it back too)."""
     out = []
     for v in graph.outputs:
@@ -128,7 +128,7 @@ def copied_outputs(graph: Graph) -> list:
         elif p.op == "region":
             inner = p.subgraphs[0].outputs[p.outputs.index(v)].producer
             out.append(inner is None or inner.op == "constant")
-        elif p.op == "foreach":
+        elif p.op in ("foreach", "while_loop"):       # a final state after no step: the initial value
             out.append(p.outputs.index(v) >= p.attrs.num_outputs)
         else:
             out.append(p.op in ("constant", "cond", "case"))

@@ -201,3 +201,25 @@ def test_threads_each_run_their_own_program(compiled):
         t.join()
     assert not errors, errors[0]
     assert counts == [20] * 4
+
+
+def test_a_while_loop_of_no_iteration_does_not_give_out_a_constant():
+    """Review 33 #6: a while_loop that runs no iteration returned its initial var, here a constant of the model,
+    itself: a caller writing into the result changed every later call's result. It is copied, as the executor
+    copies its constants."""
+    def fn(lim):
+        return F.while_loop(lambda v: F.sum(v) < lim, lambda v: [v + 1.0], [F.zeros((4,))], max_iterations=10)
+
+    model = dt.compile(fn, dt.TensorSpec((), "float32"))
+    assert model.vm_program, model.vm_program_fallback
+    calls = model.vm_program_calls
+    out = model(np.float32(-1.0))
+    out = out[0] if isinstance(out, (list, tuple)) else out
+    np.asarray(out)[...] = 7.0
+    again = model(np.float32(-1.0))
+    again = again[0] if isinstance(again, (list, tuple)) else again
+    np.testing.assert_array_equal(np.asarray(again), np.zeros(4, np.float32))
+    assert model.vm_program_calls == calls + 2
+    three = model(np.float32(2.5))           # sum 0 < 2.5 -> ones (sum 4): one iteration
+    three = three[0] if isinstance(three, (list, tuple)) else three
+    np.testing.assert_array_equal(np.asarray(three), np.ones(4, np.float32))
