@@ -47,8 +47,14 @@ def always_returns(stmts) -> bool:
     return False
 
 
-def lower_returns(stmts: list, refuse) -> list:
+#: how many AST nodes early-return lowering may copy in one function: each `if` that returns on some paths
+#: copies what follows it into both branches, so successive such `if`s double the code (25 of them: 2^25 copies)
+COPY_BUDGET = 50_000
+
+
+def lower_returns(stmts: list, refuse, budget: list | None = None) -> list:
     """`stmts` (a function body) with every `if` that holds a `return` ending the block (see the module doc)."""
+    budget = [COPY_BUDGET] if budget is None else budget
     out = []
     for i, s in enumerate(stmts):
         if isinstance(s, ast.Return):
@@ -62,9 +68,14 @@ def lower_returns(stmts: list, refuse) -> list:
             refuse(find([s], ast.Return, True), "`return` inside `with` / `try` is not converted; return after it")
         elif isinstance(s, ast.If) and find([s], ast.Return, True) is not None:
             rest = stmts[i + 1:]
+            copies = (not always_returns(s.body)) + (not always_returns(s.orelse))
+            budget[0] -= copies * sum(1 for r in rest for _ in ast.walk(r))
+            if budget[0] < 0:
+                refuse(s, "too many `if`s that return on some paths only: each copies the rest of the function "
+                          "into both branches; assign the result to a variable and return once at the end")
             body = s.body if always_returns(s.body) else s.body + copy.deepcopy(rest)
             orelse = s.orelse if always_returns(s.orelse) else s.orelse + copy.deepcopy(rest)
-            new = ast.If(s.test, lower_returns(body, refuse), lower_returns(orelse, refuse))
+            new = ast.If(s.test, lower_returns(body, refuse, budget), lower_returns(orelse, refuse, budget))
             return out + [at_line(new, s)]
         out.append(s)
     return out

@@ -185,3 +185,30 @@ def test_a_match_after_an_if_keeps_the_ifs_assignment(mode):
         for sign in (1.0, -1.0):
             x = np.random.default_rng(n).uniform(0.5, 2, (n,)).astype(np.float32) * np.float32(sign)
             np.testing.assert_allclose(converted(x.copy(), mode), o_if_then_match(x.copy(), mode), atol=1e-6)
+
+
+def _module_from(tmp_path, name, source):
+    import importlib.util
+    path = tmp_path / f"{name}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("guards, refused", [(3, False), (25, True)])
+def test_many_guard_clauses_are_refused_not_expanded_without_end(tmp_path, guards, refused):
+    """Review 33 #9: each `if` that returns on some paths copies the rest of the function into both branches;
+    25 in a row were 2^25 copies (conversion hung). Past a budget of copied code: refused, naming the line."""
+    body = "".join(f"    if F.sum(x) > {k}.0:\n        if F.max(x) > {k}.0:\n            return x * {k}.0\n"
+                   for k in range(guards))
+    module = _module_from(tmp_path, f"guards{guards}", f"from dyntvm import F\n\ndef f(x):\n{body}    return x\n")
+    if refused:
+        with pytest.raises(dt.TraceError, match="return on some paths only") as e:
+            dt.show_converted(module.f)
+        assert f"guards{guards}.py:" in str(e.value)
+    else:
+        g = dt.trace(dt.autograph(module.f), *VEC)
+        x = np.array([0.5, 2.5], np.float32)
+        np.testing.assert_allclose(dt.run_reference(g, x), module.f(x))
