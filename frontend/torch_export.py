@@ -380,7 +380,21 @@ def from_torch(module_or_fn, example_args, dynamic_shapes=None):
             raise TorchImportError("from_torch: the program returns None among its outputs; return tensors only")
         return outs[0] if len(outs) == 1 else tuple(outs)
     run.__name__ = name
+    mutated = _mutated(ep)
+    if mutated:
+        import warnings
+        warnings.warn(f"from_torch: the program updates {', '.join(mutated)} in place; dyntvm keeps buffers as "
+                      "constants and inputs unchanged, so every call sees the values of the export (pass state "
+                      "as inputs and return it as outputs instead)", stacklevel=2)
     return trace(run, *specs, name=name)
+
+
+def _mutated(ep) -> list:
+    """Names of the buffers and inputs the program mutates (their updates are dropped)."""
+    from torch.export.graph_signature import OutputKind
+    return [f"buffer {s.target}" if s.kind == OutputKind.BUFFER_MUTATION else f"input {s.target}"
+            for s in ep.graph_signature.output_specs
+            if s.kind in (OutputKind.BUFFER_MUTATION, OutputKind.USER_INPUT_MUTATION)]
 
 
 def _n_mutations(ep) -> int:

@@ -226,3 +226,19 @@ def test_cli_compile_torch(tmp_path, capsys):
         np.testing.assert_allclose(model(x), np.cumsum(np.tanh(x), axis=0) * 2, rtol=1e-5, atol=1e-5)
     assert main(["compile", f"{tmp_path}/model.py:bad", "--torch", "-o", out]) != 0
     assert "must return (module, example_args)" in capsys.readouterr().err
+
+
+def test_a_buffer_updated_in_place_is_named_in_a_warning():
+    """Review 33 #8: a module that updates a buffer in place (a counter, a cache) is imported with the buffer as a
+    constant - every call sees the export's value - so from_torch says so, naming it."""
+    class Counter(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("calls", torch.zeros(()))
+
+        def forward(self, x):
+            self.calls.add_(1.0)
+            return x + self.calls
+
+    with pytest.warns(UserWarning, match="buffer calls"):
+        dt.from_torch(Counter(), (torch.ones(3),))
