@@ -37,7 +37,7 @@ import numpy as np
 from ..errors import CompileError
 from .tuning_task import TuningWarning, _random_args, is_cuda, random_tensor, workload_key
 
-MIN_ROUNDS = 6          # alternations before any decision
+MIN_ROUNDS = 7          # alternations before any decision (6 of 6 won gives p = 1/64, above ALPHA)
 MAX_ROUNDS = 40         # then "no significant difference"
 ALPHA = 0.01            # the sign test's level at each check (equal timings: ~2.5% kept over the 40 checks)
 MIN_GAIN = 0.02         # a kept schedule is at least 2% faster (median): less is not worth a specialization

@@ -145,8 +145,8 @@ def _divide(c):
 def _power(c):
     a, b = c.ins
 
-    def da():       # b * a^(b-1), written so that a = 0 with b >= 1 stays finite
-        return c.g * b * F.power(a, b - 1.0)
+    def da():       # b * a^(b-1); 0 where b == 0 (0^-1 is inf there, and 0 * inf NaN: torch's where)
+        return F.where(F.equal(b, F.zeros_like(b)), F.zeros_like(c.g * a), c.g * b * F.power(a, b - 1.0))
 
     def db():       # a^b * log(a); 0 where a <= 0 (JAX's convention at a = 0)
         pos = a > 0

@@ -303,6 +303,8 @@ def _var(x, dim=None, unbiased=None, keepdim=False, *, correction=None):
 
 @converter("aten.cumsum.default")
 def _cumsum(x, dim, *, dtype=None):
+    if dtype is None and (x.dtype == "bool" or np.dtype(x.dtype).kind in "iu"):
+        x = F.cast(x, "int64")              # torch accumulates bools and integers in int64
     return F.cumsum(x if dtype is None else F.cast(x, np_dtype(dtype)), _axis(dim, _rank(x)))
 
 

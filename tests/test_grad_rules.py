@@ -188,3 +188,15 @@ def test_bad_calls():
         dt.grad(x)
     with pytest.raises(dt.TraceError, match="argument 0 is a str"):
         dt.grad(lambda x: F.sum(x))("abc")
+
+
+def test_power_with_exponent_zero_at_base_zero():
+    """Review 33 #17: d(a^b)/da = b * a^(b-1) was 0 * 0^-1 = NaN for b = 0 at a = 0; torch gives 0."""
+    torch = pytest.importorskip("torch")
+    a = np.array([0.0, 0.0, 1.5], np.float64)
+    b = np.array([0.0, 2.0, 0.0], np.float64)
+    ga, gb = dt.grad(lambda x, y: F.sum(F.power(x, y)), argnums=(0, 1))(a, b)
+    ta, tb = torch.tensor(a, requires_grad=True), torch.tensor(b, requires_grad=True)
+    torch.sum(torch.pow(ta, tb)).backward()
+    np.testing.assert_allclose(ga, ta.grad.numpy())
+    np.testing.assert_allclose(gb[2], tb.grad.numpy()[2])      # at a > 0 (torch gives -inf / nan at a = 0)

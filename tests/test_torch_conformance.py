@@ -88,6 +88,9 @@ SAMPLES = {
     "aten.any.dim": [np.zeros((3, 0), np.float32), 1], "aten.all.dim": [np.zeros((3, 0), np.float32), 1],
     "aten.any.default": [np.zeros((0,), np.float32)], "aten.all.default": [np.zeros((0,), np.float32)],
 }
+#: the review's integer / bool forms, under keys of their own (op name + "#" + form)
+SAMPLES.update({"aten.cumsum.default#bool": [np.array([[1, 0, 1], [0, 1, 1]], bool), 1],
+                "aten.cumsum.default#int32": [np.array([2 ** 30, 2 ** 30, 5], np.int32), 0]})
 
 
 def _torch(v):
@@ -104,6 +107,7 @@ def _all_outputs(out):
 def test_converted_op_equals_torch_eager(op):
     """Every output, its dtype and shape and values, equal torch eager's."""
     args = SAMPLES[op]
+    op = op.split("#")[0]
     assert op in CONVERTERS, f"{op}: no converter"
     _, name, overload = op.split(".")
     wants = [w.numpy() for w in _all_outputs(getattr(getattr(torch.ops.aten, name), overload)(*[_torch(a) for a in args]))]
