@@ -18,6 +18,7 @@ from dyntvm.errors import InputError
 
 from ..ir.types import dim_mul, is_static_dim
 from . import F
+from ..ir.ops import Group, ops_in
 from .tracer import Tensor
 
 __all__ = ["CONVERTERS", "TorchImportError", "np_dtype"]
@@ -189,14 +190,16 @@ def _unary(fn, floats=False):
     return conv
 
 
-for _name, _fn in {"neg": F.negative, "abs": F.abs, "relu": F.relu, "floor": F.floor, "ceil": F.ceil,
-                   "round": F.round, "sign": F.sign, "logical_not": F.logical_not,
-                   "isnan": F.isnan, "clone": lambda x: x, "alias": lambda x: x, "lift_fresh_copy": lambda x: x,
+# the elementwise groups of the registry (ir/ops.py GROUPS): ATen's names are the ops' names
+for _name in ops_in(Group.UNARY):
+    CONVERTERS[f"aten.{_name}.default"] = _unary(getattr(F, _name))
+for _name in ops_in(Group.FLOAT_UNARY):
+    if _name != "gelu":                                        # its own converter below (the tanh form)
+        CONVERTERS[f"aten.{_name}.default"] = _unary(getattr(F, _name), floats=True)
+for _name, _fn in {"logical_not": F.logical_not, "isnan": F.isnan, "clone": lambda x: x, "alias": lambda x: x, "lift_fresh_copy": lambda x: x,
                    "detach": lambda x: x, "contiguous": lambda x: x}.items():
     CONVERTERS[f"aten.{_name}.default"] = _unary(_fn)
-for _name, _fn in {"exp": F.exp, "log": F.log, "sqrt": F.sqrt, "rsqrt": F.rsqrt, "tanh": F.tanh,
-                   "sigmoid": F.sigmoid, "erf": F.erf, "sin": F.sin, "cos": F.cos, "tan": F.tan,
-                   "reciprocal": lambda x: 1.0 / x, "log1p": lambda x: F.log(x + 1.0),
+for _name, _fn in {"reciprocal": lambda x: 1.0 / x, "log1p": lambda x: F.log(x + 1.0),
                    "expm1": lambda x: F.exp(x) - 1.0, "silu": lambda x: x * F.sigmoid(x)}.items():
     CONVERTERS[f"aten.{_name}.default"] = _unary(_fn, floats=True)
 

@@ -200,7 +200,7 @@ def test_a_cuda_tune_for_the_local_arch_named_uses_the_local_gpus_target(monkeyp
     monkeypatch.setattr(gpu, "cuda_target", lambda arch=None: local if arch is None else plain(arch))
     seen = []
 
-    def tune_kernels(kernels, target, log_dir, manifest, trials, progress=None):
+    def tune_kernels(kernels, target, log_dir, manifest, trials, progress=None, **kwargs):
         seen.append(target)
         return manifest
     monkeypatch.setattr(tuning, "tune_kernels", tune_kernels)
