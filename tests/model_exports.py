@@ -181,8 +181,16 @@ def match_detections(got: list, want: list, atol: float, where: str, score_atol:
         if gm is not None:
             ok &= np.abs(wm - gm[i]).reshape(len(wm), -1).max(axis=1, initial=0.0) <= atol
         cand = np.flatnonzero(ok)
-        assert cand.size, (f"{where}: detection {i} (label {gl[i]}, score {gs[i]:.6f}, box {gb[i]}) has no match in "
-                           "onnxruntime's")
+        if not cand.size:       # say how near the nearest of the same label came
+            same = np.flatnonzero(wl == gl[i])
+            k = same[np.argmin(near[same])] if same.size else None
+            nearest = "no detection of that label" if k is None else (
+                f"nearest: score {ws[k]:.6f}, box off by {near[k]:.4f} (tolerance {box_tol:.4f})"
+                + (f", mask off by up to {np.abs(wm[k] - gm[i]).max(initial=0.0):.2e} at "
+                   f"{int((np.abs(wm[k] - gm[i]) > atol).sum())} pixels" if gm is not None else "")
+                + (", already matched" if used[k] else ""))
+            raise AssertionError(f"{where}: detection {i} (label {gl[i]}, score {gs[i]:.6f}, box {gb[i]}) has no "
+                                 f"match in onnxruntime's; {nearest}")
         j = cand[np.argmin(near[cand])]
         used[j] = True
         worst = max(worst, float(abs(ws[j] - gs[i])))
