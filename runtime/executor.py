@@ -81,6 +81,7 @@ class Executor:
         placement: a `placement.DevicePlacement` when the kernels run on a device (a GPU): values stay
             there, and what crosses to the host is counted. None: the CPU (zero-copy numpy <-> TVM).
     """
+    program = None      # the VM program's runner (`runtime/vm_program.ProgramRunner`), set by the model
 
     def __init__(self, graph: Graph, vm=None, validate: bool = False, profile: bool = False,
                  constants: dict | None = None, placement=None, specialized: dict | None = None):

@@ -285,7 +285,7 @@ class CompiledModel:
         if validate or profile:
             ex = Executor(self.graph, ex.vm, validate=validate, profile=profile, constants=self._constants,
                           placement=self._placement(), specialized=self.specialized)
-        elif getattr(ex, "program", None) is not None:  # one VM call; the executor runs a call it cannot finish
+        elif ex.program is not None:          # one VM call; the executor runs a call the program cannot finish
             return self._nest(ex.program(arrays, lambda a: self._run_executor(ex, a, False)))
         return self._nest(self._run_executor(ex, arrays, profile))
 
@@ -293,7 +293,7 @@ class CompiledModel:
     def vm_program_calls(self) -> int:
         """Calls this thread made through the VM program (tests: one per plain call where it runs)."""
         ex = getattr(self._threads, "executor", None)
-        return ex.program.calls if getattr(ex, "program", None) is not None else 0
+        return ex.program.calls if ex is not None and ex.program is not None else 0
 
     def _run_executor(self, ex: Executor, arrays: list, profile: bool) -> list:
         """The outputs of one call run by the executor `ex`, as host arrays."""

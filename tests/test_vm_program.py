@@ -6,7 +6,12 @@ import pytest
 
 import dyntvm as dt
 from dyntvm import F, examples
-from dyntvm.ir.tree import tree_flatten
+from helpers import assert_same as _assert_same  # tests/ is on sys.path
+
+
+def assert_same(got, want):
+    _assert_same(got, want, rtol=1e-4, atol=1e-4)
+
 
 VM_EXAMPLES = ("branchy", "lstm", "detection")
 
@@ -52,16 +57,6 @@ def test_a_model_with_python_callbacks_runs_in_the_executor_by_default(compiled,
     monkeypatch.setenv("DYNTVM_VM_PROGRAM", "sometimes")
     with pytest.warns(UserWarning, match="DYNTVM_VM_PROGRAM is 'sometimes': expected auto, always or never"):
         assert dt.load(saved["branchy"]).vm_program
-
-
-def assert_same(got, want):
-    g_leaves, g_spec = tree_flatten(got)
-    w_leaves, w_spec = tree_flatten(want)
-    assert g_spec == w_spec
-    for a, b in zip(g_leaves, w_leaves):
-        a, b = np.asarray(a), np.asarray(b)
-        assert a.dtype == b.dtype and a.shape == b.shape, (a.dtype, a.shape, b.dtype, b.shape)
-        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("name", VM_EXAMPLES)
