@@ -95,6 +95,8 @@ class _Lowering:
         if n in self.keys:              # the runtime checks its sizes first
             seq.emit(relax.Call(relax.ExternFunc(GUARD_CALLBACK), [tvm.ir.StringImm(self.keys[n])] + ins,
                                 ty_args=[relax.TupleType([])]), "guard")
+        if not n.outputs:               # all its results unused (an ONNX Dropout's mask): a region is pure, and the
+            return []                   # VM cannot call a function whose result is the empty tuple (void register)
         res = seq.emit(relax.Call(self.funcs[n.attrs.name], ins), n.attrs.name)
         return self._items(seq, res, len(n.outputs))
 

@@ -218,3 +218,20 @@ def test_a_while_loop_of_no_iteration_does_not_give_out_a_constant():
     three = model(np.float32(2.5))           # sum 0 < 2.5 -> ones (sum 4): one iteration
     three = three[0] if isinstance(three, (list, tuple)) else three
     np.testing.assert_array_equal(np.asarray(three), np.ones(4, np.float32))
+
+
+def test_a_region_whose_results_are_all_unused_runs_in_the_program():
+    """An ONNX Dropout's mask nobody reads makes a region with no output: the program skips its call (the VM
+    cannot call a function returning the empty tuple: the model ran in the executor, with a warning)."""
+    from onnx import TensorProto, helper
+    graph = helper.make_graph([helper.make_node("Dropout", ["x"], ["y", "mask"])], "dropout_mask_unused",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])])
+    model = dt.compile(dt.from_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])))
+    assert any(line.endswith("0 out") for line in str(model).splitlines()), str(model)
+    for n in (0, 1, 4):
+        x = np.linspace(-2.0, 2.0, 3 * n, dtype=np.float32).reshape(n, 3)
+        calls = model.vm_program_calls
+        got = model(x)
+        assert model.vm_program_calls == calls + 1
+        assert_same(got, x)
