@@ -3,6 +3,7 @@ SIGINT, to its whole process group as a terminal's Ctrl-C is (MetaSchedule's bui
 at moments found by polling the log folder. Each time the tune must end in KeyboardInterrupt (it was a SIGSEGV,
 "RuntimeError: cannot join current thread" or an IndexError in tuning.py), leave a sound log, and the next run
 resume it: the kernel finished before the last Ctrl-C is not tuned again."""
+import contextlib
 import os
 import signal
 import subprocess
@@ -17,7 +18,8 @@ from dyntvm.codegen.build import concrete_target
 
 pytestmark = pytest.mark.slow
 
-SCRIPT = """import sys
+SCRIPT = """import faulthandler, signal, sys
+faulthandler.register(signal.SIGUSR1, all_threads=True)     # the test's diagnosis of a tune that does not end
 import numpy as np
 import dyntvm as dt
 from dyntvm import F
@@ -52,22 +54,43 @@ MOMENTS = {
 }
 
 
+def _group(pgid: int) -> list:
+    """The live processes of process group `pgid` (the tune and the build / run workers it started)."""
+    ps = subprocess.run(["ps", "-eo", "pid=,pgid=,stat=,etime=,args="], capture_output=True, text=True).stdout
+    return [line.strip() for line in ps.splitlines()
+            if line.split()[1] == str(pgid) and not line.split()[2].startswith("Z")]
+
+
 def _tune(script: str, log: str, moment=None) -> subprocess.CompletedProcess:
-    """Run the tune; with a `moment`, Ctrl-C it when the moment comes (it must not end before)."""
+    """Run the tune; with a `moment`, Ctrl-C it when the moment comes (it must not end before). Its output goes
+    to files, not pipes: a worker outliving the tune would hold a pipe open, and is checked for by name here.
+    A tune that does not end is diagnosed: its threads' stacks (faulthandler) and its processes."""
     before = len(_read(os.path.join(log, SCHEDULER_LOG)))
-    proc = subprocess.Popen([sys.executable, script, log], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    out_path, err_path = log + ".stdout", log + ".stderr"
+    with open(out_path, "w") as out, open(err_path, "w") as err:
+        proc = subprocess.Popen([sys.executable, script, log], stdout=out, stderr=err, start_new_session=True)
     try:
         while moment is not None and not moment(log, _read(os.path.join(log, SCHEDULER_LOG))[before:]):
             assert proc.poll() is None, "the tune ended before the moment to interrupt it"
             time.sleep(0.1)
         if moment is not None:
             os.killpg(proc.pid, signal.SIGINT)
-        out, err = proc.communicate(timeout=900)
+        try:
+            proc.wait(timeout=600)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGUSR1)
+            time.sleep(3)
+            pytest.fail("the tune did not end within 600 s; its processes:\n" + "\n".join(_group(proc.pid)) +
+                        "\nits stderr (with its threads' stacks):\n" + _read(err_path)[-12000:])
+        deadline = time.monotonic() + 60
+        while _group(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        left = _group(proc.pid)
+        assert not left, "processes of the tune still running 60 s after it ended:\n" + "\n".join(left)
     finally:
-        if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, _read(out_path), _read(err_path))
 
 
 def _assert_sound(log: str) -> None:
