@@ -24,7 +24,7 @@ from .lists import check_list_value, host_list
 from .placement import DevicePlacement
 from .tensors import to_numpy
 from .torch_inputs import is_torch_tensor, torch_to_numpy
-from .vm_program import ProgramRunner, register_kernels
+from .vm_program import ProgramRunner, register_kernels, release_kernels
 from .vm_program import status as program_status
 
 
@@ -232,7 +232,7 @@ class CompiledModel:
             (False, [f"the VM program is built for the CPU only (target {target})"])
         if self.vm_program:             # its callbacks' keys begin with the binding compiled into the library
             from .artifact import library_binding
-            register_kernels(graph, library_binding(vm))
+            weakref.finalize(self, release_kernels, register_kernels(graph, library_binding(vm)))
         if vm is None and self.regions and target == "cuda":
             self.not_runnable = ("this model was compiled for CUDA on a machine without a GPU: it cannot run here; "
                                  "save it (model.save) and run it on a GPU host with dt.load / dyntvm run")

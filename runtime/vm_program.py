@@ -35,6 +35,7 @@ FALLBACK_CALLBACK = "dyntvm.vm_fallback"       # codegen/vm_program.py calls it 
 _item = ArrayGetItem
 _kernels: dict = {}                            # node key -> (numpy kernel, attrs)
 _guards: dict = {}                             # node key -> a region's size check (`region_sizes.size_guard`)
+_users: dict = {}                              # node key -> how many live models registered it
 _lock = threading.Lock()
 
 
@@ -63,9 +64,10 @@ tvm_ffi.register_global_func(FALLBACK_CALLBACK, _fallback, override=True)
 tvm_ffi.register_global_func(GUARD_CALLBACK, _size_guard, override=True)
 
 
-def register_kernels(graph: Graph, prefix: str) -> None:
+def register_kernels(graph: Graph, prefix: str) -> list:
     """Fill the tables with `graph`'s dynamic-shape nodes and region size checks under the keys its program
-    uses."""
+    uses; returns the keys, for `release_kernels` when the model goes (a long-lived process loading model after
+    model keeps only the live ones' entries). Models of the same graph and library share the keys."""
     keys = node_keys(graph, prefix)
     with _lock:
         for n, key in keys.items():
@@ -73,6 +75,24 @@ def register_kernels(graph: Graph, prefix: str) -> None:
                 _guards.setdefault(key, size_guard(n))
             else:
                 _kernels.setdefault(key, (KERNELS[n.op], n.attrs))
+            _users[key] = _users.get(key, 0) + 1
+    return list(keys.values())
+
+
+def release_kernels(keys: list) -> None:
+    """Undo one `register_kernels`: the entries no live model uses any more leave the tables."""
+    with _lock:
+        for key in keys:
+            _users[key] -= 1
+            if not _users[key]:
+                del _users[key]
+                _guards.pop(key, None)
+                _kernels.pop(key, None)
+
+
+def registered() -> int:
+    """How many callback entries the tables hold (tests: they do not grow with models that are gone)."""
+    return len(_users)
 
 
 NO_VM_PROGRAM = "DYNTVM_NO_VM_PROGRAM"        # "1": models run in the executor (read when a model is made)

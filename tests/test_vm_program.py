@@ -235,3 +235,36 @@ def test_a_region_whose_results_are_all_unused_runs_in_the_program():
         got = model(x)
         assert model.vm_program_calls == calls + 1
         assert_same(got, x)
+
+
+def test_callback_tables_keep_only_live_models(compiled, tmp_path):
+    """A long-lived process loading model after model: the program's callback entries (dynamic-shape kernels,
+    size checks) of a model that is gone leave the tables (they were never cleared); a model of the same graph
+    and library shares them with the others."""
+    import gc
+
+    from dyntvm.runtime import vm_program
+    ex, model = compiled("detection")
+    before = vm_program.registered()
+
+    def fn(x, k):                       # a dynamic-shape op the program calls back for: entries of its own
+        return F.topk(F.boolean_mask(x, x > 0.5), k)[0]
+    other = dt.compile(fn, dt.TensorSpec(("N",)), dt.TensorSpec((), "int64"))
+    assert other.vm_program and vm_program.registered() > before
+    path = str(tmp_path / "other.dyntvm")
+    other.save(path)
+    added = vm_program.registered()
+    loaded = [dt.load(path) for _ in range(3)]
+    assert vm_program.registered() == added                 # the same keys: shared
+    x, k = np.linspace(0.0, 1.0, 9, dtype=np.float32), np.int64(2)
+    for m in [other] + loaded:
+        assert m.vm_program
+        assert_same(m(x, k), np.sort(x[x > 0.5])[::-1][:2])
+    del loaded, m
+    gc.collect()
+    assert vm_program.registered() == added                 # `other` still uses them
+    del other
+    gc.collect()
+    assert vm_program.registered() == before
+    inputs = ex.make_inputs(np.random.default_rng(0), **ex.sizes)
+    assert_same(model(*inputs), ex.fn(*inputs))              # the live model's entries are still there
