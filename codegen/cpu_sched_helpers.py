@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 import tvm
+import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir import SBlockRealize
 
@@ -122,11 +123,23 @@ def vectorize_tile(sch: s_tir.Schedule, loop, extent: int, lanes: int, unroll: b
     sch.vectorize(loop)
 
 
+def binds_an_integer(stmt) -> bool:
+    """Whether `stmt` has a ``Let`` of an integer value. TVM's VectorizeLoop binds such a variable in its
+    arithmetic analyzer to the *vectorized* value and fails ("mismatched types. int64x8 vs. int64": an int64
+    floor_divide by a tensor on static shapes did not compile); LLVM's loop vectorizer takes those loops."""
+    found = []
+    tvm_ffi.structural_walk(stmt, (tirx.Let, lambda let: found.append(str(let.var.ty)) if "int" in str(let.var.ty)
+                                   else None))
+    return bool(found)
+
+
 def vectorize_inner(sch: s_tir.Schedule, block, target) -> None:
     """Vectorizes a static innermost loop that the vector width divides. Symbolic or ragged
-    loops are left to LLVM's loop vectorizer: a predicated TVM split would scalarize."""
+    loops are left to LLVM's loop vectorizer: a predicated TVM split would scalarize; so are blocks
+    binding an integer (`binds_an_integer`)."""
     inner = sch.get_loops(block)[-1]
     ext = loop_extent(sch, inner)
     lanes = vector_lanes(target, sch.get(block).writes[0].source.dtype)
-    if lanes > 1 and isinstance(ext, int) and ext >= lanes and ext % lanes == 0:
+    if lanes > 1 and isinstance(ext, int) and ext >= lanes and ext % lanes == 0 and \
+            not binds_an_integer(sch.get(block).body):
         sch.vectorize(sch.split(inner, [None, lanes])[1])
