@@ -207,10 +207,11 @@ class _Lowering:
         the loop function of 256 iterations, then twice as many each call (within `_WHILE_BYTES` of stacked
         rows), until the condition fails or max_iterations is reached: a recursion one level per call."""
         a = n.attrs
-        region, roles, _ = while_loop_plan(n)
-        loop = self.funcs.get(compiled_loop_name(region.attrs.name))
-        if loop is None:
-            raise CompileError(f"while_loop node {n.name!r}: codegen declined its compiled loop")
+        plan = while_loop_plan(n)
+        loop = self.funcs.get(compiled_loop_name(plan[0].attrs.name)) if plan is not None else None
+        if loop is None:                           # no compiled loop: a growing carry, a body codegen declined
+            return self._halving_while(seq, n, ins)
+        roles = plan[1]
         cond_g, body = n.subgraphs
         nv, has_t = a.num_vars, a.has_max_tensor
         n_ys = len(n.outputs) - nv
@@ -238,6 +239,130 @@ class _Lowering:
         res = seq.emit(relax.If(limit > _i64(0), check_seq, self._zero_steps(n, row_types, ins, out_types, 0, nv)),
                        "while_loop")
         return self._items(seq, res, len(out_types))
+
+    def _limit(self, seq, n, ins):
+        """A while_loop's iteration limit as a PrimExpr (its tensor read as a shape)."""
+        a = n.attrs
+        if not a.has_max_tensor:
+            return _i64(a.max_iterations if a.max_iterations is not None else 1 << 62)
+        lim = seq.emit(relax.op.reshape(seq.emit(relax.op.astype(self._shaped(seq, ins[a.num_vars]), "int64")), [1]))
+        limit = tvm.tirx.Var("limit", "int64")
+        self._match(seq, seq.emit(relax.op.tensor_to_shape(lim)), relax.ShapeType([limit]))
+        return limit
+
+    def _halving_while(self, seq, n, ins):
+        """A while_loop without a compiled loop, as two recursive functions (the VM's stack bounds recursion
+        depth, not the iteration count): ``steps(vars, pred, caps, (k,))`` runs at most k iterations, halving k
+        (a leaf runs the body once if `pred` holds), so it recurses log2(k) deep; ``chunks`` calls it with k = 1,
+        2, 4, ... (at most `_WHILE_HALVING_MAX`) until the condition fails or the limit is reached. The
+        condition is carried (`pred`): the condition graph on the new vars, or the body's last output
+        (``cond_in_body``). Per-step outputs of a shape known only when the body runs are left to the executor."""
+        a = n.attrs
+        cond_g, body = n.subgraphs
+        nv = a.num_vars
+        n_ys = len(n.outputs) - nv
+        row_types = [v.type for v in body.outputs[:n_ys]]
+        if not all(isinstance(d, int) for t in row_types for d in t.shape):
+            raise CompileError(f"while_loop node {n.name!r}: per-step outputs of shapes known only when the body "
+                               "runs (and no compiled loop)")
+        vars_, caps = ins[:nv], ins[nv + a.has_max_tensor:]
+        var_types = [v.type for v in n.inputs[:nv]]
+        cap_types = [v.type for v in n.inputs[nv + a.has_max_tensor:]]
+        out_types = [TensorType((0,) + tuple(t.shape), t.dtype) for t in row_types] + var_types
+        limit = self._limit(seq, n, ins)
+        steps = self._while_steps(n, cond_g, body, row_types, var_types, cap_types, out_types)
+        chunks = self._while_chunks(n, steps, var_types, cap_types, out_types)
+
+        check = _Seq(self.bb)                      # the limit allows one: the condition decides the first
+        (pred,) = self.graph(check, cond_g, vars_ + caps)
+        got = check.emit(relax.Call(chunks, vars_ + [pred] + caps + [relax.ShapeExpr([_i64(1), limit])]), "while")
+        check_seq = check.result(self._items(check, got, len(out_types)))
+        res = seq.emit(relax.If(limit > _i64(0), check_seq, self._zero_steps(n, row_types, ins, out_types, 0, nv)),
+                       "while_loop")
+        return self._items(seq, res, len(out_types))
+
+    def _recursive(self, kind: str, params: list, ret_types: list):
+        name = f"dyntvm_{kind}_{self.n_loops}"
+        self.n_loops += 1
+        gv = relax.GlobalVar(name)
+        relax.expr._update_type(gv, relax.FuncType([p.ty for p in params], relax.TupleType(ret_types), purity=False))
+        return name, gv
+
+    def _while_steps(self, n, cond_g, body, row_types, var_types, cap_types, out_types):
+        """``steps(vars..., pred, caps..., (k,))`` -> (stacked rows..., vars..., pred, count): the count of
+        iterations run as an int64[1] tensor (summed by a kernel: a symbolic dim defined inside a branch is
+        refused by the VM's shape lowering)."""
+        nv, n_ys = len(var_types), len(row_types)
+        k = tvm.tirx.Var("k", "int64")
+        vars_ = [relax.Var(f"v{j}", _ty(t)) for j, t in enumerate(var_types)]
+        pred = relax.Var("pred", relax.TensorType([], "bool"))
+        caps = [relax.Var(f"c{j}", _ty(t)) for j, t in enumerate(cap_types)]
+        params = vars_ + [pred] + caps + [relax.Var("k", relax.ShapeType([k]))]
+        ret = [_ty(t) for t in out_types] + [pred.ty, relax.TensorType([1], "int64")]
+        name, gv = self._recursive("while_steps", params, ret)
+
+        run = _Seq(self.bb)                        # a leaf whose condition holds: the body once
+        outs = self.graph(run, body, vars_ + caps)
+        new_vars = outs[n_ys:n_ys + nv]
+        (new_pred,) = outs[n_ys + nv:] if n.attrs.cond_in_body else self.graph(run, cond_g, new_vars + caps)
+        stacked = [run.emit(relax.op.expand_dims(self._shaped(run, y), 0)) for y in outs[:n_ys]]
+        run_seq = run.result(stacked + new_vars + [new_pred, relax.const(np.array([1], np.int64), "int64")])
+        stop = _Seq(self.bb)                       # a leaf whose condition fails: nothing
+        empty = [stop.emit(relax.op.zeros(relax.ShapeExpr([_i64(0)] + [_i64(d) for d in t.shape]), t.dtype))
+                 for t in row_types]
+        stop_seq = stop.result(empty + vars_ + [pred, relax.const(np.array([0], np.int64), "int64")])
+        leaf = _Seq(self.bb)
+        res = leaf.emit(relax.If(pred, run_seq, stop_seq), "leaf")
+        leaf_seq = leaf.result(self._items(leaf, res, len(ret)))
+
+        two = _Seq(self.bb)                        # two halves; the second only if the condition still holds
+        half = tvm.tirx.floordiv(k, _i64(2))
+        first = two.emit(relax.Call(gv, vars_ + [pred] + caps + [relax.ShapeExpr([half])]), "first")
+        f_items = self._items(two, first, len(ret))
+        more = _Seq(self.bb)
+        second = more.emit(relax.Call(gv, f_items[n_ys:n_ys + nv + 1] + caps + [relax.ShapeExpr([k - half])]), "second")
+        s_items = self._items(more, second, len(ret))
+        total = more.emit(relax.op.add(f_items[-1], s_items[-1]), "count")
+        more_seq = more.result([self._concat(more, f_items[j], s_items[j]) for j in range(n_ys)] +
+                               s_items[n_ys:n_ys + nv + 1] + [total])
+        done_seq = _Seq(self.bb).result(f_items)
+        res = two.emit(relax.If(f_items[n_ys + nv], more_seq, done_seq), "halves")
+        two_seq = two.result(self._items(two, res, len(ret)))
+
+        top = _Seq(self.bb)
+        res = top.emit(relax.If(tvm.tirx.EQ(k, _i64(1)), leaf_seq, two_seq), "steps")
+        func = relax.Function(params, top.result(self._items(top, res, len(ret))), relax.TupleType(ret), is_pure=False)
+        self.recursive.append((gv, func.with_attr("global_symbol", name)))
+        return gv
+
+    def _while_chunks(self, n, steps, var_types, cap_types, out_types):
+        """``chunks(vars..., pred, caps..., (k, left))`` -> (stacked rows..., vars...): `steps` of min(k, left),
+        then, while the condition holds and iterations are left, itself with (2k, left - count)."""
+        nv, n_ys = len(var_types), len(out_types) - len(var_types)
+        k, left = tvm.tirx.Var("k", "int64"), tvm.tirx.Var("left", "int64")
+        vars_ = [relax.Var(f"v{j}", _ty(t)) for j, t in enumerate(var_types)]
+        pred = relax.Var("pred", relax.TensorType([], "bool"))
+        caps = [relax.Var(f"c{j}", _ty(t)) for j, t in enumerate(cap_types)]
+        params = vars_ + [pred] + caps + [relax.Var("chunk", relax.ShapeType([k, left]))]
+        name, gv = self._recursive("while_chunks", params, [_ty(t) for t in out_types])
+        seq = _Seq(self.bb)
+        got = seq.emit(relax.Call(steps, vars_ + [pred] + caps + [relax.ShapeExpr([tvm.tirx.min(k, left)])]), "chunk")
+        items = self._items(seq, got, len(out_types) + 2)
+        count = tvm.tirx.Var("count", "int64")
+        self._match(seq, seq.emit(relax.op.tensor_to_shape(items[-1])), relax.ShapeType([count]))
+        more = _Seq(self.bb)
+        rest = more.emit(relax.Call(gv, items[n_ys:n_ys + nv + 1] + caps + [relax.ShapeExpr(
+            [tvm.tirx.min(k * _i64(2), _i64(_WHILE_HALVING_MAX)), left - count])]))
+        r_items = self._items(more, rest, len(out_types))
+        more_seq = more.result([self._concat(more, items[j], r_items[j]) for j in range(n_ys)] + r_items[n_ys:])
+        holds = _Seq(self.bb)                      # iterations are left: the condition decides
+        res = holds.emit(relax.If(items[n_ys + nv], more_seq, _Seq(self.bb).result(items[:n_ys + nv])), "more")
+        holds_seq = holds.result(self._items(holds, res, len(out_types)))
+        res = seq.emit(relax.If(left > count, holds_seq, _Seq(self.bb).result(items[:n_ys + nv])), "chunks")
+        out = self._items(seq, res, len(out_types))
+        func = relax.Function(params, seq.result(out), relax.TupleType([_ty(t) for t in out_types]), is_pure=False)
+        self.recursive.append((gv, func.with_attr("global_symbol", name)))
+        return gv
 
     def _chunks(self, n, loop, roles, nv, n_ys, n_caps, out_types, most):
         """``chunks(vars..., caps..., (cap, left))``: one call of the loop function of min(cap, left) iterations,
@@ -316,6 +441,7 @@ class _Lowering:
 
 _WHILE_BYTES = 16 << 20         # a while_loop's call of its compiled loop stacks at most this many bytes (>= a row)
 _WHILE_UNSTACKED = 1 << 24      # iterations per call of a loop that stacks nothing
+_WHILE_HALVING_MAX = 1 << 16    # iterations per `steps` call of a while_loop without a compiled loop (16 deep)
 
 
 def _rows_per_call(row_types: list) -> int:

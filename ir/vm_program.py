@@ -74,8 +74,11 @@ def _why_not(n: Node):
         if n.attrs.has_valid_length:
             return "a foreach with valid_length (not in the VM yet)"
         return None if n.attrs.num_data else "a foreach without data"
-    if n.op == "while_loop":
-        return None if while_loop_plan(n) is not None else "a while_loop whose body is not a compiled loop"
+    if n.op == "while_loop":          # without a compiled loop: recursive functions (`codegen/vm_program.py`)
+        rows = n.subgraphs[1].outputs[:len(n.outputs) - n.attrs.num_vars]
+        if while_loop_plan(n) is None and not all(isinstance(d, int) for v in rows for d in v.type.shape):
+            return "a while_loop with per-step outputs of data-dependent shape and no compiled loop"
+        return None
     if n.opdef.kind == OpKind.CONTROL_FLOW:
         return f"control flow {n.op} (not in the VM yet)"
     if n.opdef.dim_attrs:

@@ -1,6 +1,8 @@
 """The VM program (`ir/vm_program.py`, `codegen/vm_program.py`, `runtime/vm_program.py`): a supported model runs
 as one Relax VM call per model call, equal to eager numpy; an unsupported node is listed and the executor runs
 the model; errors are the executor's."""
+import warnings
+
 import numpy as np
 import pytest
 
@@ -121,18 +123,50 @@ def test_compiled_while_loop_runs_in_the_program():
 
 
 def test_unsupported_node_is_listed_and_the_executor_runs_it():
-    def fn(x):
+    def fn(xs, h0, lens):
+        def step(x, states):
+            h = F.tanh(x + states[0])
+            return h, [h]
+        return F.foreach(step, xs, [h0], valid_length=lens)
+
+    model = dt.compile(fn, dt.TensorSpec(("T", "B", 4)), dt.TensorSpec(("B", 4)), dt.TensorSpec(("B",), "int64"))
+    assert not model.vm_program
+    assert any("valid_length" in line for line in model.vm_program_fallback)
+    assert "vm program: no, the executor runs the model" in str(model) and "valid_length" in str(model)
+    xs, h0 = np.ones((3, 2, 4), np.float32), np.zeros((2, 4), np.float32)
+    lens = np.array([3, 1], np.int64)
+    assert_same(model(xs, h0, lens), fn(xs, h0, lens))
+    assert model.vm_program_calls == 0 and model.kernel_calls > 0
+
+
+def test_while_loop_without_a_compiled_loop_runs_in_the_program():
+    """A while_loop codegen builds no compiled loop for (a growing carry; a cond inside the body) runs as the
+    program's recursive functions: one VM call per model call at 0, 1 and many iterations (3000: far deeper
+    than a recursion per iteration could go), a static and a tensor limit, per-step outputs stacked."""
+    def growing(x, lim):
+        def body(v, i):
+            return F.sum(v[:1]) * 0.5 + i, [F.concat([v, v[:1] + 1.0], axis=0), i + 1.0]
+        return F.while_loop(lambda v, i: F.sum(v) < 1e9, body, [x, F.zeros(())], max_iterations=lim)
+
+    def branchy(x):
         def body(v):
             return [F.cond(F.sum(v) > 10.0, lambda: v + 1.0, lambda: v * 2.0 + 1.0)]
         return F.while_loop(lambda v: F.sum(v) < 100.0, body, [x], max_iterations=50)
 
-    model = dt.compile(fn, dt.TensorSpec(("N",)))
-    assert not model.vm_program
-    assert any("while_loop" in line for line in model.vm_program_fallback)
-    assert "vm program: no, the executor runs the model" in str(model) and "while_loop" in str(model)
-    x = np.ones(3, np.float32)
-    assert_same(model(x), fn(x))
-    assert model.vm_program_calls == 0 and model.kernel_calls > 0
+    for fn, specs, cases in [
+            (growing, (dt.TensorSpec(("N",)), dt.TensorSpec((), "int64")),
+             [(np.ones(n, np.float32), np.int64(lim)) for n, lim in ((1, 0), (1, 1), (3, 5), (2, 3000))]),
+            (branchy, (dt.TensorSpec(("N",)),), [(np.full(n, v, np.float32),) for n, v in
+                                                   ((0, 1.0), (1, 0.5), (3, 0.5), (7, 200.0))])]:
+        model = dt.compile(fn, *specs)
+        assert model.vm_program, model.vm_program_fallback
+        for args in cases:
+            calls, regions = model.vm_program_calls, model.kernel_calls
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                got = model(*args)
+            assert model.vm_program_calls == calls + 1 and model.kernel_calls == regions == 0
+            assert_same(got, fn(*args))
 
 
 def test_errors_are_the_executors(compiled):
