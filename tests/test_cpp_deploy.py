@@ -176,3 +176,30 @@ def test_inputs_that_do_not_fit_the_signature_and_bad_artifacts(runner, tmp_path
     r = subprocess.run([runner, str(art), str(tmp_path), str(bad_npy), str(bad_npy), str(bad_npy)],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "not a .npy file" in r.stderr, r.stderr
+
+
+def test_bundle_with_the_cpp_runner(runner, tmp_path):
+    """`dyntvm bundle --cpp`: the runner builds from the bundle alone (its headers and TVM's runtime libraries, no
+    Python asked) and runs an artifact."""
+    import sys
+    out = tmp_path / "rt"
+    r = subprocess.run([sys.executable, "-m", "dyntvm", "bundle", "--cpp", "-o", str(out)], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (out / "cpp" / "build.sh").is_file() and (out / "tvm_ffi" / "include" / "tvm" / "ffi" / "function.h").is_file()
+    assert "cpp/build.sh" in (out / "README.txt").read_text()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "TVM_"))}
+    env["PYTHON"] = "/nonexistent/python3"        # would fail the build, were the bundle's headers not used
+    exe = tmp_path / "run_model"
+    r = subprocess.run(["sh", str(out / "cpp" / "build.sh"), str(exe)], capture_output=True, text=True, timeout=900,
+                       env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    libs = subprocess.run(["ldd", str(exe)], capture_output=True, text=True).stdout
+    assert str(out / "tvm" / "lib" / "libtvm_runtime.so") in libs, libs
+    ex = examples.get("branchy")
+    art = tmp_path / "branchy.dtvm"
+    dt.compile(ex.fn, *ex.specs).save(str(art))
+    ins = ex.make_inputs(np.random.default_rng(1), B=8)
+    rc, got = run_cpp(str(exe), art, ins, tmp_path / "b")
+    assert rc == 0, got
+    assert_same(got, flat(ex.fn(*ins))[0], rtol=1e-4, atol=1e-4)
