@@ -9,6 +9,7 @@ declines its while_loop's compiled loop), so the runner refuses it; a while_loop
 rows' size is known only at run time needs the Python executor (`dyntvm.vm_fallback`)."""
 import os
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -18,24 +19,34 @@ from dyntvm import F, examples
 from dyntvm.ir.vm_program import python_callbacks
 from helpers import assert_same, flat  # tests/ is on sys.path
 
-pytestmark = pytest.mark.slow     # building the runner: ~30 s of g++ on an idle machine; compiling the examples
+pytestmark = pytest.mark.slow     # building the runner (g++) and compiling the examples
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KNOWN_GAPS = {"decoder": "the kernel library has no VM program"}
 
 
 @pytest.fixture(scope="module")
-def runner(tmp_path_factory):
-    out = tmp_path_factory.mktemp("cpp") / "build" / "run_model"
-    r = subprocess.run(["sh", os.path.join(ROOT, "deploy", "cpp", "build.sh"), str(out)], capture_output=True,
-                       text=True, timeout=900, env={**os.environ, "PYTHON": os.environ.get("PYTHON", _python())})
+def bundled(tmp_path_factory):
+    """`dyntvm bundle --cpp` into a folder, then the runner built there by the documented command
+    (`sh OUT/cpp/build.sh run_model`: the bundle's headers and TVM's runtime libraries, no Python asked; the
+    checkout's `sh deploy/cpp/build.sh`, which finds the wheels with Python, is the README's, run by
+    tests/test_readme.py). One g++ build for the module: ~30 s on an idle machine."""
+    root = tmp_path_factory.mktemp("cpp")
+    out = root / "rt"
+    r = subprocess.run([sys.executable, "-m", "dyntvm", "bundle", "--cpp", "-o", str(out)], capture_output=True,
+                       text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
-    return str(out)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "TVM_"))}
+    env["PYTHON"] = "/nonexistent/python3"        # would fail the build, were the bundle's headers not used
+    exe = root / "build" / "run_model"
+    r = subprocess.run(["sh", str(out / "cpp" / "build.sh"), str(exe)], capture_output=True, text=True, timeout=900,
+                       env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return out, str(exe)
 
 
-def _python():
-    import sys
-    return sys.executable
+@pytest.fixture(scope="module")
+def runner(bundled):
+    return bundled[1]
 
 
 def run_cpp(runner, art, inputs, folder, *extra):
@@ -178,28 +189,11 @@ def test_inputs_that_do_not_fit_the_signature_and_bad_artifacts(runner, tmp_path
     assert r.returncode == 1 and "not a .npy file" in r.stderr, r.stderr
 
 
-def test_bundle_with_the_cpp_runner(runner, tmp_path):
-    """`dyntvm bundle --cpp`: the runner builds from the bundle alone (its headers and TVM's runtime libraries, no
-    Python asked) and runs an artifact."""
-    import sys
-    out = tmp_path / "rt"
-    r = subprocess.run([sys.executable, "-m", "dyntvm", "bundle", "--cpp", "-o", str(out)], capture_output=True,
-                       text=True, timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr
+def test_bundle_with_the_cpp_runner(bundled):
+    """`dyntvm bundle --cpp` holds the runner's sources and headers; the runner built there links the bundle's
+    TVM runtime."""
+    out, exe = bundled
     assert (out / "cpp" / "build.sh").is_file() and (out / "tvm_ffi" / "include" / "tvm" / "ffi" / "function.h").is_file()
     assert "cpp/build.sh" in (out / "README.txt").read_text()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "TVM_"))}
-    env["PYTHON"] = "/nonexistent/python3"        # would fail the build, were the bundle's headers not used
-    exe = tmp_path / "run_model"
-    r = subprocess.run(["sh", str(out / "cpp" / "build.sh"), str(exe)], capture_output=True, text=True, timeout=900,
-                       env=env)
-    assert r.returncode == 0, r.stdout + r.stderr
-    libs = subprocess.run(["ldd", str(exe)], capture_output=True, text=True).stdout
+    libs = subprocess.run(["ldd", exe], capture_output=True, text=True).stdout
     assert str(out / "tvm" / "lib" / "libtvm_runtime.so") in libs, libs
-    ex = examples.get("branchy")
-    art = tmp_path / "branchy.dtvm"
-    dt.compile(ex.fn, *ex.specs).save(str(art))
-    ins = ex.make_inputs(np.random.default_rng(1), B=8)
-    rc, got = run_cpp(str(exe), art, ins, tmp_path / "b")
-    assert rc == 0, got
-    assert_same(got, flat(ex.fn(*ins))[0], rtol=1e-4, atol=1e-4)

@@ -2,10 +2,11 @@
 //
 //   run_model ARTIFACT OUT_DIR [--threads N] [--repeat R] INPUT.npy...
 //
-// Inputs in the order of the model's signature. Writes OUT_DIR/output_K.npy.
+// Inputs in the order of the model's signature. Writes OUT_DIR/output_K.npy (OUT_DIR made where missing).
 // --threads N runs the model from N threads at once, R calls each, and checks every result is the same bytes.
 // Errors print one line `run_model: error: ...` and exit with status 1.
 #include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <thread>
 
@@ -64,6 +65,8 @@ int Main(int argc, char** argv) {
     }
     std::cout << threads << " threads x " << repeat << " calls: same results\n";
   }
+  std::error_code made;
+  std::filesystem::create_directories(pos[1], made);     // (an error here: Save names the file it cannot write)
   for (size_t k = 0; k < outs.size(); ++k) dyntvm::npy::Save(pos[1] + "/output_" + std::to_string(k) + ".npy", outs[k]);
   std::cout << "wrote " << outs.size() << " outputs to " << pos[1] << "\n";
   return 0;
