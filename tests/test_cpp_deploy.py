@@ -193,7 +193,8 @@ def test_bundle_with_the_cpp_runner(bundled):
     """`dyntvm bundle --cpp` holds the runner's sources and headers; the runner built there links the bundle's
     TVM runtime."""
     out, exe = bundled
-    assert (out / "cpp" / "build.sh").is_file() and (out / "tvm_ffi" / "include" / "tvm" / "ffi" / "function.h").is_file()
+    assert (out / "cpp" / "build.sh").is_file()
+    assert (out / "tvm_ffi" / "include" / "tvm" / "ffi" / "function.h").is_file()
     assert "cpp/build.sh" in (out / "README.txt").read_text()
     libs = subprocess.run(["ldd", exe], capture_output=True, text=True).stdout
     assert str(out / "tvm" / "lib" / "libtvm_runtime.so") in libs, libs

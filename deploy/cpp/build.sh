@@ -11,7 +11,11 @@ here=$(cd "$(dirname "$0")" && pwd)
 out=${1:-run_model}
 if [ -z "$TVM_PACKAGES" ] && [ -d "$here/../tvm_ffi/include" ]; then TVM_PACKAGES=$(cd "$here/.." && pwd); fi
 if [ -z "$TVM_PACKAGES" ]; then
-  TVM_PACKAGES=$(${PYTHON:-python3} -c 'import os, tvm_ffi; print(os.path.dirname(os.path.dirname(tvm_ffi.__file__)))')
+  TVM_PACKAGES=$(${PYTHON:-python3} -c \
+    'import os, tvm_ffi; print(os.path.dirname(os.path.dirname(tvm_ffi.__file__)))') || {
+    echo "build.sh: cannot find the apache-tvm-ffi wheel with ${PYTHON:-python3}; set \$PYTHON or \$TVM_PACKAGES" >&2
+    exit 1
+  }
 fi
 t=$TVM_PACKAGES
 mkdir -p "$(dirname "$out")"

@@ -209,7 +209,8 @@ std::vector<ffi::Tensor> Model::Run(const std::vector<ffi::Tensor>& inputs) cons
   for (const ffi::Any& item : items) {
     ffi::Tensor t = item.cast<ffi::Tensor>();
     ffi::Tensor copy = EmptyTensor(std::vector<int64_t>(t.shape().begin(), t.shape().end()), t.dtype());
-    std::memcpy(copy.data_ptr(), static_cast<char*>(t.data_ptr()) + t.byte_offset(), ffi::GetDataSize(*t.GetDLTensorPtr()));
+    const char* data = static_cast<const char*>(t.data_ptr()) + t.byte_offset();
+    std::memcpy(copy.data_ptr(), data, ffi::GetDataSize(*t.GetDLTensorPtr()));
     outs.push_back(copy);
   }
   return outs;

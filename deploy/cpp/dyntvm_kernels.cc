@@ -78,8 +78,8 @@ ffi::Tensor Strided(const ffi::Tensor& x, const Shape& first, const Shape& step,
   int64_t total = Prod(out_shape), nd = static_cast<int64_t>(out_shape.size());
   if (total == 0) return out;
   size_t es = ElemBytes(x);
-  Shape in_shape = ShapeOf(x), stride(nd, 1);
-  for (int64_t k = nd - 2; k >= 0; --k) stride[k] = stride[k + 1] * in_shape[k + 1];
+  Shape in_shape = ShapeOf(x), stride(in_shape.size(), 1);
+  for (size_t k = stride.size(); k-- > 1;) stride[k - 1] = stride[k] * in_shape[k];
   Shape idx(nd, 0);
   const char* src = Ptr(x);
   char* dst = Ptr(out);

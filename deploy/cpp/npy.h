@@ -67,7 +67,9 @@ inline tvm::ffi::Tensor Load(const std::string& path) {
 
 inline void Save(const std::string& path, const tvm::ffi::Tensor& t) {
   std::string shape;
-  for (int k = 0; k < t.ndim(); ++k) shape += std::to_string(t.shape()[k]) + (t.ndim() == 1 ? "," : k + 1 < t.ndim() ? ", " : "");
+  for (int k = 0; k < t.ndim(); ++k) {        // Python's tuple: (), (3,), (3, 4)
+    shape += std::to_string(t.shape()[k]) + (t.ndim() == 1 ? "," : k + 1 < t.ndim() ? ", " : "");
+  }
   std::string header = "{'descr': '" + Descr(t.dtype()) + "', 'fortran_order': False, 'shape': (" + shape + "), }";
   header.append(64 - (10 + header.size() + 1) % 64, ' ');
   header += '\n';
