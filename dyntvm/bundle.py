@@ -8,7 +8,9 @@ needs into one folder (or a .tar.gz) that is put on `PYTHONPATH` on the target m
 * `dyntvm/` with its `ir` and `runtime` packages (no frontend, partitioner, codegen or examples);
 * `tvm/` without `libtvm_compiler.so`, C++ headers and sources (TVM then runs in runtime-only mode by
   itself); `libtvm_runtime_cuda.so` stays, so CUDA artifacts run on a GPU host;
-* `tvm_ffi/` without headers and sources, and `typing_extensions.py` which it imports.
+* `tvm_ffi/` without headers and sources, and `typing_extensions.py` which it imports;
+* with `cpp=True` (`dyntvm bundle --cpp`): the C++ runner's sources (`deploy/cpp/` of a source checkout) as
+  `cpp/`, and tvm_ffi's headers, so that `sh cpp/build.sh run_model` builds it on the target (g++; no Python).
 
 The target needs Linux x86-64, the same Python minor version as this one (`tvm_ffi` has a compiled
 extension module) and numpy. `tests/test_deploy.py` runs `dt.load` and `dyntvm run` from such a bundle in
@@ -40,6 +42,12 @@ Python {py} and numpy. Usage:
 
     PYTHONPATH={name} python3 -m dyntvm run model.dtvm --random --dim T=16
     PYTHONPATH={name} python3 -c "import dyntvm as dt; model = dt.load('model.dtvm'); print(model)"
+{cpp}"""
+CPP_README = """
+Made with --cpp: the C++ runner (no Python, no numpy), built with g++ from cpp/ and the headers here:
+
+    sh {name}/cpp/build.sh run_model
+    ./run_model model.dtvm out/ x.npy        # writes out/output_0.npy ...
 """
 
 
@@ -63,8 +71,18 @@ def _copy_tree(src: str, dst: str, skip: set, only: tuple | None = None) -> None
             dirs[:] = []                     # `only`: the top folder's listed files, no subfolders
 
 
-def bundle(out: str) -> dict:
-    """Write the runtime-only bundle to `out`: a new folder, or a `.tar.gz` file.
+def cpp_sources() -> str:
+    """deploy/cpp/ of the source checkout dyntvm runs from (not in a wheel)."""
+    path = os.path.join(os.path.dirname(package_dir("dyntvm")), "deploy", "cpp")
+    if not os.path.isfile(os.path.join(path, "build.sh")):
+        raise DyntvmError(f"bundle --cpp: the C++ runner's sources are not at {path} (they ship in dyntvm's source "
+                          "checkout, deploy/cpp/, not in an installed wheel)")
+    return path
+
+
+def bundle(out: str, cpp: bool = False) -> dict:
+    """Write the runtime-only bundle to `out`: a new folder, or a `.tar.gz` file; `cpp`: with the C++ runner's
+    sources and the headers it builds with.
 
     Returns {"path", "bytes" (of the files), "files"}.
     """
@@ -75,6 +93,7 @@ def bundle(out: str) -> dict:
         raise DyntvmError(f"bundle: {out}: write a folder, or a file ending in .tar.gz or .tgz")
     if os.path.lexists(out):
         raise DyntvmError(f"bundle: {out} already exists; remove it or pick another name")
+    cpp_src = cpp_sources() if cpp else None
     folder = tempfile.mkdtemp(prefix=".dyntvm-bundle-", dir=os.path.dirname(os.path.abspath(out))) if as_tar \
         else out
     try:
@@ -84,7 +103,10 @@ def bundle(out: str) -> dict:
             dst = os.path.join(folder, "dyntvm", sub) if sub else os.path.join(folder, "dyntvm")
             _copy_tree(package_dir(pkg), dst, set(), None if sub else DYNTVM_MODULES)
         for pkg, skip in SKIP.items():
-            _copy_tree(package_dir(pkg), os.path.join(folder, pkg), skip)
+            keep = {"include"} if cpp and pkg == "tvm_ffi" else set()     # the C++ runner's headers
+            _copy_tree(package_dir(pkg), os.path.join(folder, pkg), skip - keep)
+        if cpp_src is not None:
+            _copy_tree(cpp_src, os.path.join(folder, "cpp"), set())
         for mod in PURE_DEPS:           # small pure-Python requirements of tvm_ffi
             spec = importlib.util.find_spec(mod)
             if spec is None or not spec.origin:
@@ -92,7 +114,8 @@ def bundle(out: str) -> dict:
             shutil.copy2(spec.origin, os.path.join(folder, os.path.basename(spec.origin)))
         with open(os.path.join(folder, "README.txt"), "w") as f:
             f.write(README.format(version=dyntvm.__version__, tvm=tvm.__version__, name=os.path.basename(out),
-                                  py=f"{sys.version_info.major}.{sys.version_info.minor}"))
+                                  py=f"{sys.version_info.major}.{sys.version_info.minor}",
+                                  cpp=CPP_README.format(name=os.path.basename(out)) if cpp else ""))
         files = [os.path.join(r, f) for r, _, fs in os.walk(folder) for f in fs]
         size = sum(os.path.getsize(p) for p in files)
         if as_tar:

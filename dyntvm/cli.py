@@ -200,7 +200,7 @@ def _size(path: str) -> int:
 # ------------------------------------------------------------------------------------------- bundle
 def _bundle(args) -> int:
     from dyntvm.bundle import bundle
-    info = bundle(args.output)
+    info = bundle(args.output, cpp=args.cpp)
     print(f"wrote {info['path']}: {info['files']} files, {info['bytes'] / 1e6:.1f} MB"
           + (f" ({_size(info['path']) / 1e6:.1f} MB compressed)" if os.path.isfile(info["path"]) else "")
           + "; on the target machine: PYTHONPATH=<it> python3 -m dyntvm run ART ...")
@@ -495,6 +495,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Copy dyntvm's runtime and TVM without its compiler library into OUT (a "
                                    "folder, or a .tar.gz) to put on PYTHONPATH where artifacts are run.")
     b.add_argument("-o", "--output", required=True, metavar="OUT", help="a new folder, or a file ending in .tar.gz")
+    b.add_argument("--cpp", action="store_true", help="also the C++ runner's sources (deploy/cpp/) and the headers "
+                   "it builds with: `sh OUT/cpp/build.sh run_model` on the target")
     b.set_defaults(func=_bundle)
 
     d = sub.add_parser("demo", parents=[common], help="trace, compile and run a bundled example",

@@ -1,7 +1,7 @@
 """README.md can be followed verbatim: every python / bash block runs, in order, in a fresh folder.
 
-The folder holds what a clone after the quick start holds for the reader: `dev.py` (a link to this checkout's)
-and `.venv` (a link to the environment running the tests), so `python3 dev.py demo` and
+The folder holds what a clone after the quick start holds for the reader: `dev.py` and `deploy/` (links to this
+checkout's) and `.venv` (a link to the environment running the tests), so `python3 dev.py demo` and
 `source .venv/bin/activate` work as written; bash blocks run with that environment activated.
 """
 import json
@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from readme_blocks import block_dicts, parse_blocks
@@ -52,6 +53,7 @@ def test_readme_runs_verbatim(tmp_path):
                     "(`python3 dev.py demo` would reinstall it)")
     os.symlink(os.path.join(ROOT, "dev.py"), tmp_path / "dev.py")
     os.symlink(sys.prefix, tmp_path / ".venv")
+    os.symlink(os.path.join(ROOT, "deploy"), tmp_path / "deploy")      # the C++ runner's sources, as in a clone
     blocks = [b for b in parse_blocks(README) if not b.skip]
     (tmp_path / "blocks.json").write_text(json.dumps(block_dicts(blocks)))
     bin_dir = os.path.join(sys.prefix, "bin")
@@ -65,6 +67,9 @@ def test_readme_runs_verbatim(tmp_path):
     ran = re.findall(r"^--- README\.md:(\d+) done in", out, re.M)
     assert [int(n) for n in ran] == [b.line for b in blocks], out[-3000:]
     # what the blocks say they make
-    for made in ("m.dtvm", "out/output_0.npy", "model.onnx", "my_model.py", "xs.npy"):
+    for made in ("m.dtvm", "out/output_0.npy", "out_cpp/output_0.npy", "model.onnx", "my_model.py", "xs.npy"):
         assert (tmp_path / made).exists(), made
+    # the C++ runner's result is dyntvm run's
+    np.testing.assert_allclose(np.load(tmp_path / "out_cpp/output_0.npy"), np.load(tmp_path / "out/output_0.npy"),
+                               rtol=1e-5, atol=1e-6)
     assert "compiled is" in out and "than plain numpy" in out          # the quick start's demos

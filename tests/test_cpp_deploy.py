@@ -1,0 +1,200 @@
+"""C++ deployment (deploy/cpp/): the runner is built by the documented command (`sh deploy/cpp/build.sh OUT`) and
+runs saved artifacts with TVM's runtime only, inputs and outputs as .npy files. Every bundled example and loop
+models give the eager results at several sizes (incl. 0 and 1); a model whose program calls back for
+dynamic-shape ops runs them as the C++ kernels; two threads share one model; a failing run-time check, inputs
+that do not fit the signature and an unsupported model are one-line errors (exit status 1), never a crash.
+
+Known gaps (asserted, so that a fix shows up here): the decoder example's library has no VM program (codegen
+declines its while_loop's compiled loop), so the runner refuses it; a while_loop of no iteration whose stacked
+rows' size is known only at run time needs the Python executor (`dyntvm.vm_fallback`)."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import dyntvm as dt
+from dyntvm import F, examples
+from dyntvm.ir.vm_program import python_callbacks
+from helpers import assert_same, flat  # tests/ is on sys.path
+
+pytestmark = pytest.mark.slow     # building the runner (g++) and compiling the examples
+
+KNOWN_GAPS = {"decoder": "the kernel library has no VM program"}
+
+
+@pytest.fixture(scope="module")
+def bundled(tmp_path_factory):
+    """`dyntvm bundle --cpp` into a folder, then the runner built there by the documented command
+    (`sh OUT/cpp/build.sh run_model`: the bundle's headers and TVM's runtime libraries, no Python asked; the
+    checkout's `sh deploy/cpp/build.sh`, which finds the wheels with Python, is the README's, run by
+    tests/test_readme.py). One g++ build for the module: ~30 s on an idle machine."""
+    root = tmp_path_factory.mktemp("cpp")
+    out = root / "rt"
+    r = subprocess.run([sys.executable, "-m", "dyntvm", "bundle", "--cpp", "-o", str(out)], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "TVM_"))}
+    env["PYTHON"] = "/nonexistent/python3"        # would fail the build, were the bundle's headers not used
+    exe = root / "build" / "run_model"
+    r = subprocess.run(["sh", str(out / "cpp" / "build.sh"), str(exe)], capture_output=True, text=True, timeout=900,
+                       env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return out, str(exe)
+
+
+@pytest.fixture(scope="module")
+def runner(bundled):
+    return bundled[1]
+
+
+def run_cpp(runner, art, inputs, folder, *extra):
+    """(exit status, outputs as numpy arrays or the error text) of the C++ runner on `inputs`."""
+    os.makedirs(folder, exist_ok=True)
+    paths = []
+    for k, a in enumerate(inputs):
+        paths.append(os.path.join(folder, f"in{k}.npy"))
+        np.save(paths[-1], np.array(a, order="C"))     # (ascontiguousarray makes 0-d 1-d)
+    r = subprocess.run([runner, str(art), str(folder), *extra, *paths], capture_output=True, text=True, timeout=300)
+    if r.returncode:
+        assert r.stderr.startswith("run_model: error: ") and r.stderr.count("\n") == 1, r.stderr
+        return r.returncode, r.stderr
+    n = len([f for f in os.listdir(folder) if f.startswith("output_")])
+    return 0, [np.load(os.path.join(folder, f"output_{k}.npy")) for k in range(n)]
+
+
+def check_model(runner, tmp_path, fn, specs, cases, name):
+    """Compile `fn`, save it, and per inputs tuple check the C++ runner gives the eager result."""
+    model = dt.compile(fn, *specs)
+    art = tmp_path / f"{name}.dtvm"
+    model.save(str(art))
+    for i, ins in enumerate(cases):
+        rc, got = run_cpp(runner, art, ins, tmp_path / f"{name}{i}")
+        assert rc == 0, got
+        assert_same(got, flat(fn(*ins))[0], rtol=1e-4, atol=1e-4, what=f"{name} case {i}")
+    return model, art
+
+
+@pytest.mark.parametrize("name", examples.NAMES)
+def test_every_example_runs_in_cpp(runner, tmp_path, name):
+    ex = examples.get(name)
+    model = dt.compile(ex.fn, *ex.specs)
+    art = tmp_path / f"{name}.dtvm"
+    model.save(str(art))
+    for i, sizes in enumerate(ex.test_sizes):
+        ins = ex.make_inputs(np.random.default_rng(i), **sizes)
+        rc, got = run_cpp(runner, art, ins, tmp_path / str(i))
+        if name in KNOWN_GAPS:
+            assert rc == 1 and KNOWN_GAPS[name] in got, got
+            continue
+        assert rc == 0, got
+        want = flat(ex.fn(*ins))[0]
+        assert_same(got, want, rtol=1e-4, atol=1e-4, what=f"{name} {sizes}")
+        assert_same(got, flat(model(*ins))[0], rtol=1e-4, atol=1e-4, what=f"{name} {sizes} vs Python")
+
+
+def loop_fn(x):
+    def body(row, states):
+        (acc,) = states
+        y = F.cond(F.sum(row) > 0, lambda: row * 0.5, lambda: row - 1.0)
+        return y, [acc + y]
+    ys, (total,) = F.foreach(body, x, [F.zeros((8,))])
+    return ys, total
+
+
+def while_fn(x, limit):
+    def body(i, v):
+        return v * 0.5, [i + 1, v * 1.01 + 1.0]
+    ys, (i, v) = F.while_loop(lambda i, v: F.sum(v) < 1e4, body, [F.zeros((), "int64"), x], max_iterations=limit)
+    return ys, i, v
+
+
+def test_loop_models_run_in_cpp(runner, tmp_path):
+    rng = np.random.default_rng(0)
+    cases = [(rng.standard_normal((t, 8)).astype(np.float32),) for t in (0, 1, 5, 700)]
+    check_model(runner, tmp_path, loop_fn, [dt.TensorSpec(("T", 8))], cases, "foreach")
+    cases = [(rng.random(n).astype(np.float32), np.int64(lim)) for n, lim in ((1, 300), (5, 2), (3, 1000))]
+    _, art = check_model(runner, tmp_path, while_fn, [dt.TensorSpec(("N",)), dt.TensorSpec((), "int64")], cases,
+                         "while")
+    # known gap: no iteration, stacked rows of a size known only at run time: the program asks for the executor
+    rc, err = run_cpp(runner, art, (np.ones(4, np.float32), np.int64(0)), tmp_path / "while0")
+    assert rc == 1 and "needs dyntvm's Python executor" in err and "zero steps" in err, err
+
+
+def kernels_fn(x, k, starts, stops, steps):
+    """The dynamic-shape ops the program calls back for, run by deploy/cpp/dyntvm_kernels.cc."""
+    small, where = F.topk(x, k, axis=0, largest=False)
+    part = F.slice(x, starts, stops, steps)
+    cols = F.boolean_mask(x, F.sum(x, axis=0) > 0.0, axis=1)
+    hits = F.nonzero(x > 0.5)
+    return small, where, part, cols, hits, F.squeeze(F.slice(hits, [0], [1]), axis=0)
+
+
+KERNEL_SPECS = [dt.TensorSpec(("N", 6)), dt.TensorSpec((), "int64"), dt.TensorSpec((1,), "int64"),
+                dt.TensorSpec((1,), "int64"), dt.TensorSpec((1,), "int64")]
+
+
+def _kernel_inputs(n, k, bounds, seed=0):
+    x = np.random.default_rng(seed).standard_normal((n, 6)).astype(np.float32)
+    x[1::2] = x[0::2][:n // 2]             # equal rows: ties, where topk's order is numpy's stable one
+    return (x, np.int64(k)) + tuple(np.array([b], np.int64) for b in bounds)
+
+
+def test_dynamic_shape_kernels_in_cpp_and_errors(runner, tmp_path):
+    cases = [_kernel_inputs(n, k, b, seed=n) for n, k, b in
+             ((0, 0, (0, 5, 1)), (1, 1, (0, 1, 1)), (1, 0, (-1, -9, -1)), (5, 3, (1, 4, 2)), (40, 7, (-3, 2, -2)),
+              (40, 40, (100, -100, -7)))]
+    model, art = check_model(runner, tmp_path, kernels_fn, KERNEL_SPECS, cases, "kernels")
+    assert model.vm_program is False            # by default Python runs it in the executor; C++ in its program
+    called_back = {n.op for n in python_callbacks(model.graph)}
+    assert {"topk_dyn", "slice_dyn", "boolean_mask", "nonzero"} <= called_back, called_back
+
+    # a failing run-time check: k larger than the rows; Python's error names it too
+    bad = _kernel_inputs(4, 5, (0, 4, 1))
+    rc, err = run_cpp(runner, art, bad, tmp_path / "bad_k")
+    assert rc == 1 and "topk" in err and "k=5 must be in [0, 4]" in err, err
+    with pytest.raises(dt.errors.DyntvmError, match="k=5"):
+        model(*bad)
+    rc, err = run_cpp(runner, art, _kernel_inputs(4, 1, (0, 4, 0)), tmp_path / "step0")
+    assert rc == 1 and "step is 0" in err, err
+
+    # two threads share the loaded model (a VM each), 30 calls each, results the same bytes as the first call
+    ins = _kernel_inputs(40, 7, (1, 30, 3))
+    r = subprocess.run([runner, str(art), str(tmp_path), "--threads", "2", "--repeat", "30"] +
+                       [np.save(tmp_path / f"t{k}.npy", a) or str(tmp_path / f"t{k}.npy") for k, a in enumerate(ins)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "2 threads x 30 calls: same results" in r.stdout, r.stdout + r.stderr
+    assert_same([np.load(tmp_path / f"output_{k}.npy") for k in range(6)], flat(kernels_fn(*ins))[0])
+
+
+def test_inputs_that_do_not_fit_the_signature_and_bad_artifacts(runner, tmp_path):
+    ex = examples.get("lstm")
+    art = tmp_path / "lstm.dtvm"
+    dt.compile(ex.fn, *ex.specs).save(str(art))
+    xs, h0, c0 = ex.make_inputs(np.random.default_rng(0), T=3, B=2)
+    for ins, message in [((xs, h0, c0[:1]), "dim B is 1 here but 2 in xs"),
+                         ((xs, h0), "expected 3 inputs, got 2"),
+                         ((xs.astype(np.float64), h0, c0), "got dtype float64"),
+                         ((xs[0], h0, c0), "got 2 dims"),
+                         ((xs[:, :, :5], h0, c0), "dim 2 is 5, expected 128")]:
+        rc, err = run_cpp(runner, art, ins, tmp_path / "bad")
+        assert rc == 1 and message in err, (message, err)
+    rc, err = run_cpp(runner, tmp_path / "nothing.dtvm", (xs, h0, c0), tmp_path / "bad")
+    assert rc == 1 and "cannot read" in err and "manifest.json" in err, err
+    bad_npy = tmp_path / "bad.npy"
+    bad_npy.write_bytes(b"not an array")
+    r = subprocess.run([runner, str(art), str(tmp_path), str(bad_npy), str(bad_npy), str(bad_npy)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "not a .npy file" in r.stderr, r.stderr
+
+
+def test_bundle_with_the_cpp_runner(bundled):
+    """`dyntvm bundle --cpp` holds the runner's sources and headers; the runner built there links the bundle's
+    TVM runtime."""
+    out, exe = bundled
+    assert (out / "cpp" / "build.sh").is_file()
+    assert (out / "tvm_ffi" / "include" / "tvm" / "ffi" / "function.h").is_file()
+    assert "cpp/build.sh" in (out / "README.txt").read_text()
+    libs = subprocess.run(["ldd", exe], capture_output=True, text=True).stdout
+    assert str(out / "tvm" / "lib" / "libtvm_runtime.so") in libs, libs
