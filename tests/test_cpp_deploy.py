@@ -4,9 +4,9 @@ models give the eager results at several sizes (incl. 0 and 1); a model whose pr
 dynamic-shape ops runs them as the C++ kernels; two threads share one model; a failing run-time check, inputs
 that do not fit the signature and an unsupported model are one-line errors (exit status 1), never a crash.
 
-Known gaps (asserted, so that a fix shows up here): the decoder example's library has no VM program (codegen
-declines its while_loop's compiled loop), so the runner refuses it; a while_loop of no iteration whose stacked
-rows' size is known only at run time needs the Python executor (`dyntvm.vm_fallback`)."""
+Known gaps (asserted, so that a fix shows up here): a while_loop of no iteration whose stacked rows' size is
+known only at run time needs the Python executor (`dyntvm.vm_fallback`). (The decoder example, whose while_loop
+has no compiled loop, runs: its program has the loop as recursive functions.)"""
 import os
 import subprocess
 import sys
@@ -21,7 +21,7 @@ from helpers import assert_same, flat  # tests/ is on sys.path
 
 pytestmark = pytest.mark.slow     # building the runner (g++) and compiling the examples
 
-KNOWN_GAPS = {"decoder": "the kernel library has no VM program"}
+KNOWN_GAPS: dict = {}     # example name -> the runner's error (none left)
 
 
 @pytest.fixture(scope="module")
