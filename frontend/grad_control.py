@@ -14,6 +14,8 @@ the body's values keep one shape per step (else it falls back to recomputing).
 """
 from __future__ import annotations
 
+import dataclasses
+
 from ..ir import attrs as A
 from ..ir.graph import Node, Value
 from ..ir.list_type import ListType, value_dims
@@ -163,13 +165,34 @@ def _reverse_scan(c, body, n_data, data_rev, n_carry, saved_rev, n_out, dys_rev,
     inits = [dcarry[i] for i in wrt_carry] + [F.zeros_like(Tensor(caps[i], b)) for i in wrt_caps]
     out_types = [TensorType(data_rev[i].type.shape, body.inputs[i].type.dtype) for i in wrt_data] + \
         [t for t in state_types]
-    outs = _emit(b, c.node, "foreach", A.ForeachAttrs(n_data + n_carry + len(dys_pos) + len(keep), len(inits),
-                                                      len(wrt_data)),
+    attrs = A.ForeachAttrs(n_data + n_carry + len(dys_pos) + len(keep), len(inits), len(wrt_data),
+                           hoist_rows=c.options.get("memory") != "recompute")
+    outs = _emit(b, c.node, "foreach", attrs,
                  [x.value for x in data_rev + saved_rev + dys_rev + kept_rev] + [x.value for x in inits] + list(caps),
                  out_types, [g])
     nd, nc = len(wrt_data), len(wrt_carry)
     return (dict(zip(wrt_data, [_flip(o, 0) for o in outs[:nd]])), dict(zip(wrt_carry, outs[nd:nd + nc])),
             dict(zip(wrt_caps, outs[nd + nc:])))
+
+
+def _saving_forward(c, attrs, out_types, saving, n_steps_out) -> list:
+    """The loop run again with its saving body: a node of `attrs`, outputs of `out_types` (the loop's step
+    outputs, then the stacks, then its final carries). Where the loop's node is in the builder (a node of the
+    tape, not one a saving loop stood in for), it takes that node's place, keeping its step outputs and final
+    carries as its own, so the forward runs once; else it is a new node after it."""
+    node, b = c.node, c.builder
+    at = next((i for i in range(len(b.nodes) - 1, -1, -1) if b.nodes[i] is node), None)
+    if at is None:
+        return _emit(b, node, node.op, attrs, list(node.inputs), out_types, saving)
+    n_stacks = len(out_types) - len(node.outputs)
+    stacks = [b.own(Value(t)) for t in out_types[n_steps_out:n_steps_out + n_stacks]]
+    outs = node.outputs[:n_steps_out] + tuple(stacks) + node.outputs[n_steps_out:]
+    new = Node(node.op, node.inputs, attrs, outs, tuple(saving), source=node.source, name=node.name,
+               checks=node.checks)
+    for i, v in enumerate(outs):
+        v.producer, v.index = new, i
+    b.nodes[at] = new
+    return [Tensor(v, b) for v in outs]
 
 
 @vjp("foreach")
@@ -189,7 +212,7 @@ def _foreach(c):
     out_types = [v.type for v in node.outputs[:no]] + \
         [TensorType((length,) + v.type.shape, v.type.dtype) for v in states + keep] + \
         [v.type for v in node.outputs[no:]]
-    fwd = _emit(b, node, "foreach", A.ForeachAttrs(nd, ns, no + ns + len(keep)), ins, out_types, [saving])
+    fwd = _saving_forward(c, dataclasses.replace(a, num_outputs=no + ns + len(keep)), out_types, [saving], no)
     saved, kept = fwd[no:no + ns], fwd[no + ns:no + ns + len(keep)]
     dys_pos, dys = _given(c.cots[:no])
     dcarry = [c.cot(no + k) if is_float(node.outputs[no + k]) else None for k in range(ns)]
@@ -219,12 +242,13 @@ def _while_loop(c):
     _check_carries("while_loop", body, body.inputs[:nv], [v.type for v in lvars])
     keep = _kept(c, body)
     saving = _saving_body(body, no, list(range(nv)), keep)
-    n_iter = fresh_dim(origin="the number of iterations of while_loop (saved for its gradient)")
+    n_iter = node.outputs[0].type.shape[0] if no else \
+        fresh_dim(origin="the number of iterations of while_loop (saved for its gradient)")
     out_types = [TensorType((n_iter,) + v.type.shape[1:], v.type.dtype) for v in node.outputs[:no]] + \
         [TensorType((n_iter,) + v.type.shape, v.type.dtype) for v in list(body.inputs[:nv]) + keep] + \
         [v.type for v in node.outputs[no:]]
-    fwd = _emit(b, node, "while_loop", A.WhileAttrs(nv, no + nv + len(keep), a.max_iterations, a.has_max_tensor),
-                ins, out_types, [cond_g, saving])
+    fwd = _saving_forward(c, dataclasses.replace(a, num_outputs=no + nv + len(keep)), out_types, [cond_g, saving],
+                          no)
     saved, kept = fwd[no:no + nv], fwd[no + nv:no + nv + len(keep)]
     dys_pos, dys = _given(c.cots[:no])
     dys = [F.reshape(x, F.shape_of(fwd[j])) for j, x in zip(dys_pos, dys)]     # on the saved run's count
