@@ -21,6 +21,7 @@ from ..ir.graph import Node, Value
 from ..ir.list_type import ListType, value_dims
 from ..ir.types import TensorType, dim_symbols, fresh_dim
 from . import F
+from . import grad_loop_factors as factors
 from .grad_engine import VjpCall, closed_graph, graph_vjp, is_float, replay, vjp
 from .grad_rules import _flip
 from .tracer import Tensor, trace_error
@@ -159,20 +160,36 @@ def _reverse_scan(c, body, n_data, data_rev, n_carry, saved_rev, n_out, dys_rev,
         wrt = wrt_data + [n_data + i for i in wrt_carry] + [n_data + n_carry + i for i in wrt_caps]
         _, grads = graph_vjp(bb, body, list(xs) + list(cap_in), seeds, wrt, c.options, kept)
         nd, nc = len(wrt_data), len(wrt_carry)
-        acc = [Tensor(v, bb) + g for v, g in zip(dcap, grads[nd + nc:])]
-        return grads[:nd] + grads[nd:nd + nc] + acc
+        acc = []
+        for v, g in zip(dcap, grads[nd + nc:]):
+            rest, pairs, built = factors.outer_product_terms(bb, g) if save_all else (g, [], set())
+            acc.append(Tensor(v, bb) if rest is None else Tensor(v, bb) + rest)
+            moved.append(len(pairs))
+            stacked.extend(t for pair in pairs for t in pair)
+            dead.update(built)
+        return grads[:nd] + stacked + grads[nd:nd + nc] + acc
+    save_all = c.options.get("memory") == "save_all"
+    moved, stacked, dead = [], [], set()        # per capture: the number of its terms moved out; their factors
     g = closed_graph(slice_types + state_types + cap_types, build, f"{body.name}_vjp")
+    factors.prune(g, dead)
+    steps = (data_rev + saved_rev)[0].type.shape[0]
     inits = [dcarry[i] for i in wrt_carry] + [F.zeros_like(Tensor(caps[i], b)) for i in wrt_caps]
     out_types = [TensorType(data_rev[i].type.shape, body.inputs[i].type.dtype) for i in wrt_data] + \
-        [t for t in state_types]
-    attrs = A.ForeachAttrs(n_data + n_carry + len(dys_pos) + len(keep), len(inits), len(wrt_data),
+        [TensorType((steps,) + t.type.shape, t.type.dtype) for t in stacked] + [t for t in state_types]
+    attrs = A.ForeachAttrs(n_data + n_carry + len(dys_pos) + len(keep), len(inits), len(wrt_data) + len(stacked),
                            hoist_rows=c.options.get("memory") != "recompute")
     outs = _emit(b, c.node, "foreach", attrs,
                  [x.value for x in data_rev + saved_rev + dys_rev + kept_rev] + [x.value for x in inits] + list(caps),
                  out_types, [g])
-    nd, nc = len(wrt_data), len(wrt_carry)
-    return (dict(zip(wrt_data, [_flip(o, 0) for o in outs[:nd]])), dict(zip(wrt_carry, outs[nd:nd + nc])),
-            dict(zip(wrt_caps, outs[nd + nc:])))
+    nd, nc, ns = len(wrt_data), len(wrt_carry), len(stacked)
+    d_caps, k = [], nd
+    for d, n_terms in zip(outs[nd + ns + nc:], moved):
+        for _ in range(n_terms):
+            d = d + factors.summed(outs[k], outs[k + 1])
+            k += 2
+        d_caps.append(d)
+    return (dict(zip(wrt_data, [_flip(o, 0) for o in outs[:nd]])),
+            dict(zip(wrt_carry, outs[nd + ns:nd + ns + nc])), dict(zip(wrt_caps, d_caps)))
 
 
 def _saving_forward(c, attrs, out_types, saving, n_steps_out) -> list:
