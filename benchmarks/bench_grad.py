@@ -2,7 +2,10 @@
 loop-memory strategies on a long `while_loop`.
 
     .venv/bin/python benchmarks/bench_grad.py [--batch 16] [--steps 64] [--rounds 5] [--repeat 5]
-                                              [--loop-steps 10000] [--only lstm|loop] [--threads 2]
+                                              [--loop-steps 10000] [--only lstm|loop] [--threads 2] [--tree DIR]
+
+(`--tree DIR`: dyntvm from another source tree, e.g. ``git archive REV | tar -x -C DIR``: a before/after run,
+each against torch in its own process.)
 
 1. LSTM (`examples/lstm.py`: input 128, hidden 256, its weights), a batch of B sequences of T steps, loss
    ``sum(hs ** 2)``; the gradient with respect to W, U, b and xs. dyntvm: ``dt.compile(dt.value_and_grad(loss,
@@ -17,7 +20,9 @@ loop-memory strategies on a long `while_loop`.
    RSS (VmHWM, reset through /proc/self/clear_refs after the build, which is a cache hit) minus the RSS
    before the call (`tracemalloc` does not see TVM's tensors). The time per call is measured interleaved in
    this process. The forward's own peak is the baseline: what a strategy adds is its stack.
-Prints the load average at the start and the end: another process on the machine moves the numbers.
+Prints the load average at the start and the end: another process on the machine moves the wall times. The
+CPU time of this process is printed too: with `--threads 1` (no pool spinning) it is the steadier figure on a
+loaded machine.
 """
 from __future__ import annotations
 
@@ -28,6 +33,11 @@ if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from thread_env import threads_from_argv
     threads_from_argv(sys.argv, 2)
+    if "--tree" in sys.argv:            # dyntvm from another source tree (a before/after run), not the venv's
+        import tempfile
+        from bench_ab import package_root
+        sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
+        sys.path.insert(0, package_root(sys.argv[sys.argv.index("--tree") + 1], tempfile.mkdtemp(prefix="dt-")))
 
 import argparse  # noqa: E402
 import json  # noqa: E402
@@ -87,13 +97,15 @@ def torch_lstm_step(xs, h0, c0):
 
 
 def block_median(fn, args, repeat):
+    """(median wall time, median CPU time of this process) of `repeat` calls."""
     fn(*args)
-    times = []
+    wall, cpu = [], []
     for _ in range(repeat):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         fn(*args)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    return statistics.median(wall), statistics.median(cpu)
 
 
 def interleaved(systems: dict, rounds: int, repeat: int, pause: float = 0.2) -> dict:
@@ -109,11 +121,15 @@ def interleaved(systems: dict, rounds: int, repeat: int, pause: float = 0.2) -> 
 
 
 def report(res: dict, ref: str) -> None:
-    med_ref, best_ref = statistics.median(res[ref]), min(res[ref])
+    """Wall time (median over rounds, best round) and CPU time (median over rounds), each against `ref`'s."""
+    def stats(ts):
+        wall, cpu = [t[0] for t in ts], [t[1] for t in ts]
+        return statistics.median(wall), min(wall), statistics.median(cpu)
+    r_med, r_best, r_cpu = stats(res[ref])
     for k, ts in res.items():
-        med, best = statistics.median(ts), min(ts)
-        print(f"  {k:<26} median {med * 1e3:9.2f} ms  best {best * 1e3:9.2f} ms   "
-              f"/ {ref}: {med / med_ref:5.2f} (best {best / best_ref:5.2f})")
+        med, best, cpu = stats(ts)
+        print(f"  {k:<22} wall median {med * 1e3:8.1f} ms, best {best * 1e3:8.1f} ms; cpu {cpu * 1e3:8.1f} ms"
+              f"   / {ref}: {med / r_med:5.2f} (best {best / r_best:5.2f}, cpu {cpu / r_cpu:5.2f})")
 
 
 def bench_lstm(args):
@@ -201,8 +217,10 @@ def bench_loop(args):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
     mem = {}
     for kind in models:
+        tree = ["--tree", args.tree] if args.tree else []
         out = subprocess.run([sys.executable, os.path.abspath(__file__), "--loop-child", kind,
-                              "--loop-steps", str(steps)], capture_output=True, text=True, check=True)
+                              "--loop-steps", str(steps), "--threads", str(args.threads)] + tree,
+                             capture_output=True, text=True, check=True)
         mem[kind] = json.loads(out.stdout.strip().splitlines()[-1])
     res = interleaved({k: (m, inputs) for k, m in models.items()}, args.rounds, max(1, args.repeat // 2))
     carry_kb = LOOP_WIDTH * 4 / 1024
@@ -213,8 +231,9 @@ def bench_loop(args):
         added = mem[kind]["added_kb"]
         extra = "" if kind == "forward" else f"  (+{(added - base) / 1024:7.1f} MB over the forward, " \
             f"{(added - base) * 1024 / steps / 1024:5.2f} KB per step)"
-        print(f"  {kind:<10} peak +{added / 1024:7.1f} MB{extra}  median {statistics.median(res[kind]) * 1e3:8.1f} "
-              f"ms  best {min(res[kind]) * 1e3:8.1f} ms")
+        wall, cpu = [t[0] for t in res[kind]], [t[1] for t in res[kind]]
+        print(f"  {kind:<10} peak +{added / 1024:7.1f} MB{extra}  wall median {statistics.median(wall) * 1e3:8.1f} "
+              f"ms, best {min(wall) * 1e3:8.1f} ms; cpu {statistics.median(cpu) * 1e3:8.1f} ms")
 
 
 def main():
@@ -226,10 +245,12 @@ def main():
     p.add_argument("--loop-steps", type=int, default=10000)
     p.add_argument("--only", choices=("lstm", "loop"))
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--tree", help="a dyntvm source tree to import instead of the venv's (`git archive REV`)")
     p.add_argument("--loop-child", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.loop_child:
         return loop_memory_child(args.loop_child, args.loop_steps)
+    print(f"dyntvm from {os.path.dirname(os.path.dirname(os.path.realpath(dt.__file__)))}")
     print(f"load average at the start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     if args.only in (None, "lstm"):
         bench_lstm(args)

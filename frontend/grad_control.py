@@ -122,8 +122,12 @@ def _kept(c, body) -> list:
     if c.options.get("memory") != "save_all":
         return []
     known = {s for v in body.inputs for d in value_dims(v.type) if isinstance(d, str) for s in dim_symbols(d)}
+    # not the body's outputs: a step output is stacked already (a compiled loop stacks a value once) and a new
+    # carry is the next step's saved one; recomputing them from the saved intermediates is one elementwise op
+    outs = set(body.outputs)
     return [v for n in body.nodes if n.op != "constant" for v in n.outputs
-            if is_float(v) and all(isinstance(d, int) or dim_symbols(d) <= known for d in v.type.shape)]
+            if is_float(v) and v not in outs and all(isinstance(d, int) or dim_symbols(d) <= known
+                                                     for d in v.type.shape)]
 
 
 def _reverse_scan(c, body, n_data, data_rev, n_carry, saved_rev, n_out, dys_rev, dys_pos, dcarry, caps, keep,
@@ -138,58 +142,69 @@ def _reverse_scan(c, body, n_data, data_rev, n_carry, saved_rev, n_out, dys_rev,
     wrt_caps = [i for i, v in enumerate(caps) if is_float(v)]
     slice_types = [v.type for v in body.inputs[:n_data + n_carry]] + [body.outputs[j].type for j in dys_pos] + \
         [v.type for v in keep]
-    state_types = [body.inputs[n_data + i].type for i in wrt_carry] + [caps[i].type for i in wrt_caps]
     cap_types = [v.type for v in body.inputs[n_data + n_carry:]]
-
-    def build(bb, ins):
-        k = 0
-        xs = ins[k:k + n_data + n_carry]
-        k += n_data + n_carry
-        dys = ins[k:k + len(dys_pos)]
-        k += len(dys_pos)
-        kept = dict(zip(keep, ins[k:k + len(keep)]))
-        k += len(keep)
-        dcar = ins[k:k + len(wrt_carry)]
-        k += len(wrt_carry)
-        dcap = ins[k:k + len(wrt_caps)]
-        k += len(wrt_caps)
-        cap_in = ins[k:]
-        seeds = {j: Tensor(v, bb) for j, v in zip(dys_pos, dys)}
-        for i, v in zip(wrt_carry, dcar):
-            seeds[n_out + i] = Tensor(v, bb)
-        wrt = wrt_data + [n_data + i for i in wrt_carry] + [n_data + n_carry + i for i in wrt_caps]
-        _, grads = graph_vjp(bb, body, list(xs) + list(cap_in), seeds, wrt, c.options, kept)
-        nd, nc = len(wrt_data), len(wrt_carry)
-        acc = []
-        for v, g in zip(dcap, grads[nd + nc:]):
-            rest, pairs, built = factors.outer_product_terms(bb, g) if save_all else (g, [], set())
-            acc.append(Tensor(v, bb) if rest is None else Tensor(v, bb) + rest)
-            moved.append(len(pairs))
-            stacked.extend(t for pair in pairs for t in pair)
-            dead.update(built)
-        return grads[:nd] + stacked + grads[nd:nd + nc] + acc
     save_all = c.options.get("memory") == "save_all"
-    moved, stacked, dead = [], [], set()        # per capture: the number of its terms moved out; their factors
-    g = closed_graph(slice_types + state_types + cap_types, build, f"{body.name}_vjp")
-    factors.prune(g, dead)
+    slices = data_rev + saved_rev + dys_rev + kept_rev      # the loop's per-step inputs, in the body's order
+    nd, nc = len(wrt_data), len(wrt_carry)
+
+    def make(acc_caps):
+        """The reverse body, carrying the cotangents of the captures `acc_caps` as states. Also returns, per
+        capture of `wrt_caps`, its terms moved out of the loop (each (X, Q) as ("in", slice) or ("out", j)),
+        the factors stacked as per-step outputs (each value once: a compiled loop stacks a value once), and
+        the captures whose cotangent was moved out whole (their state passes through unchanged)."""
+        moved, stacked, dead, whole = [], [], set(), set()
+        state_types = [body.inputs[n_data + i].type for i in wrt_carry] + [caps[i].type for i in acc_caps]
+
+        def build(bb, ins):
+            k = n_data + n_carry
+            xs, dys = ins[:k], ins[k:k + len(dys_pos)]
+            k += len(dys_pos)
+            kept = dict(zip(keep, ins[k:k + len(keep)]))
+            k += len(keep)
+            dcar, dcap = ins[k:k + nc], dict(zip(acc_caps, ins[k + nc:k + nc + len(acc_caps)]))
+            cap_in = ins[k + nc + len(acc_caps):]
+            seeds = {j: Tensor(v, bb) for j, v in zip(dys_pos, dys)}
+            for i, v in zip(wrt_carry, dcar):
+                seeds[n_out + i] = Tensor(v, bb)
+            wrt = wrt_data + [n_data + i for i in wrt_carry] + [n_data + n_carry + i for i in wrt_caps]
+            _, grads = graph_vjp(bb, body, list(xs) + list(cap_in), seeds, wrt, c.options, kept)
+            slot = {v: i for i, v in enumerate(ins[:len(slices)])}
+            acc = []
+            for i, g in zip(wrt_caps, grads[nd + nc:]):
+                rest, pairs, built = factors.outer_product_terms(bb, g) if save_all else (g, [], set())
+                if rest is None:
+                    whole.add(i)
+                if i in dcap:
+                    acc.append(Tensor(dcap[i], bb) if rest is None else Tensor(dcap[i], bb) + rest)
+                moved.append([tuple(_factor_ref(t, slot, stacked) for t in pair) for pair in pairs])
+                dead.update(built)
+            return grads[:nd] + stacked + grads[nd:nd + nc] + acc
+        g = closed_graph(slice_types + state_types + cap_types, build, f"{body.name}_vjp")
+        factors.prune(g, dead)
+        return g, state_types, moved, stacked, whole
+
+    g, state_types, moved, stacked, whole = make(wrt_caps)
+    acc_caps = [i for i in wrt_caps if i not in whole]
+    if whole:
+        g, state_types, moved, stacked, _ = make(acc_caps)
     steps = (data_rev + saved_rev)[0].type.shape[0]
-    inits = [dcarry[i] for i in wrt_carry] + [F.zeros_like(Tensor(caps[i], b)) for i in wrt_caps]
+    inits = [dcarry[i] for i in wrt_carry] + [F.zeros_like(Tensor(caps[i], b)) for i in acc_caps]
+    ns = len(stacked)
     out_types = [TensorType(data_rev[i].type.shape, body.inputs[i].type.dtype) for i in wrt_data] + \
-        [TensorType((steps,) + t.type.shape, t.type.dtype) for t in stacked] + [t for t in state_types]
-    attrs = A.ForeachAttrs(n_data + n_carry + len(dys_pos) + len(keep), len(inits), len(wrt_data) + len(stacked),
-                           hoist_rows=c.options.get("memory") != "recompute")
-    outs = _emit(b, c.node, "foreach", attrs,
-                 [x.value for x in data_rev + saved_rev + dys_rev + kept_rev] + [x.value for x in inits] + list(caps),
+        [TensorType((steps,) + t.type.shape, t.type.dtype) for t in stacked] + list(state_types)
+    attrs = A.ForeachAttrs(len(slices), len(inits), nd + ns, hoist_rows=not c.options.get("memory") == "recompute")
+    outs = _emit(b, c.node, "foreach", attrs, [x.value for x in slices] + [x.value for x in inits] + list(caps),
                  out_types, [g])
-    nd, nc, ns = len(wrt_data), len(wrt_carry), len(stacked)
-    d_caps, k = [], nd
-    for d, n_terms in zip(outs[nd + ns + nc:], moved):
-        for _ in range(n_terms):
-            d = d + factors.summed(outs[k], outs[k + 1])
-            k += 2
-        d_caps.append(d)
+    acc_out = dict(zip(acc_caps, outs[nd + ns + nc:]))
+    d_caps = {}
+    for i, pairs in zip(wrt_caps, moved):
+        d = acc_out.get(i)
+        for refs in pairs:
+            term = factors.summed(*[slices[j] if where == "in" else outs[nd + j] for where, j in refs])
+            d = term if d is None else d + term
+        d_caps[i] = d if d is not None else F.zeros_like(Tensor(caps[i], b))
     return (dict(zip(wrt_data, [_flip(o, 0) for o in outs[:nd]])),
-            dict(zip(wrt_carry, outs[nd + ns:nd + ns + nc])), dict(zip(wrt_caps, d_caps)))
+            dict(zip(wrt_carry, outs[nd + ns:nd + ns + nc])), d_caps)
 
 
 def _saving_forward(c, attrs, out_types, saving, n_steps_out) -> list:
@@ -210,6 +225,18 @@ def _saving_forward(c, attrs, out_types, saving, n_steps_out) -> list:
         v.producer, v.index = new, i
     b.nodes[at] = new
     return [Tensor(v, b) for v in outs]
+
+
+def _factor_ref(t, slot: dict, stacked: list):
+    """Where the reverse loop's result has factor `t` stacked over the steps: one of its per-step inputs
+    (``("in", i)``), else a per-step output (``("out", j)``, added to `stacked` once)."""
+    if t.value in slot:
+        return ("in", slot[t.value])
+    at = next((j for j, s in enumerate(stacked) if s.value is t.value), None)
+    if at is None:
+        stacked.append(t)
+        at = len(stacked) - 1
+    return ("out", at)
 
 
 @vjp("foreach")
