@@ -248,6 +248,29 @@ def test_recompute_is_not_lifted_out_of_the_reverse_loop():
                                    dt.grad(_long_loop, argnums=(0, 1), memory="save_all")(x, w, np.int64(n)))
 
 
+def test_save_all_sums_the_weight_gradients_after_the_loop():
+    """save_all: the rnn's dW = sum_t x_t^T dg_t and dU = sum_t h_t^T dg_t leave the reverse loop: it carries no
+    cotangent of W or U (only h's), stacks dg once, and two matmuls after it sum all steps; recompute keeps them
+    as the loop's states. Both equal finite differences (test_foreach_rnn) and each other."""
+    def reverse_loop(memory):
+        g = dt.trace(dt.grad(lambda *a: F.sum(rnn(*a)[0] ** 2), argnums=(0, 1, 2, 3), memory=memory),
+                     S(("T", 2, 3)), S((2, 4)), S((3, 4)), S((4, 4)))
+        (rev,) = [n for n in g.nodes if n.op == "foreach"][1:]          # after the forward
+        after = g.nodes[g.nodes.index(rev) + 1:]
+        return rev.attrs, [n.op for n in after].count("matmul")
+    attrs, matmuls = reverse_loop("save_all")
+    assert (attrs.num_states, attrs.num_outputs, matmuls) == (1, 2, 2)        # dh; dxs and the stacked dg
+    attrs, matmuls = reverse_loop("recompute")
+    assert (attrs.num_states, attrs.num_outputs, matmuls) == (3, 1, 0)        # dh, dW, dU; dxs
+    args = [r(4, 2, 3), r(2, 4, seed=1), r(3, 4, seed=2), r(4, 4, seed=3)]
+    for T in (0, 1, 4):
+        a = [args[0][:T]] + args[1:]
+        grads = [dt.grad(lambda *a: F.sum(rnn(*a)[0] ** 2), argnums=(0, 1, 2, 3), memory=m)(*a)
+                 for m in ("recompute", "save_all")]
+        for x, y in zip(*grads):
+            np.testing.assert_allclose(x, y, rtol=1e-10, atol=1e-12)
+
+
 def test_growing_carry_refused_by_name():
     def f(x):
         (y,) = F.while_loop(lambda y: F.sum(y) < 10.0,
