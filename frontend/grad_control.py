@@ -1,16 +1,18 @@
 """vjp rules of the control-flow ops: the backward of a control-flow node is a control-flow node.
 
 * ``cond`` / ``case``: the same choice again, each branch replaced by its vjp graph (the taken branch's vjp runs).
-* ``foreach``: the forward runs again with a body that also emits the states each step starts from (stacked
-  like its outputs); then a `foreach` over the reversed steps runs each step's vjp, carrying the state
-  cotangents and summing the captured values' cotangents.
+* ``foreach``: the forward loop (in its place: it runs once) gets a body that also emits the states each step
+  starts from (stacked like its outputs); then a `foreach` over the reversed steps runs each step's vjp,
+  carrying the state cotangents and summing the captured values' cotangents.
 * ``while_loop``: the same, with the loop vars of every iteration saved (a stack that grows with the iterations,
   as per-step outputs do) and the reverse pass a `foreach` over the saved stack: exactly as many steps as the
   forward ran, whatever decided that.
 
 Memory (``memory=`` of `dt.grad`): ``"recompute"`` saves the carries only and recomputes each step's body in the
-reverse pass; ``"save_all"`` saves every float intermediate of the body (stacked) and does not recompute, where
-the body's values keep one shape per step (else it falls back to recomputing).
+reverse pass, step by step (`ForeachAttrs.hoist_rows` False: not lifted over all steps); ``"save_all"`` saves
+every float intermediate of the body (stacked) and does not recompute, where the body's values keep one shape
+per step (else it falls back to recomputing), and sums a weight's ``transpose(X_t) @ Q_t`` terms by one GEMM
+after the reverse loop (`grad_loop_factors`).
 """
 from __future__ import annotations
 
