@@ -1,24 +1,29 @@
 """vjp rules of the control-flow ops: the backward of a control-flow node is a control-flow node.
 
 * ``cond`` / ``case``: the same choice again, each branch replaced by its vjp graph (the taken branch's vjp runs).
-* ``foreach``: the forward runs again with a body that also emits the states each step starts from (stacked
-  like its outputs); then a `foreach` over the reversed steps runs each step's vjp, carrying the state
-  cotangents and summing the captured values' cotangents.
+* ``foreach``: the forward loop (in its place: it runs once) gets a body that also emits the states each step
+  starts from (stacked like its outputs); then a `foreach` over the reversed steps runs each step's vjp,
+  carrying the state cotangents and summing the captured values' cotangents.
 * ``while_loop``: the same, with the loop vars of every iteration saved (a stack that grows with the iterations,
   as per-step outputs do) and the reverse pass a `foreach` over the saved stack: exactly as many steps as the
   forward ran, whatever decided that.
 
 Memory (``memory=`` of `dt.grad`): ``"recompute"`` saves the carries only and recomputes each step's body in the
-reverse pass; ``"save_all"`` saves every float intermediate of the body (stacked) and does not recompute, where
-the body's values keep one shape per step (else it falls back to recomputing).
+reverse pass, step by step (`ForeachAttrs.hoist_rows` False: not lifted over all steps); ``"save_all"`` saves
+every float intermediate of the body (stacked) and does not recompute, where the body's values keep one shape
+per step (else it falls back to recomputing), and sums a weight's ``transpose(X_t) @ Q_t`` terms by one GEMM
+after the reverse loop (`grad_loop_factors`).
 """
 from __future__ import annotations
+
+import dataclasses
 
 from ..ir import attrs as A
 from ..ir.graph import Node, Value
 from ..ir.list_type import ListType, value_dims
 from ..ir.types import TensorType, dim_symbols, fresh_dim
 from . import F
+from . import grad_loop_factors as factors
 from .grad_engine import VjpCall, closed_graph, graph_vjp, is_float, replay, vjp
 from .grad_rules import _flip
 from .tracer import Tensor, trace_error
@@ -119,8 +124,12 @@ def _kept(c, body) -> list:
     if c.options.get("memory") != "save_all":
         return []
     known = {s for v in body.inputs for d in value_dims(v.type) if isinstance(d, str) for s in dim_symbols(d)}
+    # not the body's outputs: a step output is stacked already (a compiled loop stacks a value once) and a new
+    # carry is the next step's saved one; recomputing them from the saved intermediates is one elementwise op
+    outs = set(body.outputs)
     return [v for n in body.nodes if n.op != "constant" for v in n.outputs
-            if is_float(v) and all(isinstance(d, int) or dim_symbols(d) <= known for d in v.type.shape)]
+            if is_float(v) and v not in outs and all(isinstance(d, int) or dim_symbols(d) <= known
+                                                     for d in v.type.shape)]
 
 
 def _reverse_scan(c, body, n_data, data_rev, n_carry, saved_rev, n_out, dys_rev, dys_pos, dcarry, caps, keep,
@@ -135,41 +144,101 @@ def _reverse_scan(c, body, n_data, data_rev, n_carry, saved_rev, n_out, dys_rev,
     wrt_caps = [i for i, v in enumerate(caps) if is_float(v)]
     slice_types = [v.type for v in body.inputs[:n_data + n_carry]] + [body.outputs[j].type for j in dys_pos] + \
         [v.type for v in keep]
-    state_types = [body.inputs[n_data + i].type for i in wrt_carry] + [caps[i].type for i in wrt_caps]
     cap_types = [v.type for v in body.inputs[n_data + n_carry:]]
-
-    def build(bb, ins):
-        k = 0
-        xs = ins[k:k + n_data + n_carry]
-        k += n_data + n_carry
-        dys = ins[k:k + len(dys_pos)]
-        k += len(dys_pos)
-        kept = dict(zip(keep, ins[k:k + len(keep)]))
-        k += len(keep)
-        dcar = ins[k:k + len(wrt_carry)]
-        k += len(wrt_carry)
-        dcap = ins[k:k + len(wrt_caps)]
-        k += len(wrt_caps)
-        cap_in = ins[k:]
-        seeds = {j: Tensor(v, bb) for j, v in zip(dys_pos, dys)}
-        for i, v in zip(wrt_carry, dcar):
-            seeds[n_out + i] = Tensor(v, bb)
-        wrt = wrt_data + [n_data + i for i in wrt_carry] + [n_data + n_carry + i for i in wrt_caps]
-        _, grads = graph_vjp(bb, body, list(xs) + list(cap_in), seeds, wrt, c.options, kept)
-        nd, nc = len(wrt_data), len(wrt_carry)
-        acc = [Tensor(v, bb) + g for v, g in zip(dcap, grads[nd + nc:])]
-        return grads[:nd] + grads[nd:nd + nc] + acc
-    g = closed_graph(slice_types + state_types + cap_types, build, f"{body.name}_vjp")
-    inits = [dcarry[i] for i in wrt_carry] + [F.zeros_like(Tensor(caps[i], b)) for i in wrt_caps]
-    out_types = [TensorType(data_rev[i].type.shape, body.inputs[i].type.dtype) for i in wrt_data] + \
-        [t for t in state_types]
-    outs = _emit(b, c.node, "foreach", A.ForeachAttrs(n_data + n_carry + len(dys_pos) + len(keep), len(inits),
-                                                      len(wrt_data)),
-                 [x.value for x in data_rev + saved_rev + dys_rev + kept_rev] + [x.value for x in inits] + list(caps),
-                 out_types, [g])
+    save_all = c.options.get("memory") == "save_all"
+    slices = data_rev + saved_rev + dys_rev + kept_rev      # the loop's per-step inputs, in the body's order
     nd, nc = len(wrt_data), len(wrt_carry)
-    return (dict(zip(wrt_data, [_flip(o, 0) for o in outs[:nd]])), dict(zip(wrt_carry, outs[nd:nd + nc])),
-            dict(zip(wrt_caps, outs[nd + nc:])))
+
+    def make(acc_caps):
+        """The reverse body, carrying the cotangents of the captures `acc_caps` as states. Also returns, per
+        capture of `wrt_caps`, its terms moved out of the loop (each (X, Q) as ("in", slice) or ("out", j)),
+        the factors stacked as per-step outputs (each value once: a compiled loop stacks a value once), and
+        the captures whose cotangent was moved out whole (their state passes through unchanged)."""
+        moved, stacked, dead, whole = [], [], set(), set()
+        state_types = [body.inputs[n_data + i].type for i in wrt_carry] + [caps[i].type for i in acc_caps]
+
+        def build(bb, ins):
+            k = n_data + n_carry
+            xs, dys = ins[:k], ins[k:k + len(dys_pos)]
+            k += len(dys_pos)
+            kept = dict(zip(keep, ins[k:k + len(keep)]))
+            k += len(keep)
+            dcar, dcap = ins[k:k + nc], dict(zip(acc_caps, ins[k + nc:k + nc + len(acc_caps)]))
+            cap_in = ins[k + nc + len(acc_caps):]
+            seeds = {j: Tensor(v, bb) for j, v in zip(dys_pos, dys)}
+            for i, v in zip(wrt_carry, dcar):
+                seeds[n_out + i] = Tensor(v, bb)
+            wrt = wrt_data + [n_data + i for i in wrt_carry] + [n_data + n_carry + i for i in wrt_caps]
+            _, grads = graph_vjp(bb, body, list(xs) + list(cap_in), seeds, wrt, c.options, kept)
+            slot = {v: i for i, v in enumerate(ins[:len(slices)])}
+            acc = []
+            for i, g in zip(wrt_caps, grads[nd + nc:]):
+                rest, pairs, built = factors.outer_product_terms(bb, g) if save_all else (g, [], set())
+                if rest is None:
+                    whole.add(i)
+                if i in dcap:
+                    acc.append(Tensor(dcap[i], bb) if rest is None else Tensor(dcap[i], bb) + rest)
+                moved.append([tuple(_factor_ref(t, slot, stacked) for t in pair) for pair in pairs])
+                dead.update(built)
+            return grads[:nd] + stacked + grads[nd:nd + nc] + acc
+        g = closed_graph(slice_types + state_types + cap_types, build, f"{body.name}_vjp")
+        factors.prune(g, dead)
+        return g, state_types, moved, stacked, whole
+
+    g, state_types, moved, stacked, whole = make(wrt_caps)
+    acc_caps = [i for i in wrt_caps if i not in whole]
+    if whole:
+        g, state_types, moved, stacked, _ = make(acc_caps)
+    steps = (data_rev + saved_rev)[0].type.shape[0]
+    inits = [dcarry[i] for i in wrt_carry] + [F.zeros_like(Tensor(caps[i], b)) for i in acc_caps]
+    ns = len(stacked)
+    out_types = [TensorType(data_rev[i].type.shape, body.inputs[i].type.dtype) for i in wrt_data] + \
+        [TensorType((steps,) + t.type.shape, t.type.dtype) for t in stacked] + list(state_types)
+    attrs = A.ForeachAttrs(len(slices), len(inits), nd + ns, hoist_rows=not c.options.get("memory") == "recompute")
+    outs = _emit(b, c.node, "foreach", attrs, [x.value for x in slices] + [x.value for x in inits] + list(caps),
+                 out_types, [g])
+    acc_out = dict(zip(acc_caps, outs[nd + ns + nc:]))
+    d_caps = {}
+    for i, pairs in zip(wrt_caps, moved):
+        d = acc_out.get(i)
+        for refs in pairs:
+            term = factors.summed(*[slices[j] if where == "in" else outs[nd + j] for where, j in refs])
+            d = term if d is None else d + term
+        d_caps[i] = d if d is not None else F.zeros_like(Tensor(caps[i], b))
+    return (dict(zip(wrt_data, [_flip(o, 0) for o in outs[:nd]])),
+            dict(zip(wrt_carry, outs[nd + ns:nd + ns + nc])), d_caps)
+
+
+def _saving_forward(c, attrs, out_types, saving, n_steps_out) -> list:
+    """The loop run again with its saving body: a node of `attrs`, outputs of `out_types` (the loop's step
+    outputs, then the stacks, then its final carries). Where the loop's node is in the builder (a node of the
+    tape, not one a saving loop stood in for), it takes that node's place, keeping its step outputs and final
+    carries as its own, so the forward runs once; else it is a new node after it."""
+    node, b = c.node, c.builder
+    at = next((i for i in range(len(b.nodes) - 1, -1, -1) if b.nodes[i] is node), None)
+    if at is None:
+        return _emit(b, node, node.op, attrs, list(node.inputs), out_types, saving)
+    n_stacks = len(out_types) - len(node.outputs)
+    stacks = [b.own(Value(t)) for t in out_types[n_steps_out:n_steps_out + n_stacks]]
+    outs = node.outputs[:n_steps_out] + tuple(stacks) + node.outputs[n_steps_out:]
+    new = Node(node.op, node.inputs, attrs, outs, tuple(saving), source=node.source, name=node.name,
+               checks=node.checks)
+    for i, v in enumerate(outs):
+        v.producer, v.index = new, i
+    b.nodes[at] = new
+    return [Tensor(v, b) for v in outs]
+
+
+def _factor_ref(t, slot: dict, stacked: list):
+    """Where the reverse loop's result has factor `t` stacked over the steps: one of its per-step inputs
+    (``("in", i)``), else a per-step output (``("out", j)``, added to `stacked` once)."""
+    if t.value in slot:
+        return ("in", slot[t.value])
+    at = next((j for j, s in enumerate(stacked) if s.value is t.value), None)
+    if at is None:
+        stacked.append(t)
+        at = len(stacked) - 1
+    return ("out", at)
 
 
 @vjp("foreach")
@@ -189,7 +258,7 @@ def _foreach(c):
     out_types = [v.type for v in node.outputs[:no]] + \
         [TensorType((length,) + v.type.shape, v.type.dtype) for v in states + keep] + \
         [v.type for v in node.outputs[no:]]
-    fwd = _emit(b, node, "foreach", A.ForeachAttrs(nd, ns, no + ns + len(keep)), ins, out_types, [saving])
+    fwd = _saving_forward(c, dataclasses.replace(a, num_outputs=no + ns + len(keep)), out_types, [saving], no)
     saved, kept = fwd[no:no + ns], fwd[no + ns:no + ns + len(keep)]
     dys_pos, dys = _given(c.cots[:no])
     dcarry = [c.cot(no + k) if is_float(node.outputs[no + k]) else None for k in range(ns)]
@@ -219,12 +288,13 @@ def _while_loop(c):
     _check_carries("while_loop", body, body.inputs[:nv], [v.type for v in lvars])
     keep = _kept(c, body)
     saving = _saving_body(body, no, list(range(nv)), keep)
-    n_iter = fresh_dim(origin="the number of iterations of while_loop (saved for its gradient)")
+    n_iter = node.outputs[0].type.shape[0] if no else \
+        fresh_dim(origin="the number of iterations of while_loop (saved for its gradient)")
     out_types = [TensorType((n_iter,) + v.type.shape[1:], v.type.dtype) for v in node.outputs[:no]] + \
         [TensorType((n_iter,) + v.type.shape, v.type.dtype) for v in list(body.inputs[:nv]) + keep] + \
         [v.type for v in node.outputs[no:]]
-    fwd = _emit(b, node, "while_loop", A.WhileAttrs(nv, no + nv + len(keep), a.max_iterations, a.has_max_tensor),
-                ins, out_types, [cond_g, saving])
+    fwd = _saving_forward(c, dataclasses.replace(a, num_outputs=no + nv + len(keep)), out_types, [cond_g, saving],
+                          no)
     saved, kept = fwd[no:no + nv], fwd[no + nv:no + nv + len(keep)]
     dys_pos, dys = _given(c.cots[:no])
     dys = [F.reshape(x, F.shape_of(fwd[j])) for j, x in zip(dys_pos, dys)]     # on the saved run's count

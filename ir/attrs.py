@@ -336,6 +336,10 @@ class ForeachAttrs:
     num_states: int
     num_outputs: int          # stacked per-step outputs
     has_valid_length: bool = False      # input[num_data + num_states] is valid_length (lengths of the batch rows)
+    # False: only loop-invariant body nodes are hoisted, none that reads the step's rows (a gradient's
+    # reverse loop under memory="recompute": lifted over all steps, the recomputed forward would be held for
+    # every step at once, which is what that strategy exists to avoid)
+    hoist_rows: bool = field(default=True, metadata={"omit_default": True})
 
 
 @dataclass(frozen=True)

@@ -40,3 +40,9 @@ def lift_all_axis(a, ranks, lifted):
     return dataclasses.replace(a, axis=_shift(a.axis)) if all(lifted) else None
 
 
+
+
+def lift_transpose(a, ranks, lifted):
+    """The sequence axis stays first; the step's axes keep their order after it."""
+    axes = tuple(range(ranks[0]))[::-1] if a.axes is None else tuple(x % ranks[0] for x in a.axes)
+    return dataclasses.replace(a, axes=(0,) + tuple(x + 1 for x in axes))

@@ -26,7 +26,7 @@ from .attrs import (check_fill, ArangeAttrs, ArgReduceAttrs, AxesAttrs, AxisAttr
                     TransposeAttrs, WhileAttrs)
 from .dims import parse_dim
 from .dim_checks import equate_dims
-from .lift import lift_all_axis, lift_axis, lift_elementwise, lift_matmul, lift_reduce
+from .lift import lift_all_axis, lift_axis, lift_elementwise, lift_matmul, lift_reduce, lift_transpose
 from .dtypes import arith_dtype, float_dtype, reduce_dtype
 from .shapes import (ShapeError, arange_length, broadcast_shapes, infer_reshape, norm_axis, reduce_shape, slice_length,
                      unify_dims)
@@ -303,7 +303,8 @@ def _transpose(ts, a):
     return [TensorType(tuple(t.shape[i] for i in axes), t.dtype)]
 
 
-register("transpose", TransposeAttrs, _transpose, num_inputs=1, api="transpose", doc="`np.transpose`.")
+register("transpose", TransposeAttrs, _transpose, num_inputs=1, api="transpose", lift=lift_transpose,
+         doc="`np.transpose`.")
 
 
 def _expand_dims(ts, a):

@@ -4,7 +4,8 @@ Both run on the partitioner's private copy of the graph (`partition.partition`),
 loops first, so what leaves an inner loop may leave the outer one too).
 
 **Hoisting.** A node of a `foreach` body whose inputs are all data slices (the step's rows), captures,
-constants or results of such nodes runs once over the whole sequence instead of once per step: its op's
+constants or results of such nodes runs once over the whole sequence instead of once per step (unless the
+loop's `hoist_rows` is False): its op's
 lift rule (`OpDef.lift`) gives the attrs computing every step's result at once, stacked on a new axis 0
 (the LSTM's ``x_t @ W`` becomes one GEMM ``xs @ W`` over all steps). The values the remaining body reads
 become new data inputs of the loop, sliced per step like the others. A node of a `foreach` or
@@ -99,6 +100,9 @@ def _hoist_foreach(loop: Node, names: set) -> list:
             kept.append(n)
             continue
         lifted = [outer[v][1] for v in n.inputs]
+        if any(lifted) and not a.hoist_rows:
+            kept.append(n)
+            continue
         attrs = n.attrs
         if any(lifted):
             attrs = n.opdef.lift(n.attrs, [v.type.ndim for v in n.inputs], lifted)

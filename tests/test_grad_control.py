@@ -205,6 +205,72 @@ def test_memory_strategies_differ_in_what_the_reverse_pass_recomputes():
     assert saved_s > saved_r and mul_s < mul_r
 
 
+def _long_loop(x, w, n):
+    """The while_loop of benchmarks/bench_grad.py (the memory of the two strategies is measured on it)."""
+    def body(i, x):
+        return [i + 1, (F.tanh(F.sin(x) * w + x) + x) * 0.5]
+    _, x = F.while_loop(lambda i, x: i < n, body, [np.int64(0), x])
+    return F.sum(x * x)
+
+
+@pytest.mark.parametrize("memory", ("recompute", "save_all"))
+def test_the_forward_loop_runs_once(memory):
+    """The loop run again to save its carries takes the forward loop's place: one while_loop (forward and saving)
+    and one foreach (the reverse pass), not a second forward."""
+    g = dt.trace(dt.value_and_grad(_long_loop, argnums=(0, 1), memory=memory), S((5,)), S((5,)), S((), "int64"))
+    ops = [n.op for n in g.nodes]
+    assert ops.count("while_loop") == 1 and ops.count("foreach") == 1
+    (saving,) = [n for n in g.nodes if n.op == "while_loop"]
+    # the carries; save_all: also the body's float intermediates but its outputs (sin, * w, + x, tanh, + x)
+    assert saving.attrs.num_outputs == (2 if memory == "recompute" else 2 + 5)
+
+
+def test_recompute_is_not_lifted_out_of_the_reverse_loop():
+    """memory="recompute": the reverse body recomputes the step's forward at each step; the loop rewrite lifts
+    nothing that reads the step's rows over all steps (that would hold every step's recomputed intermediates at
+    once). save_all: the vjp's own per-step nodes on saved values (cos of the saved carry) are lifted."""
+    from dyntvm.partition.loops import rewrite_loops
+
+    def lifted_ops(memory):
+        g = dt.trace(dt.grad(_long_loop, memory=memory), S((5,)), S((5,)), S((), "int64"))
+        (reverse,) = [n for n in g.nodes if n.op == "foreach"]
+        assert reverse.attrs.hoist_rows == (memory != "recompute")
+        before = {id(n) for n in g.nodes}
+        rewrite_loops(g)
+        return [n.op for n in g.nodes if id(n) not in before], [n.op for n in reverse.subgraphs[0].nodes]
+    moved, body = lifted_ops("recompute")
+    assert not {"sin", "cos", "tanh"} & set(moved) and {"sin", "cos", "tanh"} <= set(body)
+    moved, body = lifted_ops("save_all")
+    assert "cos" in moved and "sin" not in body
+    x, w = r(5), r(5, seed=1)
+    for n in (0, 1, 7):
+        np.testing.assert_allclose(dt.grad(_long_loop, argnums=(0, 1))(x, w, np.int64(n)),
+                                   dt.grad(_long_loop, argnums=(0, 1), memory="save_all")(x, w, np.int64(n)))
+
+
+def test_save_all_sums_the_weight_gradients_after_the_loop():
+    """save_all: the rnn's dW = sum_t x_t^T dg_t and dU = sum_t h_t^T dg_t leave the reverse loop: it carries no
+    cotangent of W or U (only h's), stacks dg once, and two matmuls after it sum all steps; recompute keeps them
+    as the loop's states. Both equal finite differences (test_foreach_rnn) and each other."""
+    def reverse_loop(memory):
+        g = dt.trace(dt.grad(lambda *a: F.sum(rnn(*a)[0] ** 2), argnums=(0, 1, 2, 3), memory=memory),
+                     S(("T", 2, 3)), S((2, 4)), S((3, 4)), S((4, 4)))
+        (rev,) = [n for n in g.nodes if n.op == "foreach"][1:]          # after the forward
+        after = g.nodes[g.nodes.index(rev) + 1:]
+        return rev.attrs, [n.op for n in after].count("matmul")
+    attrs, matmuls = reverse_loop("save_all")
+    assert (attrs.num_states, attrs.num_outputs, matmuls) == (1, 2, 2)        # dh; dxs and the stacked dg
+    attrs, matmuls = reverse_loop("recompute")
+    assert (attrs.num_states, attrs.num_outputs, matmuls) == (3, 1, 0)        # dh, dW, dU; dxs
+    args = [r(4, 2, 3), r(2, 4, seed=1), r(3, 4, seed=2), r(4, 4, seed=3)]
+    for T in (0, 1, 4):
+        a = [args[0][:T]] + args[1:]
+        grads = [dt.grad(lambda *a: F.sum(rnn(*a)[0] ** 2), argnums=(0, 1, 2, 3), memory=m)(*a)
+                 for m in ("recompute", "save_all")]
+        for x, y in zip(*grads):
+            np.testing.assert_allclose(x, y, rtol=1e-10, atol=1e-12)
+
+
 def test_growing_carry_refused_by_name():
     def f(x):
         (y,) = F.while_loop(lambda y: F.sum(y) < 10.0,

@@ -75,7 +75,8 @@ def step_ops(x, states):
     m = F.mean(x)                                    # full reduce: axes of the step, 0-d per step
     e = F.expand_dims(F.cast(x > 0, "float32"), 0)   # [1, B, 8]
     h = F.tanh(a + b * 0.5 + F.matmul(h, U) + s * 0.01 + m)
-    return [h, F.sum(e, axis=(0, 2))], [h]
+    tx = F.transpose(x)                              # lifted: [T, 8, B], the sequence axis stays first
+    return [h, F.sum(e, axis=(0, 2)) + F.sum(tx, axis=0)], [h]
 
 
 @pytest.mark.parametrize("T,B", [(0, 2), (1, 1), (5, 3)])
@@ -85,7 +86,8 @@ def test_lifted_ops_equal_eager(T, B, cache_dir):
     specs = (dt.TensorSpec(("T", "B", 8)), dt.TensorSpec(("B", 16)))
     pg = partition(dt.trace(model, *specs))
     moved = region_ops(pg)[:-1]
-    assert {"matmul", "sum", "softmax", "concat", "split", "mean", "cast", "greater", "expand_dims"} <= set(moved)
+    assert {"matmul", "sum", "softmax", "concat", "split", "mean", "cast", "greater", "expand_dims",
+            "transpose"} <= set(moved)
     m = compiled(model, *specs, cache_dir=cache_dir)
     xs = RNG.standard_normal((T, B, 8)).astype("float32")
     h0 = RNG.standard_normal((B, 16)).astype("float32")
