@@ -52,7 +52,7 @@ def load_zoos(names=None) -> dict:
         module = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = module
         spec.loader.exec_module(module)
-        if hasattr(module, "CASES"):            # (zoo_generation.py: step-by-step decoders, not ModelCases)
+        if hasattr(module, "CASES"):            # (a zoo_ file without cases would be a helper)
             zoos[name] = list(module.CASES)
     if names and set(names) - set(zoos):
         found = sorted(os.path.basename(p)[len("zoo_"):-len(".py")] for p in glob.glob(os.path.join(TESTS, "zoo_*.py")))

@@ -96,6 +96,10 @@ class ModelCase:
     detections: bool = False
     #: how far a matched detection's score may be from onnxruntime's (`match_detections`)
     score_atol: float = 1e-4
+    #: for detectors that paste masks (outputs boxes, labels, scores, pasted masks, raw masks): (raw mask, the
+    #: detection's float boxes, (H, W)) -> every pasted mask that float error in the box legitimately gives
+    #: (`match_detections`)
+    mask_pastes: Callable | None = None
 
 
 @dataclasses.dataclass
@@ -145,7 +149,7 @@ def run_case(case: ModelCase, exporter: str, cache_dir: str, seed: int = 0) -> C
         assert len(got) == len(want), (case.name, exporter, size, len(got), len(want))
         if case.detections:
             errors.append(match_detections(got, want, case.atol, f"{case.name} {exporter} at {size}",
-                                              score_atol=case.score_atol))
+                                           score_atol=case.score_atol, mask_pastes=case.mask_pastes))
             continue
         err = 0.0
         for k, (g, w) in enumerate(zip(got, want)):
@@ -160,38 +164,58 @@ def run_case(case: ModelCase, exporter: str, cache_dir: str, seed: int = 0) -> C
                       compiled, path)
 
 
-def match_detections(got: list, want: list, atol: float, where: str, score_atol: float = 1e-4) -> float:
+def match_detections(got: list, want: list, atol: float, where: str, score_atol: float = 1e-4,
+                     mask_pastes: Callable | None = None) -> float:
     """Every detection of `got` (boxes [n, 4], labels [n], scores [n], and masks [n, ...] where the model has
     them) matched to its own detection of `want` with the same label, a score within `score_atol`, a box within
     `atol` (relative to the box scale) and a mask within `atol`; the sorted scores equal within `score_atol`.
+
+    With a fifth output, the raw masks the pasted ones were made from, each pair's raw masks must agree within
+    `atol`, and the pasted masks either agree or, where `mask_pastes(raw, boxes, (H, W))` finds the detection's
+    box so near an integer truncation that float error in it pastes the mask a pixel apart, be each one of
+    those pastes of its own raw mask (the rounding tie of Mask R-CNN: docs/onnx.md, "Real models").
     Returns the largest score difference of a matched pair."""
     got, want = [[np.asarray(a) for a in x] for x in (got, want)]
-    assert len(got) == len(want) in (3, 4), f"{where}: {len(got)} outputs, {len(want)} expected (3 or 4)"
+    assert len(got) == len(want) in (3, 4, 5), f"{where}: {len(got)} outputs, {len(want)} expected (3 to 5)"
     assert all(g.shape == w.shape for g, w in zip(got, want)), \
         f"{where}: shapes {[a.shape for a in got]} != {[a.shape for a in want]}"
+    assert len(got) < 5 or mask_pastes is not None, f"{where}: raw masks but no `mask_pastes` to check them with"
     (gb, gl, gs), (wb, wl, ws) = got[:3], want[:3]
-    gm, wm = (got[3], want[3]) if len(got) == 4 else (None, None)
+    gm, wm = (got[3], want[3]) if len(got) >= 4 else (None, None)
+    graw, wraw = (got[4], want[4]) if len(got) == 5 else (None, None)
     np.testing.assert_allclose(np.sort(gs), np.sort(ws), rtol=0, atol=score_atol, err_msg=f"{where}: sorted scores")
     box_tol = atol * max(1.0, float(np.abs(wb).max(initial=0.0)))
     used = np.zeros(len(ws), bool)
     worst = 0.0
+
+    def off(a, b) -> float:
+        return float(np.abs(a - b).max(initial=0.0))
+
+    def masks_match(i, j) -> bool:
+        if gm is None or off(gm[i], wm[j]) <= atol:
+            return graw is None or off(graw[i], wraw[j]) <= atol
+        if graw is None or off(graw[i], wraw[j]) > atol:
+            return False
+        pastes = mask_pastes(graw[i], [gb[i], wb[j]], gm.shape[-2:])
+        return len(pastes) > 1 and any(off(gm[i], p) <= atol for p in pastes) and \
+            any(off(wm[j], p) <= atol for p in mask_pastes(wraw[j], [gb[i], wb[j]], wm.shape[-2:]))
+
     for i in range(len(gs)):
         near = np.abs(wb - gb[i]).max(axis=1, initial=0.0)
         ok = ~used & (wl == gl[i]) & (np.abs(ws - gs[i]) <= score_atol) & (near <= box_tol)
-        if gm is not None:
-            ok &= np.abs(wm - gm[i]).reshape(len(wm), -1).max(axis=1, initial=0.0) <= atol
-        cand = np.flatnonzero(ok)
-        if not cand.size:       # say how near the nearest of the same label came
+        cand = [j for j in np.flatnonzero(ok) if masks_match(i, j)]
+        if not cand:       # say how near the nearest of the same label came
             same = np.flatnonzero(wl == gl[i])
             k = same[np.argmin(near[same])] if same.size else None
             nearest = "no detection of that label" if k is None else (
                 f"nearest: score {ws[k]:.6f}, box off by {near[k]:.4f} (tolerance {box_tol:.4f})"
-                + (f", mask off by up to {np.abs(wm[k] - gm[i]).max(initial=0.0):.2e} at "
+                + (f", mask off by up to {off(wm[k], gm[i]):.2e} at "
                    f"{int((np.abs(wm[k] - gm[i]) > atol).sum())} pixels" if gm is not None else "")
+                + (f", raw mask off by up to {off(wraw[k], graw[i]):.2e}" if graw is not None else "")
                 + (", already matched" if used[k] else ""))
             raise AssertionError(f"{where}: detection {i} (label {gl[i]}, score {gs[i]:.6f}, box {gb[i]}) has no "
                                  f"match in onnxruntime's; {nearest}")
-        j = cand[np.argmin(near[cand])]
+        j = min(cand, key=lambda j: near[j])
         used[j] = True
         worst = max(worst, float(abs(ws[j] - gs[i])))
     return worst

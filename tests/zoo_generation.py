@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 from torch import nn
+
+from model_exports import ModelCase
 
 VOCAB, D, HEADS, LAYERS, MAX_POS = 61, 32, 4, 2, 64
 EOS = 14     # a token these weights emit: some prompts stop early (after 1 or 6 tokens), others run to the limit
@@ -117,3 +120,24 @@ def make_step():
 def make_greedy():
     scripted = torch.jit.script(init_weights(GreedyGeneration()))
     return scripted, (torch.randint(0, VOCAB, (2, 5)),), ["ids"], {"ids": {0: "batch", 1: "prompt"}}
+
+
+def _prompt(rng, size):
+    batch, prompt = size
+    return {"ids": rng.integers(0, VOCAB, (batch, prompt)).astype(np.int64)}
+
+
+def _step_inputs(rng, size):
+    """New tokens and a random past of `past` positions (0: the first step, the cache empty)."""
+    batch, new, past = size
+    cache = [rng.standard_normal((LAYERS, batch, HEADS, past, HEAD_DIM)).astype(np.float32) for _ in range(2)]
+    return {"ids": rng.integers(0, VOCAB, (batch, new)).astype(np.int64), "past_k": cache[0], "past_v": cache[1]}
+
+
+# the same two models as `ModelCase`s, one call each (the step with a given past), for the benchmark table
+# (benchmarks/bench_onnx_models.py); tests/test_generation.py checks them step by step and token by token
+CASES = [
+    ModelCase("gpt2_style_greedy_loop", make_greedy, _prompt, [(1, 1), (2, 5), (3, 9), (4, 2)],
+              exporters=("torchscript",)),                                          # torch.jit.script
+    ModelCase("gpt2_style_kv_cache_step", make_step, _step_inputs, [(1, 1, 0), (2, 4, 3), (3, 1, 7), (1, 12, 1)]),
+]
