@@ -3,6 +3,7 @@ kinds, a per-kernel work estimate, vector widths and vectorized tiles."""
 
 from __future__ import annotations
 
+import functools
 import re
 
 import tvm
@@ -91,14 +92,38 @@ def is_column_reduction(sch: s_tir.Schedule, block) -> bool:
     return any(r.region and r.region[-1].min.same_as(last_s) for r in stmt.reads)
 
 
+@functools.lru_cache(maxsize=None)
+def _isa_vectors(target_text: str) -> tuple[int, int]:
+    """(bits, count) of the vector registers of a target, from its CPU features (never its -mcpu name): AVX-512
+    512 x 32, AVX / AVX2 256 x 16, SSE 128 x 16, NEON 128 x 32. TVM's ``llvm_get_vector_width`` says 512 for
+    every x86 -mcpu, AVX2-only ones included: tiles sized by it spilled their accumulators on AVX2."""
+    try:
+        features = {str(f) for f in tvm.target.codegen.llvm_get_cpu_features(tvm.target.Target(target_text))}
+    except Exception:  # pylint: disable=broad-except  # an LLVM without the query: the narrow registers
+        features = set()
+    if "avx512f" in features:
+        return 512, 32
+    if "avx" in features:
+        return 256, 16
+    if "neon" in features or "sve" in features:
+        return 128, 32
+    return 128, 16
+
+
+def vector_registers(target) -> int:
+    """How many vector registers the target's ISA has (16 on AVX2, 32 on AVX-512 / NEON)."""
+    return _isa_vectors(str(target))[1]
+
+
 def vector_lanes(target, dtype) -> int:
-    bits = tvm.target.codegen.llvm_get_vector_width(target)
-    return max(1, (bits if bits > 0 else 256) // tvm.DataType(str(dtype)).bits)
+    """Lanes of `dtype` in one native vector register of the target's ISA."""
+    return max(1, _isa_vectors(str(target))[0] // tvm.DataType(str(dtype)).bits)
 
 
-def pick_tile(extent, target: int, lanes: int) -> int | None:
+def pick_tile(extent, target: int, lanes: int, at_most: bool = False) -> int | None:
     """Column tile for a static extent: the whole extent when small, else the divisor closest
-    to `target` among multiples of `lanes` (of 4 if none) up to 2*target; None (the loop is
+    to `target` among multiples of `lanes` (of 4 if none) up to 2*target (up to `target` if
+    `at_most`: a register tile that must not outgrow the registers); None (the loop is
     left to LLVM) when symbolic or without such a divisor. A ragged tile would need a
     predicate inside the vectorized loop, which scalarizes it (17 vs 400 GFLOP/s)."""
     if not isinstance(extent, int):
@@ -106,7 +131,7 @@ def pick_tile(extent, target: int, lanes: int) -> int | None:
     if extent <= target:
         return extent
     for step in (lanes, 4):
-        cands = [d for d in range(step, 2 * target + 1, step) if extent % d == 0]
+        cands = [d for d in range(step, (1 if at_most else 2) * target + 1, step) if extent % d == 0]
         if cands:
             return min(cands, key=lambda d: (abs(d - target), -d))
     return None

@@ -42,7 +42,7 @@ from .cpu_inline import inline_spatial
 from .cpu_schedule_conv import conv_block_name, conv_select
 from .cpu_schedule_dispatch import _parallel_cands, _select
 from .cpu_schedule_fuse import CONTRACTION_GROUP, merge_contractions
-from .cpu_schedule_matmul import _MATMUL_MR, _group_select, _sched_matmul
+from .cpu_schedule_matmul import _MATMUL_MR, PACK_MIN_ROWS, _group_select, _sched_matmul, matmul_rows
 from .cpu_schedule_reduce import LANES_PREFIX, _lanes_select, _reduced_axis, _sched_axis_reduction
 from .dims import is_one
 from .cpu_sched_helpers import (child_blocks, is_column_reduction, is_contraction, iter_kinds, loop_extent,
@@ -377,18 +377,22 @@ def _schedule_func(func: tirx.PrimFunc, target, name: str = "") -> tirx.PrimFunc
 
 
 def _matmul_select(func, target, name: str, m_ext, work) -> tirx.PrimFunc:
-    """A 1-row tile (GEMV-like, wide vector columns) while M < 4, else a 4-row tile; each serial
-    below PARALLEL_MIN_WORK MACs. A static M picks its variant at compile time."""
+    """A 1-row tile (GEMV-like, wide vector columns) while M < 4, else the ISA's row tile
+    (`matmul_rows`), from PACK_MIN_ROWS rows with packed weight panels; each serial below
+    PARALLEL_MIN_WORK MACs. A static M picks its variant at compile time, a symbolic one at run time."""
     true = tirx.const(True, "bool")
+    mr = matmul_rows(target)
     if isinstance(m_ext, tirx.IntImm):  # a row tile dividing M avoids the `i < M` predicate
         m = int(m_ext.value)
-        mrs = [(true, next((t for t in (_MATMUL_MR, 6, 3, 2) if m % t == 0), _MATMUL_MR)
-                if m >= _MATMUL_MR else max(1, m))]
+        mrs = [(true, next((t for t in (mr, 4, 6, 3, 2) if m % t == 0), mr)
+                if m >= _MATMUL_MR else max(1, m), m >= PACK_MIN_ROWS)]
     else:
-        mrs = [(m_ext < tirx.IntImm(str(m_ext.ty), _MATMUL_MR), 1), (true, _MATMUL_MR)]
+        rows = lambda n: tirx.IntImm(str(m_ext.ty), n)  # noqa: E731
+        mrs = [(m_ext < rows(_MATMUL_MR), 1, False), (m_ext < rows(PACK_MIN_ROWS), mr, False),
+               (true, mr, True)]
     cands = []
-    for m_cond, mr in mrs:
+    for m_cond, mr, pack in mrs:
         for p_cond, make in _parallel_cands(
-                work, target, lambda par, mr=mr: _sched_matmul(func, target, name, mr, par)):
+                work, target, lambda par, mr=mr, pack=pack: _sched_matmul(func, target, name, mr, par, pack=pack)):
             cands.append((tirx.And(m_cond, p_cond), make))
     return _select(func, cands)

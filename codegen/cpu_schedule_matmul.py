@@ -14,22 +14,51 @@ from tvm.s_tir import SBlock, SBlockRealize
 from .cpu_inline import inline_spatial
 from .cpu_schedule_dispatch import _parallel_cands, _select
 from .cpu_sched_helpers import (child_blocks, is_contraction, iter_kinds, loop_extent, pick_tile, total_work,
-                                vector_lanes, vectorize_inner, vectorize_tile, writes_param)
+                                vector_lanes, vector_registers, vectorize_inner, vectorize_tile, writes_param)
 
 _LOG = logging.getLogger("dyntvm.codegen.cpu_schedule")
 
-# Matmul register tile, rows x fp32 columns: 4x64 (16 zmm accumulators) measured best for M >= 4
-# (~400 GFLOP/s on 2 cores, numpy ~200); 1x128 for M < 4, the batch-1 GEMV.
-_MATMUL_MR = 4
-_TILE_COLS = {1: 128, 2: 128, 3: 64, 4: 64, 6: 32}
+# Matmul register tile, rows x vector registers of columns, per the ISA's register count
+# (`vector_registers`): with 32 (AVX-512) 4x4 (64 fp32 columns, 16 zmm accumulators) measured best for
+# M >= 4 (~400 GFLOP/s on 2 cores, numpy ~200), 1x8 for M < 4, the batch-1 GEMV. With 16 (AVX2) at most 12
+# accumulators (the tile's loads and the broadcast row value need the other 4; 4x4 spilled): 6x2, the
+# BLIS Haswell kernel's shape, measured 1.1x faster than 4x2 and 4x3 at 2048x512x512 and 2048x128x384
+# (Zen 3, packed panels, one thread).
+_MATMUL_MR = 4  # rows from which a matmul gets a multi-row tile (below: the 1-row GEMV tile)
+_ROWS = {32: 4, 16: 6}
+_TILE_VECTORS = {32: {1: 8, 2: 8, 3: 4, 4: 4, 6: 2}, 16: {1: 8, 2: 6, 3: 4, 4: 3, 6: 2}}
+# Rows from which the matmul packs the right operand's panels (`_pack_panel`): the copy (K x nr floats per
+# panel) is paid back once enough row tiles reuse the panel.
+PACK_MIN_ROWS = 16
+#: (rows, column vectors) of the matmul tile, for experiments (None: `_TILE_VECTORS`).
+MATMUL_TILE_OVERRIDE = None
+
+
+def matmul_rows(target) -> int:
+    """Rows of the register tile of a matmul with M >= `_MATMUL_MR` on `target`."""
+    if MATMUL_TILE_OVERRIDE is not None:
+        return MATMUL_TILE_OVERRIDE[0]
+    return _ROWS[32 if vector_registers(target) >= 32 else 16]
+
+
+def tile_columns(mr: int, target, dtype) -> int:
+    """Columns of the `mr`-row register tile on `target`: a number of native vectors of `dtype`."""
+    lanes = vector_lanes(target, dtype)
+    if MATMUL_TILE_OVERRIDE is not None and MATMUL_TILE_OVERRIDE[0] == mr:
+        return MATMUL_TILE_OVERRIDE[1] * lanes
+    table = _TILE_VECTORS[32 if vector_registers(target) >= 32 else 16]
+    return table.get(mr, table[matmul_rows(target)]) * lanes
 _K_SPLIT = 4
 #: Column tile of the contraction-group tiles (None: chosen by gate count); for experiments.
 TILE_OVERRIDE = None
 
 
-def _sched_matmul(func, target, name: str, mr: int, parallel: bool, attach: bool = True) -> tirx.PrimFunc:
+def _sched_matmul(func, target, name: str, mr: int, parallel: bool, attach: bool = True,
+                  pack: bool = False) -> tirx.PrimFunc:
     """`attach=False`: the result stays a buffer of its own (no epilogue per tile), for kernels with
-    several matmuls whose epilogues read all of them (`_sched_contraction_group`)."""
+    several matmuls whose epilogues read all of them (`_sched_contraction_group`). `pack`: each column
+    panel of the right operand (K x nr) is copied into a contiguous buffer once, before the row tiles
+    that read it (see `_pack_panel`); the parallel loop is then the column panels (and batch)."""
     sch = s_tir.Schedule(func)
     mm = sch.get_sblock(name)
     lanes = vector_lanes(target, sch.get(mm).body.buffer.dtype)
@@ -46,7 +75,8 @@ def _sched_matmul(func, target, name: str, mr: int, parallel: bool, attach: bool
             if not writes_param(func, sch, copy):
                 sch.compute_inline(copy)  # the epilogue reads the padded tile directly
     *batch, i, j, k = sch.get_loops(mm)
-    nr = pick_tile(loop_extent(sch, j), max(lanes, _TILE_COLS[mr]), lanes)
+    nr = pick_tile(loop_extent(sch, j), tile_columns(mr, target, sch.get(mm).body.buffer.dtype), lanes,
+                   at_most=True)
     io, ii = (i, None) if mr == 1 else sch.split(i, [None, mr])
     jo, ji = (None, j) if nr is None else sch.split(j, [None, nr])
     k_ext = loop_extent(sch, k)
@@ -56,6 +86,9 @@ def _sched_matmul(func, target, name: str, mr: int, parallel: bool, attach: bool
     # it sits in L1/L2 (1.15-1.2x faster at 64x256x1024 and 256x512x512 than rows outside).
     outer = [*batch] + ([jo] if jo is not None else []) + [io]
     sch.reorder(*outer, ko, *[lp for lp in (ki, ii) if lp is not None], ji)
+    pack = pack and jo is not None
+    if pack:
+        _pack_panel(sch, mm, jo, target)
     # Epilogue per tile: the accumulator tile (thread-local scratch) stays in registers and the
     # intermediate buffer shrinks to the tile (CompactBufferAllocation); a matmul writing the
     # output directly gets a cache tile.
@@ -66,6 +99,13 @@ def _sched_matmul(func, target, name: str, mr: int, parallel: bool, attach: bool
     elif not epilogues:
         epilogues = [sch.cache_write(mm, 0, "local")]
     for pad in pads:
+        if pack:
+            # once for all panels, before them: per row tile, its input rows would be copied again for every
+            # column panel (1.3x slower at 2048x512x512, 1.2x at 64x256x1024, one thread)
+            vectorize_inner(sch, pad, target)
+            if parallel:
+                sch.parallel(sch.get_loops(pad)[0])
+            continue
         sch.compute_at(pad, outer[-1], preserve_unit_loops=True)
         vectorize_inner(sch, pad, target)
     attached = []
@@ -79,7 +119,9 @@ def _sched_matmul(func, target, name: str, mr: int, parallel: bool, attach: bool
         epilogues += [c for c in sch.get_consumers(epi)
                       if not any(sch.get(c).same_as(sch.get(e)) for e in attached + epilogues)]
     if parallel:
-        if attach:
+        if pack:  # the panel is packed under jo: the loops above it, not the row tiles, run in parallel
+            sch.parallel(sch.fuse(*outer[:-1]) if len(outer) > 2 else outer[0])
+        elif attach:
             sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
         else:
             # the result is a whole buffer: with the row tiles fused in, CompactBufferAllocation sized it
@@ -96,6 +138,19 @@ def _sched_matmul(func, target, name: str, mr: int, parallel: bool, attach: bool
                 vectorize_tile(sch, inner, nr, lanes, unroll=False)
     sch.decompose_reduction(mm, ko)  # only now: parallel/vectorize refuse a decomposed block
     return sch.mod["main"]
+
+
+def _pack_panel(sch: s_tir.Schedule, mm, jo, target) -> None:
+    """Copies the right operand's K x nr column panel of each `jo` tile into a contiguous buffer (the
+    panel of packed BLAS): unpacked, the micro-kernel reads nr columns from K rows N floats apart, and
+    with N a multiple of 512 (a 2 KiB row) those rows map to the same few L1 sets and evict each other
+    every pass over K."""
+    j_var = sch.get(mm).iter_vars[-2].var
+    reads = sch.get(mm).reads
+    idx = next(n for n, r in enumerate(reads) if r.region and r.region[-1].min.same_as(j_var))
+    panel = sch.cache_read(mm, idx, "global")
+    sch.compute_at(panel, jo, preserve_unit_loops=True)
+    vectorize_inner(sch, panel, target)
 
 
 def _group_parts(sch: s_tir.Schedule):
@@ -136,7 +191,8 @@ def _sched_group_tiles(func, target, parallel: bool) -> tirx.PrimFunc:
     lanes = vector_lanes(target, sch.get(cons[0]).writes[0].source.dtype)
     # 16 accumulator vectors per matmul (G x t floats): t = 64 for the 4 gates of an LSTM (1.1x faster than
     # 32: longer contiguous weight rows); 128 columns for one gate, as the GEMV tile
-    want = TILE_OVERRIDE or (_TILE_COLS[1] if gates == 1 else 256 // gates)
+    want = TILE_OVERRIDE or (tile_columns(1, target, sch.get(cons[0]).writes[0].source.dtype) if gates == 1
+                             else 256 // gates)
     t = next((c for c in (want, 64, 32, 16) if c >= lanes and s_ext % c == 0 and c % lanes == 0), None)
     if t is None:
         raise ValueError("no column tile")
@@ -218,7 +274,7 @@ def _sched_group_separate(func, target, parallel: bool) -> tirx.PrimFunc:
     names = [sch.get(c).name_hint for c in cons]
     epi_names = [sch.get(e).name_hint for e in epis]
     for name in names:
-        func = _sched_matmul(func, target, name, _MATMUL_MR, parallel, attach=False)
+        func = _sched_matmul(func, target, name, matmul_rows(target), parallel, attach=False)
     sch = s_tir.Schedule(func)
     for name in epi_names:
         block = sch.get_sblock(name)

@@ -1,0 +1,117 @@
+"""GEMM schedule (issue 24 item 2): register tiles sized from the target's ISA features, packed weight panels,
+fused epilogues, one build for every row count; results vs numpy at odd and symbolic sizes."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax, tirx
+from tvm.relax import op as R
+
+from dyntvm.codegen import cpu_schedule
+from dyntvm.codegen.cpu_sched_helpers import vector_lanes, vector_registers
+from dyntvm.codegen.cpu_schedule import build_cpu, cpu_target, legalize_and_fuse, schedule_module
+from dyntvm.codegen.cpu_schedule_matmul import PACK_MIN_ROWS, matmul_rows, tile_columns
+from test_cpu_schedule import check, const, make_module, rand, run, scaled, sym
+
+
+def _target(**cfg):
+    return tvm.target.Target({"kind": "llvm", "num-cores": 2, **cfg})
+
+
+ISAS = {  # target -> (fp32 lanes, vector registers): from the CPU features, whatever the -mcpu name says
+    "znver3": (_target(mcpu="znver3"), 8, 16),       # AVX2 (TVM's llvm_get_vector_width says 512 here)
+    "haswell": (_target(mcpu="haswell"), 8, 16),
+    "znver4": (_target(mcpu="znver4"), 16, 32),      # AVX-512
+    "skylake-avx512": (_target(mcpu="skylake-avx512"), 16, 32),
+    "aarch64": (_target(mtriple="aarch64-linux-gnu"), 4, 32),   # NEON
+}
+
+
+@pytest.mark.parametrize("isa", list(ISAS))
+def test_vector_width_and_tile_from_isa_features(isa):
+    target, lanes, regs = ISAS[isa]
+    assert vector_lanes(target, "float32") == lanes
+    assert vector_registers(target) == regs
+    for mr in (1, matmul_rows(target)):
+        vecs = tile_columns(mr, target, "float32") // lanes
+        # accumulators + the broadcast input value + the weight vectors reused by several rows (one row's
+        # weights are FMA memory operands) fit the registers
+        assert mr * vecs + (vecs if mr > 1 else 0) + 1 <= regs, (isa, mr, vecs)
+
+
+def _scheduled_text(target, m, k=512, n=512):
+    w = np.ones((k, n), "float32")
+    mod = make_module([("main", [("x", (m, k), "float32")], lambda x: R.matmul(x, const(w)))])
+    mod = schedule_module(legalize_and_fuse(target)(mod), target)
+    prims = [f for f in mod.functions.values() if isinstance(f, tirx.PrimFunc)]
+    assert len(prims) == 1      # one kernel for every row count: the variants are branches inside it
+    return prims[0].script()
+
+
+@pytest.mark.parametrize("isa", ["znver3", "znver4"])
+def test_symbolic_rows_pack_weight_panels_and_vectorize_native_width(isa):
+    target, lanes, _ = ISAS[isa]
+    text = _scheduled_text(target, sym("M"))
+    # the packed panel: a K x nr copy of the weight (`_pack_panel`), allocated per column panel
+    assert "B_global" in text
+    assert re.search(r'T\.sblock\("B_global"\)', text)
+    widths = {int(w) for w in re.findall(r"T\.vectorized\(T\.int64\((\d+)\)\)", text)}
+    assert widths == {lanes}, widths    # native vectors only: no <16 x float> on AVX2
+    # the row-count branches: GEMV tile below 4 rows, unpacked below PACK_MIN_ROWS, packed above
+    assert f"M < T.int64({PACK_MIN_ROWS})" in text and "M < T.int64(4)" in text
+
+
+def test_few_static_rows_do_not_pack():
+    target = ISAS["znver3"][0]
+    assert "B_global" not in _scheduled_text(target, PACK_MIN_ROWS - 1)
+    assert "B_global" in _scheduled_text(target, PACK_MIN_ROWS)
+
+
+@pytest.fixture(scope="module")
+def vm():
+    """Built for this machine: matmuls with a constant weight and a symbolic row count M, odd K / N, a fused
+    bias + relu + residual epilogue, a batched matmul with a symbolic batch."""
+    shapes = {"big": (512, 512), "k1": (1, 70), "odd": (100, 13), "n24": (256, 24)}
+    weights = {name: scaled(k, n, k=k) for name, (k, n) in shapes.items()}
+    bias, w_epi = rand(96), scaled(64, 96, k=64)
+    funcs = [(name, [("x", (sym("M"), k), "float32")], lambda x, w=weights[name]: R.matmul(x, const(w)))
+             for name, (k, _) in shapes.items()]
+    rows, batch = sym("M"), sym("B")
+    funcs.append(("epilogue", [("x", (rows, 64), "float32"), ("r", (rows, 96), "float32")],
+                  lambda x, r: R.add(R.nn.relu(R.add(R.matmul(x, const(w_epi)), const(bias))), r)))
+    funcs.append(("bmm", [("a", (batch, sym("S"), 64), "float32"), ("b", (batch, 64, 40), "float32")],
+                  R.matmul))
+    mod = make_module(funcs)
+    fused = legalize_and_fuse(cpu_target())(mod)
+    # the epilogue stays fused with its matmul: one kernel per function
+    assert sum(isinstance(f, tirx.PrimFunc) for f in fused.functions.values()) == len(funcs)
+    return relax.VirtualMachine(build_cpu(mod, cpu_target()), tvm.cpu()), weights, (w_epi, bias)
+
+
+@pytest.mark.parametrize("m", [0, 1, 5, 7, 16, 33, 64, 130])
+def test_gemm_results_at_symbolic_and_odd_sizes(vm, m):
+    machine, weights, (w_epi, bias) = vm
+    for name, w in weights.items():
+        x = rand(m, w.shape[0])
+        check(run(machine, name, x), x @ w, rtol=1e-4, atol=1e-4)
+    x, r = rand(m, 64), rand(m, 96)
+    check(run(machine, "epilogue", x, r), np.maximum(x @ w_epi + bias, 0) + r, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("batch, rows", [(1, 1), (3, 5), (2, 33), (16, 64)])
+def test_batched_matmul_symbolic_batch(vm, batch, rows):
+    machine = vm[0]
+    a, b = rand(batch, rows, 64), scaled(batch, 64, 40, k=64)
+    check(run(machine, "bmm", a, b), np.einsum("bsk,bkn->bsn", a, b), rtol=1e-4, atol=1e-4)
+
+
+def test_pack_rule_applied_without_fallback(caplog):
+    """The matmul rule (packed variant included) schedules the kernel itself: no rule failed on the way."""
+    with caplog.at_level("DEBUG", logger=cpu_schedule.__name__):
+        _scheduled_text(cpu_target(), sym("M"), 256, 384)
+    assert "matmul rule applied" in caplog.text
+    assert "rule failed" not in caplog.text
