@@ -25,7 +25,7 @@ import re
 import tvm
 
 from ..native import ISA_FEATURES
-from .tuning_task import is_cuda
+from .backends import backend_of
 
 # /proc/cpuinfo names (`native.ISA_FEATURES`) of the features that change how a tuned kernel performs: the
 # vector width and the float / bf16 / fp16 / int8-dot instructions. Features for crypto, bit tricks or
@@ -83,7 +83,7 @@ def target_key(target) -> str:
     ``llvm-<mcpu>-<class>c`` where the ISA is unknown, ``cuda-<arch>`` for CUDA."""
     cfg = _cfg(target)
     parts = [str(cfg.get("kind", "target"))]
-    if is_cuda(target):
+    if not backend_of(target).isa_matched_logs:
         parts += [str(cfg[k]) for k in ("mcpu", "arch") if cfg.get(k)]
     else:
         isa = tuning_isa(target)
@@ -97,8 +97,8 @@ def target_identity(target) -> dict:
     """What a log records of its target: the target string and key; for a CPU the ISA list and core class it
     is matched by (and, for information, the CPU model); for CUDA, informally, the GPU it was tuned on."""
     ident = {"target": str(target), "target_key": target_key(target)}
-    if is_cuda(target):
-        ident["gpu"] = gpu_name()
+    if not backend_of(target).isa_matched_logs:
+        ident.update(backend_of(target).tuned_on())
     else:
         ident.update(cpu=cpu_model(), isa=tuning_isa(target), core_class=core_class(_cfg(target).get("num-cores")))
     return ident
@@ -128,7 +128,7 @@ def log_mismatch(manifest: dict, target) -> str | None:
     docstring)."""
     ident = target_identity(target)
     theirs = manifest.get("target_key")
-    if is_cuda(target) or not str(theirs).startswith("llvm-"):
+    if not backend_of(target).isa_matched_logs or not str(theirs).startswith("llvm-"):
         return None if theirs == ident["target_key"] else f"it was made for {theirs}; this is {ident['target_key']}"
     isa, cls, mcpu = _recorded_cpu(manifest)
     mine_mcpu = _cfg(target).get("mcpu")
