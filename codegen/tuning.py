@@ -46,7 +46,7 @@ from tvm import relax, tirx
 
 from ..errors import CompileError
 from .backends import backend_of
-from .tuning_keys import cpu_model, gpu_name, log_mismatch, target_identity, target_key  # noqa: F401
+from .tuning_keys import cpu_model, log_mismatch, target_identity, target_key  # noqa: F401
 from .tuning_task import TuningWarning, _as_main, _main_mod, _random_args, task_func, workload_key  # noqa: F401
 
 FORMAT = 1

@@ -48,14 +48,6 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def gpu_name() -> str | None:
-    try:
-        dev = tvm.cuda(0)
-        return str(dev.device_name) if dev.exist else None
-    except Exception:  # noqa: BLE001 - no CUDA runtime in this TVM
-        return None
-
-
 def core_class(cores) -> int:
     """`cores` rounded up to a power of two (1, 2, 4, 8, ...); 1 for anything that is not a positive int."""
     n = cores if isinstance(cores, int) and not isinstance(cores, bool) and cores > 0 else 1
@@ -114,7 +106,7 @@ def _recorded_cpu(manifest: dict):
         cfg = {}
     isa = manifest.get("isa")
     isa = isa if isinstance(isa, list) and all(isinstance(f, str) for f in isa) else None
-    if "isa" not in manifest and cfg.get("kind") == "llvm":
+    if "isa" not in manifest and cfg:          # a log of the first format: its CPU target's ISA (None: not one)
         try:
             isa = tuning_isa(tvm.target.Target(cfg))
         except Exception:  # noqa: BLE001 - an untrusted manifest's target TVM refuses: no ISA known
@@ -128,7 +120,8 @@ def log_mismatch(manifest: dict, target) -> str | None:
     docstring)."""
     ident = target_identity(target)
     theirs = manifest.get("target_key")
-    if not backend_of(target).isa_matched_logs or not str(theirs).startswith("llvm-"):
+    backend = backend_of(target)
+    if not backend.isa_matched_logs or str(theirs).split("-", 1)[0] not in backend.tvm_kinds:
         return None if theirs == ident["target_key"] else f"it was made for {theirs}; this is {ident['target_key']}"
     isa, cls, mcpu = _recorded_cpu(manifest)
     mine_mcpu = _cfg(target).get("mcpu")

@@ -83,7 +83,7 @@ class CUDABackend(Backend):
         return gpu
 
     def tuned_on(self) -> dict:
-        from ...tuning_keys import gpu_name
+        from .gpu import gpu_name
         return {"gpu": gpu_name()}
 
     def prepare_tuning(self, tvm_target) -> int:

@@ -71,6 +71,16 @@ def gpu_present() -> bool:
         return False
 
 
+def gpu_name() -> str | None:
+    """The local GPU's name (a tuning log records it, for information), None without one."""
+    import tvm
+    try:
+        dev = tvm.cuda(0)
+        return str(dev.device_name) if dev.exist else None
+    except Exception:  # noqa: BLE001 - no CUDA runtime in this TVM
+        return None
+
+
 def cuda_target(arch: str | None = None):
     """The TVM target: `arch`, else the local GPU's, else `default_arch()` ($DYNTVM_CUDA_ARCH or sm_90)."""
     import tvm
