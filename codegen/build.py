@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from dyntvm.errors import CompileError, UnsupportedOpError
 
 from ..ir.graph import Graph
-from ..native import ISA_FEATURES, cpu_features, execution_binding, execution_facts, shared_object_problem
+from ..native import execution_binding, execution_facts, shared_object_problem
 from . import cache as _cache
 from .backends import Backend, resolve
 
@@ -115,18 +115,6 @@ def recorded_facts(backend: Backend, tvm_target, desc: str, tuning) -> dict:
         facts["tuning"] = {"specialized": {r: [[dict(combo), name] for combo, name in specs]
                                            for r, specs in tuning[1].items()}}
     return json.loads(json.dumps(facts))
-
-
-def isa_features(tvm_target) -> list:
-    """This CPU's ISA features (/proc/cpuinfo names, `native.ISA_FEATURES`) that LLVM enables for the target's
-    -mcpu / -mattr: those the kernels may use. All of this CPU's, where LLVM cannot say."""
-    here = cpu_features()
-    try:
-        from tvm.target import codegen
-        llvm = {str(f) for f in codegen.llvm_get_cpu_features(tvm_target)}
-    except Exception:  # noqa: BLE001 - an LLVM without the query: assume every feature of this CPU is used
-        return sorted(here)
-    return sorted(f for f in here if ISA_FEATURES[f] in llvm)
 
 
 BINDING_FUNCTION = "dyntvm_binding"   # runtime/artifact.py reads it under the same name

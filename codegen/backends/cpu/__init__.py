@@ -6,11 +6,24 @@ from __future__ import annotations
 
 import os
 
+from ....native import ISA_FEATURES, cpu_features
 from ..base import Backend
 
 #: "1": a CPU library also gets the device loops, so that tests run the executor's device path on the CPU
 #: (`CompiledModel._use_device_path`) through the device loops' code without a GPU
 DEVICE_LOOPS_ON_CPU = "DYNTVM_DEVICE_LOOPS_ON_CPU"
+
+
+def isa_features(tvm_target) -> list:
+    """This CPU's ISA features (/proc/cpuinfo names, `native.ISA_FEATURES`) that LLVM enables for the target's
+    -mcpu / -mattr: those the kernels may use. All of this CPU's, where LLVM cannot say."""
+    here = cpu_features()
+    try:
+        from tvm.target import codegen
+        llvm = {str(f) for f in codegen.llvm_get_cpu_features(tvm_target)}
+    except Exception:  # noqa: BLE001 - an LLVM without the query: assume every feature of this CPU is used
+        return sorted(here)
+    return sorted(f for f in here if ISA_FEATURES[f] in llvm)
 
 
 class CPUBackend(Backend):
@@ -43,7 +56,6 @@ class CPUBackend(Backend):
 
     def recorded_facts(self, tvm_target, desc: str) -> dict:
         """The CPU features the kernels may use: dt.load refuses a CPU lacking one."""
-        from ...build import isa_features
         return {"cpu_features": isa_features(tvm_target)}
 
     def loop_specs(self, graph) -> list:
