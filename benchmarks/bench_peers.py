@@ -280,7 +280,7 @@ def warm_up(system: str, cache_dir: str) -> float | None:
     elif system == "dyntvm_cuda":
         import dyntvm as dt
         from dyntvm import F
-        from dyntvm.codegen.gpu import gpu_present
+        from dyntvm.codegen.backends.cuda.gpu import gpu_present
         if not gpu_present():
             return None
         dt.compile(lambda x: F.tanh(x) + 1.0, dt.TensorSpec(("N", 4)), cache_dir=cache_dir,

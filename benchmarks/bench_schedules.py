@@ -34,7 +34,7 @@ import argparse
 import os
 import time
 
-from dyntvm.codegen.cpu_schedule import build_cpu, cpu_target  # first: sets TVM_NUM_THREADS
+from dyntvm.codegen.backends.cpu.cpu_schedule import build_cpu, cpu_target  # first: sets TVM_NUM_THREADS
 
 import numpy as np  # noqa: E402  (after the import above, on purpose)
 import tvm  # noqa: E402
@@ -198,7 +198,7 @@ def _region(fn, *specs):
 def _kernel_of(mod, target, prefix, shapes):
     """The scheduled PrimFunc named `prefix`* of `mod`'s CPU build, compiled alone, and its arguments
     (`shapes`: one per parameter, random data)."""
-    from dyntvm.codegen.cpu_schedule import legalize_and_fuse, schedule_module
+    from dyntvm.codegen.backends.cpu.cpu_schedule import legalize_and_fuse, schedule_module
     sched = schedule_module(legalize_and_fuse(target)(mod), target)
     (func,) = [f for gv, f in sched.functions_items() if gv.name_hint.startswith(prefix)]
     lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=target)
@@ -212,7 +212,7 @@ def small_cases(quick: bool):
     switch)] for the small-kernel table. `switch(before)` sets the module flags of the "before" build."""
     from dyntvm import F
     from dyntvm import TensorSpec as S
-    from dyntvm.codegen import cpu_schedule as cs
+    from dyntvm.codegen.backends.cpu import cpu_schedule as cs
     from dyntvm.codegen.converters import reduce as red
     from dyntvm.examples.lstm import EXAMPLE, U, W, b
     cases = []

@@ -41,7 +41,7 @@ def kernel_source():
     from dyntvm import F
     from dyntvm.codegen.build import collect_regions
     from dyntvm.codegen.relax_builder import build_module
-    from dyntvm.codegen import gpu
+    from dyntvm.codegen.backends.cuda import gpu
     from dyntvm.pipeline import partition_graph
     regions = collect_regions(partition_graph(dt.trace(eval(CASES[os.environ.get("KCASE", "sum_gt")]), dt.TensorSpec(("N", 4)))))
     mod = build_module(regions, device_checks=True)

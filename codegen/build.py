@@ -2,8 +2,8 @@
 
 Pipeline stage 3 of 4 (`dyntvm.pipeline`: frontend -> partition -> codegen -> runtime). Codegen knows
 only the IR: it imports neither the frontend, the partitioner nor the runtime. Regions are lowered to
-Relax functions (`relax_builder`, `converters`), scheduled for the target (`cpu_schedule`, `gpu`) and
-built once; the library is kept in the on-disk compile cache (`cache`).
+Relax functions (`relax_builder`, `converters`), scheduled and built once by the target's backend
+(`backends`: `backends/cpu`, `backends/cuda`); the library is kept in the on-disk compile cache (`cache`).
 """
 from __future__ import annotations
 
@@ -15,10 +15,9 @@ from dataclasses import dataclass
 from dyntvm.errors import CompileError, UnsupportedOpError
 
 from ..ir.graph import Graph
-from ..native import ISA_FEATURES, cpu_features, execution_binding, execution_facts, shared_object_problem
+from ..native import execution_binding, execution_facts, shared_object_problem
 from . import cache as _cache
-
-TARGETS = ("cpu", "cuda")
+from .backends import Backend, resolve
 
 
 class Stats:
@@ -32,14 +31,8 @@ stats = Stats()
 
 
 def check_target(target: str) -> str:
-    """The kind ("cpu" or "cuda") of a target string: "cpu", "cuda" or "cuda:sm_XX"."""
-    kind = target.split(":", 1)[0] if isinstance(target, str) else None
-    if kind not in TARGETS or (kind == "cpu" and target != "cpu"):
-        raise CompileError(f"compile: unknown target {target!r}; expected cpu, cuda or cuda:sm_XX (e.g. cuda:sm_80)")
-    if kind == "cuda":
-        from .gpu import parse_arch
-        parse_arch(target)
-    return kind
+    """The backend name of a target string ("cpu", "cuda" or "cuda:sm_XX": `backends.resolve`), checked."""
+    return resolve(target).name
 
 
 def mask_gathers(graph: Graph) -> list:
@@ -101,13 +94,9 @@ def collect_regions(graph: Graph) -> list:
 
 
 def concrete_target(target: str):
-    """The TVM target of a target string (the host CPU model and core count for "cpu"; the arch for CUDA:
-    the requested one, the local GPU's, or sm_90)."""
-    if target == "cpu":
-        from .cpu_schedule import cpu_target
-        return cpu_target()
-    from .gpu import cuda_target, parse_arch
-    return cuda_target(parse_arch(target))
+    """The TVM target of a target string (`Backend.concrete_target`: the host CPU model and core count for
+    "cpu"; the arch for CUDA: the requested one, the local GPU's, or sm_90)."""
+    return resolve(target).concrete_target(target)
 
 
 def target_desc(target: str) -> str:
@@ -116,34 +105,16 @@ def target_desc(target: str) -> str:
     return str(concrete_target(target))
 
 
-def recorded_facts(kind: str, tvm_target, desc: str, tuning) -> dict:
+def recorded_facts(backend: Backend, tvm_target, desc: str, tuning) -> dict:
     """The model info fields that decide how a library's kernels run, in their JSON form: the concrete target,
-    the CPU features the kernels may use (dt.load refuses a CPU lacking one) or the CUDA arch, and the
-    specializations of a tuning log. The library is bound to them (`native.execution_binding`)."""
-    facts: dict = {"built_for": desc}
-    if kind == "cpu":
-        facts["cpu_features"] = isa_features(tvm_target)
-    else:
-        try:
-            facts["cuda_arch"] = json.loads(desc).get("arch")
-        except (ValueError, AttributeError):
-            facts["cuda_arch"] = None
+    what the backend records for dt.load to check (`Backend.recorded_facts`: the CPU features the kernels may
+    use, the CUDA arch), and the specializations of a tuning log. The library is bound to them
+    (`native.execution_binding`)."""
+    facts: dict = {"built_for": desc, **backend.recorded_facts(tvm_target, desc)}
     if tuning is not None:
         facts["tuning"] = {"specialized": {r: [[dict(combo), name] for combo, name in specs]
                                            for r, specs in tuning[1].items()}}
     return json.loads(json.dumps(facts))
-
-
-def isa_features(tvm_target) -> list:
-    """This CPU's ISA features (/proc/cpuinfo names, `native.ISA_FEATURES`) that LLVM enables for the target's
-    -mcpu / -mattr: those the kernels may use. All of this CPU's, where LLVM cannot say."""
-    here = cpu_features()
-    try:
-        from tvm.target import codegen
-        llvm = {str(f) for f in codegen.llvm_get_cpu_features(tvm_target)}
-    except Exception:  # noqa: BLE001 - an LLVM without the query: assume every feature of this CPU is used
-        return sorted(here)
-    return sorted(f for f in here if ISA_FEATURES[f] in llvm)
 
 
 BINDING_FUNCTION = "dyntvm_binding"   # runtime/artifact.py reads it under the same name
@@ -166,16 +137,17 @@ def add_binding(mod, binding: str):
     return bb.get()
 
 
-def build_executable(regions: list, target: str, binding: str | None = None, tvm_target=None, loops=(),
+def build_executable(regions: list, target, binding: str | None = None, tvm_target=None, loops=(),
                      tuning=None, program=None):
     """Build one TVM executable holding every region function (no caching), plus the binding
-    function when `binding` is given. `target` is "cpu" or "cuda" (`tvm_target`: the concrete one).
+    function when `binding` is given. `target`: a target string or its `Backend` (`tvm_target`: the concrete one).
     `loops`: foreach / while_loop loops to compile end to end (`compiled_loops.loop_specs`).
     `tuning`: ``(tuning.TuningLog, specializations)``: the regions' specializations are added and
     their kernels scheduled with the log's winning traces.
     `program`: ``(graph, key prefix)``: add the VM program of the whole graph (CPU; `vm_program`); should the
     build with it fail, the library is built without it (warned)."""
     from .relax_builder import build_module, unsupported_ops
+    backend = target if isinstance(target, Backend) else resolve(target)
     check_host_compiler()
     missing = sorted({op for _, g in regions for op in unsupported_ops(g)})
     if missing:
@@ -191,34 +163,16 @@ def build_executable(regions: list, target: str, binding: str | None = None, tvm
             if new is not None:
                 stats.tuned_kernels += 1
             return new
-    mod = build_module(regions, device_checks=target == "cuda")
+    mod = build_module(regions, device_checks=backend.device_checks)
     if binding is not None:
         mod = add_binding(mod, binding)
     stats.builds += 1
-    if target == "cpu":
-        from .cpu_schedule import build_cpu
-        if program is not None:
-            from .vm_program import build_with_program
-            ex = build_with_program(build_cpu, mod, tvm_target, loops, tuned, program)
-            if ex is not None:
-                return ex
-        if not loops:
-            return build_cpu(mod, tvm_target, tuned=tuned)
-        try:
-            return build_cpu(mod, tvm_target, loops, tuned=tuned)
-        except Exception as e:  # noqa: BLE001 - compiled loops are an optimization: never the reason a build fails
-            warnings.warn(f"dyntvm: building the compiled loops failed ({type(e).__name__}: {str(e)[:200]}); "
-                          "the loops run step by step", RuntimeWarning, stacklevel=2)
-            return build_cpu(mod, tvm_target, tuned=tuned)
-    from .gpu import build_cuda
-    if not loops:
-        return build_cuda(mod, tvm_target, tuned)
-    try:
-        return build_cuda(mod, tvm_target, tuned, loops)
-    except Exception as e:  # noqa: BLE001 - as on the CPU: the loops then run step by step
-        warnings.warn(f"dyntvm: building the compiled loops failed ({type(e).__name__}: {str(e)[:200]}); "
-                      "the loops run step by step", RuntimeWarning, stacklevel=2)
-        return build_cuda(mod, tvm_target, tuned)
+    if program is not None and backend.vm_program:
+        from .vm_program import build_with_program
+        ex = build_with_program(backend.build, mod, tvm_target, loops, tuned, program)
+        if ex is not None:
+            return ex
+    return backend.build_with_loops(mod, tvm_target, loops, tuned)
 
 
 @dataclass
@@ -236,7 +190,7 @@ class Built:
 
 
 def build(graph: Graph, target: str = "cpu", cache_dir: str | None = None, use_cache: bool = True,
-          binding: str | None = None, tuning=None) -> Built | None:
+          binding: str | None = None, tuning=None, backend: Backend | None = None) -> Built | None:
     """Build (or fetch from the compile cache) the kernels of every region of a partitioned `graph`.
 
     `binding` (a hex digest of the whole graph, from the pipeline), combined with the facts the model
@@ -244,42 +198,42 @@ def build(graph: Graph, target: str = "cpu", cache_dir: str | None = None, use_c
     into the library and is part of the cache key. A bad cache entry is discarded and rebuilt, and a cache
     folder that cannot be used (or is not this user's own) means an uncached build; both with a
     `cache.CacheWarning`.
-    `tuning`: ``(tuning.TuningLog, specializations)`` to apply, see `build_executable`.
+    `tuning`: ``(tuning.TuningLog, specializations)`` to apply, see `build_executable`. `backend`: the target's,
+    where the caller resolved it already (`backends.resolve`).
     Returns None when the graph has no region (nothing to compile).
     """
-    kind = check_target(target)
+    backend = backend or resolve(target)
     graph_binding = binding
     regions = collect_regions(graph)
     if not regions:
         return None
     regions += mask_gathers(graph)
     check_compiler()
-    tvm_target = concrete_target(target)
+    tvm_target = backend.concrete_target(target)
     desc = str(tvm_target)
-    loops = _loop_specs(graph, kind)
+    loops = backend.loop_specs(graph)
     if loops and tuning is not None:        # a specialization of a loop body gets a compiled loop of its own
         loops += [(k, name, roles, outs, n_ys, dev) for k, region, roles, outs, n_ys, dev in list(loops)
                   for _, name in tuning[1].get(region, [])]
-    facts = recorded_facts(kind, tvm_target, desc, tuning)
-    binding = execution_binding(binding, execution_facts(kind, facts)) if binding is not None else None
-    program = _program_spec(graph, kind, binding) if tuning is None else None
+    facts = recorded_facts(backend, tvm_target, desc, tuning)
+    binding = execution_binding(binding, execution_facts(backend.device, facts)) if binding is not None else None
+    program = _program_spec(graph, backend, binding) if tuning is None else None
     extra = (binding or "") + (f"|loops:{loops!r}" if loops else "") + (f"|{PROGRAM_KEY}" if program else "") + \
         (f"|tuning:{tuning[0].digest()}:{tuning[1]!r}" if tuning is not None else "")
     key = _cache.cache_key(regions, desc, extra)
     cdir = _usable_cache_dir(cache_dir or _cache.default_cache_dir()) if use_cache else None
-    loadable = kind == "cpu" or _gpu_present()
     if cdir is not None:
-        hit = _cached(cdir, key, binding, loadable, _arch_of(tvm_target) if kind == "cuda" else None)
+        hit = _cached(cdir, key, binding, backend, tvm_target)
         if hit is not None:
             stats.cache_hits += 1
             lib, entry = hit
             return Built(lib, entry.path, True, desc, entry.sha256, entry.size, tuning is not None, facts)
     try:
-        if kind == "cuda":
-            built = _build_cuda(regions, tvm_target, binding, cdir, key, desc, tuning, loops)
+        built = _build_elsewhere(backend, regions, tvm_target, binding, cdir, key, desc, tuning, loops)
+        if built is not None:
             built.facts = facts
         else:
-            ex = build_executable(regions, target, binding, tvm_target, loops, tuning, program)
+            ex = build_executable(regions, backend, binding, tvm_target, loops, tuning, program)
     except OSError as e:            # the build's own temporary files (CUDA), not the cache: a full $TMPDIR...
         import tempfile
         where = e.filename or tempfile.gettempdir()
@@ -292,12 +246,12 @@ def build(graph: Graph, target: str = "cpu", cache_dir: str | None = None, use_c
         warnings.warn(f"dyntvm: tuning log {tuning[0].path} not applied: the build with it failed "
                       f"({type(e).__name__}: {str(e).strip().splitlines()[-1][:200]}); using the default kernels",
                       TuningWarning, stacklevel=3)
-        return build(graph, target, cache_dir, use_cache, graph_binding)
+        return build(graph, target, cache_dir, use_cache, graph_binding, backend=backend)
     if tuning is not None:
         from .tuning_trust import warn_refused
         tuning[0].warn_unscheduled()
         warn_refused(tuning[0])
-    if kind == "cuda":
+    if built is not None:
         return built
     entry = _store(cdir, key, ex, binding)
     if entry is not None:           # run what a later hit loads: the stored library
@@ -311,30 +265,20 @@ def build(graph: Graph, target: str = "cpu", cache_dir: str | None = None, use_c
     return Built(ex, None, False, desc, tuned=tuning is not None, facts=facts)
 
 
-DEVICE_LOOPS_ON_CPU = "DYNTVM_DEVICE_LOOPS_ON_CPU"
 NO_VM_PROGRAM = "DYNTVM_NO_VM_PROGRAM"        # "1": build no VM program (runtime/vm_program.py reads it too)
 PROGRAM_KEY = "vm_program:5"                  # in the cache key of a library with a VM program (its version)
 
 
-def _program_spec(graph: Graph, kind: str, prefix: str | None):
-    """``(graph, key prefix)`` when the library gets a VM program (`vm_program`): CPU libraries of graphs whose
+def _program_spec(graph: Graph, backend: Backend, prefix: str | None):
+    """``(graph, key prefix)`` when the library gets a VM program (`vm_program`): libraries of a backend that
+    takes one (`Backend.vm_program`: the CPU's) for graphs whose
     every node the program runs (`ir.vm_program.unsupported_nodes`), unless $DYNTVM_NO_VM_PROGRAM is 1 (and
     without a tuning log: the executor picks its specializations by size)."""
     from ..ir.vm_program import unsupported_nodes
-    if kind != "cpu" or prefix is None or os.environ.get(NO_VM_PROGRAM) == "1" or unsupported_nodes(graph):
+    if not backend.vm_program or prefix is None or os.environ.get(NO_VM_PROGRAM) == "1" or unsupported_nodes(graph):
         return None
     return graph, prefix
 
-
-
-def _loop_specs(graph: Graph, kind: str) -> list:
-    """The loops to compile (`compiled_loops.loop_specs`): a CUDA library's device loops; a CPU library's host
-    loops, plus its device loops when $DYNTVM_DEVICE_LOOPS_ON_CPU is 1 (tests: the executor's device path on
-    the CPU, `CompiledModel._use_device_path`, then runs the device loops' code path without a GPU)."""
-    from .compiled_loops import loop_specs
-    if kind == "cuda":
-        return loop_specs(graph, "cuda")
-    return loop_specs(graph) + (loop_specs(graph, "cpu") if os.environ.get(DEVICE_LOOPS_ON_CPU) == "1" else [])
 
 
 def tuning_tasks(graph: Graph, hints: dict, tvm_target, origins: dict | None = None) -> tuple[dict, dict, dict]:
@@ -347,18 +291,16 @@ def tuning_tasks(graph: Graph, hints: dict, tvm_target, origins: dict | None = N
     from tvm import relax
 
     from .relax_builder import build_module
-    from .tuning import is_cuda, plan_specializations, region_symbols, specialized_regions, static_kernels
-    if is_cuda(tvm_target):
-        from .gpu import fuse_passes
-    else:
-        from .cpu_schedule import fuse_passes
+    from .backends import backend_of
+    from .tuning import plan_specializations, region_symbols, specialized_regions, static_kernels
+    backend = backend_of(tvm_target)
     regions = collect_regions(graph) + mask_gathers(graph)
     table = plan_specializations(regions, hints)
 
     def fused(regs):
-        m = build_module(regs, device_checks=is_cuda(tvm_target))
+        m = build_module(regs, device_checks=backend.device_checks)
         with tvm_target:
-            return m, tvm.transform.Sequential(fuse_passes(tvm_target))(m)
+            return m, tvm.transform.Sequential(backend.fuse_passes(tvm_target))(m)
     mod, whole = fused(regions)
     static = {gv.name_hint for gv, f in mod.functions_items()      # regions of static shapes: tuned as they are
               if isinstance(f, relax.Function) and not region_symbols(f)}
@@ -409,20 +351,15 @@ def _store(cdir, key, lib, binding):
         return None
 
 
-def _arch_of(tvm_target) -> str:
-    from .gpu import target_arch
-    return target_arch(tvm_target)
-
-
-def _gpu_present() -> bool:
-    from .gpu import gpu_present
-    return gpu_present()
-
-
-def _build_cuda(regions, tvm_target, binding, cdir, key, desc, tuning=None, loops=()) -> Built:
-    """CUDA: device code on any machine (see `gpu.py`); the library is loaded only where a GPU is."""
-    from .gpu import build_cuda_library
-    lib, path, tuned_kernels = build_cuda_library(regions, tvm_target, binding, build_executable, tuning, loops)
+def _build_elsewhere(backend: Backend, regions, tvm_target, binding, cdir, key, desc, tuning=None,
+                     loops=()) -> Built | None:
+    """A backend building its library its own way (`Backend.build_library`; CUDA: device code on any machine,
+    see `backends/cuda/gpu.py`, the library loaded only where a GPU is), stored in the cache; None where the
+    backend builds with `build_executable` in this process alone."""
+    made = backend.build_library(regions, tvm_target, binding, build_executable, tuning, loops)
+    if made is None:
+        return None
+    lib, path, tuned_kernels = made
     if path is not None:                    # built in a child process (in this one, build_executable counts)
         stats.builds += 1
         stats.tuned_kernels += tuned_kernels
@@ -445,10 +382,11 @@ def _build_cuda(regions, tvm_target, binding, cdir, key, desc, tuning=None, loop
             os.remove(path)
 
 
-def _cached(cdir: str, key: str, binding: str | None, loadable: bool = True, arch: str | None = None):
-    """(loaded library, cache.Entry) of a sound cache entry, or None (a miss; a bad entry is discarded).
-    `loadable` False (CUDA kernels on a machine without a GPU): the entry is checked, not loaded. `arch`: a
-    CUDA entry, which must hold device code for it (checked on a GPU host too, before it is loaded)."""
+def _cached(cdir: str, key: str, binding: str | None, backend: Backend, tvm_target):
+    """(loaded library, cache.Entry) of a sound cache entry, or None (a miss; a bad entry is discarded). The
+    backend checks the library (`Backend.check_library`: a CUDA one must hold device code for its arch, checked
+    on a GPU host too, before it is loaded); where its kernels cannot run here (CUDA kernels on a machine
+    without a GPU), the entry is checked, not loaded."""
     try:
         entry = _cache.lookup(cdir, key, binding)
     except OSError as e:
@@ -461,14 +399,12 @@ def _cached(cdir: str, key: str, binding: str | None, loadable: bool = True, arc
     if why is not None:
         _cache.discard(cdir, key, f"{_cache.LIBRARY} is not a loadable shared library: {why}")
         return None
-    if arch is not None:                       # a CUDA library must hold device code for its arch
-        from .gpu import check_device_code
-        try:
-            check_device_code(entry.path, arch)
-        except CompileError as e:
-            _cache.discard(cdir, key, str(e).replace("compile: ", ""))
-            return None
-    if not loadable:
+    try:
+        backend.check_library(entry.path, tvm_target)
+    except CompileError as e:
+        _cache.discard(cdir, key, str(e).replace("compile: ", ""))
+        return None
+    if not backend.runnable_here():
         return None, entry
     try:
         lib = load_library(entry.path)

@@ -45,8 +45,9 @@ import tvm
 from tvm import relax, tirx
 
 from ..errors import CompileError
-from .tuning_keys import cpu_model, gpu_name, log_mismatch, target_identity, target_key  # noqa: F401
-from .tuning_task import TuningWarning, _as_main, _main_mod, _random_args, is_cuda, task_func, workload_key  # noqa: F401
+from .backends import backend_of
+from .tuning_keys import cpu_model, log_mismatch, target_identity, target_key  # noqa: F401
+from .tuning_task import TuningWarning, _as_main, _main_mod, _random_args, task_func, workload_key  # noqa: F401
 
 FORMAT = 1
 MANIFEST = "manifest.json"
@@ -140,7 +141,7 @@ def specialized_regions(regions: list, table: dict) -> list:
 def static_kernels(mod: tvm.IRModule, callers: set) -> dict:
     """``{structural hash: (name, PrimFunc)}`` of the schedulable static kernels called by the Relax functions
     named in `callers` (a legalized, fused module)."""
-    from .cpu_schedule import SERIAL_CHECK
+    from .te_kernels import SERIAL_CHECK
     call_tir = tvm.ir.Op.get("relax.call_tir")
     names = set()
     for gv, func in mod.functions_items():
@@ -167,7 +168,7 @@ def measure(func: tirx.PrimFunc, target, repeat: int = 20) -> float:
     """Median seconds of one call of a scheduled kernel (built alone for `target`, random inputs)."""
     with target:                                        # nvcc reads the arch from the current target
         lib = tvm.compile(_main_mod(func), target=target).jit()
-    dev = tvm.cuda(0) if is_cuda(target) else tvm.cpu(0)
+    dev = backend_of(target).tuning_device()
     args = _random_args(func, dev)
     timer = lib.time_evaluator("main", dev, number=1, repeat=3, min_repeat_ms=20)
     timer(*args)                                            # warm up
@@ -342,15 +343,9 @@ def tune_kernels(kernels: dict, target, log_dir: str, manifest: dict, trials: in
         progress.update(len(kernels) - len(todo))
     if not todo:
         return manifest
-    if is_cuda(target):                 # candidates are built with nvcc (in the builder's worker processes)
-        from .gpu import default_schedule, prepare_nvcc
-        prepare_nvcc()
-        schedule = lambda func, _name: default_schedule(func, target)     # noqa: E731 - dlight's rules
-        workers = os.cpu_count() or 1
-    else:
-        from .cpu_schedule import _schedule_func
-        schedule = lambda func, name: _schedule_func(func, target, name)  # noqa: E731 - our CPU rules
-        workers = max(1, int(target.attrs.get("num-cores", 1)))
+    backend = backend_of(target)
+    workers = backend.prepare_tuning(target)
+    schedule = lambda func, name: backend.default_schedule(func, target, name)  # noqa: E731 - a build's schedule
     from .tuning_interrupt import StoppableBuilder, StoppableRunner, deferred_interrupt
     with deferred_interrupt() as stop:      # Ctrl-C: acted upon at safe points (`tuning_interrupt`)
         builder = StoppableBuilder(stop, max_workers=workers, f_build=_build, timeout_sec=120)
@@ -377,7 +372,8 @@ def _cpu_tensor_intrinsics_only(target):
     import sys
     import types
     name = "tvm.s_tir.tensor_intrin"
-    if is_cuda(target) or name in sys.modules:
+    wanted = backend_of(target).tensor_intrinsics
+    if wanted is None or name in sys.modules:
         yield
         return
     import tvm.s_tir
@@ -385,7 +381,7 @@ def _cpu_tensor_intrinsics_only(target):
     stub.__path__ = [os.path.join(os.path.dirname(tvm.s_tir.__file__), "tensor_intrin")]
     sys.modules[name] = stub
     try:
-        for cpu in ("x86", "arm_cpu"):
+        for cpu in wanted:
             importlib.import_module(f"{name}.{cpu}")
         yield
     finally:

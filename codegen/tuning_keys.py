@@ -25,7 +25,7 @@ import re
 import tvm
 
 from ..native import ISA_FEATURES
-from .tuning_task import is_cuda
+from .backends import backend_of
 
 # /proc/cpuinfo names (`native.ISA_FEATURES`) of the features that change how a tuned kernel performs: the
 # vector width and the float / bf16 / fp16 / int8-dot instructions. Features for crypto, bit tricks or
@@ -46,14 +46,6 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
-
-
-def gpu_name() -> str | None:
-    try:
-        dev = tvm.cuda(0)
-        return str(dev.device_name) if dev.exist else None
-    except Exception:  # noqa: BLE001 - no CUDA runtime in this TVM
-        return None
 
 
 def core_class(cores) -> int:
@@ -83,7 +75,7 @@ def target_key(target) -> str:
     ``llvm-<mcpu>-<class>c`` where the ISA is unknown, ``cuda-<arch>`` for CUDA."""
     cfg = _cfg(target)
     parts = [str(cfg.get("kind", "target"))]
-    if is_cuda(target):
+    if not backend_of(target).isa_matched_logs:
         parts += [str(cfg[k]) for k in ("mcpu", "arch") if cfg.get(k)]
     else:
         isa = tuning_isa(target)
@@ -97,8 +89,8 @@ def target_identity(target) -> dict:
     """What a log records of its target: the target string and key; for a CPU the ISA list and core class it
     is matched by (and, for information, the CPU model); for CUDA, informally, the GPU it was tuned on."""
     ident = {"target": str(target), "target_key": target_key(target)}
-    if is_cuda(target):
-        ident["gpu"] = gpu_name()
+    if not backend_of(target).isa_matched_logs:
+        ident.update(backend_of(target).tuned_on())
     else:
         ident.update(cpu=cpu_model(), isa=tuning_isa(target), core_class=core_class(_cfg(target).get("num-cores")))
     return ident
@@ -114,7 +106,7 @@ def _recorded_cpu(manifest: dict):
         cfg = {}
     isa = manifest.get("isa")
     isa = isa if isinstance(isa, list) and all(isinstance(f, str) for f in isa) else None
-    if "isa" not in manifest and cfg.get("kind") == "llvm":
+    if "isa" not in manifest and cfg:          # a log of the first format: its CPU target's ISA (None: not one)
         try:
             isa = tuning_isa(tvm.target.Target(cfg))
         except Exception:  # noqa: BLE001 - an untrusted manifest's target TVM refuses: no ISA known
@@ -128,7 +120,8 @@ def log_mismatch(manifest: dict, target) -> str | None:
     docstring)."""
     ident = target_identity(target)
     theirs = manifest.get("target_key")
-    if is_cuda(target) or not str(theirs).startswith("llvm-"):
+    backend = backend_of(target)
+    if not backend.isa_matched_logs or str(theirs).split("-", 1)[0] not in backend.tvm_kinds:
         return None if theirs == ident["target_key"] else f"it was made for {theirs}; this is {ident['target_key']}"
     isa, cls, mcpu = _recorded_cpu(manifest)
     mine_mcpu = _cfg(target).get("mcpu")

@@ -40,10 +40,6 @@ def workload_key(func: tirx.PrimFunc) -> str:
     return f"{tvm_ffi.structural_hash(_as_main(func)) & (2 ** 64 - 1):016x}"
 
 
-def is_cuda(target) -> bool:
-    return str(target.kind.name) == "cuda"
-
-
 def random_tensor(shape: list, dtype: str, rng, dev):
     """A tensor of random values on `dev`: 0 / 1 for integers and bools (valid indices for gathers)."""
     if dtype == "bool":

@@ -380,17 +380,14 @@ def verify_tuned(func, tuned, target, name: str = "") -> str | None:
     parameter buffer (the outputs, written over the same random contents) matches. A CUDA kernel is not run without a GPU (None)."""
     import tvm
 
-    from .tuning_task import _random_args, is_cuda
-    if is_cuda(target):
-        from .gpu import default_schedule, gpu_present
-        if not gpu_present():
-            return None
-        schedule_default, dev = (lambda: default_schedule(func, target)), tvm.cuda(0)
-    else:
-        from .cpu_schedule import _schedule_func
-        schedule_default, dev = (lambda: _schedule_func(func, target, name)), tvm.cpu(0)
+    from .backends import backend_of
+    from .tuning_task import _random_args
+    backend = backend_of(target)
+    if not backend.runnable_here():
+        return None
+    dev = backend.tuning_device()
     try:
-        default = schedule_default()
+        default = backend.default_schedule(func, target, name)
     except Exception as e:  # noqa: BLE001 - no default kernel to compare with: the tuned one is not used unchecked
         return f"the default kernel to compare it with failed ({type(e).__name__}: {str(e).strip()[-200:]})"
     seed = int.from_bytes(os.urandom(4), "little")        # not known to whoever wrote the log

@@ -35,7 +35,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from ..errors import CompileError
-from .tuning_task import TuningWarning, _random_args, is_cuda, random_tensor, workload_key
+from .backends import backend_of
+from .tuning_task import TuningWarning, _random_args, random_tensor, workload_key
 
 MIN_ROUNDS = 7          # alternations before any decision (6 of 6 won gives p = 1/64, above ALPHA)
 MAX_ROUNDS = 40         # then "no significant difference"
@@ -112,7 +113,7 @@ def kernel_verdict(default, tuned, target) -> Verdict:
     with target:
         lib = tvm.compile(tvm.IRModule({n: f.with_attr("global_symbol", n)
                                         for n, f in (("default", default), ("tuned", tuned))}), target=target).jit()
-    dev = tvm.cuda(0) if is_cuda(target) else tvm.cpu(0)
+    dev = backend_of(target).tuning_device()
     args = _random_args(default, dev)
     return interleaved(_timer(lib, "default", dev, args), _timer(lib, "tuned", dev, args), "kernel alone")
 
@@ -137,10 +138,8 @@ def region_verdict(region: tuple, key: str, tuned, target) -> Verdict | None:
     again with `tuned` in place of that kernel, both timed interleaved in this process (CPU). None when the
     region cannot be timed that way (a parameter that is not a static tensor, the kernel not found in it, a
     run that fails on random inputs): the caller compares the kernels alone."""
-    import tvm
     from tvm import relax
 
-    from .cpu_schedule import build_cpu
     from .relax_builder import build_module
     name, graph = region
     mod = build_module([(name, graph)])
@@ -152,12 +151,13 @@ def region_verdict(region: tuple, key: str, tuned, target) -> Verdict | None:
             return tuned
         return None
     try:
-        built = {"default": build_cpu(mod, target), "tuned": build_cpu(mod, target, tuned=in_place)}
+        backend = backend_of(target)
+        built = {"default": backend.build(mod, target), "tuned": backend.build(mod, target, tuned=in_place)}
     except Exception:  # noqa: BLE001 - a region that does not build with the tuned kernel: compare kernels
         return None
     if not placed:
         return None
-    dev = tvm.cpu(0)
+    dev = backend_of(target).tuning_device()
     vms = {k: relax.VirtualMachine(ex, dev) for k, ex in built.items()}
     args = _region_args(mod[name], dev)
     if args is None:
@@ -171,7 +171,7 @@ def region_verdict(region: tuple, key: str, tuned, target) -> Verdict | None:
 
 def keep_or_reject(key: str, default, tuned, target, region: tuple | None) -> Verdict:
     """The verdict on a tuned kernel: in its region where it can be (CPU), else the two kernels alone."""
-    if region is not None and not is_cuda(target):
+    if region is not None and backend_of(target).region_timing:
         verdict = region_verdict(region, key, tuned, target)
         if verdict is not None:
             return verdict

@@ -38,11 +38,14 @@ def _positive_int(text: str) -> int:
 
 
 def _target(text: str) -> str:
-    """cpu, cuda or cuda:sm_XX (the CUDA arch to build device code for)."""
-    import re
-    if text in ("cpu", "cuda") or re.fullmatch(r"cuda:sm_\d+[a-z]?", text):
-        return text
-    raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:sm_XX (e.g. cuda:sm_80), got {text!r}")
+    """A target string of `codegen.backends`: cpu, cuda or cuda:sm_XX (the CUDA arch to build device code for)."""
+    from .codegen.backends import resolve, target_forms
+    from .errors import CompileError
+    try:
+        resolve(text)
+    except CompileError:
+        raise argparse.ArgumentTypeError(f"expected {target_forms()} (e.g. cuda:sm_80), got {text!r}") from None
+    return text
 
 
 def _median_time(fn, repeat: int) -> float:
@@ -409,6 +412,7 @@ def _demo(args) -> int:
 
 # --------------------------------------------------------------------------------------------- main
 def build_parser() -> argparse.ArgumentParser:
+    from .runtime.devices import DEVICES
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
                         help="show tracebacks on errors")
@@ -477,7 +481,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--repeat", type=_positive_int, default=10, metavar="N", help="timed runs after the first (default 10)")
     r.add_argument("--output", metavar="DIR", help="save outputs as DIR/output_<i>.npy (a list output: "
                    "DIR/output_<i>.npz, its elements arr_0, arr_1, ...)")
-    r.add_argument("--device", choices=("cpu", "cuda"), help="default: the artifact's target")
+    r.add_argument("--device", choices=sorted(DEVICES), help="default: the artifact's target")
     r.set_defaults(func=_run)
 
     i = sub.add_parser("inspect", parents=[common], help="print (and draw) a model's or artifact's partition",

@@ -18,7 +18,8 @@ import time
 
 import numpy as np
 
-from .codegen.build import build, check_target
+from .codegen.backends import resolve
+from .codegen.build import build
 from .codegen.cache import is_uncached
 from .codegen.shared_regions import share_identical_regions
 from .errors import CompileError, InputError
@@ -71,7 +72,7 @@ def compile(fn_or_graph, *specs, target: str = "cpu", selector=None, cache_dir: 
         >>> model(np.ones((3, 4), "float32")).shape
         (3, 4)
     """
-    kind = check_target(target)
+    backend = resolve(target)           # once: codegen gets the backend's hooks from here on
     t0 = time.perf_counter()
     if isinstance(fn_or_graph, Graph):
         if specs:
@@ -84,7 +85,7 @@ def compile(fn_or_graph, *specs, target: str = "cpu", selector=None, cache_dir: 
     pg = partition_graph(graph, selector)
     # the kernels carry a digest of the regions they implement; `dt.load` checks it against graph.json
     binding = kernel_binding(pg) if any(n.op == "region" for n in pg.walk()) else None
-    tuning = _tuning_for(pg, graph.name, binding, target, kind, tuning_log) if binding else None
+    tuning = _tuning_for(pg, graph.name, binding, target, backend, tuning_log) if binding else None
     if tuning_log is not None and not binding:
         import warnings
 
@@ -92,8 +93,8 @@ def compile(fn_or_graph, *specs, target: str = "cpu", selector=None, cache_dir: 
         warnings.warn(f"dyntvm: tuning log {tuning_log} not applied: the model has no compiled region",
                       TuningWarning, stacklevel=2)
     with _BUILD_LOCK:
-        built = build(pg, target, cache_dir, use_cache, binding=binding, tuning=tuning)
-    vm = virtual_machine(built.lib, kind) if built and built.lib is not None else None
+        built = build(pg, target, cache_dir, use_cache, binding=binding, tuning=tuning, backend=backend)
+    vm = virtual_machine(built.lib, backend.device) if built and built.lib is not None else None
     info = {"compile_time_s": round(time.perf_counter() - t0, 3),
             "cache": "hit" if built and built.cached else "miss"}
     if built:       # built_for, cpu_features / cuda_arch, tuning.specialized: the library is bound to them
@@ -103,7 +104,7 @@ def compile(fn_or_graph, *specs, target: str = "cpu", selector=None, cache_dir: 
             facts["tuning"] = {"log": os.path.abspath(log.path),
                                "kernels_tuned": len(set(log.winners()) - log.unscheduled - set(log.refused)), **facts["tuning"]}
         info.update(facts)
-    model = CompiledModel(pg, vm, kind, built.lib if built else None, info)
+    model = CompiledModel(pg, vm, backend.device, built.lib if built else None, info)
     model.lib_path = built.path if built else None
     model.lib_sha256 = built.sha256 if built else None
     if built and built.path:        # `save` writes these bytes: the cache entry may be removed meanwhile
@@ -121,12 +122,12 @@ def shipped_logs() -> str:
         os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tuning_logs")
 
 
-def _tuning_for(pg: Graph, name: str, binding: str, target: str, kind: str, tuning_log):
+def _tuning_for(pg: Graph, name: str, binding: str, target: str, backend, tuning_log):
     """``(TuningLog, specializations)`` to build with, or None (no log, or one that does not apply: warned)."""
-    from .codegen.build import check_compiler, concrete_target
+    from .codegen.build import check_compiler
     check_compiler()                            # TVM's compiler library (runtime-only: a clear CompileError)
     from .codegen.tuning import load_log
-    tvm_target = concrete_target(target)
+    tvm_target = backend.concrete_target(target)
     if tuning_log is None:                      # a shipped log for this model and target, if any: silently
         log = _shipped_log(os.path.join(shipped_logs(), name), binding, tvm_target)
     else:
@@ -191,19 +192,19 @@ def tune(fn_or_graph, *specs, target: str = "cpu", trials: int = 64, shape_hints
         >>> log = dt.tune(lstm, *specs, trials=32, shape_hints={"T": [64], "B": [1, 16]})
         >>> model = dt.compile(lstm, *specs, tuning_log=log)
     """
-    from .codegen.build import concrete_target, tuning_tasks
+    from .codegen.build import tuning_tasks
     from .codegen.log_files import create_database_files
     from .codegen.tuning import FORMAT, target_identity, target_key, tune_kernels, write_manifest
     from .codegen.tuning_interrupt import deferred_interrupt
     from .codegen.tuning_verdict import busy_load as load_limit
     from .codegen.tuning_verdict import check_load
-    kind = check_target(target)
+    backend = resolve(target)
     if not isinstance(trials, int) or isinstance(trials, bool) or trials < 1:
         raise CompileError(f"tune: trials must be a positive int, got {trials!r}")
     load = check_load(load_limit(busy_load), refuse_busy)        # before any work of ours loads the machine
     remote = None
     if rpc is not None:
-        if kind != "cpu":
+        if not backend.rpc_tuning:
             raise CompileError(f"tune: rpc= (--rpc) tunes CPU kernels on the tracker's servers, not {target!r}")
         from .codegen.tuning_rpc import check_rpc
         remote = check_rpc(rpc, rpc_key)
@@ -222,9 +223,7 @@ def tune(fn_or_graph, *specs, target: str = "cpu", trials: int = 64, shape_hints
     if not any(n.op == "region" for n in pg.walk()):
         raise CompileError("tune: the model has no compiled region: nothing to tune")
     binding = kernel_binding(pg)
-    tvm_target = concrete_target(target)
-    if kind == "cuda":
-        tvm_target = _check_tuning_gpu(target, tvm_target)
+    tvm_target = backend.tuning_target(target, backend.concrete_target(target))
     log_dir = os.fspath(log_dir) if log_dir is not None else \
         os.path.join("tuning_logs", graph.name, target_key(tvm_target))
     with _BUILD_LOCK, deferred_interrupt():     # Ctrl-C in TVM's (Python) passes: KeyboardInterrupt after them
@@ -320,24 +319,6 @@ def _log_lock(log_dir: str):
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
-
-
-def _check_tuning_gpu(target: str, tvm_target):
-    """CUDA tuning measures candidates on the local GPU: there must be one, of the arch asked for. Returns
-    the GPU's own target (with the limits MetaSchedule needs, max_threads_per_block...: "cuda:sm_90" alone
-    has none) to tune with."""
-    from .codegen.gpu import cuda_target, find_nvcc, gpu_present, target_arch
-    if not gpu_present():
-        raise CompileError(f"tune: target {target!r} needs a GPU here: MetaSchedule times every candidate kernel on "
-                           "it (CUDA builds need no GPU; tuning does). Tune on a GPU host and pass the log folder "
-                           "to dt.compile(..., tuning_log=) / dyntvm compile --tuning-log anywhere")
-    gpu = cuda_target()
-    local = target_arch(gpu)
-    if target_arch(tvm_target) != local:
-        raise CompileError(f"tune: target {target!r}: tuning measures on the local GPU, which is {local}; tune "
-                           f"for it with target='cuda' (or on a GPU of {target_arch(tvm_target)})")
-    find_nvcc()
-    return gpu
 
 
 def _warn_nothing_to_tune(pg, hints: dict) -> None:

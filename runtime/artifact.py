@@ -34,6 +34,7 @@ from dyntvm.errors import ArtifactError, GraphError
 
 from ..ir.serialize import graph_from_json, graph_to_json
 from ..native import LibraryWriteError, export_library
+from .devices import DEVICES
 from .staging import NEW, OLD, held, new_token, remove_stale, sibling
 
 FORMAT_VERSION = 3        # 2: file sizes and the kernel binding in the manifest; 3: the library binding covers
@@ -339,8 +340,8 @@ def parse_manifest(data: bytes, label: str) -> dict:
         if manifest.get(k) != have[k]:
             raise ArtifactError(f"{label}: built with {k} {manifest.get(k)}, but {have[k]} is installed; "
                                 "recompile the model with this version")
-    if manifest.get("target") not in ("cpu", "cuda"):
-        raise corrupt(f"target must be \"cpu\" or \"cuda\", got {manifest.get('target')!r}")
+    if manifest.get("target") not in DEVICES:
+        raise corrupt(f"target must be {' or '.join(json.dumps(n) for n in DEVICES)}, got {manifest.get('target')!r}")
     files, sizes = manifest.get("files"), manifest.get("sizes")
     if not isinstance(files, dict) or not isinstance(sizes, dict):
         raise corrupt("files and sizes must be JSON objects")

@@ -14,6 +14,7 @@ from dyntvm.errors import ArtifactError
 
 from ..native import execution_binding, execution_facts, shared_object_problem
 from .artifact import KERNELS, folder_of, library_binding, read_folder
+from .devices import DEVICES, device_names
 from .model import CompiledModel, virtual_machine
 from .staging import remove_stale
 
@@ -23,7 +24,7 @@ def load(path: str, device: str | None = None) -> CompiledModel:
 
     Args:
         path: the artifact folder or .tar file.
-        device: "cpu" or "cuda"; default: the artifact's target.
+        device: a device type of `devices.DEVICES` ("cpu", "cuda"); default: the artifact's target.
 
     Raises:
         dt.ArtifactError: missing or corrupt files, hash or version mismatch, no GPU for a CUDA artifact.
@@ -45,20 +46,13 @@ def _load_folder(folder: str, label: str, device) -> CompiledModel:
     vm, lib = None, None
     if KERNELS in files:
         import tvm
-        if device not in ("cpu", "cuda"):
-            raise ArtifactError(f"{label}: unknown device {device!r} (expected cpu or cuda)")
+        if device not in DEVICES:
+            raise ArtifactError(f"{label}: unknown device {device!r} (expected {device_names()})")
         if device != target:
-            raise ArtifactError(f"{label}: this is a {'CUDA' if target == 'cuda' else 'CPU'} artifact: its kernels "
+            raise ArtifactError(f"{label}: this is a {DEVICES[target].label} artifact: its kernels "
                                 f"run on {target}, not {device}; compile the model with --target {device}")
         info = manifest.get("info") if isinstance(manifest.get("info"), dict) else {}
-        if device == "cuda":
-            why = ensure_cuda_runtime()
-            if not tvm.cuda(0).exist:
-                raise ArtifactError(f"{label}: this is a CUDA artifact but no CUDA GPU is available here"
-                                    + (f" ({why})" if why else "") + "; compile with --target cpu for this machine")
-            check_gpu_arch(info.get("cuda_arch"), label)
-        else:
-            check_cpu_features(info.get("cpu_features"), label)
+        DEVICES[device].check(info, label)          # this machine can run the kernels (before dlopen)
         with open(os.path.join(folder, KERNELS), "rb") as f:
             blob = f.read()
         if hashlib.sha256(blob).hexdigest() != files[KERNELS]:            # changed since read_folder
@@ -112,53 +106,6 @@ def _private_copy(blob: bytes, label: str) -> str:
         raise ArtifactError(f"{label}: cannot copy {KERNELS} into the temp folder {os.path.dirname(private)} to load "
                             f"it ({e.strerror or e}; $TMPDIR chooses where)") from e
     return private
-
-
-def ensure_cuda_runtime() -> str | None:
-    """Load TVM's CUDA runtime (`libtvm_runtime_cuda.so`) if it is not loaded yet. A runtime-only TVM (no
-    compiler library, e.g. a `dyntvm bundle`) loads no device backend by itself, so without this a CUDA
-    artifact would find no GPU even on a GPU host. Without a CUDA driver (or CUDA 13's libcudart) the
-    library cannot load: returns why, for the caller's "no GPU" error."""
-    from pathlib import Path
-
-    from tvm.base import _LOADED_LIBS
-    if "tvm_runtime_cuda" in _LOADED_LIBS:
-        return None
-    try:
-        from tvm_ffi.libinfo import load_lib_ctypes
-        folder = Path(_LOADED_LIBS["tvm_runtime"]._name).resolve().parent
-        _LOADED_LIBS["tvm_runtime_cuda"] = load_lib_ctypes(package="tvm", target_name="tvm_runtime_cuda",
-                                                           extra_lib_paths=[folder], mode="RTLD_LOCAL")
-    except (OSError, RuntimeError, ImportError, KeyError, AttributeError) as e:
-        # e.g. libcuda.so.1 (the driver) or libcudart.so.13 (the CUDA 13 runtime) not found
-        return f"TVM's CUDA runtime cannot load: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}"
-    return None
-
-
-def check_gpu_arch(arch, label: str) -> None:
-    """The fatbin holds machine code for one arch (no PTX): refuse a GPU of another compute capability."""
-    import tvm
-    if not isinstance(arch, str) or not arch.startswith("sm_"):
-        return
-    here = "sm_" + str(tvm.cuda(0).compute_version).replace(".", "")
-    if arch.rstrip("a") != here:
-        raise ArtifactError(f"{label}: its kernels were built for {arch}, this GPU is {here}; compile the model "
-                            f"with --target cuda:{here}")
-
-
-def check_cpu_features(built_with, label: str) -> None:
-    """Kernels built for one CPU use its ISA extensions (AVX-512, BMI2... `native.ISA_FEATURES`): refuse a CPU
-    that lacks one of them (it would die of an illegal instruction). Runs before the library is loaded, so
-    the list must be there (that it was not edited is checked after loading, by the library's binding)."""
-    if not isinstance(built_with, list) or not all(isinstance(f, str) for f in built_with):
-        raise ArtifactError(f"{label}: manifest.json is corrupt: info.cpu_features (the CPU features its kernels "
-                            f"use) must be a list of feature names, got {built_with!r}")
-    from ..native import cpu_features
-    here = cpu_features()
-    missing = sorted(set(built_with) - here) if here else []
-    if missing:
-        raise ArtifactError(f"{label}: its kernels use CPU instructions this CPU lacks ({', '.join(missing)}); "
-                            "compile the model on (or for) this machine")
 
 
 def check_shared_object(path: str, label: str) -> None:

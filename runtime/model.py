@@ -19,6 +19,7 @@ from ..ir.ops import OpKind
 from ..ir.tree import LEAF, flatten_like, tree_flatten, tree_str, tree_unflatten
 from ..ir.types import expression_dim_errors, is_symbol
 from .artifact import save as save_artifact
+from .devices import device_type
 from .executor import Executor
 from .lists import check_list_value, host_list
 from .placement import DevicePlacement
@@ -29,13 +30,12 @@ from .vm_program import status as program_status
 
 
 def virtual_machine(lib, device: str = "cpu"):
-    """A Relax VM over a kernel library (built, or loaded from a file) on "cpu" or "cuda".
+    """A Relax VM over a kernel library (built, or loaded from a file) on a device type of `devices.DEVICES`.
 
     TVM's runtime VM (`tvm.runtime.vm`), not `tvm.relax`: importing relax needs TVM's compiler library,
     which a deployment (`dt.load`, `dyntvm run`) must not (see `tests/test_runtime_only.py`)."""
-    import tvm
     from tvm.runtime.vm import VirtualMachine
-    return VirtualMachine(lib, tvm.cpu() if device == "cpu" else tvm.cuda())
+    return VirtualMachine(lib, device_type(device).tvm_device())
 
 
 def signature(graph: Graph) -> str:
@@ -205,7 +205,7 @@ class CompiledModel:
     Attributes:
         graph: the partitioned graph (region nodes own their subgraphs).
         regions: names of the compiled region functions.
-        target: "cpu" or "cuda".
+        target: the device type its kernels run on (`devices.DEVICES`: "cpu", "cuda").
         last_profile: node -> (calls, seconds) of the latest call made with ``profile=True`` (any thread).
         last_copies: host<->device copies (counts and bytes) of that call, for kernels on a device (a GPU).
     """
@@ -224,18 +224,18 @@ class CompiledModel:
         self.not_runnable = None       # why this model cannot run here (CUDA kernels built without a GPU)
         self.last_copies: dict = {}    # host<->device copies of the latest profile=True call (device targets)
         self._device = None            # the TVM device values live on, for kernels that run on a device
-        if target == "cuda" and vm is not None:
-            import tvm
-            self._device = tvm.cuda(0)
+        device = device_type(target)
+        if not device.host and vm is not None:      # values live on the device, host crossings are copies
+            self._device = device.tvm_device()
         # the VM program (`vm_program`): whether plain calls run as one VM call, else why not (print(model))
-        self.vm_program, self.vm_program_fallback = program_status(graph, vm, self.specialized) if target == "cpu" else \
+        self.vm_program, self.vm_program_fallback = program_status(graph, vm, self.specialized) if device.host else \
             (False, [f"the VM program is built for the CPU only (target {target})"])
         if self.vm_program:             # its callbacks' keys begin with the binding compiled into the library
             from .artifact import library_binding
             weakref.finalize(self, release_kernels, register_kernels(graph, library_binding(vm)))
-        if vm is None and self.regions and target == "cuda":
-            self.not_runnable = ("this model was compiled for CUDA on a machine without a GPU: it cannot run here; "
-                                 "save it (model.save) and run it on a GPU host with dt.load / dyntvm run")
+        if vm is None and self.regions and not device.host:
+            self.not_runnable = (f"this model was compiled for {device.label} on a machine without a GPU: it cannot "
+                                 "run here; save it (model.save) and run it on a GPU host with dt.load / dyntvm run")
             self._executor = None
         else:
             self._executor = self._new_executor(vm)      # this thread's; other threads make theirs

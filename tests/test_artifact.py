@@ -443,7 +443,7 @@ def test_cpu_features_include_scalar_isa_extensions(compiled):
 
 def test_a_cpu_without_bmi2_is_refused(tmp_path, monkeypatch):
     from dyntvm import native
-    from dyntvm.runtime.load import check_cpu_features
+    from dyntvm.runtime.devices import check_cpu_features
     with open("/proc/cpuinfo") as f:
         flags = next(line for line in f if line.startswith("flags")).split(":", 1)[1].split()
     (tmp_path / "cpuinfo").write_text("flags\t: " + " ".join(f for f in flags if f != "bmi2") + "\n")

@@ -233,7 +233,7 @@ def test_a_planted_stub_cuda_driver_is_replaced(tmp_path, monkeypatch, planted_l
     """The stub libcuda.so.1 that CUDA builds without a GPU load (kept in the cache folder) is a cache file
     too: a planted one is rebuilt, never handed to the build process."""
     monkeypatch.setenv("DYNTVM_CACHE_DIR", str(tmp_path / "cache"))
-    from dyntvm.codegen.gpu import stub_dir
+    from dyntvm.codegen.backends.cuda.gpu import stub_dir
     folder = stub_dir()
     lib = os.path.join(folder, "libcuda.so.1")
     os.remove(lib)

@@ -12,7 +12,7 @@ import numpy as np
 import tvm
 from tvm import relax, te, tirx, topi
 from dyntvm.codegen.converters.common import DIMS_DIFFER, cast_shape
-from dyntvm.codegen.cpu_schedule import build_cpu
+from dyntvm.codegen.backends.cpu.cpu_schedule import build_cpu
 
 n, d1, d2, W = (tirx.Var(s, "int64") for s in ("n", "d1", "d2", "W"))
 bb = relax.BlockBuilder()

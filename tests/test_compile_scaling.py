@@ -25,7 +25,7 @@ import tvm_ffi  # noqa: E402
 from tvm import tirx  # noqa: E402
 
 from dyntvm.codegen.build import collect_regions  # noqa: E402
-from dyntvm.codegen.cpu_schedule import cpu_target, legalize_and_fuse, schedule_module  # noqa: E402
+from dyntvm.codegen.backends.cpu.cpu_schedule import cpu_target, legalize_and_fuse, schedule_module  # noqa: E402
 from dyntvm.codegen.relax_builder import build_module  # noqa: E402
 from dyntvm.pipeline import partition_graph  # noqa: E402
 

@@ -392,7 +392,7 @@ def test_a_compiled_loop_never_breaks_a_build(monkeypatch):
     build that fails with the loops in it is redone without them (a RuntimeWarning says so)."""
     import tvm
 
-    from dyntvm.codegen import cpu_schedule
+    from dyntvm.codegen.backends.cpu import cpu_schedule
 
     def fn(xs, s):
         ys, (s,) = F.foreach(lambda x, st: (F.tanh(x + st[0]), [st[0] * 0.5 + x]), xs, [s])

@@ -16,9 +16,9 @@ import dyntvm as dt
 from dyntvm import F
 
 pytest.importorskip("tvm")
-from dyntvm.codegen import cpu_schedule  # noqa: E402
+from dyntvm.codegen.backends.cpu import cpu_schedule  # noqa: E402
 from dyntvm.codegen.build import collect_regions  # noqa: E402
-from dyntvm.codegen.cpu_schedule import build_cpu  # noqa: E402
+from dyntvm.codegen.backends.cpu.cpu_schedule import build_cpu  # noqa: E402
 from dyntvm.codegen.relax_builder import build_module  # noqa: E402
 from dyntvm.pipeline import partition_graph  # noqa: E402
 

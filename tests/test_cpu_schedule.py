@@ -8,8 +8,8 @@ import tvm
 from tvm import relax, tirx
 from tvm.relax import op as R
 
-from dyntvm.codegen import cpu_schedule
-from dyntvm.codegen.cpu_schedule import build_cpu, cpu_target, schedule_module
+from dyntvm.codegen.backends.cpu import cpu_schedule
+from dyntvm.codegen.backends.cpu.cpu_schedule import build_cpu, cpu_target, schedule_module
 
 RTOL, ATOL = 1e-4, 1e-5
 RNG = np.random.default_rng(42)

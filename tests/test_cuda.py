@@ -12,7 +12,7 @@ import pytest
 
 import dyntvm as dt
 from dyntvm import F, examples
-from dyntvm.codegen import gpu
+from dyntvm.codegen.backends.cuda import gpu
 from helpers import assert_same
 
 FATBIN = bytes.fromhex("50ed55ba")
@@ -188,7 +188,7 @@ def test_device_checks_raise_like_numpy_on_the_cpu():
     from tvm.runtime.vm import VirtualMachine
 
     from dyntvm.codegen.build import collect_regions
-    from dyntvm.codegen.cpu_schedule import build_cpu
+    from dyntvm.codegen.backends.cpu.cpu_schedule import build_cpu
     from dyntvm.codegen.relax_builder import build_module
     from dyntvm.pipeline import partition_graph
 
@@ -331,7 +331,7 @@ def test_a_hanging_nvcc_times_out(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(work))
     with pytest.raises(dt.CompileError, match=r"the CUDA build took more than 20 s"):
         dt.compile(lambda x: F.exp(x) * 3.0, dt.TensorSpec(("N", 3)), target="cuda", use_cache=False)
-    r = subprocess.run(["pgrep", "-f", f"dyntvm.codegen.cuda_child {work}"], capture_output=True, text=True)
+    r = subprocess.run(["pgrep", "-f", f"dyntvm.codegen.backends.cuda.cuda_child {work}"], capture_output=True, text=True)
     assert r.stdout.strip() == "", "the build child was left running"
 
 

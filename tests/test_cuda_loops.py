@@ -71,7 +71,7 @@ def test_the_cuda_pipeline_splits_the_device_loop_into_host_code_and_kernels(nam
     is checked on the device (`compiled_loops._DeviceChecks`)."""
     from dyntvm.codegen.build import collect_regions
     from dyntvm.codegen.compiled_loops import loop_specs, stats
-    from dyntvm.codegen.gpu import build_cuda, cuda_target
+    from dyntvm.codegen.backends.cuda.gpu import build_cuda, cuda_target
     from dyntvm.codegen.relax_builder import build_module
     from dyntvm.pipeline import partition_graph
     fn, specs = SPECS[name]

@@ -152,7 +152,7 @@ print("compiler loaded:", "libtvm_compiler" in open("/proc/self/maps").read())
 def test_a_runtime_only_load_of_a_cuda_artifact_loads_tvms_cuda_runtime(deploy, tmp_path):
     """A runtime-only TVM loads no device backend by itself: `dt.load` of a CUDA artifact loads TVM's CUDA
     runtime (here, without a driver, through the build's stub libcuda.so.1: it then finds no GPU and says so)."""
-    from dyntvm.codegen import gpu
+    from dyntvm.codegen.backends.cuda import gpu
     if gpu.gpu_present():
         pytest.skip("on a GPU host test_cuda.py runs CUDA artifacts for real")
     try:

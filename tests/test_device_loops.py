@@ -9,7 +9,7 @@ import tvm
 
 import dyntvm as dt
 from dyntvm.codegen import compiled_loops
-from dyntvm.codegen.build import DEVICE_LOOPS_ON_CPU
+from dyntvm.codegen.backends.cpu import DEVICE_LOOPS_ON_CPU
 from dyntvm.runtime import loop_calls
 from device_loop_programs import REFERENCE, SPECS, LazyModels, call_counting, device_loops, expected_chunks
 from helpers import assert_same
@@ -151,7 +151,7 @@ def test_a_gpus_run_time_checks_stay_on_the_device_in_a_while_loop():
 
     from dyntvm.codegen.build import collect_regions
     from dyntvm.codegen.compiled_loops import loop_specs
-    from dyntvm.codegen.cpu_schedule import build_cpu
+    from dyntvm.codegen.backends.cpu.cpu_schedule import build_cpu
     from dyntvm.codegen.relax_builder import build_module
     from dyntvm.pipeline import partition_graph
     from dyntvm.runtime.model import CompiledModel

@@ -22,9 +22,9 @@ import tvm  # noqa: E402
 from tvm import relax, tirx  # noqa: E402
 from tvm.relax import op as R  # noqa: E402
 
-from dyntvm.codegen import cpu_schedule  # noqa: E402
+from dyntvm.codegen.backends.cpu import cpu_schedule  # noqa: E402
 from dyntvm.codegen.build import collect_regions  # noqa: E402
-from dyntvm.codegen.cpu_schedule import build_cpu, cpu_target, legalize_and_fuse, schedule_module  # noqa: E402
+from dyntvm.codegen.backends.cpu.cpu_schedule import build_cpu, cpu_target, legalize_and_fuse, schedule_module  # noqa: E402
 from dyntvm.codegen.relax_builder import build_module  # noqa: E402
 from dyntvm.pipeline import partition_graph  # noqa: E402
 

@@ -17,7 +17,7 @@ import dyntvm as dt
 from dyntvm import F
 from dyntvm.codegen import tuning
 from dyntvm.codegen.build import stats, tuning_tasks
-from dyntvm.codegen.gpu import cuda_target, gpu_present
+from dyntvm.codegen.backends.cuda.gpu import cuda_target, gpu_present
 from dyntvm.pipeline import partition_graph
 from dyntvm.runtime.artifact import kernel_binding
 from helpers import assert_same
@@ -193,7 +193,7 @@ def test_a_cuda_tune_for_the_local_arch_named_uses_the_local_gpus_target(monkeyp
     """`target="cuda:sm_90"` on an sm_90 GPU tunes with the GPU's own target, as `target="cuda"` does: the bare
     "cuda -arch=sm_90" lacks the limits MetaSchedule needs (max_threads_per_block...), and every kernel failed.
     (A GPU host is simulated: `cuda_target()` answering with the local GPU's full target.)"""
-    from dyntvm.codegen import gpu
+    from dyntvm.codegen.backends.cuda import gpu
     plain = gpu.cuda_target
     local = tvm_cuda_limits(plain("sm_90"))
     monkeypatch.setattr(gpu, "gpu_present", lambda: True)

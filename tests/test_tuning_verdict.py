@@ -101,7 +101,7 @@ def test_a_deliberately_bad_schedule_is_rejected_in_its_region(matmul_task):
 
 def test_a_far_better_schedule_is_kept_in_its_region(matmul_task, monkeypatch):
     """The other way round: the default made the unscheduled kernel, the "tuned" one our real default."""
-    from dyntvm.codegen import cpu_schedule
+    from dyntvm.codegen.backends.cpu import cpu_schedule
     key, func, region, target = matmul_task
     good = cpu_schedule._schedule_func(func, target, "matmul")
     real = cpu_schedule._schedule_func

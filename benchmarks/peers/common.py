@@ -224,7 +224,7 @@ def dyntvm_builder(fn, specs, inputs):
     def build(ctx):
         import dyntvm as dt
         if ctx.device != "cpu":
-            from dyntvm.codegen.gpu import gpu_present
+            from dyntvm.codegen.backends.cuda.gpu import gpu_present
             if not gpu_present():
                 raise NotApplicable("no CUDA GPU")
         model = dt.compile(fn, *specs, cache_dir=ctx.cache_dir, target=ctx.device)

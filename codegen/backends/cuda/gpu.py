@@ -7,7 +7,7 @@ only (see ../shared/TVM_NOTES.md section 2). So:
 
 * on a GPU host (TVM sees a CUDA device) the build runs in this process, for the local GPU's arch unless one
   is asked for;
-* elsewhere it runs in a child process (`python -m dyntvm.codegen.cuda_child WORKDIR`) whose `LD_LIBRARY_PATH`
+* elsewhere it runs in a child process (`python -m dyntvm.codegen.backends.cuda.cuda_child WORKDIR`) whose `LD_LIBRARY_PATH`
   starts with a *stub* `libcuda.so.1`, built here once from `cuda_stub.c`'s recipe: it defines the driver
   functions TVM's CUDA runtime links against, each returning an error, and none is called while compiling.
   The stub never enters a process that runs kernels, and this process never loads it: it can still load
@@ -31,7 +31,7 @@ import tempfile
 
 from dyntvm.errors import CompileError
 
-from ..native import export_library, shared_object_problem
+from ....native import export_library, shared_object_problem
 
 DEFAULT_ARCH = "sm_90"                    # $DYNTVM_CUDA_ARCH overrides it (`default_arch`)
 FATBIN_MAGIC = bytes.fromhex("50ed55ba")          # a fatbin's header (fatBinaryHeader.magic, little endian)
@@ -69,6 +69,16 @@ def gpu_present() -> bool:
         return bool(tvm.cuda(0).exist)
     except Exception:  # noqa: BLE001 - no CUDA runtime in this TVM
         return False
+
+
+def gpu_name() -> str | None:
+    """The local GPU's name (a tuning log records it, for information), None without one."""
+    import tvm
+    try:
+        dev = tvm.cuda(0)
+        return str(dev.device_name) if dev.exist else None
+    except Exception:  # noqa: BLE001 - no CUDA runtime in this TVM
+        return None
 
 
 def cuda_target(arch: str | None = None):
@@ -164,8 +174,8 @@ def build_cuda(mod, target=None, tuned=None, loops=()):
     from tvm.relax.backend.cuda import pipeline as cuda_pipeline
     target = target or cuda_target()
     prepare_nvcc()
-    from .launch_guard import with_launch_guards
-    from .compiled_loops import loop_pass
+    from ...launch_guard import with_launch_guards
+    from ...compiled_loops import loop_pass
     passes = (fuse_passes(target) + ([tuned_pass(tuned)] if tuned is not None else []) + [dlight_pass()]
               + ([loop_pass(list(loops))] if loops else [])
               + cuda_pipeline.dataflow_lower_passes(target) + cuda_pipeline.finalize_passes(target))
@@ -207,7 +217,7 @@ def build_cuda_library(regions: list, target, binding: str | None, build_executa
 def _build_in_child(regions: list, arch: str, binding: str | None, tuning=None, loops=()):
     import numpy as np
 
-    from ..ir.serialize import graph_to_dict
+    from ....ir.serialize import graph_to_dict
     work = tempfile.mkdtemp(prefix="dyntvm-cuda-")
     keep = bool(os.environ.get("DYNTVM_CUDA_DEBUG"))
     try:
@@ -227,7 +237,7 @@ def _build_in_child(regions: list, arch: str, binding: str | None, tuning=None, 
         env["TVM_CUDA_COMPILE_MODE"] = "nvcc"
         env["PATH"] = os.path.dirname(find_nvcc()) + os.pathsep + env.get("PATH", "")
         env.pop("TVM_USE_RUNTIME_LIB", None)
-        r = _run_child([sys.executable, "-m", "dyntvm.codegen.cuda_child", work], env)
+        r = _run_child([sys.executable, "-m", "dyntvm.codegen.backends.cuda.cuda_child", work], env)
         if r.returncode != 0:
             lines = (r.stderr or r.stdout).strip().splitlines()
             full = next((ln for ln in lines if "No space left" in ln), None)     # nvcc says it, then stops
@@ -301,7 +311,7 @@ def stub_dir() -> str:
     user's private folder in the temp dir). The build child loads it: like a cache entry, it is used only
     when this user owns it and no one else may write to it (`cache.private_folder`, `cache.open_private`).
     Raises CompileError when no C compiler is available."""
-    from .cache import RefusedFile, default_cache_dir, open_private, private_folder, uncached_dir
+    from ...cache import RefusedFile, default_cache_dir, open_private, private_folder, uncached_dir
     symbols = _driver_symbols()
     source = "".join(f"int {s}(void) {{ return 999; }}\n" for s in symbols)   # 999: CUDA_ERROR_UNKNOWN
     digest = hashlib.sha256(source.encode()).hexdigest()[:12]

@@ -35,8 +35,8 @@ import tvm
 from tvm import relax, s_tir, tirx
 from tvm.relax.backend.cpu_generic import pipeline as _cpu_pipeline
 
-from .compiled_loops import loop_pass
-from .fusion_guard import opaque_shape_scalar_kernels
+from ...compiled_loops import loop_pass
+from ...fusion_guard import opaque_shape_scalar_kernels
 from .cpu_fast_math import FAST_MATH
 from .cpu_inline import inline_spatial
 from .cpu_schedule_conv import conv_block_name, conv_select
@@ -44,10 +44,10 @@ from .cpu_schedule_dispatch import _parallel_cands, _select
 from .cpu_schedule_fuse import CONTRACTION_GROUP, merge_contractions
 from .cpu_schedule_matmul import _MATMUL_MR, PACK_MIN_ROWS, _group_select, _sched_matmul, matmul_rows
 from .cpu_schedule_reduce import LANES_PREFIX, _lanes_select, _reduced_axis, _sched_axis_reduction
-from .dims import is_one
+from ...dims import is_one
 from .cpu_sched_helpers import (child_blocks, is_column_reduction, is_contraction, iter_kinds, loop_extent,
                                 loop_kinds, total_work, vector_lanes, vectorize_inner)
-from .te_kernels import SERIAL_CHECK
+from ...te_kernels import SERIAL_CHECK
 
 _LOG = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """The child process of a CUDA build on a machine without a GPU (`gpu.py`): ``python -m
-dyntvm.codegen.cuda_child WORKDIR`` with the stub `libcuda.so.1` first on `LD_LIBRARY_PATH`. Reads the regions
+dyntvm.codegen.backends.cuda.cuda_child WORKDIR`` with the stub `libcuda.so.1` first on `LD_LIBRARY_PATH`. Reads the regions
 (`job.json`, `params.npz`) from WORKDIR, builds them for the job's arch and exports `kernels.so` there.
 Nothing imports this module: it is only run."""
 from __future__ import annotations
@@ -8,9 +8,9 @@ import json
 import os
 import sys
 
-from ..ir.serialize import graph_from_dict
-from ..native import export_library
-from .build import build_executable, stats
+from ....ir.serialize import graph_from_dict
+from ....native import export_library
+from ...build import build_executable, stats
 from .gpu import cuda_target, gpu_present
 
 
@@ -30,7 +30,7 @@ def main(work: str) -> None:
     if job.get("tuning"):                   # checked by the parent: its warnings were given there
         import warnings
 
-        from .tuning import load_log
+        from ...tuning import load_log
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             log = load_log(job["tuning"]["log"], None, target)

@@ -22,7 +22,7 @@ from tvm import s_tir, tirx
 from .cpu_schedule_dispatch import _parallel_cands, _select
 from .cpu_inline import inline_spatial
 from .cpu_sched_helpers import child_blocks, loop_extent, total_work, vector_lanes, vectorize_tile, writes_param
-from .te_conv import CROP_BLOCK, OCV_BLOCK, PAD_BLOCK, ROW_TILE_ATTR, SPV_BLOCK
+from ...te_conv import CROP_BLOCK, OCV_BLOCK, PAD_BLOCK, ROW_TILE_ATTR, SPV_BLOCK
 
 
 #: The taps of the kernel's last axis are unrolled up to this many (1.2x for resnet18's 7x7 stem, ~1.02x 3x3).

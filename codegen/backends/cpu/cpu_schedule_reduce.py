@@ -10,7 +10,7 @@ from tvm import s_tir, tirx
 from .cpu_schedule_dispatch import _select
 from .cpu_sched_helpers import (child_blocks, iter_kinds, loop_extent, loop_kinds, vector_lanes, vectorize_inner,
                                 vectorize_tile)
-from .te_kernels import LANE_BLOCK, LANE_ROW
+from ...te_kernels import LANE_BLOCK, LANE_ROW
 
 LANES_PREFIX = "dt_lanes_"  # blocks of `te_kernels.te_lane_reduce`
 # Full reductions of a 1-d input run in parallel from this many elements. Measured (2 threads vs 1, warm
