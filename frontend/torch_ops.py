@@ -546,10 +546,8 @@ def _sym_numel(x):
     return n
 
 
-for _name in ("aten._assert_scalar.default", "aten.sym_constrain_range_for_size.default",
-              "aten.sym_constrain_range.default", "aten._assert_async.msg", "aten._assert_async.default",
-              "aten._assert_tensor_metadata.default"):
-    CONVERTERS[_name] = lambda *a, **k: None      # torch's own checks of unbacked sizes: dyntvm checks shapes itself
+# dtype / shape metadata torch asserts: dyntvm's types check those itself (value asserts: torch_asserts.py)
+CONVERTERS["aten._assert_tensor_metadata.default"] = lambda *a, **k: None
 for _op in (operator.add, operator.sub, operator.mul, operator.floordiv, operator.mod, operator.neg):
     CONVERTERS[f"_operator.{_op.__name__}"] = _op
 
