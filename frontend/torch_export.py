@@ -98,6 +98,27 @@ def unsupported_ops(gm) -> dict:
     return found
 
 
+#: ops with an output dyntvm does not compute: {op: (output index, what it is)}
+_OUTPUTS_NOT_COMPUTED = {f"aten.max_pool{k}d_with_indices.default": (1, "the indices of the maxima (return_indices="
+                                                                        "True)") for k in (1, 2, 3)}
+
+
+def refused_forms(gm) -> list:
+    """What the program uses that dyntvm refuses although it converts the op: an output it does not compute (the
+    indices of `max_pool2d_with_indices`), each with the user's line."""
+    out = []
+    for _, node in _walk(gm):
+        name = target_name(node)
+        if name not in _OUTPUTS_NOT_COMPUTED:
+            continue
+        k, what = _OUTPUTS_NOT_COMPUTED[name]
+        if any(target_name(u) == "_operator.getitem" and u.args[1] == k and u.users for u in node.users):
+            out.append(f"{name}: {what} are used at {user_line(node) or node.name}, and dyntvm's max_pool gives the "
+                       "pooled values only; use the values, or compute the positions another way (e.g. an argmax "
+                       "over unfolded windows)")
+    return out
+
+
 # ---------------------------------------------------------------------------------------- running
 def _arg(env, a):
     """A node argument with each FX node replaced by its value (nested lists and tuples too)."""
@@ -415,6 +436,9 @@ def from_torch(module_or_fn, example_args, dynamic_shapes=None):
         raise UnsupportedOpError(f"from_torch: no converter for {len(missing)} op(s) of the exported program: "
                                  f"{', '.join(sorted(missing))} (supported: {len(CONVERTERS)} ATen ops, "
                                  f"dyntvm.frontend.torch_ops.CONVERTERS); where: {where}")
+    refused = refused_forms(gm)
+    if refused:
+        raise TorchImportError("from_torch: " + "; ".join(refused))
     constants = _constants(ep)
     user, specs, specialized, ranges = _input_specs(ep, dynamic_shapes)
     constants.update(specialized)
