@@ -20,6 +20,8 @@ from dyntvm import examples  # noqa: E402
 from dyntvm.runtime.model import partition_summary  # noqa: E402
 import torch_examples as tex  # noqa: E402
 
+#: the sizes each torch program is exported at (torch.export specialises a dim of size 1)
+EXPORT_SIZES = {"lstm": {"T": 3, "B": 2}, "decoder": {"P": 3}, "branchy": {"B": 4}, "detection": {"N": 50}}
 #: (example, sizes, torch module, dynamic_shapes)
 ROWS = [
     ("lstm", {"T": 64, "B": 1}, tex.LSTM, {"xs": {0: "T", 1: "B"}, "h0": {0: "B"}, "c0": {0: "B"}}),
@@ -52,7 +54,7 @@ def main(rounds: int):
     for name, sizes, module, shapes in ROWS:
         ex = examples.get(name)
         if name not in models:
-            example_inputs = ex.make_inputs(np.random.default_rng(0), **sizes)
+            example_inputs = ex.make_inputs(np.random.default_rng(0), **EXPORT_SIZES[name])
             models[name] = (dt.compile(ex.fn, *ex.specs),
                             dt.compile(dt.from_torch(module(), example_inputs, dynamic_shapes=shapes)))
         f_model, t_model = models[name]

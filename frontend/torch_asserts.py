@@ -24,7 +24,7 @@ from ..ir.ops_checks import DimPairAttrs
 from ..ir.types import is_static_dim
 from . import F
 from .ops import apply
-from .torch_control import converter
+from .torch_control import converter, user_line
 from .torch_ops import TorchImportError, dim_tensor
 from .tracer import Tensor
 
@@ -40,7 +40,6 @@ def _holds_now(cond):
 
 
 def _enforce(interp, node, cond, what: str):
-    from .torch_export import user_line
     decided = _holds_now(cond)
     line = user_line(node)
     if decided is True:

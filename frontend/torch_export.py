@@ -28,6 +28,7 @@ from .torch_ops import CONVERTERS, TorchImportError, np_dtype
 from .tracer import Tensor, TensorSpec, source_hint, trace
 from . import F
 from . import torch_asserts, torch_control, torch_index, torch_ops_more  # noqa: F401  (they register converters)
+from .torch_control import user_line
 
 __all__ = ["from_torch", "unsupported_ops", "TorchImportError"]
 
@@ -44,20 +45,6 @@ def target_name(node) -> str:
         return "_operator." + t.__name__
     mod = getattr(t, "__module__", "") or ""
     return f"{mod}.{getattr(t, '__name__', str(t))}"
-
-
-def user_line(node) -> str:
-    """'file.py:12: code' of the user's line torch recorded for `node` (the innermost frame of its stack trace)."""
-    import os
-    import re
-    trace_text = node.meta.get("stack_trace") or ""
-    frames = re.findall(r'File "([^"]+)", line (\d+), in [^\n]*\n\s*([^\n]*)', trace_text)
-    here = os.path.dirname(os.path.abspath(__file__))      # the user's frames, not nn.Linear's nor from_torch's
-    own = [f for f in frames if f"{os.sep}torch{os.sep}" not in f[0] and not f[0].startswith(here)] or frames
-    if not own:
-        return ""
-    path, line, code = own[-1]
-    return f"{os.path.basename(path)}:{line}: {code.strip()}"
 
 
 def _where(node) -> str:
