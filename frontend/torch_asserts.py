@@ -6,8 +6,8 @@ asserts a tensor's value. Each is:
 
 * decided while importing where the sizes are known: a condition that always holds is dropped, one that never
   can is refused by name (a `TorchImportError` with the assertion and the user's line);
-* otherwise checked at run time: the condition (a 0-d bool value) feeds a `nonzero`, whose count (1 where it
-  holds, 0 where not) is stated equal to 1 by an `assert_dims_equal` carrying the assertion as its rule, so the
+* otherwise checked at run time: the conditions of a (sub)graph (0-d bool values), and-ed, feed one `nonzero`,
+  whose count (1 where they hold, 0 where not) is stated equal to 1 by an `assert_dims_equal` carrying the assertion as its rule, so the
   run-time dim check raises an `ExecutionError` quoting torch's message and the user's line. The checked value is
   tied into the last tensor output of the (sub)graph (the
   top graph's first outputs may be buffer mutations, which are dropped) by a `where(ok, out, out)` (bit-exact), so the check is
@@ -47,13 +47,21 @@ def _enforce(interp, node, cond, what: str):
     if decided is False:
         raise TorchImportError(f"{what} can never hold for this program (torch.export recorded it; the sizes "
                                f"dyntvm traced decide it false){' at ' + line if line else ''}")
-    flag = F.reshape(F.cast(cond, "bool"), (1,))
-    count = F.nonzero(flag)                                         # [1, 1] where it holds, [1, 0] where not
-    rule = f"{RULE} {what}" + (f" at {line}" if line else "")
-    checked = apply("assert_dims_equal", "assert_dims_equal", [np.zeros((1, 1), np.int64), count],
-                    DimPairAttrs(1, 1, rule))[0]
-    interp.pending_asserts.append(checked)
+    interp.pending_asserts.append((F.cast(cond, "bool"), what + (f" at {line}" if line else "")))
     return None
+
+
+def _checked(pending: list):
+    """One run-time check of all `pending` (condition, what) of a (sub)graph: their conjunction feeds one
+    `nonzero` (a host op per check would cost a round trip each)."""
+    ok = pending[0][0]
+    for cond, _ in pending[1:]:
+        ok = F.logical_and(ok, cond)
+    count = F.nonzero(F.reshape(ok, (1,)))                          # [1, 1] where all hold, [1, 0] where not
+    whats = [w for _, w in pending]
+    rule = f"{RULE} {whats[0]}" if len(whats) == 1 else f"{RULE}s (one of: {'; '.join(whats)})"
+    return apply("assert_dims_equal", "assert_dims_equal", [np.zeros((1, 1), np.int64), count],
+                 DimPairAttrs(1, 1, rule))[0]
 
 
 @converter("aten._assert_scalar.default")
@@ -100,17 +108,14 @@ def _constrain_range(interp, gm, node, args, kwargs):
 
 
 def tie_in(outs: list, checks: list) -> list:
-    """`outs` with the last tensor made to depend on every run-time check in `checks` (its values unchanged)."""
+    """`outs` with the last tensor made to depend on the run-time check of `checks` (its values unchanged)."""
     if not checks:
         return outs
     k = next((i for i in reversed(range(len(outs))) if isinstance(outs[i], Tensor)), None)
     if k is None:
         raise TorchImportError("from_torch: the program asserts a condition at run time but returns no traced "
                                "tensor to attach the check to")
-    ok = True
-    for c in checks:
-        held = F.equal(F.reshape(c, ()), np.int64(0))        # the nonzero index: 0 (always true where it ran)
-        ok = held if ok is True else F.logical_and(ok, held)
+    ok = F.equal(F.reshape(_checked(checks), ()), np.int64(0))     # the nonzero index: 0 (true where it ran)
     outs = list(outs)
     outs[k] = F.where(ok, outs[k], outs[k])
     return outs

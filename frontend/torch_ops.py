@@ -16,7 +16,7 @@ import numpy as np
 
 from dyntvm.errors import InputError
 
-from ..ir.types import dim_add, dim_minmax, dim_mul, is_static_dim
+from ..ir.types import dim_add, dim_compare, dim_minmax, dim_mul, is_static_dim
 from . import F
 from ..ir.ops import Group, ops_in
 from .tracer import Tensor
@@ -571,12 +571,15 @@ def _size_test(op, fn):
     def conv(a, b):
         if is_static_dim(a) and is_static_dim(b):
             return op(int(a), int(b))
-        if isinstance(a, str) and isinstance(b, str) and str(a) == str(b):
-            return op(0, 0)
+        if not isinstance(a, Tensor) and not isinstance(b, Tensor):    # dims: decided by the algebra where it can
+            known = dim_compare(a, _CMP[op], b)
+            if known is not None:
+                return known
         return fn(dim_tensor(a), dim_tensor(b))
     return conv
 
 
+_CMP = {operator.eq: "==", operator.ne: "!=", operator.lt: "<", operator.le: "<=", operator.gt: ">", operator.ge: ">="}
 for _op, _fn in ((operator.eq, F.equal), (operator.ne, F.not_equal), (operator.lt, F.less),
                  (operator.le, F.less_equal), (operator.gt, F.greater), (operator.ge, F.greater_equal)):
     CONVERTERS[f"_operator.{_op.__name__}"] = _size_test(_op, _fn)
