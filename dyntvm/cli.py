@@ -117,12 +117,13 @@ def _compile(args) -> int:
     check_destination(args.output)      # before compiling: never overwrite what is not an artifact
     t0 = time.perf_counter()
     if getattr(args, "torch", False):
-        if args.example or args.input:
-            raise InputError("--torch takes MODEL as file.py:make only (no --example, no --input)")
+        if args.example or args.input or args.autograph:
+            raise InputError("--torch takes MODEL as file.py:make only (no --example, --input or --autograph: "
+                             "torch.export takes the program's control flow as torch.cond / while_loop)")
         from dyntvm.loader import load_torch
         loaded = load_torch(args.model)
     else:
-        loaded = load_model(args.model, args.example, args.input)
+        loaded = load_model(args.model, args.example, args.input, args.autograph)
     t_trace = time.perf_counter() - t0
     kwargs = {"target": args.target, "cache_dir": args.cache_dir}
     if args.tuning_log is not None:
@@ -175,7 +176,7 @@ def _tune(args) -> int:
 
     import dyntvm as dt
     from dyntvm.loader import load_model
-    loaded = load_model(args.model, args.example, args.input)
+    loaded = load_model(args.model, args.example, args.input, args.autograph)
     print(f"tuning {loaded.source} for {args.target} ({args.trials} trials per kernel) ...", flush=True)
     t0 = time.perf_counter()
     log = dt.tune(loaded.graph, target=args.target, trials=args.trials, shape_hints=_hints(args.hint) or None,
@@ -316,7 +317,7 @@ def _inspect(args) -> int:
         return _inspect_onnx(args)
     else:
         from dyntvm.pipeline import partition_graph
-        loaded = load_model(args.model, args.example, args.input)
+        loaded = load_model(args.model, args.example, args.input, args.autograph)
         pg = partition_graph(loaded.graph)            # partitioned and folded, as `compile` builds it
         print(f"model {loaded.source} (partitioned, not compiled)")
     regions = [n for n in pg.walk() if n.op == "region"]
@@ -428,6 +429,8 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("--input", action="append", metavar="NAME:DIMS:DTYPE",
                        help="input spec of a model function, e.g. xs:T,B,128:float32 (dims: ints or "
                             "symbols; dtype defaults to float32); once per argument")
+        q.add_argument("--autograph", action="store_true", help="convert the model function's Python if / for / "
+                       "while on tensors to dyntvm control flow first (as dt.compile(..., autograph=True))")
 
     c = sub.add_parser("compile", parents=[common], help="compile a model to a deployable artifact",
                        description="Trace, partition and compile MODEL; write an artifact folder (or .tar).")

@@ -102,18 +102,24 @@ def is_artifact(path: str) -> bool:
     return os.path.isfile(path) and path.endswith(".tar")
 
 
-def load_model(model: str | None = None, example: str | None = None, inputs=()) -> LoadedModel:
+def load_model(model: str | None = None, example: str | None = None, inputs=(), autograph: bool = False
+               ) -> LoadedModel:
     """Trace (or read) the model a command names; see the module docstring for the MODEL forms.
 
     Args:
         model: the MODEL argument (None when `example` is given).
         example: a bundled example name (``--example``).
         inputs: ``--input NAME:DIMS:DTYPE`` strings, needed for a model function.
+        autograph: convert the model function's Python control flow on tensors first (``--autograph``; a model
+            function only).
 
     Raises:
         dt.InputError: a bad MODEL or --input; dt.TraceError / dt.GraphError from tracing or reading.
     """
     inputs = list(inputs or ())
+    if autograph and not (model and model.rpartition(":")[0].endswith(".py")):
+        raise InputError("--autograph converts a Python model function: give MODEL as file.py:function (an "
+                         "example, a saved graph or an ONNX model has its control flow already)")
     if model and model.startswith("example:"):
         model, example = None, model[len("example:"):]
     if (model is None) == (example is None):
@@ -132,7 +138,7 @@ def load_model(model: str | None = None, example: str | None = None, inputs=()) 
         return LoadedModel(graph.name, graph, model)
     path, colon, attr = model.rpartition(":")
     if colon and path.endswith(".py"):
-        return _from_python(path, attr, inputs, model)
+        return _from_python(path, attr, inputs, model, autograph)
     if model.endswith(".py"):
         raise InputError(f"{model}: name the model function too, as {model}:function")
     if is_artifact(model):
@@ -186,7 +192,7 @@ def import_file(path: str):
     return module
 
 
-def _from_python(path: str, attr: str, inputs, source: str) -> LoadedModel:
+def _from_python(path: str, attr: str, inputs, source: str, autograph: bool = False) -> LoadedModel:
     from .examples import Example
     from .ir.graph import Graph
     module = import_file(path)
@@ -195,6 +201,8 @@ def _from_python(path: str, attr: str, inputs, source: str) -> LoadedModel:
                   and getattr(v, "__module__", None) == module.__name__]
         raise InputError(f"{path} has no {attr!r}; it defines: {', '.join(public) or 'nothing callable'}")
     obj = getattr(module, attr)
+    if autograph and (isinstance(obj, (Example, Graph)) or not callable(obj)):
+        raise InputError(f"{source}: --autograph converts a model function, not a {type(obj).__name__}")
     if isinstance(obj, Example):
         if inputs:
             raise InputError(f"{source} is an Example with its own signature; drop --input")
@@ -207,7 +215,8 @@ def _from_python(path: str, attr: str, inputs, source: str) -> LoadedModel:
         raise InputError(f"{source} is a {type(obj).__name__}, not a model function, dt.Graph or Example")
     specs = _order_specs(obj, [parse_input_spec(s) for s in inputs], source)
     import dyntvm as dt
-    return LoadedModel(attr, dt.trace(obj, *specs, name=attr), source, obj)
+    fn = dt.autograph(obj) if autograph else obj
+    return LoadedModel(attr, dt.trace(fn, *specs, name=attr), source, obj)
 
 
 def load_torch(model: str | None) -> LoadedModel:

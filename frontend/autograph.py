@@ -25,6 +25,7 @@ import inspect
 import linecache
 import os
 import textwrap
+import tokenize
 import types
 
 from dyntvm.errors import TraceError
@@ -275,14 +276,23 @@ def _def(name, params, body, at):
 def _source_tree(fn) -> tuple[ast.FunctionDef, str]:
     filename = fn.__code__.co_filename
     try:
-        src = inspect.getsource(fn)
+        lines, first = inspect.getsourcelines(fn)
+        src = "".join(lines)
+    except (SyntaxError, tokenize.TokenError) as e:     # inspect tokenizes the file: edited since, not Python
+        raise TraceError(f"autograph: cannot read the source of {fn.__qualname__} from {filename}:"
+                         f"{fn.__code__.co_firstlineno} ({type(e).__name__}: {e}); {_STALE_HINT}") from None
     except (OSError, TypeError) as e:
         raise TraceError(f"autograph: cannot read the source of {fn.__qualname__} ({e}); define it in a file, or "
                          "write its control flow with F.cond / F.foreach / F.while_loop") from None
+    where = f"{filename}:{fn.__code__.co_firstlineno}"
     try:
         tree = ast.parse(textwrap.dedent(src))
     except SyntaxError:                 # a body less indented than its def (a multi-line string): wrap it
-        tree = ast.parse("if 1:\n" + src).body[0]
+        try:
+            tree = ast.parse("if 1:\n" + src).body[0]
+        except SyntaxError as e:        # the file on disk no longer holds the function there (edited since)
+            raise TraceError(f"autograph: cannot parse the source of {fn.__qualname__} read from {where} ({e.msg}, "
+                             f"line {fn.__code__.co_firstlineno + (e.lineno or 2) - 2}); {_STALE_HINT}") from None
         tree = ast.Module(tree.body, [])
         ast.increment_lineno(tree, -1)
     defs = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
@@ -290,7 +300,51 @@ def _source_tree(fn) -> tuple[ast.FunctionDef, str]:
         raise TraceError(f"autograph: {fn.__qualname__} is not a plain `def` function; write its control flow with "
                          "F.cond / F.foreach / F.while_loop")
     ast.increment_lineno(defs[0], fn.__code__.co_firstlineno - 1)
+    if first != fn.__code__.co_firstlineno or not _same_code(defs[0], fn, filename):
+        raise TraceError(f"autograph: the source of {fn.__qualname__} in {where} is not the code Python runs for it "
+                         f"(the file was edited after the function was defined); {_STALE_HINT}")
     return defs[0], filename
+
+
+_STALE_HINT = ("autograph converts the function's text in its file, so that must be the text the function was "
+               "made from: re-import the module (or restart) after editing it")
+
+
+_SAME_OP = {"LOAD_METHOD": "LOAD_ATTR"}      # 3.11 compiles `m.f(x)` either way, by where the AST came from
+
+
+def _code_key(code) -> tuple:
+    """What the compiler made of a function's text: its instructions (with their names and constants; jump
+    offsets left out, as the two forms of a method call differ in length), names, constants (nested code objects
+    in turn)."""
+    import dis
+    ops = tuple((_SAME_OP.get(i.opname, i.opname), None if i.opcode in dis.hasjrel + dis.hasjabs or
+                 isinstance(i.argval, types.CodeType) else repr(i.argval)) for i in dis.get_instructions(code))
+    consts = tuple(_code_key(c) if isinstance(c, types.CodeType) else (type(c).__name__, repr(c))
+                   for c in code.co_consts)
+    return ops, code.co_varnames, code.co_freevars, consts
+
+
+def _same_code(tree: ast.FunctionDef, fn, filename: str) -> bool:
+    """Whether `tree` (the def read from the file) compiles to `fn.__code__`: a stale file (edited after import)
+    gives other bytecode. Compiled inside a factory taking the function's free variables, so that they are
+    closure cells as in `fn`. Where the text cannot be compiled standalone, it is taken as it is."""
+    import __future__
+    import copy
+    plain = copy.deepcopy(tree)
+    plain.decorator_list = []
+    free = list(fn.__code__.co_freevars)
+    factory = ast.FunctionDef("__autograph_check", ast.arguments([], [ast.arg(n) for n in free], None, [], [], None,
+                                                                []), [plain], [], None)
+    future = fn.__code__.co_flags & sum(getattr(__future__, f).compiler_flag for f in __future__.all_feature_names)
+    try:
+        code = compile(ast.fix_missing_locations(ast.Module([factory], [])), filename, "exec", flags=future,
+                       dont_inherit=True)
+    except (SyntaxError, ValueError, TypeError):
+        return True
+    factory_code = next(c for c in code.co_consts if isinstance(c, types.CodeType))
+    made = [c for c in factory_code.co_consts if isinstance(c, types.CodeType) and c.co_name == plain.name]
+    return not made or _code_key(made[0]) == _code_key(fn.__code__)
 
 
 def _convert_tree(fn) -> tuple[ast.FunctionDef, str]:

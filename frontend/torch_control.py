@@ -11,11 +11,27 @@ refuses that; write it with `F.while_loop` directly, or see docs/torch.md), and 
 """
 from __future__ import annotations
 
+import os
+import re
+
 import numpy as np
 
 from . import F
 from .torch_ops import TorchImportError, dim_tensor
 from .tracer import Tensor
+
+
+def user_line(node) -> str:
+    """'file.py:12: code' of the user's line torch recorded for `node` (the innermost frame of its stack trace)."""
+    trace_text = node.meta.get("stack_trace") or ""
+    frames = re.findall(r'File "([^"]+)", line (\d+), in [^\n]*\n\s*([^\n]*)', trace_text)
+    here = os.path.dirname(os.path.abspath(__file__))      # the user's frames, not nn.Linear's nor from_torch's
+    own = [f for f in frames if f"{os.sep}torch{os.sep}" not in f[0] and not f[0].startswith(here)] or frames
+    if not own:
+        return ""
+    path, line, code = own[-1]
+    return f"{os.path.basename(path)}:{line}: {code.strip()}"
+
 
 CONVERTERS: dict = {}
 

@@ -27,7 +27,8 @@ from dyntvm.errors import DyntvmError, InputError, TraceError, UnsupportedOpErro
 from .torch_ops import CONVERTERS, TorchImportError, np_dtype
 from .tracer import Tensor, TensorSpec, source_hint, trace
 from . import F
-from . import torch_control, torch_index, torch_ops_more  # noqa: F401  (they register their converters)
+from . import torch_asserts, torch_control, torch_index, torch_ops_more  # noqa: F401  (they register converters)
+from .torch_control import user_line
 
 __all__ = ["from_torch", "unsupported_ops", "TorchImportError"]
 
@@ -44,20 +45,6 @@ def target_name(node) -> str:
         return "_operator." + t.__name__
     mod = getattr(t, "__module__", "") or ""
     return f"{mod}.{getattr(t, '__name__', str(t))}"
-
-
-def user_line(node) -> str:
-    """'file.py:12: code' of the user's line torch recorded for `node` (the innermost frame of its stack trace)."""
-    import os
-    import re
-    trace_text = node.meta.get("stack_trace") or ""
-    frames = re.findall(r'File "([^"]+)", line (\d+), in [^\n]*\n\s*([^\n]*)', trace_text)
-    here = os.path.dirname(os.path.abspath(__file__))      # the user's frames, not nn.Linear's nor from_torch's
-    own = [f for f in frames if f"{os.sep}torch{os.sep}" not in f[0] and not f[0].startswith(here)] or frames
-    if not own:
-        return ""
-    path, line, code = own[-1]
-    return f"{os.path.basename(path)}:{line}: {code.strip()}"
 
 
 def _where(node) -> str:
@@ -98,6 +85,27 @@ def unsupported_ops(gm) -> dict:
     return found
 
 
+#: ops with an output dyntvm does not compute: {op: (output index, what it is)}
+_OUTPUTS_NOT_COMPUTED = {f"aten.max_pool{k}d_with_indices.default": (1, "the indices of the maxima (return_indices="
+                                                                        "True)") for k in (1, 2, 3)}
+
+
+def refused_forms(gm) -> list:
+    """What the program uses that dyntvm refuses although it converts the op: an output it does not compute (the
+    indices of `max_pool2d_with_indices`), each with the user's line."""
+    out = []
+    for _, node in _walk(gm):
+        name = target_name(node)
+        if name not in _OUTPUTS_NOT_COMPUTED:
+            continue
+        k, what = _OUTPUTS_NOT_COMPUTED[name]
+        if any(target_name(u) == "_operator.getitem" and u.args[1] == k and u.users for u in node.users):
+            out.append(f"{name}: {what} are used at {user_line(node) or node.name}, and dyntvm's max_pool gives the "
+                       "pooled values only; use the values, or compute the positions another way (e.g. an argmax "
+                       "over unfolded windows)")
+    return out
+
+
 # ---------------------------------------------------------------------------------------- running
 def _arg(env, a):
     """A node argument with each FX node replaced by its value (nested lists and tuples too)."""
@@ -136,10 +144,18 @@ class Interpreter:
 
     def __init__(self, constants: dict):
         self.constants = constants          # placeholder name of the top graph -> numpy array
+        self.pending_asserts: list = []     # run-time checks of the (sub)graph being run (torch_asserts.py)
 
     def run(self, gm, inputs: list, top: bool = False) -> list:
         """The outputs of `gm` (flattened) with its placeholders bound to `inputs` in order (constants by name
         for the top graph)."""
+        outer, self.pending_asserts = self.pending_asserts, []
+        try:
+            return self._run(gm, inputs, top)
+        finally:
+            self.pending_asserts = outer
+
+    def _run(self, gm, inputs: list, top: bool) -> list:
         env, it = {}, iter(inputs)
         for node in gm.graph.nodes:
             if node.op == "placeholder":
@@ -150,7 +166,8 @@ class Interpreter:
                 env[node] = self.call(gm, node, env)
             elif node.op == "output":
                 outs = node.args[0]
-                return [_arg(env, o) for o in (outs if isinstance(outs, (list, tuple)) else [outs])]
+                outs = [_arg(env, o) for o in (outs if isinstance(outs, (list, tuple)) else [outs])]
+                return torch_asserts.tie_in(outs, self.pending_asserts)
         raise TorchImportError("from_torch: the exported graph has no output node")
 
     def call(self, gm, node, env):
@@ -265,15 +282,53 @@ def _input_specs(ep, dynamic_shapes):
         dims = []
         for d in val.shape:
             if type(d).__name__ == "SymInt":
-                key = str(d.node.expr)
-                if not getattr(d.node.expr, "is_Symbol", False):
-                    raise TorchImportError(f"from_torch: input {name!r} has an axis of the derived size {key} (a "
-                                           "Dim computed from another); give each input axis a Dim of its own")
-                dims.append(rename.get(key, key))
+                dims.append(_dim_of(d.node.expr, rename, name))
             else:
                 dims.append(int(d))
         specs.append(TensorSpec(tuple(dims), np_dtype(val.dtype), name=name))
-    return user, specs, constants_from_inputs
+    return user, specs, constants_from_inputs, _input_ranges(ep, specs, rename)
+
+
+def _dim_of(expr, rename: dict, input_name: str):
+    """The dyntvm dim of a torch size expression: a symbol (the user's Dim name) or, for a derived Dim
+    (``2 * B``, ``B + 1``), that expression over the symbols, checked against the input when the model runs."""
+    import re
+    if getattr(expr, "is_Symbol", False):
+        return rename.get(str(expr), str(expr))
+    from ..ir.types import check_dim
+    text = re.sub(r"[A-Za-z_]\w*", lambda m: rename.get(m.group(0), m.group(0)), str(expr))
+    try:
+        return check_dim(f"({text})" if not text.startswith("(") else text)
+    except (TypeError, ValueError) as e:
+        raise TorchImportError(f"from_torch: input {input_name!r} has an axis of the derived size {expr}, which "
+                               f"dyntvm cannot take as a dim ({e}); give that axis a Dim of its own") from None
+
+
+def _input_ranges(ep, specs, rename: dict) -> dict:
+    """{input symbol: (lowest, highest or None)} torch.export derived for the symbols of the inputs' axes (the
+    users' `Dim(min=, max=)` and what the program's own checks added), where narrower than any size (0 to inf)."""
+    from ..ir.dims import parse_dim
+    names = {x for s in specs for d in s.shape if isinstance(d, str) for x in parse_dim(d).symbols}
+    out = {}
+    for expr, vr in ep.range_constraints.items():
+        if not getattr(expr, "is_Symbol", False):
+            continue                    # a derived Dim's range follows from its root's
+        sym = rename.get(str(expr), str(expr))
+        if sym not in names:
+            continue
+        lo, hi = _finite(vr.lower) or 0, _finite(vr.upper)
+        if lo > 0 or hi is not None:
+            out[sym] = (max(lo, 0), hi)
+    return out
+
+
+def _finite(bound):
+    """A sympy range bound as an int, None where it is infinite (torch's int_oo, or its 2**63 - 2 stand-in)."""
+    try:
+        v = int(bound)
+    except (TypeError, ValueError, AttributeError, OverflowError):
+        return None
+    return v if abs(v) < 2 ** 62 else None
 
 
 def _torch_symbol_names(ep, dynamic_shapes, user) -> dict:
@@ -295,8 +350,14 @@ def _torch_symbol_names(ep, dynamic_shapes, user) -> dict:
         for ax, dim in (axes.items() if isinstance(axes, dict) else enumerate(axes)):
             dim_name = dim if isinstance(dim, str) else getattr(dim, "__name__", None)
             d = val.shape[ax] if isinstance(ax, int) and ax < len(val.shape) else None
-            if isinstance(dim_name, str) and type(d).__name__ == "SymInt" and getattr(d.node.expr, "is_Symbol", False):
-                out.setdefault(str(d.node.expr), _symbol(dim_name))
+            if type(d).__name__ != "SymInt":
+                continue
+            expr = d.node.expr
+            root = getattr(dim, "root", None)           # a derived Dim (2 * B): its expression's one symbol is B
+            if root is not None and len(expr.free_symbols) == 1:
+                out.setdefault(str(next(iter(expr.free_symbols))), _symbol(root.__name__))
+            elif isinstance(dim_name, str) and getattr(expr, "is_Symbol", False):
+                out.setdefault(str(expr), _symbol(dim_name))
     return out
 
 
@@ -362,8 +423,11 @@ def from_torch(module_or_fn, example_args, dynamic_shapes=None):
         raise UnsupportedOpError(f"from_torch: no converter for {len(missing)} op(s) of the exported program: "
                                  f"{', '.join(sorted(missing))} (supported: {len(CONVERTERS)} ATen ops, "
                                  f"dyntvm.frontend.torch_ops.CONVERTERS); where: {where}")
+    refused = refused_forms(gm)
+    if refused:
+        raise TorchImportError("from_torch: " + "; ".join(refused))
     constants = _constants(ep)
-    user, specs, specialized = _input_specs(ep, dynamic_shapes)
+    user, specs, specialized, ranges = _input_specs(ep, dynamic_shapes)
     constants.update(specialized)
     interp = Interpreter(constants)
     tensor_inputs = [n for n in user if n not in specialized]
@@ -386,7 +450,9 @@ def from_torch(module_or_fn, example_args, dynamic_shapes=None):
         warnings.warn(f"from_torch: the program updates {', '.join(mutated)} in place; dyntvm keeps buffers as "
                       "constants and inputs unchanged, so every call sees the values of the export (pass state "
                       "as inputs and return it as outputs instead)", stacklevel=2)
-    return trace(run, *specs, name=name)
+    graph = trace(run, *specs, name=name)
+    graph.dim_ranges.update(ranges)
+    return graph
 
 
 def _mutated(ep) -> list:

@@ -49,7 +49,11 @@ def _gather(x, dim, index, sparse_grad=False):
 
 @converter("aten.nonzero.default")
 def _nonzero(x):
-    return F.transpose(F.nonzero(x), (1, 0)) if _rank(x) else F.reshape(F.nonzero(F.reshape(x, (1,))), (-1, 0))
+    if _rank(x):
+        return F.transpose(F.nonzero(x), (1, 0))
+    # a 0-d x: torch gives shape (1, 0) where x is non-zero, (0, 0) where not (one hit, no coordinates)
+    hits = F.transpose(F.nonzero(F.reshape(x, (1,))), (1, 0))                       # (0 or 1, 1)
+    return F.slice(hits, [0], [0], [1], [1])
 
 
 @converter("aten.masked_select.default")

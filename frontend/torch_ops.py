@@ -16,7 +16,7 @@ import numpy as np
 
 from dyntvm.errors import InputError
 
-from ..ir.types import dim_mul, is_static_dim
+from ..ir.types import dim_add, dim_compare, dim_minmax, dim_mul, is_static_dim
 from . import F
 from ..ir.ops import Group, ops_in
 from .tracer import Tensor
@@ -406,8 +406,21 @@ def _split(x, sizes, dim=0):
             raise TorchImportError(f"split into chunks of {sizes} along a symbolic axis ({n}): the number of "
                                    "chunks is known only when it runs; dyntvm has no data-dependent split")
         sizes = [min(sizes, int(n) - k) for k in range(0, int(n), sizes)]
-    idx = np.cumsum(list(sizes))[:-1]
-    return tuple(F.split(x, [int(i) for i in idx], ax)) if len(sizes) > 1 else (x,)
+    if len(sizes) <= 1:
+        return (x,)
+    if all(is_static_dim(k) for k in sizes):
+        return tuple(F.split(x, [int(i) for i in np.cumsum([int(k) for k in sizes])[:-1]], ax))
+    parts, start = [], 0                # sizes from symbolic dims (SymInts): one slice per part
+    for k in sizes:
+        if is_static_dim(start) and is_static_dim(k):
+            stop = int(start) + int(k)
+        elif isinstance(start, Tensor) or isinstance(k, Tensor):           # a size read from data
+            stop = F.add(dim_tensor(start), dim_tensor(k))
+        else:
+            stop = dim_add(start, k)
+        parts.append(_slice(x, ax, start, stop))
+        start = stop
+    return tuple(parts)
 
 
 @converter("aten.flip.default")
@@ -520,6 +533,7 @@ def _convolution(x, w, b, stride, padding, dilation, transposed, output_padding,
 @converter("aten.max_pool2d_with_indices.default", "aten.max_pool1d_with_indices.default",
            "aten.max_pool3d_with_indices.default")
 def _max_pool(x, kernel, stride=(), padding=0, dilation=1, ceil_mode=False):
+    # the indices output: None here; `torch_export.refused_forms` refuses a program that uses it, by name
     return F.max_pool(x, tuple(kernel), tuple(stride) or None, padding if isinstance(padding, int) else
                       tuple(padding), dilation if isinstance(dilation, int) else tuple(dilation), ceil_mode), None
 
@@ -546,10 +560,8 @@ def _sym_numel(x):
     return n
 
 
-for _name in ("aten._assert_scalar.default", "aten.sym_constrain_range_for_size.default",
-              "aten.sym_constrain_range.default", "aten._assert_async.msg", "aten._assert_async.default",
-              "aten._assert_tensor_metadata.default"):
-    CONVERTERS[_name] = lambda *a, **k: None      # torch's own checks of unbacked sizes: dyntvm checks shapes itself
+# dtype / shape metadata torch asserts: dyntvm's types check those itself (value asserts: torch_asserts.py)
+CONVERTERS["aten._assert_tensor_metadata.default"] = lambda *a, **k: None
 for _op in (operator.add, operator.sub, operator.mul, operator.floordiv, operator.mod, operator.neg):
     CONVERTERS[f"_operator.{_op.__name__}"] = _op
 
@@ -559,12 +571,15 @@ def _size_test(op, fn):
     def conv(a, b):
         if is_static_dim(a) and is_static_dim(b):
             return op(int(a), int(b))
-        if isinstance(a, str) and isinstance(b, str) and str(a) == str(b):
-            return op(0, 0)
+        if not isinstance(a, Tensor) and not isinstance(b, Tensor):    # dims: decided by the algebra where it can
+            known = dim_compare(a, _CMP[op], b)
+            if known is not None:
+                return known
         return fn(dim_tensor(a), dim_tensor(b))
     return conv
 
 
+_CMP = {operator.eq: "==", operator.ne: "!=", operator.lt: "<", operator.le: "<=", operator.gt: ">", operator.ge: ">="}
 for _op, _fn in ((operator.eq, F.equal), (operator.ne, F.not_equal), (operator.lt, F.less),
                  (operator.le, F.less_equal), (operator.gt, F.greater), (operator.ge, F.greater_equal)):
     CONVERTERS[f"_operator.{_op.__name__}"] = _size_test(_op, _fn)
@@ -572,14 +587,14 @@ CONVERTERS["_operator.getitem"] = operator.getitem
 
 
 def _sym_extreme(fn, name):
+    """torch.sym_min / sym_max of two SymInts: a dim expression (min(N, M)) where both are dims, through the dim
+    algebra (not text), else a 0-d value where one is a tensor (a size read from data)."""
     def conv(a, b):
         if is_static_dim(a) and is_static_dim(b):
             return fn(int(a), int(b))
-        from ..ir.types import check_dim
-        try:
-            return check_dim(f"{name}({a}, {b})")
-        except (TypeError, ValueError):
-            return (F.minimum if fn is min else F.maximum)(dim_tensor(a), dim_tensor(b))
+        if isinstance(a, (str, int, np.integer)) and isinstance(b, (str, int, np.integer)):
+            return dim_minmax(name, *(int(d) if is_static_dim(d) else d for d in (a, b)))
+        return (F.minimum if fn is min else F.maximum)(dim_tensor(a), dim_tensor(b))
     return conv
 
 

@@ -59,6 +59,8 @@ class Graph:
     in_tree: Any = None
     out_tree: Any = None
     dim_origins: dict = field(default_factory=dict)    # unknown dim -> where it comes from (for messages)
+    # input symbol -> (lowest, highest or None) it may take (torch.export's Dim(min=, max=)): checked on each call
+    dim_ranges: dict = field(default_factory=dict)
 
     def values(self):
         yield from self.inputs

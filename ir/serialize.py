@@ -44,6 +44,8 @@ def graph_to_dict(graph: Graph, params: dict | None = None) -> tuple[dict, dict]
     out = {"format": FORMAT, "graph": enc(graph)}
     if graph.dim_origins:       # messages only: hashes of the graph leave it out (`strip_messages`)
         out["dim_origins"] = dict(graph.dim_origins)
+    if graph.dim_ranges:        # only then: graphs without ranges keep their JSON (and hashes)
+        out["dim_ranges"] = {k: list(v) for k, v in graph.dim_ranges.items()}
     return out, params
 
 
@@ -90,6 +92,8 @@ def graph_from_dict(obj: dict, params: dict) -> Graph:
     try:
         graph = dec(obj["graph"])
         graph.dim_origins = {str(k): str(v) for k, v in obj.get("dim_origins", {}).items()}  # older graphs: none
+        graph.dim_ranges = {str(k): (int(lo), None if hi is None else int(hi))
+                            for k, (lo, hi) in obj.get("dim_ranges", {}).items()}
         return graph
     except GraphError:
         raise

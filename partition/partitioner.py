@@ -219,7 +219,7 @@ def contract(g: Graph, regions: list[list[int]], prefix: str) -> Graph:
     # constants only read by regions were copied into them: drop the originals
     used = {v for n in nodes for v in n.inputs} | set(g.outputs)
     nodes = [n for n in nodes if n.op != "constant" or any(v in used for v in n.outputs)]
-    return Graph(g.inputs, nodes, g.outputs, g.name, g.in_tree, g.out_tree, dict(g.dim_origins))
+    return Graph(g.inputs, nodes, g.outputs, g.name, g.in_tree, g.out_tree, dict(g.dim_origins), dict(g.dim_ranges))
 
 
 def _symbol_carriers(g: Graph, members: list, producer: dict, unbound: bool = False):

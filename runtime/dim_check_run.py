@@ -43,6 +43,9 @@ class DimMismatch(ValueError):
 
 def mismatch(node: Node, check, kept: int, other: int, origins: dict | None = None) -> DimMismatch:
     """What failed, why it was checked and how to fix it (the caller adds the node and its source line)."""
+    if check.what.startswith("torch's run-time assertion"):     # frontend/torch_asserts.py: a 0/1 count
+        return DimMismatch(f"{check.what} failed when the model ran (torch.export recorded it from the program's "
+                           f"torch._check / size constraints). To fix: pass inputs for which it holds")
     if check.what == "assert_dims_equal":
         why = "F.assert_dims_equal states that they are equal"
         fix = "pass tensors whose dims match there, or remove the assertion if they may differ"
@@ -90,3 +93,21 @@ def checked_step(step, node: Node, ins: list, origins_of):
             raise err       # the executor names the node
         step(slots)
     return run
+
+
+def in_range(size: int, lo: int, hi) -> bool:
+    return lo <= size and (hi is None or size <= hi)
+
+
+def dim_range_error(graph, env: dict) -> str | None:
+    """What is wrong where a symbol bound in `env` lies outside its range in `graph.dim_ranges` (None if all fit)."""
+    for sym, (lo, hi) in graph.dim_ranges.items():
+        size = env.get(sym)
+        if size is None or in_range(size, lo, hi):
+            continue
+        where = next((f"input {i} ({v.name!r}) axis {ax}" for i, v in enumerate(graph.inputs)
+                      for ax, d in enumerate(getattr(v.type, "shape", ())) if d == sym), "the inputs")
+        bound = f"{lo} <= {sym}" + (f" <= {hi}" if hi is not None else "")
+        return (f"dim {sym} is {size} ({where}), outside its range {bound} (the range the model was declared "
+                f"for, e.g. torch.export's Dim({sym!r}, min=, max=)); pass inputs with {bound}")
+    return None

@@ -16,7 +16,7 @@ from ..ir.list_type import ListType, value_shape
 from ..ir.types import expression_dim_errors, shape_matches
 from . import control_flow as cf
 from .control_flow import bind_symbols
-from .dim_check_run import check_node
+from .dim_check_run import check_node, dim_range_error
 from .kernels import run_kernel
 from .lists import check_list_value
 from .node_errors import node_failure, note_within
@@ -72,6 +72,9 @@ class Interpreter:
             i = tensors[k]
             raise InputError(f"graph {g.name!r}: input {i} (%{g.inputs[i].name}) axis {ax} has size {size}, which "
                              f"does not fit its dim {d} (symbols: {env})")
+        bad = dim_range_error(g, env)
+        if bad:
+            raise InputError(f"graph {g.name!r}: {bad}")
 
     def run_graph(self, graph: Graph, args: list) -> list:
         if len(args) != len(graph.inputs):

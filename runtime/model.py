@@ -20,6 +20,7 @@ from ..ir.tree import LEAF, flatten_like, tree_flatten, tree_str, tree_unflatten
 from ..ir.types import expression_dim_errors, is_symbol
 from .artifact import save as save_artifact
 from .devices import device_type
+from .dim_check_run import dim_range_error, in_range
 from .executor import Executor
 from .lists import check_list_value, host_list
 from .placement import DevicePlacement
@@ -143,7 +144,12 @@ def _check_inputs(graph: Graph, args: tuple) -> list:
         name = f"input {i} ({names[i]!r})" if names[i] else f"input {i}"
         raise InputError(f"{name}: axis {ax} has size {size}, which does not fit its dim {d} (spec {types[i]}; "
                          f"symbols: {env})")
+    bad = dim_range_error(graph, env)
+    if bad:
+        raise InputError(bad)
     return out
+
+
 
 
 def partition_summary(graph: Graph) -> list[str]:
@@ -180,6 +186,7 @@ class InputChecker:
             static = tuple((ax, d) for ax, d in enumerate(t.shape) if isinstance(d, int))
             syms = tuple((ax, d) for ax, d in enumerate(t.shape) if is_symbol(d) and not d.startswith("_"))
             self.sig.append((np.dtype(t.dtype), t.ndim, static, syms))
+        self.ranges = tuple((sym, lo, hi) for sym, (lo, hi) in graph.dim_ranges.items())
 
     def __call__(self, args: tuple) -> list:
         if self.flat and len(args) == self.n:
@@ -192,7 +199,8 @@ class InputChecker:
                         any(env.setdefault(s, shape[ax]) != shape[ax] for ax, s in syms):
                     break
             else:
-                return list(args)
+                if not self.ranges or all(in_range(env.get(s, lo), lo, hi) for s, lo, hi in self.ranges):
+                    return list(args)
         return check_inputs(self.graph, args)
 
 

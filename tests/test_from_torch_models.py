@@ -49,8 +49,11 @@ def _text(rng, size):
 
 
 def _detector(builder):
+    """The detector as the ONNX real-model suite builds it (its own small sizes and thresholds)."""
+    make = next(case for case in zoo_torchvision.CASES if case.name == builder).make
+
     def build():
-        model, args, _, axes = zoo_torchvision._detector(builder, zoo_torchvision._BOXES, **zoo_torchvision._SMALL)()
+        model, args, _, axes = make()
         return model, args, axes
     return build
 
@@ -62,12 +65,16 @@ def _image(rng, size):
 #: name -> (builder, sizes, inputs(rng, size) -> list of arrays)
 MODELS = {
     "resnet18": (_classifier("resnet18"), IMAGE_SIZES, _images),
+    "mobilenet_v3_small": (_classifier("mobilenet_v3_small"), IMAGE_SIZES, _images),
     "bert": (_text_model(zoo_hf.make_bert), TEXT_SIZES, _text),
     "distilbert": (_text_model(zoo_hf.make_distilbert), TEXT_SIZES, _text),
     "gpt2": (_text_model(zoo_hf.make_gpt2), TEXT_SIZES, _text),
     "t5": (_text_model(zoo_hf.make_t5), TEXT_SIZES, _text),              # encoder-decoder, decoder fed the ids
     "fasterrcnn_mobilenet_v3_large_320_fpn": (_detector("fasterrcnn_mobilenet_v3_large_320_fpn"),
                                               zoo_torchvision._DETECTOR_SIZES, _image),
+    "ssdlite320_mobilenet_v3_large": (_detector("ssdlite320_mobilenet_v3_large"), zoo_torchvision._DETECTOR_SIZES,
+                                      _image),
+    "retinanet_resnet50_fpn": (_detector("retinanet_resnet50_fpn"), zoo_torchvision._DETECTOR_SIZES, _image),
 }
 #: name -> the exact reason (a substring of the error) a model cannot go through from_torch yet
 CANNOT: dict = {
@@ -75,6 +82,14 @@ CANNOT: dict = {
     "fasterrcnn_mobilenet_v3_large_320_fpn": re.escape(
         "torch.export refused the program (GuardOnDataDependentSymNode): Could not guard on data-dependent "
         "expression Eq(4*u1, 0)"),
+    # batched_nms picks its algorithm by `boxes.numel() > 4000`, a Python `if` on a sum of unbacked sizes
+    "ssdlite320_mobilenet_v3_large": re.escape(
+        "torch.export refused the program (GuardOnDataDependentSymNode): Could not guard on data-dependent "
+        "expression 4*Min(300, u0)"),
+    # as fasterrcnn: batched_nms's `boxes.numel() == 0` (torchvision/ops/boxes.py, _batched_nms_coordinate_trick)
+    "retinanet_resnet50_fpn": re.escape(
+        "torch.export refused the program (GuardOnDataDependentSymNode): Could not guard on data-dependent "
+        "expression"),
 }
 
 
