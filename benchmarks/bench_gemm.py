@@ -48,7 +48,7 @@ def _gelu_erf(v):
 def _before_issue24():
     """The schedule before issue 24 item 2, rebuilt in this process for an interleaved comparison: tiles sized
     for TVM's reported 512-bit vectors / 32 registers on every x86 (AVX2 too), no packed weight panels."""
-    from dyntvm.codegen import cpu_sched_helpers, cpu_schedule
+    from dyntvm.codegen.backends.cpu import cpu_sched_helpers, cpu_schedule
     saved = cpu_sched_helpers._isa_vectors, cpu_schedule.PACK_MIN_ROWS
     cpu_sched_helpers._isa_vectors, cpu_schedule.PACK_MIN_ROWS = (lambda _t: (512, 32)), 1 << 62
     try:

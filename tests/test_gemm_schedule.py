@@ -11,10 +11,10 @@ import tvm
 from tvm import relax, tirx
 from tvm.relax import op as R
 
-from dyntvm.codegen import cpu_schedule
-from dyntvm.codegen.cpu_sched_helpers import vector_lanes, vector_registers
-from dyntvm.codegen.cpu_schedule import build_cpu, cpu_target, legalize_and_fuse, schedule_module
-from dyntvm.codegen.cpu_schedule_matmul import PACK_MIN_ROWS, matmul_rows, tile_columns
+from dyntvm.codegen.backends.cpu import cpu_schedule
+from dyntvm.codegen.backends.cpu.cpu_sched_helpers import vector_lanes, vector_registers
+from dyntvm.codegen.backends.cpu.cpu_schedule import build_cpu, cpu_target, legalize_and_fuse, schedule_module
+from dyntvm.codegen.backends.cpu.cpu_schedule_matmul import PACK_MIN_ROWS, matmul_rows, tile_columns
 from test_cpu_schedule import check, const, make_module, rand, run, scaled, sym
 
 

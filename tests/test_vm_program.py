@@ -279,6 +279,7 @@ def test_callback_tables_keep_only_live_models(compiled, tmp_path):
 
     from dyntvm.runtime import vm_program
     ex, model = compiled("detection")
+    gc.collect()                        # earlier tests' models that are gone: their entries leave first
     before = vm_program.registered()
 
     def fn(x, k):                       # a dynamic-shape op the program calls back for: entries of its own
