@@ -38,7 +38,11 @@ def _positive_int(text: str) -> int:
 
 
 def _target(text: str) -> str:
-    """A target string of `codegen.backends`: cpu, cuda or cuda:sm_XX (the CUDA arch to build device code for)."""
+    """A target string of `codegen.backends`: cpu, cuda or cuda:sm_XX (the CUDA arch to build device code for).
+    Not checked in a runtime-only install (no compiler: `_check_full_install` then refuses the command)."""
+    import importlib.util
+    if importlib.util.find_spec("dyntvm.codegen") is None:
+        return text
     from .codegen.backends import resolve, target_forms
     from .errors import CompileError
     try:

@@ -1,7 +1,7 @@
 """More of `from_torch`'s converters (`torch_ops.py` holds the core of them): inference-mode normalisation and
 pooling (what torchvision's CNNs need after `run_decompositions`), the elementwise math dyntvm has no single op
-for (composed from `F` ops with torch's semantics), and index / repeat forms; registered into
-`torch_ops.CONVERTERS` like the others."""
+for (composed from `F` ops with torch's semantics), index / repeat forms, and linear algebra (matmuls,
+embedding, layer norm, convolution, pooling); registered into `torch_ops.CONVERTERS` like the others."""
 from __future__ import annotations
 
 import numpy as np
@@ -102,3 +102,62 @@ def _dropout(x, p, train):
     if train:
         raise TorchImportError("native_dropout in training mode (random): export the model in eval() mode")
     return x, F.ones_like(x, dtype="bool")              # eval: every element kept
+
+
+# ------------------------------------------------------------------------------------ linear algebra
+@converter("aten.mm.default", "aten.bmm.default", "aten.matmul.default")
+def _mm(a, b):
+    return F.matmul(a, b)
+
+
+@converter("aten.addmm.default")
+def _addmm(bias, a, b, *, beta=1, alpha=1):
+    y = F.matmul(a, b)
+    y = y if alpha == 1 else y * alpha
+    return y + (bias if beta == 1 else bias * beta)
+
+
+@converter("aten.linear.default")
+def _linear(x, w, b=None):
+    y = F.matmul(x, F.transpose(w, (1, 0)))
+    return y if b is None else y + b
+
+
+@converter("aten.embedding.default")
+def _embedding(weight, indices, *rest):
+    return F.take(weight, indices, axis=0)
+
+
+@converter("aten.native_layer_norm.default")
+def _layer_norm(x, shape, weight, bias, eps):
+    k = len(shape)
+    axes = tuple(range(_rank(x) - k, _rank(x)))
+    mean = F.mean(x, axes, True)
+    dev = x - mean
+    rstd = F.rsqrt(F.mean(dev * dev, axes, True) + eps)
+    y = dev * rstd
+    y = y if weight is None else y * weight
+    return (y if bias is None else y + bias), mean, rstd
+
+
+@converter("aten.convolution.default")
+def _convolution(x, w, b, stride, padding, dilation, transposed, output_padding, groups):
+    if transposed:
+        raise TorchImportError("convolution: transposed convolution (ConvTranspose) is not supported")
+    return F.conv(x, w, b, tuple(stride), tuple(padding), tuple(dilation), groups)
+
+
+@converter("aten.max_pool2d_with_indices.default", "aten.max_pool1d_with_indices.default",
+           "aten.max_pool3d_with_indices.default")
+def _max_pool(x, kernel, stride=(), padding=0, dilation=1, ceil_mode=False):
+    # the indices output: None here; `torch_export.refused_forms` refuses a program that uses it, by name
+    return F.max_pool(x, tuple(kernel), tuple(stride) or None, padding if isinstance(padding, int) else
+                      tuple(padding), dilation if isinstance(dilation, int) else tuple(dilation), ceil_mode), None
+
+
+@converter("aten.avg_pool2d.default", "aten.avg_pool1d.default", "aten.avg_pool3d.default")
+def _avg_pool(x, kernel, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None):
+    if divisor_override is not None:
+        raise TorchImportError("avg_pool: divisor_override is not supported")
+    return F.avg_pool(x, tuple(kernel), tuple(stride) or None, padding if isinstance(padding, int) else
+                      tuple(padding), 1, ceil_mode, count_include_pad)
