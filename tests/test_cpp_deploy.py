@@ -188,7 +188,8 @@ def test_inputs_that_do_not_fit_the_signature_and_bad_artifacts(runner, tmp_path
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "not a .npy file" in r.stderr, r.stderr
     good = np.lib.format.header_data_from_array_1_0(np.zeros((2, 3), np.float32))
-    for shape, version, message in [("(4611686018427387904, 4)", 1, "too large"),   # 2^62 x 4 x 4 bytes
+    for shape, version, message in [("(100000000000000000, 100000000000000000)", 1, "too large"),  # overflows
+                                     ("(4611686018427387904, 4)", 1, "bad .npy shape"),     # 19 digits
                                      ("(-2, 3)", 1, "bad .npy shape"), ("(2, 3)", 7, "format version 7"),
                                      ("(99999999, 3)", 1, "truncated .npy data")]:
         header = str({**good, "shape": "SHAPE"}).replace("'SHAPE'", shape).encode() + b"\n"
