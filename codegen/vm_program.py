@@ -35,6 +35,10 @@ from .vm_dynamic import DynamicOps, native
 FALLBACK_CALLBACK = "dyntvm.vm_fallback"     # raises: the runtime runs this call in the executor instead
 
 
+def _TRUE():  # noqa: N802 - a constant
+    return relax.const(np.array(True), "bool")
+
+
 def _i64(v: int):
     return tvm.tirx.IntImm("int64", v)
 
@@ -254,9 +258,11 @@ class _Lowering:
         """A while_loop without a compiled loop, as two recursive functions (the VM's stack bounds recursion
         depth, not the iteration count): ``steps(vars, pred, caps, (k,))`` runs at most k iterations, halving k
         (a leaf runs the body once if `pred` holds), so it recurses log2(k) deep; ``chunks`` calls it with k = 1,
-        2, 4, ... (at most `_WHILE_HALVING_MAX`) until the condition fails or the limit is reached. The
-        condition is carried (`pred`): the condition graph on the new vars, or the body's last output
-        (``cond_in_body``). Per-step outputs of a shape known only when the body runs are left to the executor."""
+        2, 4, ... (at most `_WHILE_HALVING_MAX`) until the condition fails or the limit is reached. `pred`, carried
+        from leaf to leaf: "not stopped yet", the condition graph then evaluated by each leaf before its iteration
+        (never after the last iteration the limit allows, as the executor), or, with ``cond_in_body``, the
+        body's own condition output. Per-step outputs of a shape known only when the body runs are left to the
+        executor."""
         a = n.attrs
         cond_g, body = n.subgraphs
         nv = a.num_vars
@@ -274,7 +280,7 @@ class _Lowering:
         chunks = self._while_chunks(n, steps, var_types, cap_types, out_types)
 
         check = _Seq(self.bb)                      # the limit allows one: the condition decides the first
-        (pred,) = self.graph(check, cond_g, vars_ + caps)
+        (pred,) = self.graph(check, cond_g, vars_ + caps) if a.cond_in_body else [_TRUE()]   # (else: in `steps`)
         got = check.emit(relax.Call(chunks, vars_ + [pred] + caps + [relax.ShapeExpr([_i64(1), limit])]), "while")
         check_seq = check.result(self._items(check, got, len(out_types)))
         res = seq.emit(relax.If(limit > _i64(0), check_seq, self._zero_steps(n, row_types, ins, out_types, 0, nv)),
@@ -301,18 +307,25 @@ class _Lowering:
         ret = [_ty(t) for t in out_types] + [pred.ty, relax.TensorType([1], "int64")]
         name, gv = self._recursive("while_steps", params, ret)
 
+        def stop_seq(flag):                        # a leaf that runs nothing (the condition failed)
+            stop = _Seq(self.bb)
+            empty = [stop.emit(relax.op.zeros(relax.ShapeExpr([_i64(0)] + [_i64(d) for d in t.shape]), t.dtype))
+                     for t in row_types]
+            return stop.result(empty + vars_ + [flag, relax.const(np.array([0], np.int64), "int64")])
+
         run = _Seq(self.bb)                        # a leaf whose condition holds: the body once
         outs = self.graph(run, body, vars_ + caps)
         new_vars = outs[n_ys:n_ys + nv]
-        (new_pred,) = outs[n_ys + nv:] if n.attrs.cond_in_body else self.graph(run, cond_g, new_vars + caps)
+        (new_pred,) = outs[n_ys + nv:] if n.attrs.cond_in_body else [_TRUE()]
         stacked = [run.emit(relax.op.expand_dims(self._shaped(run, y), 0)) for y in outs[:n_ys]]
         run_seq = run.result(stacked + new_vars + [new_pred, relax.const(np.array([1], np.int64), "int64")])
-        stop = _Seq(self.bb)                       # a leaf whose condition fails: nothing
-        empty = [stop.emit(relax.op.zeros(relax.ShapeExpr([_i64(0)] + [_i64(d) for d in t.shape]), t.dtype))
-                 for t in row_types]
-        stop_seq = stop.result(empty + vars_ + [pred, relax.const(np.array([0], np.int64), "int64")])
+        if not n.attrs.cond_in_body:               # `pred` means "not stopped yet": the condition is evaluated
+            check = _Seq(self.bb)                  # here, before an iteration the limit allows (as the executor)
+            (holds,) = self.graph(check, cond_g, vars_ + caps)
+            res = check.emit(relax.If(holds, run_seq, stop_seq(holds)), "iteration")
+            run_seq = check.result(self._items(check, res, len(ret)))
         leaf = _Seq(self.bb)
-        res = leaf.emit(relax.If(pred, run_seq, stop_seq), "leaf")
+        res = leaf.emit(relax.If(pred, run_seq, stop_seq(pred)), "leaf")
         leaf_seq = leaf.result(self._items(leaf, res, len(ret)))
 
         two = _Seq(self.bb)                        # two halves; the second only if the condition still holds

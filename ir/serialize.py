@@ -49,6 +49,13 @@ def graph_to_dict(graph: Graph, params: dict | None = None) -> tuple[dict, dict]
     return out, params
 
 
+def _bound(v) -> int:
+    """A dim range's bound: a non-negative JSON integer (not a float or a bool)."""
+    if type(v) is not int or v < 0:
+        raise ValueError(f"a dim range bound must be a non-negative integer, got {v!r}")
+    return v
+
+
 def graph_from_dict(obj: dict, params: dict) -> Graph:
     if not isinstance(obj, dict) or "graph" not in obj:
         raise GraphError("graph JSON: missing top-level 'graph' entry")
@@ -92,12 +99,12 @@ def graph_from_dict(obj: dict, params: dict) -> Graph:
     try:
         graph = dec(obj["graph"])
         graph.dim_origins = {str(k): str(v) for k, v in obj.get("dim_origins", {}).items()}  # older graphs: none
-        graph.dim_ranges = {str(k): (int(lo), None if hi is None else int(hi))
+        graph.dim_ranges = {str(k): (_bound(lo), None if hi is None else _bound(hi))
                             for k, (lo, hi) in obj.get("dim_ranges", {}).items()}
         return graph
     except GraphError:
         raise
-    except (KeyError, TypeError, ValueError, IndexError) as e:
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:   # (a list where a dict goes)
         raise GraphError(f"graph JSON is malformed: {type(e).__name__}: {e}") from e
 
 

@@ -340,7 +340,7 @@ def parse_manifest(data: bytes, label: str) -> dict:
         if manifest.get(k) != have[k]:
             raise ArtifactError(f"{label}: built with {k} {manifest.get(k)}, but {have[k]} is installed; "
                                 "recompile the model with this version")
-    if manifest.get("target") not in DEVICES:
+    if not isinstance(manifest.get("target"), str) or manifest["target"] not in DEVICES:
         raise corrupt(f"target must be {' or '.join(json.dumps(n) for n in DEVICES)}, got {manifest.get('target')!r}")
     files, sizes = manifest.get("files"), manifest.get("sizes")
     if not isinstance(files, dict) or not isinstance(sizes, dict):

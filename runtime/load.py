@@ -46,7 +46,7 @@ def _load_folder(folder: str, label: str, device) -> CompiledModel:
     vm, lib = None, None
     if KERNELS in files:
         import tvm
-        if device not in DEVICES:
+        if not isinstance(device, str) or device not in DEVICES:
             raise ArtifactError(f"{label}: unknown device {device!r} (expected {device_names()})")
         if device != target:
             raise ArtifactError(f"{label}: this is a {DEVICES[target].label} artifact: its kernels "

@@ -36,7 +36,8 @@ _item = ArrayGetItem
 _kernels: dict = {}                            # node key -> (numpy kernel, attrs)
 _guards: dict = {}                             # node key -> a region's size check (`region_sizes.size_guard`)
 _users: dict = {}                              # node key -> how many live models registered it
-_lock = threading.Lock()
+_lock = threading.RLock()                      # reentrant: `release_kernels` runs from a model's GC finalizer,
+                                               # which a collection inside `register_kernels` can call
 
 
 FALLBACK_MARK = "dyntvm: the VM program hands this call to the executor: "   # TVM re-raises it as a RuntimeError

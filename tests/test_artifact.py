@@ -494,6 +494,8 @@ def test_manifest_files_outside_the_artifact(art, files):
     ({"format_version": "2"}, r"format_version must be a positive integer, got '2'"),
     ({"format_version": 1}, r"artifact format version 1 is older than this dyntvm reads \(3\); recompile"),
     ({"target": "tpu"}, r"target must be \"cpu\" or \"cuda\", got 'tpu'"),
+    ({"target": ["cpu"]}, r"target must be \"cpu\" or \"cuda\", got \['cpu'\]"),
+    ({"target": {}}, r"target must be \"cpu\" or \"cuda\", got \{\}"),
     ({"files": ["graph.json"]}, r"files and sizes must be JSON objects"),
     ({"sizes": {"graph.json": 1}}, r"the size of params\.npz is not a byte count"),
     ({"binding": None}, r"binding \(the digest kernels\.so was built for\) is missing"),

@@ -85,6 +85,12 @@ def test_unknown_device_types_are_clear_errors(tmp_path):
     with pytest.raises(dt.ArtifactError, match=r"unknown device type 'tpu' \(expected cpu or cuda\)"):
         from dyntvm.runtime.devices import device_type
         device_type("tpu")
+    model = dt.compile(lambda x: x * 2.0, dt.TensorSpec(("N",)))
+    path = str(tmp_path / "m.dtvm")
+    model.save(path)
+    for bad in (["cpu"], ("cpu",), "tpu", 3):     # a list is unhashable: a clear error, not a raw TypeError
+        with pytest.raises(dt.ArtifactError, match=r"unknown device"):
+            dt.load(path, device=bad)
 
 
 def test_targets_resolve_to_their_backends():

@@ -187,6 +187,39 @@ def test_inputs_that_do_not_fit_the_signature_and_bad_artifacts(runner, tmp_path
     r = subprocess.run([runner, str(art), str(tmp_path), str(bad_npy), str(bad_npy), str(bad_npy)],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "not a .npy file" in r.stderr, r.stderr
+    good = np.lib.format.header_data_from_array_1_0(np.zeros((2, 3), np.float32))
+    for shape, version, message in [("(100000000000000000, 100000000000000000)", 1, "too large"),  # overflows
+                                     ("(4611686018427387904, 4)", 1, "bad .npy shape"),     # 19 digits
+                                     ("(-2, 3)", 1, "bad .npy shape"), ("(2, 3)", 7, "format version 7"),
+                                     ("(99999999, 3)", 1, "truncated .npy data")]:
+        header = str({**good, "shape": "SHAPE"}).replace("'SHAPE'", shape).encode() + b"\n"
+        with open(bad_npy, "wb") as f:                  # a hostile .npy: never a read past the buffer
+            f.write(b"\x93NUMPY" + bytes([version, 0]) + len(header).to_bytes(2, "little") + header +
+                    bytes(24))
+        r = subprocess.run([runner, str(art), str(tmp_path), str(bad_npy), str(bad_npy), str(bad_npy)],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 1 and message in r.stderr, (shape, r.stderr)
+
+
+def test_unsigned_outputs_and_unchecked_models(runner, tmp_path):
+    """uint16 / uint32 / uint64 outputs come back unsigned (they were written as signed .npy: 3e9 read back
+    negative); a model with checks the runner does not make yet (torch.export Dim ranges) is refused, not run on
+    inputs Python refuses."""
+    def fn(x):
+        return F.cast(x, "uint32"), F.cast(x, "uint64"), F.cast(x * 0.0 + 60000.0, "uint16")
+    art = tmp_path / "cast.dtvm"
+    dt.compile(fn, dt.TensorSpec(("N",))).save(str(art))
+    x = np.array([3e9, 1.0, 0.0], np.float32)
+    rc, got = run_cpp(runner, art, (x,), tmp_path / "out")
+    assert rc == 0, got
+    for g, w in zip(got, fn(x)):
+        assert g.dtype == w.dtype and np.array_equal(g, w), (g, w)
+    graph = dt.trace(lambda v: v * 2.0, dt.TensorSpec(("B",)))
+    graph.dim_ranges = {"B": (2, 64)}
+    ranged = tmp_path / "ranged.dtvm"
+    dt.compile(graph).save(str(ranged))
+    rc, err = run_cpp(runner, ranged, (np.ones(65, np.float32),), tmp_path / "out2")
+    assert rc == 1 and "dim ranges" in err, err
 
 
 def test_bundle_with_the_cpp_runner(bundled):

@@ -1,5 +1,5 @@
 """Device loops in CUDA libraries (`codegen/compiled_loops.py`, `ir.compiled_loop`). The build test runs on any
-machine with nvcc (device code built in the stub child, `codegen/gpu.py`); the others need a GPU: the tests
+machine with nvcc (device code built in the stub child, `codegen/backends/cuda/gpu.py`); the others need a GPU: the tests
 of `test_device_loops.py` (numpy references, copy and call counts) run again with the programs compiled for
 CUDA, and skip cleanly without one."""
 import numpy as np

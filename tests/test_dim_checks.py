@@ -8,6 +8,7 @@ reference interpreter, a host (numpy) node, a compiled region, a loop body and a
 from __future__ import annotations
 
 import os
+import json
 import re
 import subprocess
 import sys
@@ -133,6 +134,11 @@ def test_checks_survive_json_and_old_graphs_keep_their_json():
             graph_from_json(re.sub(r'"checks": \[\[[^]]*\]\]', f'"checks": [{bad}]', text), params)
     plain, _ = graph_to_json(dt.trace(lambda x: F.boolean_mask(x, x > 0) * 2.0, S(("N",))))
     assert '"checks"' not in plain and '"dim_origins"' in plain
+    obj = json.loads(text)
+    for bad in ([1, 2], {"N": [1.5, 3]}, {"N": [True, 3]}, {"N": [-1, None]}, {"N": [2]}, {"N": "2,3"}):
+        with pytest.raises(GraphError, match="malformed"):                       # hostile dim ranges
+            graph_from_json(json.dumps({**obj, "dim_ranges": bad}), params)
+    assert graph_from_json(json.dumps({**obj, "dim_ranges": {"N": [2, None]}}), params).dim_ranges == {"N": (2, None)}
 
 
 # ------------------------------------------------------------------------------ run time

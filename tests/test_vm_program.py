@@ -139,10 +139,21 @@ def test_unsupported_node_is_listed_and_the_executor_runs_it():
     assert model.vm_program_calls == 0 and model.kernel_calls > 0
 
 
+def _has_function(model, name: str) -> bool:
+    try:
+        model._threads.executor.vm[name]
+        return True
+    except Exception:  # noqa: BLE001 - not in this library
+        return False
+
+
 def test_while_loop_without_a_compiled_loop_runs_in_the_program():
-    """A while_loop codegen builds no compiled loop for (a growing carry; a cond inside the body) runs as the
-    program's recursive functions: one VM call per model call at 0, 1 and many iterations (3000: far deeper
-    than a recursion per iteration could go), a static and a tensor limit, per-step outputs stacked."""
+    """A while_loop codegen builds no compiled loop for (a growing carry; a cond inside the body; a condition
+    reading the carry at the counter) runs as the program's recursive functions (`dyntvm_while_steps_*` in the
+    library): one VM call per model call at 0, 1 and many iterations (3000: far deeper than a recursion per
+    iteration could go), stops at chunk boundaries (1, 3, 7 iterations), a static, a tensor and a negative
+    limit, per-step outputs stacked; the condition is never evaluated after the last iteration the limit allows
+    (`reads`: there it would read past the end of `v`, as the executor never does)."""
     def growing(x, lim):
         def body(v, i):
             return F.sum(v[:1]) * 0.5 + i, [F.concat([v, v[:1] + 1.0], axis=0), i + 1.0]
@@ -153,13 +164,24 @@ def test_while_loop_without_a_compiled_loop_runs_in_the_program():
             return [F.cond(F.sum(v) > 10.0, lambda: v + 1.0, lambda: v * 2.0 + 1.0)]
         return F.while_loop(lambda v: F.sum(v) < 100.0, body, [x], max_iterations=50)
 
+    def reads(v, lim):                  # v[i] > 0 read for i < lim = len(v) only; grows a carry
+        def body(i, acc):
+            return [i + 1, F.concat([acc, F.take(v, F.reshape(i, (1,)), axis=0)], axis=0)]
+        return F.while_loop(lambda i, acc: F.take(v, i, axis=0) > 0.0, body,
+                            [F.zeros((), "int64"), F.zeros((0,))], max_iterations=lim)
+
     for fn, specs, cases in [
             (growing, (dt.TensorSpec(("N",)), dt.TensorSpec((), "int64")),
-             [(np.ones(n, np.float32), np.int64(lim)) for n, lim in ((1, 0), (1, 1), (3, 5), (2, 3000))]),
+             [(np.ones(n, np.float32), np.int64(lim)) for n, lim in
+              ((1, 0), (1, -3), (1, 1), (3, 5), (2, 3), (2, 7), (2, 3000))]),
             (branchy, (dt.TensorSpec(("N",)),), [(np.full(n, v, np.float32),) for n, v in
-                                                   ((0, 1.0), (1, 0.5), (3, 0.5), (7, 200.0))])]:
+                                                   ((0, 1.0), (1, 0.5), (3, 0.5), (7, 200.0))]),
+            (reads, (dt.TensorSpec(("N",)), dt.TensorSpec((), "int64")),
+             [(np.array(v, np.float32), np.int64(len(v))) for v in
+              ([1.0], [1.0, 2.0, 3.0], [1.0, -1.0, 2.0], [-1.0], [1.0] * 7, [1.0] * 8)])]:
         model = dt.compile(fn, *specs)
         assert model.vm_program, model.vm_program_fallback
+        assert _has_function(model, "dyntvm_while_steps_0"), f"{fn.__name__}: not the recursive functions"
         for args in cases:
             calls, regions = model.vm_program_calls, model.kernel_calls
             with warnings.catch_warnings():

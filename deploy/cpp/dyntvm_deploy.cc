@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <regex>
 #include <sstream>
 
 #include "dyntvm_json.h"
@@ -69,7 +70,8 @@ DLDataType ParseDType(const std::string& name) {
   static const std::map<std::string, DLDataType> table = {
       {"float32", {kDLFloat, 32, 1}}, {"float64", {kDLFloat, 64, 1}}, {"float16", {kDLFloat, 16, 1}},
       {"int64", {kDLInt, 64, 1}},     {"int32", {kDLInt, 32, 1}},     {"int16", {kDLInt, 16, 1}},
-      {"int8", {kDLInt, 8, 1}},       {"uint8", {kDLUInt, 8, 1}},     {"bool", {kDLBool, 8, 1}}};
+      {"int8", {kDLInt, 8, 1}},       {"uint8", {kDLUInt, 8, 1}},     {"bool", {kDLBool, 8, 1}},
+      {"uint16", {kDLUInt, 16, 1}},   {"uint32", {kDLUInt, 32, 1}},   {"uint64", {kDLUInt, 64, 1}}};
   auto it = table.find(name);
   if (it == table.end()) throw Error("unsupported dtype " + name);
   return it->second;
@@ -110,6 +112,20 @@ std::shared_ptr<Model> Model::Load(const std::string& path) {
   if (target != "cpu") throw Error(path + ": compiled for target " + target + "; the C++ runner runs cpu artifacts");
   Json sig = manifest["signature"];
   for (size_t i = 0; i < sig["inputs"].size(); ++i) model->inputs_.push_back(ParseSig(sig["inputs"][i], ""));
+  // Checks dt.load makes that this runner does not yet: refused rather than run on inputs Python refuses
+  std::string graph_json = ReadFile(path + "/graph.json");
+  if (Json::Parse(graph_json, path + "/graph.json").Has("dim_ranges")) {
+    throw Error(path + ": the model has dim ranges (torch.export Dim min / max), which the C++ runner does not "
+                "check yet; run it with dt.load / dyntvm run");
+  }
+  for (const TensorSig& s : model->inputs_) {
+    for (const std::string& sym : s.syms) {
+      if (!sym.empty() && !std::regex_match(sym, std::regex("[A-Za-z_][A-Za-z0-9_]*"))) {
+        throw Error(path + ": input " + s.name + " has the expression dim " + sym + ", which the C++ runner "
+                    "does not check yet; run it with dt.load / dyntvm run");
+      }
+    }
+  }
   for (size_t i = 0; i < sig["outputs"].size(); ++i) {
     model->outputs_.push_back(ParseSig(sig["outputs"][i], "output_" + std::to_string(i)));
   }
@@ -122,7 +138,7 @@ std::shared_ptr<Model> Model::Load(const std::string& path) {
   auto binding = vm->exec->GetFunction(kBindingFunction);
   if (!binding.has_value()) throw Error(path + "/kernels.so has no " + std::string(kBindingFunction));
   std::string prefix = Hex((*binding)().cast<ffi::Tensor>());
-  detail::RegisterModelKernels(prefix, ReadFile(path + "/graph.json"));
+  detail::RegisterModelKernels(prefix, graph_json);
   model->pool_.push_back(std::move(vm));
   return model;
 }
