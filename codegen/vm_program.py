@@ -160,14 +160,10 @@ class _Lowering:
         out_types = [TensorType((0,) + tuple(t.shape), t.dtype) for t in row_types] + \
             [v.type for v in body.outputs[n_ys:]]
         in_types = [v.type for v in n.inputs]
-        name = f"dyntvm_foreach_{self.n_loops}"
-        self.n_loops += 1
         lo, hi = tvm.tirx.Var("lo", "int64"), tvm.tirx.Var("hi", "int64")
         params = [relax.Var(f"in{i}", _ty(t)) for i, t in enumerate(in_types)]
         rng = relax.Var("range", relax.ShapeType([lo, hi]))
-        gv = relax.GlobalVar(name)
-        relax.expr._update_type(gv, relax.FuncType([p.ty for p in params] + [rng.ty], _ret_ty(out_types),
-                                                   purity=False))
+        name, gv = self._recursive("foreach", params + [rng], [_ty(t) for t in out_types])
         data, states, caps = params[:nd], params[nd:nd + ns], params[nd + ns:]
 
         one = _Seq(self.bb)                         # one step: the body on row `lo`
@@ -223,12 +219,7 @@ class _Lowering:
         row_types = [v.type for v in body.outputs[:n_ys]]
         out_types = [TensorType((0,) + tuple(t.shape), t.dtype) for t in row_types] + \
             [v.type for v in body.outputs[n_ys:n_ys + nv]]
-        if has_t:                                  # the limit as a shape value
-            lim = seq.emit(relax.op.reshape(seq.emit(relax.op.astype(self._shaped(seq, ins[nv]), "int64")), [1]))
-            limit = tvm.tirx.Var("limit", "int64")
-            self._match(seq, seq.emit(relax.op.tensor_to_shape(lim)), relax.ShapeType([limit]))
-        else:
-            limit = _i64(a.max_iterations if a.max_iterations is not None else 1 << 62)
+        limit = self._limit(seq, n, ins)
         most = _rows_per_call(row_types)
         gv = self._chunks(n, loop, roles, nv, n_ys, len(caps), out_types, most)
 
@@ -288,6 +279,8 @@ class _Lowering:
         return self._items(seq, res, len(out_types))
 
     def _recursive(self, kind: str, params: list, ret_types: list):
+        """The name and GlobalVar (typed: the program's functions call it before it exists) of a recursive
+        function of the program."""
         name = f"dyntvm_{kind}_{self.n_loops}"
         self.n_loops += 1
         gv = relax.GlobalVar(name)
@@ -380,15 +373,11 @@ class _Lowering:
     def _chunks(self, n, loop, roles, nv, n_ys, n_caps, out_types, most):
         """``chunks(vars..., caps..., (cap, left))``: one call of the loop function of min(cap, left) iterations,
         then, while the condition holds and iterations are left, itself with (2 * cap, left - count)."""
-        name = f"dyntvm_while_{self.n_loops}"
-        self.n_loops += 1
         cap, left = tvm.tirx.Var("cap", "int64"), tvm.tirx.Var("left", "int64")
         params = [relax.Var(f"v{k}", _ty(t)) for k, t in enumerate(out_types[n_ys:])] + \
             [relax.Var(f"c{k}", _ty(v.type)) for k, v in enumerate(n.inputs[len(n.inputs) - n_caps:])]
         rng = relax.Var("chunk", relax.ShapeType([cap, left]))
-        gv = relax.GlobalVar(name)
-        relax.expr._update_type(gv, relax.FuncType([p.ty for p in params] + [rng.ty], _ret_ty(out_types),
-                                                   purity=False))
+        name, gv = self._recursive("while", params + [rng], [_ty(t) for t in out_types])
         vars_, caps = params[:nv], params[nv:]
         seq = _Seq(self.bb)
         rows = tvm.tirx.min(cap, left)
