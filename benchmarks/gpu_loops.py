@@ -60,7 +60,7 @@ def main(argv) -> int:
     if cpu:
         import tvm
 
-        from dyntvm.codegen.build import DEVICE_LOOPS_ON_CPU
+        from dyntvm.codegen.backends.cpu import DEVICE_LOOPS_ON_CPU
         os.environ[DEVICE_LOOPS_ON_CPU] = "1"
     rows = []
     for w in all_workloads(gpu=True):

@@ -143,6 +143,39 @@ def te_nan_reduce(x, axes, keepdims, is_max):
                       name="max" if is_max else "min")
 
 
+#: float dtype -> the integer type of its bits (`te_nan_reduce_keyed`)
+_KEY_INT = {"float16": "int16", "bfloat16": "int16", "float32": "int32", "float64": "int64"}
+
+
+def te_nan_reduce_keyed(x, axes, keepdims, is_max):
+    """`te_nan_reduce` with a plain integer max/min, the form GPUs reduce across threads (a custom reducer is
+    not: `backends/cuda/gpu_reduction.py`): each float maps to an integer key ordered like the float (its bits,
+    the non-sign bits flipped for negatives), NaN to the key past every number (the largest for max, the
+    smallest for min), so NaN propagates; the result key maps back. Other dtypes: `te_nan_reduce`."""
+    it = _KEY_INT.get(str(x.dtype))
+    if it is None:
+        return te_nan_reduce(x, axes, keepdims, is_max)
+    bits = int(it[3:])
+    flip = tirx.const((1 << (bits - 1)) - 1, it)        # 0x7f..f: the bits below the sign
+    nan_key = tirx.const((1 << (bits - 1)) - 1 if is_max else -(1 << (bits - 1)), it)   # a NaN's bits: no number's key
+    axes = [int(a) for a in axes]
+    rvars = {a: te.reduce_axis((0, x.shape[a]), name=f"k{a}") for a in axes}
+    full = _reduce_index_map(len(x.shape), set(axes), keepdims, rvars)
+    shape = _reduce_out_shape(x.shape, set(axes), keepdims)
+
+    def key(v):
+        b = tirx.reinterpret(it, v)
+        return tirx.Select(tirx.isnan(v), nan_key, tirx.Select(b >= 0, b, tirx.bitwise_xor(b, flip)))
+    extreme = te.max if is_max else te.min
+    keys = te.compute(shape, lambda *i: extreme(key(x(*full(i))), axis=[rvars[a] for a in axes]), name="key")
+
+    def value(*i):
+        k = keys(*i)
+        bits_of = tirx.Select(k >= 0, k, tirx.bitwise_xor(k, flip))
+        return tirx.Select(k == nan_key, tirx.const(float("nan"), str(x.dtype)), tirx.reinterpret(str(x.dtype), bits_of))
+    return te.compute(shape, value, name="max" if is_max else "min")
+
+
 def te_first_index(x, m, axis, keepdims):
     """Second pass of argmax/argmin: the first index along `axis` where x equals the extreme `m`
     (kept-dims shape), or is NaN where `m` is NaN. A plain min-reduction, which every backend

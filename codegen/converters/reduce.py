@@ -16,13 +16,20 @@ from ...ir.dtypes import is_float
 from ...ir.ops import Group, get_op, ops_in
 from ...ir.shapes import norm_axes, norm_axis
 from ..dims import I64
-from ..te_kernels import nonempty_primfunc, te_first_index, te_lane_reduce, te_mean_div, te_nan_reduce
+from ..te_kernels import (nonempty_primfunc, te_first_index, te_lane_reduce, te_mean_div, te_nan_reduce,
+                          te_nan_reduce_keyed)
 from .registry import converter
 from .common import cast, checked, const, dtype_of, emit, full_expr, guard_empty, ndim_of, prod, shape_of
 
 
 #: Use `te_lane_reduce` for full reductions of 1-d inputs on the CPU (a switch for before/after benchmarks).
 LANE_REDUCE = True
+
+
+def _nan_reduce(ctx):
+    """The NaN-propagating float max/min: on a GPU (`ctx.device_checks`) the integer-key form its threads can
+    reduce together (`backends/cuda/gpu_reduction.py`), on the CPU the custom reducer (a serial loop either way)."""
+    return te_nan_reduce_keyed if ctx.device_checks else te_nan_reduce
 
 
 def _lanes(ctx, x, axes) -> bool:
@@ -85,7 +92,7 @@ def _reduce(name):
         if not axes:
             return x
         if is_float(dt):
-            r = bb.emit_te(te_nan_reduce, emit(bb, x), axes, keep, name == "max", primfunc_name_hint="dt_" + name)
+            r = bb.emit_te(_nan_reduce(ctx), emit(bb, x), axes, keep, name == "max", primfunc_name_hint="dt_" + name)
             return _nonempty(bb, ctx, r, extents, dt)
         if dt == "bool":
             r = _nonempty(bb, ctx, emit(bb, extreme(R.astype(x, "int8"), axis=axes, keepdims=keep)), extents, "int8")
@@ -115,7 +122,7 @@ def _argreduce_expr(bb, ctx, x, axis, keepdims, is_max):
         r = _lane_reduce(bb, x, "argmax" if is_max else "argmin", keepdims)
         return _nonempty(bb, ctx, r, [shape_of(x)[axis]], I64)
     if is_float(dtype_of(x)):
-        m = bb.emit_te(te_nan_reduce, x, [axis], True, is_max, primfunc_name_hint="dt_" + ("max" if is_max else "min"))
+        m = bb.emit_te(_nan_reduce(ctx), x, [axis], True, is_max, primfunc_name_hint="dt_" + ("max" if is_max else "min"))
     else:
         m = emit(bb, (R.max if is_max else R.min)(x, axis=[axis], keepdims=True))
     r = bb.emit_te(te_first_index, x, m, axis, keepdims,

@@ -134,10 +134,13 @@ def fuse_passes(target) -> list:
 
 
 def dlight_pass():
-    """dlight's default GPU schedules, the rules of Relax's CUDA pipeline (kernels already scheduled kept)."""
+    """dlight's default GPU schedules, the rules of Relax's CUDA pipeline (kernels already scheduled kept), with
+    `InnerReduction` before the fallback (the max / min / argmax reductions dlight's rules do not take)."""
     from tvm.s_tir import dlight as dl
+
+    from .gpu_reduction import InnerReduction
     return dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(),
-                                   dl.gpu.Fallback())
+                                   InnerReduction(), dl.gpu.Fallback())
 
 
 def default_schedule(func, target):

@@ -1,0 +1,119 @@
+"""A GPU schedule for the reductions dlight's default rules leave to `Fallback`.
+
+dlight's `Reduction` rule takes only sums (``X = X + Y``) and `GeneralReduction` only reductions followed by an
+elementwise block, so a lone max / min / argmax-style reduction (`te_kernels.te_first_index`, the ordered-key max
+of `te_kernels.te_nan_reduce_keyed`) was scheduled by `Fallback`: one thread per output element looping over the
+whole reduced extent. On an H200 that made the greedy decode's max and argmax over 1000 logits 98 and 88 us each,
+against ~2 us for the step's matmuls (benchmarks/README.md, GPU section).
+
+`InnerReduction` gives such a kernel dlight's own cross-thread form (`Reduction._sch_inner_reduction`): one
+thread block per output element, the reduced extent split over its threads (`rfactor`: each thread reduces a
+strided slice, then the partial results are combined across the block), an injective epilogue computed in the
+same block. `rfactor` accepts the reducers TVM recognises (sum, product, min, max, bitwise ones); a reducer it does
+not recognise makes the rule decline, as does a reduction over a short or non-innermost extent (threads over the
+outputs, `Fallback`'s form, read memory contiguously there).
+"""
+from __future__ import annotations
+
+from tvm import s_tir, tirx
+from tvm.s_tir.dlight.analysis import normalize_prim_func
+from tvm.s_tir.dlight.base import try_inline_contiguous_spatial
+from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
+
+#: a reduced extent shorter than this stays one thread per output (the threads would mostly idle)
+MIN_REDUCED = 64
+#: threads per block: a power of two up to this, no more than the reduced extent needs
+MAX_THREADS = 256
+
+
+def _threads(extent) -> int:
+    if not isinstance(extent, (int, tirx.IntImm)):
+        return MAX_THREADS
+    n = 32
+    while n < MAX_THREADS and n < int(extent):
+        n *= 2
+    return n
+
+
+def _reduced_extent(info):
+    extent = 1
+    for it in info.iters:
+        if it.kind == "R":
+            extent = extent * it.dom
+    return extent
+
+
+def _innermost_read_is_reduced(block, info) -> bool:
+    """Whether the last index of the block's widest read (the tensor reduced) uses a reduced iter: consecutive
+    threads then read consecutive addresses. (dlight's iter-sum analysis gives up on the int32 reduce var of a
+    TE reduction next to int64 spatial ones, so the index's vars are read directly.)"""
+    import tvm_ffi
+    reads = [r for r in block.reads if len(r.region) > 0]
+    if not reads:
+        return False
+    widest = max(reads, key=lambda r: len(r.region))
+    reduced = {it.var for it in info.iters if it.kind == "R"}
+    found = []
+    tvm_ffi.structural_walk(widest.region[-1].min, (tirx.Var, lambda v: found.append(v)), order="post")
+    return any(v in reduced for v in found)
+
+
+class InnerReduction(GPUScheduleRule):
+    """One thread block per output element, the reduced extent split over its threads (see the module doc)."""
+
+    def apply(self, func, target, _tunable):
+        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+            return None
+        sch = s_tir.Schedule(func)
+        infos = normalize_prim_func(sch)
+        if infos is None:
+            return None
+        infos = try_inline_contiguous_spatial(sch, infos)
+        if not infos or len(infos) > 2:
+            return None
+        red, epilogue = infos[0], (infos[1] if len(infos) == 2 else None)
+        block = sch.get(red.block_rv)
+        if not red.is_reduction() or "R" not in red.dom_kind() or len(block.writes) != 1:
+            return None
+        if epilogue is not None and not epilogue.is_injective():
+            return None
+        extent = _reduced_extent(red)
+        if isinstance(extent, (int, tirx.IntImm)) and int(extent) < MIN_REDUCED:
+            return None
+        try:
+            if not _innermost_read_is_reduced(block, red):
+                return None
+            self._schedule(sch, red, epilogue, _threads(extent))
+        except (s_tir.ScheduleError, ValueError, AssertionError):   # a reducer rfactor does not recognise, ...
+            return None
+        return sch
+
+    @staticmethod
+    def _schedule(sch, red, epilogue, len_tx: int) -> None:
+        block_rv = red.block_rv
+        s_loops = [it.loop_rv for it in red.iters if it.kind == "S"]
+        r_loops = [it.loop_rv for it in red.iters if it.kind == "R"]
+        sch.reorder(*s_loops, *r_loops)
+        if s_loops:
+            sch.fuse(*s_loops)
+        else:
+            sch.add_unit_loop(block_rv)
+        r = sch.fuse(*r_loops)
+        _, tx = sch.split(r, factors=[None, len_tx])
+        rf = sch.rfactor(tx, 0)                     # partial results per thread, in registers
+        bx, r_outer, tx, *_ = sch.get_loops(rf)
+        sch.reorder(bx, tx, r_outer)
+        sch.bind(bx, "blockIdx.x")
+        sch.bind(tx, "threadIdx.x")
+        sch.annotate(tx, ann_key="pragma_auto_unroll_max_step", ann_val=256)
+        sch.annotate(tx, ann_key="pragma_unroll_explicit", ann_val=1)
+        sch.set_scope(rf, 0, "local")
+        sch.decompose_reduction(rf, r_outer)
+        sch.reverse_compute_at(block_rv, bx, preserve_unit_loops=True)     # the combine across the block
+        _, tx2, *rest = sch.get_loops(block_rv)
+        if rest:
+            sch.reorder(sch.fuse(*rest), tx2)
+        sch.bind(tx2, "threadIdx.x")
+        if epilogue is not None:
+            sch.reverse_compute_at(epilogue.block_rv, bx, preserve_unit_loops=True)
+            sch.set_scope(block_rv, 0, "local")
