@@ -118,7 +118,8 @@ def kernel_times():
     work = []
     p = decode.workload().builders["dyntvm"](BuildContext(device="cuda"))
     work.append(("greedy decode (56 steps)", p.fn, p.args))
-    for name, sizes in (("lstm", dict(T=64, B=1)), ("branchy", dict(B=1)), ("detection", dict(N=200))):
+    for name, sizes in (("lstm", dict(T=64, B=1)), ("lstm", dict(T=64, B=16)), ("branchy", dict(B=1)),
+                        ("detection", dict(N=200)), ("transformer", dict(B=16, S=128))):
         ex = examples.get(name)
         m = dt.compile(ex.fn, *ex.specs, target="cuda")
         work.append((f"{name} {sizes}", m, ex.make_inputs(np.random.default_rng(0), **sizes)))
