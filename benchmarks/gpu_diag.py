@@ -135,6 +135,51 @@ def kernel_times():
         print(prof.key_averages().table(sort_by="device_time_total", row_limit=14, max_name_column_width=60))
 
 
+def launches():
+    """Host cost of a kernel launch, three ways: torch (a tiny add, 2000 times), one dyntvm region call of a
+    one-kernel region (2000 calls), and a dyntvm device loop (a foreach over 2000 rows whose body has 1 or 4
+    kernels: the difference per step / 3 is the loop's cost per launched kernel)."""
+    import torch
+    import dyntvm as dt
+    from dyntvm import F
+
+    def per(fn, n):
+        fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t0) / n * 1e6
+    x = torch.zeros(16, device="cuda")
+
+    def adds():
+        for _ in range(2000):
+            x.add_(1.0)
+    print(f"torch add_: {per(adds, 2000):.2f} us per launch", flush=True)
+    m = dt.compile(lambda v: v * 2.0 + 1.0, dt.TensorSpec(("N",)), target="cuda", use_cache=False)
+    v = np.ones(16, np.float32)
+    m(v)
+    print(f"dyntvm region call (numpy in/out, 1 kernel): {per(lambda: [m(v) for _ in range(2000)], 2000):.2f} us per call",
+          flush=True)
+
+    def body1(row, states):
+        acc = states[0] * 0.5 + row
+        return acc, [acc]
+
+    def body4(row, states):
+        a = F.tanh(states[0] * 0.5 + row)
+        b = F.sum(a) * a                 # a reduction between elementwise ops: separate kernels
+        c = F.max(b) + b
+        acc = F.sum(c) * 0.001 + c
+        return acc, [acc]
+    xs = np.random.default_rng(0).standard_normal((2000, 16)).astype(np.float32)
+    for label, body in (("1 kernel", body1), ("4+ kernels", body4)):
+        mm = dt.compile(lambda s, b=body: F.foreach(b, s, [F.zeros((16,))])[0], dt.TensorSpec(("T", 16)),
+                        target="cuda", use_cache=False)
+        mm(xs)
+        print(f"dyntvm device loop, body {label}: {per(lambda: mm(xs), 2000):.2f} us per step", flush=True)
+
+
 for stage in sys.argv[1:]:
     print("#####", stage, flush=True)
     try:
