@@ -40,6 +40,7 @@ _LAZY = {
     "grad": ("dyntvm.frontend.grad", "grad"),
     "value_and_grad": ("dyntvm.frontend.grad", "value_and_grad"),
     "vjp": ("dyntvm.frontend.grad", "vjp"),
+    "jvp": ("dyntvm.frontend.grad_forward", "jvp"),
 }
 
 
