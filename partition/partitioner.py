@@ -25,7 +25,7 @@ from ..ir.ops import CONTROL_FLOW, attr_dims, attr_symbols
 from ..ir.serialize import graph_from_dict, graph_to_dict
 from ..ir.list_type import ListType
 from ..ir.types import is_symbol
-from .convexity import ConvexityChecker
+from .convexity import ConvexityChecker, PositionCount, is_convex
 from .empty import fold_empty_values
 from .loops import rewrite_loops
 from .selector import Selector, StaticRegionSelector
@@ -74,11 +74,22 @@ def find_regions(g: Graph, selector: Selector) -> list[list[int]]:
             producers[i].append(p)
             consumers[p].append(i)
     checker = ConvexityChecker(consumers, producers)
+    # Nodes a region cannot take: not selectable (constants have no inputs, so no path runs through them) and,
+    # as regions are made, their members. A candidate whose window to the region holds none of them needs no
+    # convexity search: a path leaving the region and coming back inside that window runs through selectable
+    # nodes only, which the growth takes too (with the plain selector, which selects along every edge). The
+    # finished region is checked once; should a later refusal have left it non-convex, it is grown again with
+    # a search per candidate. (Without this, a 440-node GPT-2 export spent the search budget and ended in 13
+    # regions where one is right.)
+    fast = _selects_along_edges(selector)
+    outside = PositionCount(len(g.nodes))
+    for i, n in enumerate(g.nodes):
+        if n.op != "constant" and not selector.select(n):
+            outside.mark(i)
     assigned: set[int] = set()
     regions = []
-    for seed, node in enumerate(g.nodes):
-        if seed in assigned or not selector.select(node):
-            continue
+
+    def grow(seed: int, skip_free_windows: bool) -> tuple:
         members, lo, hi = {seed}, seed, seed
         frontier = collections.deque([seed])
         while frontier:
@@ -93,17 +104,28 @@ def find_regions(g: Graph, selector: Selector) -> list[list[int]]:
             for c in sorted(set(cand)):
                 if c in members or c in assigned or not selector.select(g.nodes[c]):
                     continue
-                if not checker.union_is_convex(members, lo, hi, (c,)):
+                free = skip_free_windows and outside.count(min(lo, c), max(hi, c)) == 0
+                if not free and not checker.union_is_convex(members, lo, hi, (c,)):
                     log.debug("refused merging node %d (%s) into region of %d: it would create a cycle",
                               c, g.nodes[c].op, seed)
                     continue
                 members.add(c)
                 lo, hi = min(lo, c), max(hi, c)
                 frontier.append(c)
+        return members, lo, hi
+
+    for seed, node in enumerate(g.nodes):
+        if seed in assigned or not selector.select(node):
+            continue
+        members, lo, hi = grow(seed, fast)
+        if fast and not is_convex(members, lo, hi, consumers):
+            members, lo, hi = grow(seed, False)
         kept = sorted(_filtered(selector, g, members))
         if not kept:
             continue
         assigned.update(kept)
+        for i in kept:
+            outside.mark(i)
         regions.append(kept)
     if not selector.merge_independent:
         return regions
@@ -114,6 +136,12 @@ def find_regions(g: Graph, selector: Selector) -> list[list[int]]:
     # each group is convex, but two groups may still reach each other through other nodes (A -> x -> D and
     # C -> y -> B merged as {A, B}, {C, D}): then keep the regions apart
     return merged if _contracted_acyclic(g.to_networkx(), merged) else regions
+
+
+def _selects_along_edges(selector) -> bool:
+    """Whether the selector takes a selectable node from either side of any edge (the base behaviour)."""
+    cls = type(selector)
+    return cls.select_input is Selector.select_input and cls.select_output is Selector.select_output
 
 
 def _contracted_acyclic(dag, groups: list) -> bool:

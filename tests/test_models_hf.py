@@ -28,4 +28,8 @@ def test_the_suite_has_the_models_the_issue_asks_for():
 
 @pytest.mark.parametrize("case,exporter", RUNS, ids=[f"{c.name}-{e}" for c, e in RUNS])
 def test_hf_model_compiles_once_and_matches_onnxruntime(case, exporter, cache_dir):
-    check_case(case, exporter, cache_dir)
+    result = check_case(case, exporter, cache_dir)
+    # these exports hold static ops only (shapes read back and recombined included): one compiled region (the
+    # partitioner's convexity searches once ran out of budget on GPT-2 and cut it into 13)
+    if result is not None:
+        assert result.regions == 1, f"{case.name} by {exporter}: {result.regions} regions"

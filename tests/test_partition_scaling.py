@@ -125,3 +125,72 @@ def test_regions_are_convex_on_random_graphs(seed):
         down = set().union(*(nx.descendants(dag, i) for i in r))
         up = set().union(*(nx.ancestors(dag, i) for i in r))
         assert not (down & up) - set(r), (seed, r)
+
+
+def wide_static(layers):
+    """A transformer-export-like static graph: a value made first and read by every layer and the output (an
+    attention mask), each layer's value also feeding side branches (its shape read back, a flattening reshape)
+    that rejoin - hundreds of static nodes; growing breadth first from the first node reaches the end at once,
+    so every candidate's window spans the graph."""
+    def fn(x):
+        mask = F.sigmoid(x)                 # made first, read by every layer (as an attention mask is)
+        for i in range(layers):
+            h = F.tanh(x * 0.5 + float(i)) * mask
+            flat = F.reshape(h, (-1,))
+            n = F.cast(F.shape_of(h)[0], "float32")
+            x = F.reshape(flat, (-1,)) + h * n + F.sum(h)
+        return x + mask
+    return fn
+
+
+def test_a_wide_static_graph_is_one_region_without_convexity_searches(monkeypatch):
+    """Every node static: one region, and no candidate needs a search (a 440-node GPT-2 export spent the whole
+    search budget and ended in 13 regions)."""
+    g = dt.trace(wide_static(40), dt.TensorSpec(("N",)))
+    assert len(g.nodes) > 400
+    searches = []
+    real = convexity.ConvexityChecker.union_is_convex
+    monkeypatch.setattr(convexity.ConvexityChecker, "union_is_convex",
+                        lambda self, *a: searches.append(1) or real(self, *a))
+    pg = partition(g)
+    assert [n.op for n in pg.nodes if n.op != "constant"] == ["region"]
+    assert not searches
+
+
+@pytest.mark.parametrize("seed", range(12, 30))
+def test_regions_are_convex_on_larger_random_graphs(seed):
+    """Larger random graphs (the windows between a region and its candidates hold dynamic nodes or not):
+    convex regions, each node in one at most."""
+    g = _random_graph(seed, 40 + 8 * seed)
+    dag = g.to_networkx()
+    regions = find_regions(g, StaticRegionSelector())
+    assert len({i for r in regions for i in r}) == sum(map(len, regions))
+    for r in regions:
+        down = set().union(*(nx.descendants(dag, i) for i in r))
+        up = set().union(*(nx.ancestors(dag, i) for i in r))
+        assert not (down & up) - set(r), (seed, r)
+
+
+def test_position_count_and_is_convex_against_brute_force():
+    import random
+    rng = random.Random(0)
+    pc, marked = convexity.PositionCount(50), set()
+    for _ in range(40):
+        p = rng.randrange(50)
+        if p not in marked:
+            pc.mark(p)
+            marked.add(p)
+        lo = rng.randrange(50)
+        hi = rng.randrange(lo, 50)
+        assert pc.count(lo, hi) == sum(1 for q in marked if lo <= q <= hi)
+    for seed in range(20):
+        rng = random.Random(seed)
+        n = 30
+        dag = nx.DiGraph()
+        dag.add_nodes_from(range(n))
+        dag.add_edges_from((u, v) for u in range(n) for v in range(u + 1, n) if rng.random() < 0.12)
+        succ = [sorted(dag.successors(i)) for i in range(n)]
+        members = set(rng.sample(range(n), rng.randrange(1, 8)))
+        down = set().union(*(nx.descendants(dag, i) for i in members))
+        up = set().union(*(nx.ancestors(dag, i) for i in members))
+        assert convexity.is_convex(members, min(members), max(members), succ) == (not (down & up) - members), seed
