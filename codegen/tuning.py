@@ -127,13 +127,9 @@ def specialized_regions(regions: list, table: dict) -> list:
                     return d
             for v in _all_values(g):
                 v.type = map_type_dims(v.type, bind)
-            for n in _all_nodes(g):         # dims in attrs: a reshape's target shape, say
-                if dataclasses.is_dataclass(n.attrs):
-                    changes = {f.name: tuple(bind(x) if isinstance(x, str) else x for x in val)
-                               for f in dataclasses.fields(n.attrs)
-                               if isinstance(val := getattr(n.attrs, f.name), tuple)}
-                    if changes:
-                        n.attrs = dataclasses.replace(n.attrs, **changes)
+            for n in _all_nodes(g):         # dims in attrs: a reshape's target shape, an arange's stop
+                if n.opdef.dim_attrs and dataclasses.is_dataclass(n.attrs):
+                    n.attrs = n.opdef.map_dim_attrs(n.attrs, bind)
             out.append((name, g))
     return out
 
