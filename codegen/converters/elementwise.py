@@ -3,7 +3,7 @@ arithmetic, comparisons and logical ops with numpy broadcasting, ``where``, ``cl
 from __future__ import annotations
 
 import numpy as np
-from tvm import relax, tirx
+from tvm import relax, tirx, topi
 from tvm.relax import op as R
 
 from ...ir.dtypes import is_float
@@ -37,8 +37,50 @@ def _float_unary(name):
                                   f"@float_unary({name!r}) above this loop in codegen/converters/elementwise.py")
 
     def conv(bb, node, args, ctx):
-        return [fn(in_result_dtype(name, args[0]))]
+        x = in_result_dtype(name, args[0])
+        if name in ("erf", "gelu") and not ctx.device_checks and dtype_of(x) == "float32":
+            return [bb.emit_te(_te_fast_gelu if name == "gelu" else _te_fast_erf, emit(bb, x),
+                               primfunc_name_hint=f"dt_{name}")]
+        return [fn(x)]
     return conv
+
+
+def _te_fast_erf(x):
+    """float32 erf with TVM's vectorizable approximation (`topi.fast_erf`: within 8 ulp of the exact erf, a
+    relative 4e-7) where the CPU would call libm's erff per element (13% of the transformer example's time, in
+    its GELU); NaN stays NaN (the approximation clamps its argument, which drops it)."""
+    from tvm import te
+    fast = topi.fast_erf(x)
+    return te.compute(x.shape, lambda *i: tirx.Select(tirx.isnan(x(*i)), x(*i), fast(*i)), name="erf")
+
+
+def _te_fast_gelu(x):
+    """The erf form of GELU, ``x / 2 * erfc(-x / sqrt(2))`` (= ``x / 2 * (1 + erf(x / sqrt(2)))`` without its
+    cancellation for negative x), erfc from the Chebyshev fit of Numerical Recipes (`erfcc`, fractional error
+    below 1.2e-7 everywhere) with TVM's vectorizable `topi.fast_exp`: no libm call per element."""
+    from tvm import te
+    f32 = "float32"
+    coeffs = (-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806, 0.27886807, -1.13520398, 1.48851587,
+              -0.82215223, 0.17087277)
+
+    def parts(*i):
+        w = x(*i) * tirx.const(-0.7071067811865476, f32)
+        a = tirx.abs(w)
+        t = tirx.const(1.0, f32) / (tirx.const(1.0, f32) + tirx.const(0.5, f32) * a)
+        poly = tirx.const(coeffs[-1], f32)
+        for c in reversed(coeffs[1:-1]):
+            poly = tirx.const(c, f32) + t * poly
+        return -a * a + tirx.const(coeffs[0], f32) + t * poly
+    exponent = te.compute(x.shape, parts, name="gelu_exponent")
+    e = topi.fast_exp(exponent)
+
+    def gelu(*i):
+        xi = x(*i)
+        a = tirx.abs(xi * tirx.const(0.7071067811865476, f32))
+        tail = tirx.const(1.0, f32) / (tirx.const(1.0, f32) + tirx.const(0.5, f32) * a) * e(*i)   # erfc(|w|)
+        erfc = tirx.Select(xi <= tirx.const(0.0, f32), tail, tirx.const(2.0, f32) - tail)
+        return tirx.const(0.5, f32) * xi * erfc
+    return te.compute(x.shape, gelu, name="gelu")
 
 
 for _name in ops_in(Group.FLOAT_UNARY):
