@@ -171,6 +171,14 @@ def _reverse_scan(c, body, n_data, data_rev, n_carry, saved_rev, n_out, dys_rev,
             wrt = wrt_data + [n_data + i for i in wrt_carry] + [n_data + n_carry + i for i in wrt_caps]
             _, grads = graph_vjp(bb, body, list(xs) + list(cap_in), seeds, wrt, c.options, kept)
             slot = {v: i for i, v in enumerate(ins[:len(slices)])}
+            data_out = []
+            for g in grads[:nd]:        # dx_t = dg_t @ M, M loop-invariant: one GEMM after the loop
+                rest, terms, built = factors.invariant_product_terms(bb, g, cap_in) if save_all else (g, [], set())
+                if rest is not None:
+                    data_out.append(rest)
+                data_moved.append((rest is not None, [(_factor_ref(q, slot, stacked), nodes, m, cap_in)
+                                                      for q, nodes, m in terms]))
+                dead.update(built)
             acc = []
             for i, g in zip(wrt_caps, grads[nd + nc:]):
                 rest, pairs, built = factors.outer_product_terms(bb, g) if save_all else (g, [], set())
@@ -180,33 +188,43 @@ def _reverse_scan(c, body, n_data, data_rev, n_carry, saved_rev, n_out, dys_rev,
                     acc.append(Tensor(dcap[i], bb) if rest is None else Tensor(dcap[i], bb) + rest)
                 moved.append([tuple(_factor_ref(t, slot, stacked) for t in pair) for pair in pairs])
                 dead.update(built)
-            return grads[:nd] + stacked + grads[nd:nd + nc] + acc
+            return data_out + stacked + grads[nd:nd + nc] + acc
+        data_moved = []
         g = closed_graph(slice_types + state_types + cap_types, build, f"{body.name}_vjp")
         factors.prune(g, dead)
-        return g, state_types, moved, stacked, whole
+        return g, state_types, moved, stacked, whole, data_moved
 
-    g, state_types, moved, stacked, whole = make(wrt_caps)
+    g, state_types, moved, stacked, whole, data_moved = make(wrt_caps)
     acc_caps = [i for i in wrt_caps if i not in whole]
     if whole:
-        g, state_types, moved, stacked, _ = make(acc_caps)
+        g, state_types, moved, stacked, _, data_moved = make(acc_caps)
     steps = (data_rev + saved_rev)[0].type.shape[0]
     inits = [dcarry[i] for i in wrt_carry] + [F.zeros_like(Tensor(caps[i], b)) for i in acc_caps]
     ns = len(stacked)
-    out_types = [TensorType(data_rev[i].type.shape, body.inputs[i].type.dtype) for i in wrt_data] + \
+    kept_data = [i for i, (kept, _) in zip(wrt_data, data_moved) if kept]
+    nk = len(kept_data)
+    out_types = [TensorType(data_rev[i].type.shape, body.inputs[i].type.dtype) for i in kept_data] + \
         [TensorType((steps,) + t.type.shape, t.type.dtype) for t in stacked] + list(state_types)
-    attrs = A.ForeachAttrs(len(slices), len(inits), nd + ns, hoist_rows=not c.options.get("memory") == "recompute")
+    attrs = A.ForeachAttrs(len(slices), len(inits), nk + ns, hoist_rows=not c.options.get("memory") == "recompute")
     outs = _emit(b, c.node, "foreach", attrs, [x.value for x in slices] + [x.value for x in inits] + list(caps),
                  out_types, [g])
-    acc_out = dict(zip(acc_caps, outs[nd + ns + nc:]))
+    acc_out = dict(zip(acc_caps, outs[nk + ns + nc:]))
     d_caps = {}
     for i, pairs in zip(wrt_caps, moved):
         d = acc_out.get(i)
         for refs in pairs:
-            term = factors.summed(*[slices[j] if where == "in" else outs[nd + j] for where, j in refs])
+            term = factors.summed(*[slices[j] if where == "in" else outs[nk + j] for where, j in refs])
             d = term if d is None else d + term
         d_caps[i] = d if d is not None else F.zeros_like(Tensor(caps[i], b))
-    return (dict(zip(wrt_data, [_flip(o, 0) for o in outs[:nd]])),
-            dict(zip(wrt_carry, outs[nd + ns:nd + ns + nc])), d_caps)
+    d_data, rest_out = {}, dict(zip(kept_data, outs[:nk]))
+    for i, (_, terms) in zip(wrt_data, data_moved):     # reversed like the loop's steps, then flipped
+        d = rest_out.get(i)
+        for (where, j), nodes, m, cap_in in terms:
+            qs = slices[j] if where == "in" else outs[nk + j]
+            term = factors.stacked_product(b, qs, nodes, m, cap_in, list(caps), data_rev[i])
+            d = term if d is None else d + term
+        d_data[i] = _flip(d, 0)
+    return d_data, dict(zip(wrt_carry, outs[nk + ns:nk + ns + nc])), d_caps
 
 
 def _saving_forward(c, attrs, out_types, saving, n_steps_out) -> list:

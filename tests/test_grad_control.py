@@ -250,17 +250,20 @@ def test_recompute_is_not_lifted_out_of_the_reverse_loop():
 
 def test_save_all_sums_the_weight_gradients_after_the_loop():
     """save_all: the rnn's dW = sum_t x_t^T dg_t and dU = sum_t h_t^T dg_t leave the reverse loop: it carries no
-    cotangent of W or U (only h's), stacks dg once, and two matmuls after it sum all steps; recompute keeps them
-    as the loop's states. Both equal finite differences (test_foreach_rnn) and each other."""
+    cotangent of W or U (only h's), stacks dg once, and two matmuls after it sum all steps; dxs_t = dg_t @ W^T
+    leaves it too (a third matmul after it, over all steps' rows), so the reverse body keeps one matmul (the
+    carry's dh = dg @ U^T). recompute keeps them as the loop's states and per-step outputs. Both equal finite
+    differences (test_foreach_rnn) and each other."""
     def reverse_loop(memory):
         g = dt.trace(dt.grad(lambda *a: F.sum(rnn(*a)[0] ** 2), argnums=(0, 1, 2, 3), memory=memory),
                      S(("T", 2, 3)), S((2, 4)), S((3, 4)), S((4, 4)))
         (rev,) = [n for n in g.nodes if n.op == "foreach"][1:]          # after the forward
         after = g.nodes[g.nodes.index(rev) + 1:]
-        return rev.attrs, [n.op for n in after].count("matmul")
-    attrs, matmuls = reverse_loop("save_all")
-    assert (attrs.num_states, attrs.num_outputs, matmuls) == (1, 2, 2)        # dh; dxs and the stacked dg
-    attrs, matmuls = reverse_loop("recompute")
+        in_body = [n.op for n in rev.subgraphs[0].walk()].count("matmul")
+        return rev.attrs, in_body, [n.op for n in after].count("matmul")
+    attrs, in_body, matmuls = reverse_loop("save_all")
+    assert (attrs.num_states, attrs.num_outputs, in_body, matmuls) == (1, 1, 1, 3)     # dh; the stacked dg
+    attrs, in_body, matmuls = reverse_loop("recompute")
     assert (attrs.num_states, attrs.num_outputs, matmuls) == (3, 1, 0)        # dh, dW, dU; dxs
     args = [r(4, 2, 3), r(2, 4, seed=1), r(3, 4, seed=2), r(4, 4, seed=3)]
     for T in (0, 1, 4):
