@@ -127,9 +127,32 @@ def _kept(c, body) -> list:
     # not the body's outputs: a step output is stacked already (a compiled loop stacks a value once) and a new
     # carry is the next step's saved one; recomputing them from the saved intermediates is one elementwise op
     outs = set(body.outputs)
-    return [v for n in body.nodes if n.op != "constant" for v in n.outputs
+    keep = [v for n in body.nodes if n.op != "constant" for v in n.outputs
             if is_float(v) and v not in outs and all(isinstance(d, int) or dim_symbols(d) <= known
                                                      for d in v.type.shape)]
+    return _read_by_vjp(c, body, keep) if keep else keep
+
+
+def _read_by_vjp(c, body, keep: list) -> list:
+    """The values of `keep` that the body's vjp reads (every float output given a cotangent, every float input
+    differentiated: a superset of any reverse body's reads). Saving the others costs a stack written every step
+    and never read: the vjp of an `add`, a `split` or of `matmul`'s output reads none of them (the LSTM's
+    pre-activations, 4 of its 5 [B, 4H] values)."""
+    n_in = len(body.inputs)
+    cot_pos = [j for j, v in enumerate(body.outputs) if is_float(v)]
+
+    def build(bb, ins):
+        kept = dict(zip(keep, ins[n_in:n_in + len(keep)]))
+        seeds = {j: Tensor(v, bb) for j, v in zip(cot_pos, ins[n_in + len(keep):])}
+        wrt = [i for i, v in enumerate(body.inputs) if is_float(v)]
+        return graph_vjp(bb, body, list(ins[:n_in]), seeds, wrt, c.options, kept)[1]
+    g = closed_graph([v.type for v in body.inputs] + [v.type for v in keep] +
+                     [body.outputs[j].type for j in cot_pos], build, f"{body.name}_vjp_reads")
+    read = set(g.outputs)
+    for n in reversed(g.nodes):         # the live nodes' inputs (a recomputed value nothing reads is no read)
+        if any(v in read for v in n.outputs):
+            read.update(n.inputs)
+    return [v for v, slot in zip(keep, g.inputs[n_in:n_in + len(keep)]) if slot in read]
 
 
 def _reverse_scan(c, body, n_data, data_rev, n_carry, saved_rev, n_out, dys_rev, dys_pos, dcarry, caps, keep,
@@ -191,7 +214,7 @@ def _reverse_scan(c, body, n_data, data_rev, n_carry, saved_rev, n_out, dys_rev,
             return data_out + stacked + grads[nd:nd + nc] + acc
         data_moved = []
         g = closed_graph(slice_types + state_types + cap_types, build, f"{body.name}_vjp")
-        factors.prune(g, dead)
+        factors.prune(g, dead | factors.pure_nodes(g))
         return g, state_types, moved, stacked, whole, data_moved
 
     g, state_types, moved, stacked, whole, data_moved = make(wrt_caps)

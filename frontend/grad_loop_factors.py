@@ -126,6 +126,12 @@ def prune(g: Graph, candidates: set) -> None:
     g.nodes = keep[::-1]
 
 
+def pure_nodes(g: Graph) -> set:
+    """Ids of the nodes of `g` that `prune` may drop once unread: no subgraph, no dim check, not an assert (the
+    forward's nodes a reverse body replays but whose values it reads from the saved stacks instead)."""
+    return {id(n) for n in g.nodes if not n.subgraphs and not n.checks and not n.op.startswith("assert")}
+
+
 def summed(Xs: Tensor, Qs: Tensor) -> Tensor:
     """sum over steps t of transpose(Xs[t]) @ Qs[t]: one GEMM over the steps' rows."""
     k, n = Xs.type.shape[-1], Qs.type.shape[-1]

@@ -193,16 +193,27 @@ def test_foreach_valid_length_active_rows_only(lengths):
 
 def test_memory_strategies_differ_in_what_the_reverse_pass_recomputes():
     """recompute: the reverse body runs the forward body's ops again; save_all: it reads them from the saved
-    stacks (more per-step outputs saved by the forward)."""
+    stacks (more per-step outputs saved by the forward), only those its vjp reads: ``sin(p)`` (the vjp of
+    ``sin(p) * w`` reads it) and ``p * w`` (tanh's output, a carry, is recomputed from it), not
+    ``sin(p) * w`` (the vjp of a sum reads neither term)."""
+    def f(w):
+        def body(i, p, acc):
+            return [i + 1, F.tanh(p * w), acc + F.sin(p) * w]
+        _, _, acc = F.while_loop(lambda i, p, acc: i < 3, body, [np.int64(0), F.ones_like(w), F.zeros_like(w)])
+        return acc
+
     def count(memory):
-        g = dt.trace(dt.grad(powers, memory=memory), S((), "float64"))
+        g = dt.trace(dt.grad(f, memory=memory), S((), "float64"))
         loops = {n.op: n for n in g.walk() if n.op in ("while_loop", "foreach")}
         saving, reverse = loops["while_loop"], loops["foreach"]
         ops = [n.op for n in reverse.subgraphs[0].walk()]
-        return saving.attrs.num_outputs, ops.count("multiply")
-    saved_r, mul_r = count("recompute")
-    saved_s, mul_s = count("save_all")
-    assert saved_s > saved_r and mul_s < mul_r
+        return saving.attrs.num_outputs, ops.count("sin"), ops.count("multiply")
+    saved_r, sin_r, _ = count("recompute")
+    saved_s, sin_s, _ = count("save_all")
+    assert (saved_r, sin_r) == (3, 1) and (saved_s, sin_s) == (3 + 2, 0)     # the carries; + sin(p), p * w
+    for w in (0.3, -1.2):
+        np.testing.assert_allclose(dt.grad(f, memory="save_all")(np.float64(w)), dt.grad(f)(np.float64(w)))
+    check_grad(f, np.float64(0.7), memory="save_all")
 
 
 def _long_loop(x, w, n):
@@ -221,8 +232,9 @@ def test_the_forward_loop_runs_once(memory):
     ops = [n.op for n in g.nodes]
     assert ops.count("while_loop") == 1 and ops.count("foreach") == 1
     (saving,) = [n for n in g.nodes if n.op == "while_loop"]
-    # the carries; save_all: also the body's float intermediates but its outputs (sin, * w, + x, tanh, + x)
-    assert saving.attrs.num_outputs == (2 if memory == "recompute" else 2 + 5)
+    # the carries; save_all: also the body's float intermediates its vjp reads (sin for `* w`, tanh's output),
+    # not the body's outputs nor `* w`, `+ x`, `+ x` (the vjps of a sum and of a product by a constant read none)
+    assert saving.attrs.num_outputs == (2 if memory == "recompute" else 2 + 2)
 
 
 def test_recompute_is_not_lifted_out_of_the_reverse_loop():
