@@ -133,21 +133,6 @@ def pure_nodes(g: Graph) -> set:
 
 
 def summed(Xs: Tensor, Qs: Tensor) -> Tensor:
-    """sum over steps t of transpose(Xs[t]) @ Qs[t]: one GEMM over the steps' rows. The sum does not depend on
-    the steps' order: where `Xs` is a reversed stack (the reverse loop's inputs), the GEMM reads the stack
-    itself and `Qs` reversed instead (the left operand reversed cost a division by the batch per element the
-    micro-kernel reads, the right one is copied into panels first)."""
+    """sum over steps t of transpose(Xs[t]) @ Qs[t]: one GEMM over the steps' rows."""
     k, n = Xs.type.shape[-1], Qs.type.shape[-1]
-    fwd = _unflipped(Xs)
-    if fwd is not None:
-        Xs, Qs = fwd, F.slice(Qs, [None], [None], [-1], [0])
     return F.matmul(F.transpose(F.reshape(Xs, (-1, k)), (1, 0)), F.reshape(Qs, (-1, n)))
-
-
-def _unflipped(x: Tensor):
-    """The stack `x` reverses along its first axis (``x = stack[::-1]``), or None."""
-    p = x.value.producer
-    if p is None or p.op != "slice" or (p.attrs.axes, p.attrs.starts, p.attrs.stops, p.attrs.steps) != \
-            ((0,), (None,), (None,), (-1,)):
-        return None
-    return Tensor(p.inputs[0], x.builder)
