@@ -8,7 +8,7 @@ import pytest
 
 import dyntvm as dt
 from dyntvm import F
-from grad_check import check_grad
+from grad_check import check_grad, weighted_loss
 
 S = dt.TensorSpec
 
@@ -103,13 +103,15 @@ def test_nested_while_in_foreach_in_cond():
     check_grad(f, r(4, 2), 1.2 + r(2, seed=1) * 0.1)
 
 
-def test_lstm_example_gradient_matches_torch():
+@pytest.mark.parametrize("memory", ("recompute", "save_all"))
+def test_lstm_example_gradient_matches_torch(memory):
     torch = pytest.importorskip("torch")
     from dyntvm.examples import lstm as ex
     rng = np.random.default_rng(0)
     xs, h0, c0 = ex.make_inputs(rng, T=3, B=2)
     c0 = rng.standard_normal(c0.shape).astype(np.float32)
-    ours = dt.grad(lambda xs, h0, c0: F.sum(ex.lstm(xs, h0, c0)[0] ** 2), argnums=(0, 1, 2))(xs, h0, c0)
+    ours = dt.grad(lambda xs, h0, c0: F.sum(ex.lstm(xs, h0, c0)[0] ** 2), argnums=(0, 1, 2),
+                   memory=memory)(xs, h0, c0)
     txs, th, tc = [torch.tensor(a, requires_grad=True) for a in (xs, h0, c0)]
     W, U, b = (torch.tensor(a) for a in (ex.W, ex.U, ex.b))
     h, c, hs = th, tc, []
@@ -152,8 +154,9 @@ def test_compiled_mask_softmax_layer_norm_gradient():
 
 
 @pytest.mark.slow
-def test_compiled_foreach_gradient():
-    _check_compiled(dt.grad(lambda xs, h0, W, U: F.sum(rnn(xs, h0, W, U)[0]), argnums=(0, 1, 2, 3)),
+@pytest.mark.parametrize("memory", ("recompute", "save_all"))
+def test_compiled_foreach_gradient(memory):
+    _check_compiled(dt.grad(lambda xs, h0, W, U: F.sum(rnn(xs, h0, W, U)[0]), argnums=(0, 1, 2, 3), memory=memory),
                     (S(("T", "B", 3), "float64"), S(("B", 4), "float64"), S((3, 4), "float64"),
                      S((4, 4), "float64")),
                     lambda n: (r(n, 2, 3), r(2, 4, seed=1), r(3, 4, seed=2), r(4, 4, seed=3)), (0, 1, 5))
@@ -284,6 +287,35 @@ def test_save_all_sums_the_weight_gradients_after_the_loop():
                  for m in ("recompute", "save_all")]
         for x, y in zip(*grads):
             np.testing.assert_allclose(x, y, rtol=1e-10, atol=1e-12)
+
+
+def _rnn_data_terms(xs, h0, W, U):
+    """x_t's cotangent has a term ``dg_t @ W^T`` (moved after the loop by save_all), one through ``x * x`` (a
+    product with x: stays per step) and one straight from the output (a per-step input: moved as is)."""
+    def step(x, st):
+        h = F.tanh(F.matmul(x, W) + F.matmul(st[0], U)) + F.matmul(x * x, W) * 0.5
+        return h + F.matmul(x, W), [h]
+    hs, (h,) = F.foreach(step, xs, [h0])
+    return hs, h
+
+
+@pytest.mark.parametrize("T", (0, 1, 4))
+def test_save_all_data_gradient_after_the_loop(T):
+    """save_all: the data cotangents dx_t = Q_t @ M (M loop-invariant) are one matmul over all steps after the
+    reverse loop, the other terms of dx_t stay per step; equal to finite differences and to recompute's."""
+    args = [r(T, 2, 3), r(2, 4, seed=1), r(3, 4, seed=2), r(4, 4, seed=3)]
+    got = check_grad(_rnn_data_terms, *args, memory="save_all")
+    want = dt.grad(weighted_loss(_rnn_data_terms, args), argnums=(0, 1, 2, 3))(*args)
+    for x, y in zip(got, want):
+        np.testing.assert_allclose(x, y, rtol=1e-10, atol=1e-12)
+    g = dt.trace(dt.grad(lambda *a: F.sum(_rnn_data_terms(*a)[0]), argnums=(0, 1, 2, 3), memory="save_all"),
+                 S(("T", 2, 3)), S((2, 4)), S((3, 4)), S((4, 4)))
+    rev = [n for n in g.nodes if n.op == "foreach"][1]
+    after = [n.op for n in g.nodes[g.nodes.index(rev) + 1:]]
+    # in the body: dh = dg @ U^T (the carry) and the x * x term's d(x * x) @ W^T (kept per step: it is then
+    # multiplied by x); after it: dx's matmuls by W^T (of dg and of the output's cotangent), dW's three, dU's
+    body = [n.op for n in rev.subgraphs[0].walk()]
+    assert (body.count("matmul"), after.count("matmul")) == (2, 6)
 
 
 def test_growing_carry_refused_by_name():
