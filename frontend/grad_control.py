@@ -10,9 +10,10 @@
 
 Memory (``memory=`` of `dt.grad`): ``"recompute"`` saves the carries only and recomputes each step's body in the
 reverse pass, step by step (`ForeachAttrs.hoist_rows` False: not lifted over all steps); ``"save_all"`` saves
-every float intermediate of the body (stacked) and does not recompute, where the body's values keep one shape
-per step (else it falls back to recomputing), and sums a weight's ``transpose(X_t) @ Q_t`` terms by one GEMM
-after the reverse loop (`grad_loop_factors`).
+the float intermediates of the body its vjp reads (stacked) and does not recompute, where the body's values keep
+one shape per step (else it falls back to recomputing), sums a weight's ``transpose(X_t) @ Q_t`` terms by one
+GEMM after the reverse loop, and computes a per-step input's ``Q_t @ M`` terms (M loop-invariant) by one GEMM
+over all steps' rows after it (`grad_loop_factors`).
 """
 from __future__ import annotations
 
