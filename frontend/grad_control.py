@@ -119,7 +119,7 @@ def _saving_body(body, n_steps_out, carried_pos, keep):
     return closed_graph([v.type for v in body.inputs], build, f"{body.name}_saving")
 
 
-def _kept(c, body) -> list:
+def _kept(c, body, n_out: int) -> list:
     """memory="save_all": the body's float intermediates to save per step (those whose shape is the same at
     every step: dims of the body's inputs); none for "recompute"."""
     if c.options.get("memory") != "save_all":
@@ -131,16 +131,19 @@ def _kept(c, body) -> list:
     keep = [v for n in body.nodes if n.op != "constant" for v in n.outputs
             if is_float(v) and v not in outs and all(isinstance(d, int) or dim_symbols(d) <= known
                                                      for d in v.type.shape)]
-    return _read_by_vjp(c, body, keep) if keep else keep
+    if not keep:
+        return keep
+    # the outputs the reverse body gets cotangents for: the step outputs given one, every float new carry
+    seeded = _given(c.cots[:n_out])[0] + [j for j in range(n_out, len(body.outputs)) if is_float(body.outputs[j])]
+    return _read_by_vjp(c, body, keep, seeded)
 
 
-def _read_by_vjp(c, body, keep: list) -> list:
-    """The values of `keep` that the body's vjp reads (every float output given a cotangent, every float input
-    differentiated: a superset of any reverse body's reads). Saving the others costs a stack written every step
+def _read_by_vjp(c, body, keep: list, cot_pos: list) -> list:
+    """The values of `keep` that the body's vjp reads (the outputs at `cot_pos` given cotangents, as in the reverse
+    body, every float input differentiated). Saving the others costs a stack written every step
     and never read: the vjp of an `add`, a `split` or of `matmul`'s output reads none of them (the LSTM's
     pre-activations, 4 of its 5 [B, 4H] values)."""
     n_in = len(body.inputs)
-    cot_pos = [j for j, v in enumerate(body.outputs) if is_float(v)]
 
     def build(bb, ins):
         kept = dict(zip(keep, ins[n_in:n_in + len(keep)]))
@@ -295,7 +298,7 @@ def _foreach(c):
     data, states, caps = ins[:nd], ins[nd:nd + ns], ins[nd + ns:]
     _check_carries("foreach", body, body.inputs[nd:nd + ns], [v.type for v in states])
     length = data[0].type.shape[0]
-    keep = _kept(c, body)
+    keep = _kept(c, body, no)
     saving = _saving_body(body, no, list(range(nd, nd + ns)), keep)
     out_types = [v.type for v in node.outputs[:no]] + \
         [TensorType((length,) + v.type.shape, v.type.dtype) for v in states + keep] + \
@@ -328,7 +331,7 @@ def _while_loop(c):
     cap_at = nv + int(a.has_max_tensor)
     caps = ins[cap_at:]
     _check_carries("while_loop", body, body.inputs[:nv], [v.type for v in lvars])
-    keep = _kept(c, body)
+    keep = _kept(c, body, no)
     saving = _saving_body(body, no, list(range(nv)), keep)
     n_iter = node.outputs[0].type.shape[0] if no else \
         fresh_dim(origin="the number of iterations of while_loop (saved for its gradient)")

@@ -318,6 +318,23 @@ def test_save_all_data_gradient_after_the_loop(T):
     assert (body.count("matmul"), after.count("matmul")) == (2, 6)
 
 
+def test_save_all_reads_only_the_seeded_outputs_vjp():
+    """save_all finds the intermediates to save from the vjp of the outputs that get a cotangent: a step output
+    the loss does not use, made by an op without a vjp rule (`prod`), is no error (as with recompute)."""
+    def f(xs, w):
+        def step(x, st):
+            h = F.tanh(x * w + st[0])
+            return [h * h, F.prod(h, axis=-1)], [h]
+        (hs, ps), _ = F.foreach(step, xs, [F.zeros_like(w)])
+        return F.sum(hs)
+    for T in (0, 1, 3):
+        args = (r(T, 2), r(2, seed=1))
+        got = dt.grad(f, argnums=(0, 1), memory="save_all")(*args)
+        for x, y in zip(got, dt.grad(f, argnums=(0, 1))(*args)):
+            np.testing.assert_allclose(x, y, rtol=1e-12, atol=1e-14)
+    check_grad(f, r(3, 2), r(2, seed=1), memory="save_all")
+
+
 def test_growing_carry_refused_by_name():
     def f(x):
         (y,) = F.while_loop(lambda y: F.sum(y) < 10.0,
