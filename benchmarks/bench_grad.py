@@ -97,7 +97,7 @@ def torch_lstm_step(xs, h0, c0):
 
 
 def block_median(fn, args, repeat):
-    """(median wall time, median CPU time of this process) of `repeat` calls."""
+    """(median wall time, median CPU time of this process, least CPU time) of `repeat` calls."""
     fn(*args)
     wall, cpu = [], []
     for _ in range(repeat):
@@ -105,7 +105,7 @@ def block_median(fn, args, repeat):
         fn(*args)
         wall.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
-    return statistics.median(wall), statistics.median(cpu)
+    return statistics.median(wall), statistics.median(cpu), min(cpu)
 
 
 def interleaved(systems: dict, rounds: int, repeat: int, pause: float = 0.2) -> dict:
@@ -121,15 +121,17 @@ def interleaved(systems: dict, rounds: int, repeat: int, pause: float = 0.2) -> 
 
 
 def report(res: dict, ref: str) -> None:
-    """Wall time (median over rounds, best round) and CPU time (median over rounds), each against `ref`'s."""
+    """Wall time (median over rounds, best round) and CPU time (median over rounds; the least of all calls: on a
+    loaded machine the steadiest figure, other processes only add to a call's time), each against `ref`'s."""
     def stats(ts):
         wall, cpu = [t[0] for t in ts], [t[1] for t in ts]
-        return statistics.median(wall), min(wall), statistics.median(cpu)
-    r_med, r_best, r_cpu = stats(res[ref])
+        return statistics.median(wall), min(wall), statistics.median(cpu), min(t[2] for t in ts)
+    r_med, r_best, r_cpu, r_least = stats(res[ref])
     for k, ts in res.items():
-        med, best, cpu = stats(ts)
-        print(f"  {k:<22} wall median {med * 1e3:8.1f} ms, best {best * 1e3:8.1f} ms; cpu {cpu * 1e3:8.1f} ms"
-              f"   / {ref}: {med / r_med:5.2f} (best {best / r_best:5.2f}, cpu {cpu / r_cpu:5.2f})")
+        med, best, cpu, least = stats(ts)
+        print(f"  {k:<22} wall median {med * 1e3:8.1f} ms, best {best * 1e3:8.1f} ms; cpu {cpu * 1e3:8.1f} ms, "
+              f"least {least * 1e3:6.1f} ms   / {ref}: {med / r_med:5.2f} (best {best / r_best:5.2f}, "
+              f"cpu {cpu / r_cpu:5.2f}, least {least / r_least:5.2f})")
 
 
 def bench_lstm(args):

@@ -10,9 +10,10 @@
 
 Memory (``memory=`` of `dt.grad`): ``"recompute"`` saves the carries only and recomputes each step's body in the
 reverse pass, step by step (`ForeachAttrs.hoist_rows` False: not lifted over all steps); ``"save_all"`` saves
-every float intermediate of the body (stacked) and does not recompute, where the body's values keep one shape
-per step (else it falls back to recomputing), and sums a weight's ``transpose(X_t) @ Q_t`` terms by one GEMM
-after the reverse loop (`grad_loop_factors`).
+the float intermediates of the body its vjp reads (stacked) and does not recompute, where the body's values keep
+one shape per step (else it falls back to recomputing), sums a weight's ``transpose(X_t) @ Q_t`` terms by one
+GEMM after the reverse loop, and computes a per-step input's ``Q_t @ M`` terms (M loop-invariant) by one GEMM
+over all steps' rows after it (`grad_loop_factors`).
 """
 from __future__ import annotations
 
@@ -118,7 +119,7 @@ def _saving_body(body, n_steps_out, carried_pos, keep):
     return closed_graph([v.type for v in body.inputs], build, f"{body.name}_saving")
 
 
-def _kept(c, body) -> list:
+def _kept(c, body, n_out: int) -> list:
     """memory="save_all": the body's float intermediates to save per step (those whose shape is the same at
     every step: dims of the body's inputs); none for "recompute"."""
     if c.options.get("memory") != "save_all":
@@ -127,9 +128,35 @@ def _kept(c, body) -> list:
     # not the body's outputs: a step output is stacked already (a compiled loop stacks a value once) and a new
     # carry is the next step's saved one; recomputing them from the saved intermediates is one elementwise op
     outs = set(body.outputs)
-    return [v for n in body.nodes if n.op != "constant" for v in n.outputs
+    keep = [v for n in body.nodes if n.op != "constant" for v in n.outputs
             if is_float(v) and v not in outs and all(isinstance(d, int) or dim_symbols(d) <= known
                                                      for d in v.type.shape)]
+    if not keep:
+        return keep
+    # the outputs the reverse body gets cotangents for: the step outputs given one, every float new carry
+    seeded = _given(c.cots[:n_out])[0] + [j for j in range(n_out, len(body.outputs)) if is_float(body.outputs[j])]
+    return _read_by_vjp(c, body, keep, seeded)
+
+
+def _read_by_vjp(c, body, keep: list, cot_pos: list) -> list:
+    """The values of `keep` that the body's vjp reads (the outputs at `cot_pos` given cotangents, as in the reverse
+    body, every float input differentiated). Saving the others costs a stack written every step
+    and never read: the vjp of an `add`, a `split` or of `matmul`'s output reads none of them (the LSTM's
+    pre-activations, 4 of its 5 [B, 4H] values)."""
+    n_in = len(body.inputs)
+
+    def build(bb, ins):
+        kept = dict(zip(keep, ins[n_in:n_in + len(keep)]))
+        seeds = {j: Tensor(v, bb) for j, v in zip(cot_pos, ins[n_in + len(keep):])}
+        wrt = [i for i, v in enumerate(body.inputs) if is_float(v)]
+        return graph_vjp(bb, body, list(ins[:n_in]), seeds, wrt, c.options, kept)[1]
+    g = closed_graph([v.type for v in body.inputs] + [v.type for v in keep] +
+                     [body.outputs[j].type for j in cot_pos], build, f"{body.name}_vjp_reads")
+    read = set(g.outputs)
+    for n in reversed(g.nodes):         # the live nodes' inputs (a recomputed value nothing reads is no read)
+        if any(v in read for v in n.outputs):
+            read.update(n.inputs)
+    return [v for v, slot in zip(keep, g.inputs[n_in:n_in + len(keep)]) if slot in read]
 
 
 def _reverse_scan(c, body, n_data, data_rev, n_carry, saved_rev, n_out, dys_rev, dys_pos, dcarry, caps, keep,
@@ -171,6 +198,14 @@ def _reverse_scan(c, body, n_data, data_rev, n_carry, saved_rev, n_out, dys_rev,
             wrt = wrt_data + [n_data + i for i in wrt_carry] + [n_data + n_carry + i for i in wrt_caps]
             _, grads = graph_vjp(bb, body, list(xs) + list(cap_in), seeds, wrt, c.options, kept)
             slot = {v: i for i, v in enumerate(ins[:len(slices)])}
+            data_out = []
+            for g in grads[:nd]:        # dx_t = dg_t @ M, M loop-invariant: one GEMM after the loop
+                rest, terms, built = factors.invariant_product_terms(bb, g, cap_in) if save_all else (g, [], set())
+                if rest is not None:
+                    data_out.append(rest)
+                data_moved.append((rest is not None, [(_factor_ref(q, slot, stacked), nodes, m, cap_in)
+                                                      for q, nodes, m in terms]))
+                dead.update(built)
             acc = []
             for i, g in zip(wrt_caps, grads[nd + nc:]):
                 rest, pairs, built = factors.outer_product_terms(bb, g) if save_all else (g, [], set())
@@ -180,33 +215,43 @@ def _reverse_scan(c, body, n_data, data_rev, n_carry, saved_rev, n_out, dys_rev,
                     acc.append(Tensor(dcap[i], bb) if rest is None else Tensor(dcap[i], bb) + rest)
                 moved.append([tuple(_factor_ref(t, slot, stacked) for t in pair) for pair in pairs])
                 dead.update(built)
-            return grads[:nd] + stacked + grads[nd:nd + nc] + acc
+            return data_out + stacked + grads[nd:nd + nc] + acc
+        data_moved = []
         g = closed_graph(slice_types + state_types + cap_types, build, f"{body.name}_vjp")
-        factors.prune(g, dead)
-        return g, state_types, moved, stacked, whole
+        factors.prune(g, dead | factors.pure_nodes(g))
+        return g, state_types, moved, stacked, whole, data_moved
 
-    g, state_types, moved, stacked, whole = make(wrt_caps)
+    g, state_types, moved, stacked, whole, data_moved = make(wrt_caps)
     acc_caps = [i for i in wrt_caps if i not in whole]
     if whole:
-        g, state_types, moved, stacked, _ = make(acc_caps)
+        g, state_types, moved, stacked, _, data_moved = make(acc_caps)
     steps = (data_rev + saved_rev)[0].type.shape[0]
     inits = [dcarry[i] for i in wrt_carry] + [F.zeros_like(Tensor(caps[i], b)) for i in acc_caps]
     ns = len(stacked)
-    out_types = [TensorType(data_rev[i].type.shape, body.inputs[i].type.dtype) for i in wrt_data] + \
+    kept_data = [i for i, (kept, _) in zip(wrt_data, data_moved) if kept]
+    nk = len(kept_data)
+    out_types = [TensorType(data_rev[i].type.shape, body.inputs[i].type.dtype) for i in kept_data] + \
         [TensorType((steps,) + t.type.shape, t.type.dtype) for t in stacked] + list(state_types)
-    attrs = A.ForeachAttrs(len(slices), len(inits), nd + ns, hoist_rows=not c.options.get("memory") == "recompute")
+    attrs = A.ForeachAttrs(len(slices), len(inits), nk + ns, hoist_rows=not c.options.get("memory") == "recompute")
     outs = _emit(b, c.node, "foreach", attrs, [x.value for x in slices] + [x.value for x in inits] + list(caps),
                  out_types, [g])
-    acc_out = dict(zip(acc_caps, outs[nd + ns + nc:]))
+    acc_out = dict(zip(acc_caps, outs[nk + ns + nc:]))
     d_caps = {}
     for i, pairs in zip(wrt_caps, moved):
         d = acc_out.get(i)
         for refs in pairs:
-            term = factors.summed(*[slices[j] if where == "in" else outs[nd + j] for where, j in refs])
+            term = factors.summed(*[slices[j] if where == "in" else outs[nk + j] for where, j in refs])
             d = term if d is None else d + term
         d_caps[i] = d if d is not None else F.zeros_like(Tensor(caps[i], b))
-    return (dict(zip(wrt_data, [_flip(o, 0) for o in outs[:nd]])),
-            dict(zip(wrt_carry, outs[nd + ns:nd + ns + nc])), d_caps)
+    d_data, rest_out = {}, dict(zip(kept_data, outs[:nk]))
+    for i, (_, terms) in zip(wrt_data, data_moved):     # reversed like the loop's steps, then flipped
+        d = rest_out.get(i)
+        for (where, j), nodes, m, cap_in in terms:
+            qs = slices[j] if where == "in" else outs[nk + j]
+            term = factors.stacked_product(b, qs, nodes, m, cap_in, list(caps), data_rev[i])
+            d = term if d is None else d + term
+        d_data[i] = _flip(d, 0)
+    return d_data, dict(zip(wrt_carry, outs[nk + ns:nk + ns + nc])), d_caps
 
 
 def _saving_forward(c, attrs, out_types, saving, n_steps_out) -> list:
@@ -253,7 +298,7 @@ def _foreach(c):
     data, states, caps = ins[:nd], ins[nd:nd + ns], ins[nd + ns:]
     _check_carries("foreach", body, body.inputs[nd:nd + ns], [v.type for v in states])
     length = data[0].type.shape[0]
-    keep = _kept(c, body)
+    keep = _kept(c, body, no)
     saving = _saving_body(body, no, list(range(nd, nd + ns)), keep)
     out_types = [v.type for v in node.outputs[:no]] + \
         [TensorType((length,) + v.type.shape, v.type.dtype) for v in states + keep] + \
@@ -286,7 +331,7 @@ def _while_loop(c):
     cap_at = nv + int(a.has_max_tensor)
     caps = ins[cap_at:]
     _check_carries("while_loop", body, body.inputs[:nv], [v.type for v in lvars])
-    keep = _kept(c, body)
+    keep = _kept(c, body, no)
     saving = _saving_body(body, no, list(range(nv)), keep)
     n_iter = node.outputs[0].type.shape[0] if no else \
         fresh_dim(origin="the number of iterations of while_loop (saved for its gradient)")

@@ -8,7 +8,7 @@ import pytest
 
 import dyntvm as dt
 from dyntvm import F
-from grad_check import check_grad
+from grad_check import check_grad, weighted_loss
 
 S = dt.TensorSpec
 
@@ -103,13 +103,15 @@ def test_nested_while_in_foreach_in_cond():
     check_grad(f, r(4, 2), 1.2 + r(2, seed=1) * 0.1)
 
 
-def test_lstm_example_gradient_matches_torch():
+@pytest.mark.parametrize("memory", ("recompute", "save_all"))
+def test_lstm_example_gradient_matches_torch(memory):
     torch = pytest.importorskip("torch")
     from dyntvm.examples import lstm as ex
     rng = np.random.default_rng(0)
     xs, h0, c0 = ex.make_inputs(rng, T=3, B=2)
     c0 = rng.standard_normal(c0.shape).astype(np.float32)
-    ours = dt.grad(lambda xs, h0, c0: F.sum(ex.lstm(xs, h0, c0)[0] ** 2), argnums=(0, 1, 2))(xs, h0, c0)
+    ours = dt.grad(lambda xs, h0, c0: F.sum(ex.lstm(xs, h0, c0)[0] ** 2), argnums=(0, 1, 2),
+                   memory=memory)(xs, h0, c0)
     txs, th, tc = [torch.tensor(a, requires_grad=True) for a in (xs, h0, c0)]
     W, U, b = (torch.tensor(a) for a in (ex.W, ex.U, ex.b))
     h, c, hs = th, tc, []
@@ -152,8 +154,9 @@ def test_compiled_mask_softmax_layer_norm_gradient():
 
 
 @pytest.mark.slow
-def test_compiled_foreach_gradient():
-    _check_compiled(dt.grad(lambda xs, h0, W, U: F.sum(rnn(xs, h0, W, U)[0]), argnums=(0, 1, 2, 3)),
+@pytest.mark.parametrize("memory", ("recompute", "save_all"))
+def test_compiled_foreach_gradient(memory):
+    _check_compiled(dt.grad(lambda xs, h0, W, U: F.sum(rnn(xs, h0, W, U)[0]), argnums=(0, 1, 2, 3), memory=memory),
                     (S(("T", "B", 3), "float64"), S(("B", 4), "float64"), S((3, 4), "float64"),
                      S((4, 4), "float64")),
                     lambda n: (r(n, 2, 3), r(2, 4, seed=1), r(3, 4, seed=2), r(4, 4, seed=3)), (0, 1, 5))
@@ -193,16 +196,27 @@ def test_foreach_valid_length_active_rows_only(lengths):
 
 def test_memory_strategies_differ_in_what_the_reverse_pass_recomputes():
     """recompute: the reverse body runs the forward body's ops again; save_all: it reads them from the saved
-    stacks (more per-step outputs saved by the forward)."""
+    stacks (more per-step outputs saved by the forward), only those its vjp reads: ``sin(p)`` (the vjp of
+    ``sin(p) * w`` reads it) and ``p * w`` (tanh's output, a carry, is recomputed from it), not
+    ``sin(p) * w`` (the vjp of a sum reads neither term)."""
+    def f(w):
+        def body(i, p, acc):
+            return [i + 1, F.tanh(p * w), acc + F.sin(p) * w]
+        _, _, acc = F.while_loop(lambda i, p, acc: i < 3, body, [np.int64(0), F.ones_like(w), F.zeros_like(w)])
+        return acc
+
     def count(memory):
-        g = dt.trace(dt.grad(powers, memory=memory), S((), "float64"))
+        g = dt.trace(dt.grad(f, memory=memory), S((), "float64"))
         loops = {n.op: n for n in g.walk() if n.op in ("while_loop", "foreach")}
         saving, reverse = loops["while_loop"], loops["foreach"]
         ops = [n.op for n in reverse.subgraphs[0].walk()]
-        return saving.attrs.num_outputs, ops.count("multiply")
-    saved_r, mul_r = count("recompute")
-    saved_s, mul_s = count("save_all")
-    assert saved_s > saved_r and mul_s < mul_r
+        return saving.attrs.num_outputs, ops.count("sin"), ops.count("multiply")
+    saved_r, sin_r, _ = count("recompute")
+    saved_s, sin_s, _ = count("save_all")
+    assert (saved_r, sin_r) == (3, 1) and (saved_s, sin_s) == (3 + 2, 0)     # the carries; + sin(p), p * w
+    for w in (0.3, -1.2):
+        np.testing.assert_allclose(dt.grad(f, memory="save_all")(np.float64(w)), dt.grad(f)(np.float64(w)))
+    check_grad(f, np.float64(0.7), memory="save_all")
 
 
 def _long_loop(x, w, n):
@@ -221,8 +235,9 @@ def test_the_forward_loop_runs_once(memory):
     ops = [n.op for n in g.nodes]
     assert ops.count("while_loop") == 1 and ops.count("foreach") == 1
     (saving,) = [n for n in g.nodes if n.op == "while_loop"]
-    # the carries; save_all: also the body's float intermediates but its outputs (sin, * w, + x, tanh, + x)
-    assert saving.attrs.num_outputs == (2 if memory == "recompute" else 2 + 5)
+    # the carries; save_all: also the body's float intermediates its vjp reads (sin for `* w`, tanh's output),
+    # not the body's outputs nor `* w`, `+ x`, `+ x` (the vjps of a sum and of a product by a constant read none)
+    assert saving.attrs.num_outputs == (2 if memory == "recompute" else 2 + 2)
 
 
 def test_recompute_is_not_lifted_out_of_the_reverse_loop():
@@ -250,17 +265,20 @@ def test_recompute_is_not_lifted_out_of_the_reverse_loop():
 
 def test_save_all_sums_the_weight_gradients_after_the_loop():
     """save_all: the rnn's dW = sum_t x_t^T dg_t and dU = sum_t h_t^T dg_t leave the reverse loop: it carries no
-    cotangent of W or U (only h's), stacks dg once, and two matmuls after it sum all steps; recompute keeps them
-    as the loop's states. Both equal finite differences (test_foreach_rnn) and each other."""
+    cotangent of W or U (only h's), stacks dg once, and two matmuls after it sum all steps; dxs_t = dg_t @ W^T
+    leaves it too (a third matmul after it, over all steps' rows), so the reverse body keeps one matmul (the
+    carry's dh = dg @ U^T). recompute keeps them as the loop's states and per-step outputs. Both equal finite
+    differences (test_foreach_rnn) and each other."""
     def reverse_loop(memory):
         g = dt.trace(dt.grad(lambda *a: F.sum(rnn(*a)[0] ** 2), argnums=(0, 1, 2, 3), memory=memory),
                      S(("T", 2, 3)), S((2, 4)), S((3, 4)), S((4, 4)))
         (rev,) = [n for n in g.nodes if n.op == "foreach"][1:]          # after the forward
         after = g.nodes[g.nodes.index(rev) + 1:]
-        return rev.attrs, [n.op for n in after].count("matmul")
-    attrs, matmuls = reverse_loop("save_all")
-    assert (attrs.num_states, attrs.num_outputs, matmuls) == (1, 2, 2)        # dh; dxs and the stacked dg
-    attrs, matmuls = reverse_loop("recompute")
+        in_body = [n.op for n in rev.subgraphs[0].walk()].count("matmul")
+        return rev.attrs, in_body, [n.op for n in after].count("matmul")
+    attrs, in_body, matmuls = reverse_loop("save_all")
+    assert (attrs.num_states, attrs.num_outputs, in_body, matmuls) == (1, 1, 1, 3)     # dh; the stacked dg
+    attrs, in_body, matmuls = reverse_loop("recompute")
     assert (attrs.num_states, attrs.num_outputs, matmuls) == (3, 1, 0)        # dh, dW, dU; dxs
     args = [r(4, 2, 3), r(2, 4, seed=1), r(3, 4, seed=2), r(4, 4, seed=3)]
     for T in (0, 1, 4):
@@ -269,6 +287,52 @@ def test_save_all_sums_the_weight_gradients_after_the_loop():
                  for m in ("recompute", "save_all")]
         for x, y in zip(*grads):
             np.testing.assert_allclose(x, y, rtol=1e-10, atol=1e-12)
+
+
+def _rnn_data_terms(xs, h0, W, U):
+    """x_t's cotangent has a term ``dg_t @ W^T`` (moved after the loop by save_all), one through ``x * x`` (a
+    product with x: stays per step) and one straight from the output (a per-step input: moved as is)."""
+    def step(x, st):
+        h = F.tanh(F.matmul(x, W) + F.matmul(st[0], U)) + F.matmul(x * x, W) * 0.5
+        return h + F.matmul(x, W), [h]
+    hs, (h,) = F.foreach(step, xs, [h0])
+    return hs, h
+
+
+@pytest.mark.parametrize("T", (0, 1, 4))
+def test_save_all_data_gradient_after_the_loop(T):
+    """save_all: the data cotangents dx_t = Q_t @ M (M loop-invariant) are one matmul over all steps after the
+    reverse loop, the other terms of dx_t stay per step; equal to finite differences and to recompute's."""
+    args = [r(T, 2, 3), r(2, 4, seed=1), r(3, 4, seed=2), r(4, 4, seed=3)]
+    got = check_grad(_rnn_data_terms, *args, memory="save_all")
+    want = dt.grad(weighted_loss(_rnn_data_terms, args), argnums=(0, 1, 2, 3))(*args)
+    for x, y in zip(got, want):
+        np.testing.assert_allclose(x, y, rtol=1e-10, atol=1e-12)
+    g = dt.trace(dt.grad(lambda *a: F.sum(_rnn_data_terms(*a)[0]), argnums=(0, 1, 2, 3), memory="save_all"),
+                 S(("T", 2, 3)), S((2, 4)), S((3, 4)), S((4, 4)))
+    rev = [n for n in g.nodes if n.op == "foreach"][1]
+    after = [n.op for n in g.nodes[g.nodes.index(rev) + 1:]]
+    # in the body: dh = dg @ U^T (the carry) and the x * x term's d(x * x) @ W^T (kept per step: it is then
+    # multiplied by x); after it: dx's matmuls by W^T (of dg and of the output's cotangent), dW's three, dU's
+    body = [n.op for n in rev.subgraphs[0].walk()]
+    assert (body.count("matmul"), after.count("matmul")) == (2, 6)
+
+
+def test_save_all_reads_only_the_seeded_outputs_vjp():
+    """save_all finds the intermediates to save from the vjp of the outputs that get a cotangent: a step output
+    the loss does not use, made by an op without a vjp rule (`prod`), is no error (as with recompute)."""
+    def f(xs, w):
+        def step(x, st):
+            h = F.tanh(x * w + st[0])
+            return [h * h, F.prod(h, axis=-1)], [h]
+        (hs, ps), _ = F.foreach(step, xs, [F.zeros_like(w)])
+        return F.sum(hs)
+    for T in (0, 1, 3):
+        args = (r(T, 2), r(2, seed=1))
+        got = dt.grad(f, argnums=(0, 1), memory="save_all")(*args)
+        for x, y in zip(got, dt.grad(f, argnums=(0, 1))(*args)):
+            np.testing.assert_allclose(x, y, rtol=1e-12, atol=1e-14)
+    check_grad(f, r(3, 2), r(2, seed=1), memory="save_all")
 
 
 def test_growing_carry_refused_by_name():
