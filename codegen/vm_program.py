@@ -14,7 +14,9 @@ region function checks its inputs' shapes when called, as it does when the execu
   overflows it), at the cost of copying each stacked row log2(steps) times. Zero steps give empty stacks
   when the body's per-step output types are static, else the program asks the runtime to run the model in
   the executor (`FALLBACK_CALLBACK`);
-* `boolean_mask` (a bool mask on axis 0) and 1-d `nonzero` -> kernels that count, then fill (`vm_dynamic`);
+* `boolean_mask` (a bool mask on axis 0) and 1-d `nonzero` -> kernels that count, then fill; `topk` with a
+  tensor k on the last axis -> a k check and a merge sort; a static op outside regions -> its region converter
+  (`vm_dynamic`);
 * another dynamic-shape op -> `ir.vm_program.KERNEL_CALLBACK` with the node's key (the runtime runs its numpy
   kernel).
 """
@@ -105,17 +107,14 @@ class _Lowering:
         return self._items(seq, res, len(n.outputs))
 
     def _kernel(self, seq, n, ins):
+        outs = self.dynamic.lower(seq, n, ins) if native(n) else None
+        if outs is not None:
+            return outs
         types = [v.type for v in n.outputs]
         ty = _ty(types[0]) if len(types) == 1 else _ret_ty(types)
         call = relax.Call(relax.ExternFunc(KERNEL_CALLBACK), [tvm.ir.StringImm(self.keys[n])] + ins, ty_args=[ty])
         res = seq.emit(call, n.op)
         return [res] if len(types) == 1 else self._items(seq, res, len(types))
-
-    def _boolean_mask(self, seq, n, ins):
-        return self.dynamic.boolean_mask(seq, n, ins) if native(n) else self._kernel(seq, n, ins)
-
-    def _nonzero(self, seq, n, ins):
-        return self.dynamic.nonzero(seq, n, ins) if native(n) else self._kernel(seq, n, ins)
 
     def _branch(self, g: Graph, args: list):
         seq = _Seq(self.bb)

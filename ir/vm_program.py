@@ -21,6 +21,10 @@ in the Python executor (as before).
 """
 from __future__ import annotations
 
+import re
+
+import numpy as np
+
 from .compiled_loop import while_loop_plan
 from .graph import Graph, Node
 from .list_type import ListType
@@ -101,14 +105,26 @@ def node_keys(graph: Graph, prefix: str) -> dict:
 
 
 def native(n: Node) -> bool:
-    """Whether dynamic-shape node `n` runs as kernels in the program (`codegen/vm_dynamic.py`), else as a Python
-    callback."""
+    """Whether node `n` (outside regions, not control flow) runs as kernels in the program
+    (`codegen/vm_dynamic.py`), else as a Python callback: a static op (a view the partitioner left out of
+    regions) through its region converter (should that fail when the program is built, it is called back),
+    and the common forms of dynamic-shape ops."""
+    if n.opdef.kind == OpKind.STATIC:
+        return n.op != "constant"
     if n.op == "boolean_mask":
         t, m = n.inputs[0].type, n.inputs[1].type
         return t.ndim >= 1 and n.attrs.axis % t.ndim == 0 and m.ndim == 1 and m.dtype == "bool"
     if n.op == "nonzero":
         return n.inputs[0].type.ndim == 1
+    if n.op == "topk_dyn":
+        t, k = n.inputs[0].type, n.inputs[1].type
+        one_k = all(isinstance(d, int) for d in k.shape) and int(np.prod(k.shape, dtype=np.int64)) == 1
+        return t.ndim >= 1 and n.attrs.axis % t.ndim == t.ndim - 1 and one_k and \
+            np.dtype(k.dtype).kind in "iu" and _SORTABLE.match(t.dtype) is not None
     return False
+
+
+_SORTABLE = re.compile(r"^(float(16|32|64)|u?int(8|16|32|64)|bool)$")
 
 
 def python_callbacks(graph: Graph) -> list:
