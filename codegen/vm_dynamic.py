@@ -4,9 +4,10 @@
 * `boolean_mask` of a bool mask on axis 0, `nonzero` of a 1-d tensor: count the rows the output will have, read
   the count as a shape (``tensor_to_shape`` + ``match_cast``), then fill an output of that size with a serial
   TIR loop;
-* `topk` with a tensor `k` along the last axis: a TIR kernel checks ``0 <= k <= n`` (as the numpy kernel) and
-  gives k back as a tensor, read as a shape; another sorts each row's indices with a stable merge sort (ties in
-  index order, NaN last, as numpy's stable argsort of ``-x`` / ``x``) and writes the first k (`vm_topk.py`);
+* `topk` with a tensor `k` along the last axis: a TIR kernel checks ``0 <= k <= n`` (out of range: the numpy
+  kernel is called back, which raises its error), k is read as a shape, and another kernel sorts each row's
+  indices with a stable merge sort (ties in index order, NaN last, as numpy's stable argsort of ``-x`` / ``x``)
+  and writes the first k (`vm_topk.py`);
 * a static op the partitioner left out of regions (the view ops `slice`, `squeeze`, `reshape`, ... that would
   make a region of their own): its region converter (`converters`), emitted into the program.
 
@@ -145,17 +146,21 @@ class DynamicOps:
             rows = rows * d
         flat = seq.emit(relax.op.reshape(x, [rows, dims[-1]]))
         k_in = seq.emit(relax.op.reshape(seq.emit(relax.op.astype(low._shaped(seq, ins[1]), "int64")), [1]))
-        checked = seq.emit(relax.call_tir(self._once("dyntvm_vm_topk_k", topk_check_primfunc),
-                                          relax.Tuple([k_in, relax.prim_value(dims[-1])]), relax.TensorType([1], "int64")))
+        ok = seq.emit(relax.call_tir(self._once("dyntvm_vm_topk_k", topk_check_primfunc),
+                                     relax.Tuple([k_in, relax.prim_value(dims[-1])]), relax.TensorType([], "bool")))
+        run = type(seq)(seq.bb)                   # k in range: read as a shape, then the sort
         k = tvm.tirx.Var("k", "int64")
-        low._match(seq, seq.emit(relax.op.tensor_to_shape(checked)), relax.ShapeType([k]))
+        low._match(run, run.emit(relax.op.tensor_to_shape(k_in)), relax.ShapeType([k]))
         sort = self._once(f"dyntvm_vm_topk_{'largest' if largest else 'smallest'}_{dtype}",
                           lambda name: topk_primfunc(name, dtype, largest))
-        res = seq.emit(relax.call_tir(sort, relax.Tuple([flat]), [
+        res = run.emit(relax.call_tir(sort, relax.Tuple([flat]), [
             relax.TensorType([rows, k], dtype), relax.TensorType([rows, k], "int64"),
             relax.TensorType([2, dims[-1]], "int64")]))
-        return [seq.emit(relax.op.reshape(seq.emit(relax.TupleGetItem(res, j)), dims[:-1] + [k]), name)
+        outs = [run.emit(relax.op.reshape(run.emit(relax.TupleGetItem(res, j)), dims[:-1] + [k]), name)
                 for j, name in ((0, "top_values"), (1, "top_indices"))]
+        fail = type(seq)(seq.bb)                  # out of range: the kernel called back raises its error
+        res = seq.emit(relax.If(ok, run.result(outs), fail.result(low._callback(fail, n, ins))), "topk")
+        return low._items(seq, res, 2)
 
     def static(self, seq, n: Node, ins: list):
         """A static op outside regions through its region converter, its inputs' dims bound from its types as a

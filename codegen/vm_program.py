@@ -108,8 +108,9 @@ class _Lowering:
 
     def _kernel(self, seq, n, ins):
         outs = self.dynamic.lower(seq, n, ins) if native(n) else None
-        if outs is not None:
-            return outs
+        return outs if outs is not None else self._callback(seq, n, ins)
+
+    def _callback(self, seq, n, ins):
         types = [v.type for v in n.outputs]
         ty = _ty(types[0]) if len(types) == 1 else _ret_ty(types)
         call = relax.Call(relax.ExternFunc(KERNEL_CALLBACK), [tvm.ir.StringImm(self.keys[n])] + ins, ty_args=[ty])

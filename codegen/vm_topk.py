@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import tvm
 
-# ``topk_check(k[1], n) -> k[1]``: the k the program reads as a shape, once it is known to be in
-# [0, n] (the numpy kernel's check; an error fails the program, and the executor raises its own message)
+# ``topk_check(k[1], n) -> ok[]``: whether k is in [0, n] (else the program calls the numpy kernel back, which
+# raises its own error: in Python the executor then runs the call; the C++ runner's kernel gives the same message)
 _CHECK = '''# from tvm.script import tirx as T
 @T.prim_func
-def {name}(h_k: T.handle, n: T.int64, h_c: T.handle):
+def {name}(h_k: T.handle, n: T.int64, h_ok: T.handle):
     T.func_attr({{"tirx.noalias": True}})
     k = T.match_buffer(h_k, (T.int64(1),), "int64")
-    c = T.match_buffer(h_c, (T.int64(1),), "int64")
-    assert T.int64(0) <= k[0] and k[0] <= n, "topk: k out of range"
-    c[0] = k[0]
+    ok = T.match_buffer(h_ok, (), "bool")
+    ok[()] = T.int64(0) <= k[0] and k[0] <= n
 '''
 
 # ``topk(x[rows, n]) -> (values[rows, k], indices[rows, k], scratch[2, n])``; `st` holds the loop state:

@@ -28,7 +28,7 @@ import numpy as np
 from .compiled_loop import while_loop_plan
 from .graph import Graph, Node
 from .list_type import ListType
-from .ops import OpKind
+from .ops import OpKind, attr_symbols
 from .region_counts import amplified_counts
 
 PROGRAM = "dyntvm_main"
@@ -85,7 +85,10 @@ def _why_not(n: Node):
         return None
     if n.opdef.kind == OpKind.CONTROL_FLOW:
         return f"control flow {n.op} (not in the VM yet)"
-    if n.opdef.dim_attrs:
+    if n.opdef.dim_attrs:             # a static op's symbols bound by its inputs' dims: its converter runs
+        bound = set().union(*(v.type.symbols() for v in n.inputs))
+        if n.opdef.kind == OpKind.STATIC and attr_symbols(n.op, n.attrs) <= bound:
+            return None
         return "an op with symbolic attrs"
     return None
 
