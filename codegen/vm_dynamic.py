@@ -4,7 +4,7 @@
 * `boolean_mask` of a bool mask on axis 0, `nonzero` of a 1-d tensor: count the rows the output will have, read
   the count as a shape (``tensor_to_shape`` + ``match_cast``), then fill an output of that size with a serial
   TIR loop;
-* `topk` with a tensor `k` along the last axis: a TIR kernel checks ``0 <= k <= n`` (out of range: the numpy
+* `topk` with a tensor `k` (along the last axis; another axis is moved there and back): a TIR kernel checks ``0 <= k <= n`` (out of range: the numpy
   kernel is called back, which raises its error), k is read as a shape, and another kernel sorts each row's
   indices with a stable merge sort (ties in index order, NaN last, as numpy's stable argsort of ``-x`` / ``x``)
   and writes the first k (`vm_topk.py`);
@@ -17,6 +17,7 @@ and the executor runs the call, raising its usual error.
 """
 from __future__ import annotations
 
+import numpy as np
 import tvm
 from tvm import relax
 
@@ -139,6 +140,11 @@ class DynamicOps:
     def topk_dyn(self, seq, n: Node, ins: list) -> list:
         low = self.low
         x = low._shaped(seq, ins[0])
+        nd = x.ty.ndim
+        axis = n.attrs.axis % nd                  # sorted along the last axis: another one is moved there
+        perm = [j for j in range(nd) if j != axis] + [axis]
+        if axis != nd - 1:
+            x = seq.emit(relax.op.permute_dims(x, perm))
         dims = list(x.ty.shape.values)
         dtype, largest = n.inputs[0].type.dtype, bool(n.attrs.largest)
         rows = tvm.tirx.IntImm("int64", 1)
@@ -158,6 +164,8 @@ class DynamicOps:
             relax.TensorType([2, dims[-1]], "int64")]))
         outs = [run.emit(relax.op.reshape(run.emit(relax.TupleGetItem(res, j)), dims[:-1] + [k]), name)
                 for j, name in ((0, "top_values"), (1, "top_indices"))]
+        if axis != nd - 1:
+            outs = [run.emit(relax.op.permute_dims(o, [int(j) for j in np.argsort(perm)])) for o in outs]
         fail = type(seq)(seq.bb)                  # out of range: the kernel called back raises its error
         res = seq.emit(relax.If(ok, run.result(outs), fail.result(low._callback(fail, n, ins))), "topk")
         return low._items(seq, res, 2)

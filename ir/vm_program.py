@@ -122,7 +122,7 @@ def native(n: Node) -> bool:
     if n.op == "topk_dyn":
         t, k = n.inputs[0].type, n.inputs[1].type
         one_k = all(isinstance(d, int) for d in k.shape) and int(np.prod(k.shape, dtype=np.int64)) == 1
-        return t.ndim >= 1 and n.attrs.axis % t.ndim == t.ndim - 1 and one_k and \
+        return t.ndim >= 1 and one_k and \
             np.dtype(k.dtype).kind in "iu" and _SORTABLE.match(t.dtype) is not None
     return False
 

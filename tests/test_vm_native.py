@@ -26,9 +26,9 @@ def count_callbacks(monkeypatch):
     return calls
 
 
-def numpy_topk(x, k, largest):
-    idx = np.argsort(-x if largest else x, axis=-1, kind="stable")[..., :k]
-    return np.take_along_axis(x, idx, axis=-1), idx
+def numpy_topk(x, k, largest, axis=-1):
+    idx = np.take(np.argsort(-x if largest else x, axis=axis, kind="stable"), np.arange(k), axis=axis)
+    return np.take_along_axis(x, idx, axis=axis), idx
 
 
 def _topk_inputs(dtype, shape, seed):
@@ -41,24 +41,25 @@ def _topk_inputs(dtype, shape, seed):
     return x
 
 
-@pytest.mark.parametrize("dtype,largest,ndim", [("float32", True, 1), ("float32", False, 2), ("int32", True, 2),
-                                                ("bool", False, 1)])
-def test_topk_with_a_tensor_k_runs_in_the_program(count_callbacks, dtype, largest, ndim):
+@pytest.mark.parametrize("dtype,largest,ndim,axis", [("float32", True, 1, -1), ("float32", False, 2, -1),
+                                                     ("int32", True, 2, -1), ("bool", False, 1, 0),
+                                                     ("float64", True, 3, 1)])
+def test_topk_with_a_tensor_k_runs_in_the_program(count_callbacks, dtype, largest, ndim, axis):
     def fn(x, k):                   # (a region, so that the model has a kernel library to hold the program)
-        return F.topk(F.abs(x) if dtype != "bool" else F.logical_not(x), k, largest=largest)
+        return F.topk(F.abs(x) if dtype != "bool" else F.logical_not(x), k, axis=axis, largest=largest)
 
-    spec = dt.TensorSpec(("N",) if ndim == 1 else ("R", "N"), dtype)
+    spec = dt.TensorSpec({1: ("N",), 2: ("R", "N"), 3: ("R", "N", 2)}[ndim], dtype)
     model = dt.compile(fn, spec, dt.TensorSpec((), "int64"))
     assert model.vm_program, model.vm_program_fallback
     assert not python_callbacks(model.graph)
     for n, ks in ((0, (0,)), (1, (0, 1)), (9, (0, 1, 4, 9)), (300, (5, 300))):
         for rows in ((None,) if ndim == 1 else (0, 1, 3)):
-            x = _topk_inputs(dtype, (n,) if rows is None else (rows, n), seed=n)
+            x = _topk_inputs(dtype, {1: (n,), 2: (rows, n), 3: (rows, n, 2)}[ndim], seed=n)
             for k in ks:
                 calls = model.vm_program_calls
                 got = model(x, np.int64(k))
                 assert model.vm_program_calls == calls + 1
-                want = numpy_topk(np.abs(x) if dtype != "bool" else ~x, k, largest)
+                want = numpy_topk(np.abs(x) if dtype != "bool" else ~x, k, largest, axis)
                 assert_same(got, want, what=f"n={n} rows={rows} k={k}")
     assert count_callbacks == []
 
