@@ -11,13 +11,15 @@ partitioned graph: one call from Python is one VM call, and no Python runs betwe
 * a `foreach`: a call of its compiled loop (`ir.compiled_loop`) where codegen built one, else a Relax
   function over a range of steps that halves the range (`codegen/vm_program.py`); a `while_loop` whose body is
   a compiled loop: calls of the loop function of growing capacity, a recursion one level per call;
-* a dynamic-shape op: a call of the packed function `KERNEL_CALLBACK` with the node's key (`node_keys`),
+* the common forms of dynamic-shape ops (`native`: boolean_mask on axis 0, 1-d nonzero, topk with a tensor k)
+  and the static ops left outside regions: kernels (`codegen/vm_dynamic.py`);
+* another dynamic-shape op: a call of the packed function `KERNEL_CALLBACK` with the node's key (`node_keys`),
   which runs the op's numpy kernel (registered from Python by the runtime: one Python callback per dynamic
   node, no executor around it).
 
-Anything else — a `while_loop` that is not a compiled loop, a foreach with `valid_length`, lists, nodes with run-time dim checks,
-ops with symbolic attrs, an exclusive `case` — is listed by `unsupported_nodes`, and the whole model then runs
-in the Python executor (as before).
+Anything else — a `while_loop` that is not a compiled loop, a foreach with `valid_length`, lists, nodes with
+run-time dim checks, ops with symbolic attrs (but static ones whose inputs' dims bind them), an exclusive
+`case` — is listed by `unsupported_nodes`, and the whole model then runs in the Python executor (as before).
 """
 from __future__ import annotations
 
