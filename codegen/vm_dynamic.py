@@ -122,11 +122,11 @@ class DynamicOps:
         row = tvm.tirx.IntImm("int64", 1)
         for d in dims[1:]:
             row = row * d
-        flat = seq.emit(relax.op.reshape(data, [dims[0], row]))
+        flat = low._view(seq, data, [dims[0], row])
         res = seq.emit(relax.call_tir(self._prim(_MASK_ROWS, "mask_rows", dtype), relax.Tuple([flat, mask]),
                                       [relax.TensorType([k, row], dtype), relax.TensorType([1], "int64")]))
         rows = seq.emit(relax.TupleGetItem(res, 0))
-        return [seq.emit(relax.op.reshape(rows, [k] + dims[1:]), "boolean_mask")]
+        return [low._view(seq, rows, [k] + dims[1:], "boolean_mask")]
 
     def nonzero(self, seq, n: Node, ins: list) -> list:
         low = self.low
@@ -150,8 +150,8 @@ class DynamicOps:
         rows = tvm.tirx.IntImm("int64", 1)
         for d in dims[:-1]:
             rows = rows * d
-        flat = seq.emit(relax.op.reshape(x, [rows, dims[-1]]))
-        k_in = seq.emit(relax.op.reshape(seq.emit(relax.op.astype(low._shaped(seq, ins[1]), "int64")), [1]))
+        flat = low._view(seq, x, [rows, dims[-1]])
+        k_in = low._int64(seq, ins[1])
         ok = seq.emit(relax.call_tir(self._once("dyntvm_vm_topk_k", topk_check_primfunc),
                                      relax.Tuple([k_in, relax.prim_value(dims[-1])]), relax.TensorType([], "bool")))
         run = type(seq)(seq.bb)                   # k in range: read as a shape, then the sort
@@ -162,7 +162,7 @@ class DynamicOps:
         res = run.emit(relax.call_tir(sort, relax.Tuple([flat]), [
             relax.TensorType([rows, k], dtype), relax.TensorType([rows, k], "int64"),
             relax.TensorType([2, dims[-1]], "int64")]))
-        outs = [run.emit(relax.op.reshape(run.emit(relax.TupleGetItem(res, j)), dims[:-1] + [k]), name)
+        outs = [low._view(run, run.emit(relax.TupleGetItem(res, j)), dims[:-1] + [k], name)
                 for j, name in ((0, "top_values"), (1, "top_indices"))]
         if axis != nd - 1:
             outs = [run.emit(relax.op.permute_dims(o, [int(j) for j in np.argsort(perm)])) for o in outs]

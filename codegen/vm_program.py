@@ -240,7 +240,7 @@ class _Lowering:
         a = n.attrs
         if not a.has_max_tensor:
             return _i64(a.max_iterations if a.max_iterations is not None else 1 << 62)
-        lim = seq.emit(relax.op.reshape(seq.emit(relax.op.astype(self._shaped(seq, ins[a.num_vars]), "int64")), [1]))
+        lim = self._int64(seq, ins[a.num_vars])
         limit = tvm.tirx.Var("limit", "int64")
         self._match(seq, seq.emit(relax.op.tensor_to_shape(lim)), relax.ShapeType([limit]))
         return limit
@@ -411,6 +411,19 @@ class _Lowering:
         rows = list(a.ty.shape.values[1:])
         b = self._match(seq, b, relax.TensorType([tvm.tirx.Var("s0", "int64")] + rows, a.ty.dtype))
         return seq.emit(relax.op.concat([a, b], axis=0))
+
+    def _view(self, seq: _Seq, value, shape: list, name: str = "v"):
+        """`value` (shaped, contiguous, as every tensor of the VM) seen with `shape` of as many elements: a view
+        (`vm.builtin.reshape`), not the copy kernel a legalized ``R.reshape`` outside a dataflow block becomes."""
+        ty = relax.TensorType(shape, value.ty.dtype)
+        return seq.emit(relax.call_pure_packed("vm.builtin.reshape", value, relax.ShapeExpr(shape), ty_args=ty), name)
+
+    def _int64(self, seq: _Seq, value):
+        """`value` (a tensor of one integer) as a shaped int64[1] (to be read as a shape)."""
+        value = self._shaped(seq, value)
+        if value.ty.dtype != "int64":
+            value = seq.emit(relax.op.astype(value, "int64"))
+        return self._view(seq, value, [_i64(1)])
 
     def _shaped(self, seq: _Seq, value):
         """`value` (a tensor of known rank) with a shape of fresh symbolic dims: Relax ops are legalized only
