@@ -8,6 +8,8 @@
   kernel is called back, which raises its error), k is read as a shape, and another kernel sorts each row's
   indices with a stable merge sort (ties in index order, NaN last, as numpy's stable argsort of ``-x`` / ``x``)
   and writes the first k (`vm_topk.py`);
+* `slice_dyn` (tensor starts, stops, steps): a plan kernel (Python's slice clamping), the lengths read as a
+  shape, a gather kernel (`vm_slice.py`); a zero step calls the numpy kernel back, which raises;
 * a static op the partitioner left out of regions (the view ops `slice`, `squeeze`, `reshape`, ... that would
   make a region of their own): its region converter (`converters`), emitted into the program.
 
@@ -24,6 +26,8 @@ from tvm import relax
 from ..ir.graph import Node
 from ..ir.ops import STATIC
 from ..ir.vm_program import native  # noqa: F401  (codegen/vm_program.py imports it from here)
+from .vm_slice import gather_primfunc as slice_gather_primfunc
+from .vm_slice import plan_primfunc as slice_plan_primfunc
 from .vm_topk import topk_check_primfunc, topk_primfunc
 
 _MASK_ROWS = '''# from tvm.script import tirx as T
@@ -169,6 +173,30 @@ class DynamicOps:
         fail = type(seq)(seq.bb)                  # out of range: the kernel called back raises its error
         res = seq.emit(relax.If(ok, run.result(outs), fail.result(low._callback(fail, n, ins))), "topk")
         return low._items(seq, res, 2)
+
+    def slice_dyn(self, seq, n: Node, ins: list) -> list:
+        low = self.low
+        x = low._shaped(seq, ins[0])
+        dims = list(x.ty.shape.values)
+        nd, dtype = len(dims), n.inputs[0].type.dtype
+        axes = tuple(ax % nd for ax in n.attrs.axis)
+        bounds = []
+        for b in ins[1:]:                         # one entry per axis (else the match_cast fails: the executor)
+            b = low._match(seq, b, relax.TensorType([len(axes)], b.ty.dtype))
+            bounds.append(b if b.ty.dtype == "int64" else seq.emit(relax.op.astype(b, "int64")))
+        plan = self._once(f"dyntvm_vm_slice_plan_{nd}_{'_'.join(map(str, axes))}",
+                          lambda name: slice_plan_primfunc(name, nd, axes))
+        res = seq.emit(relax.call_tir(plan, relax.Tuple(bounds + [relax.prim_value(d) for d in dims]), [
+            relax.TensorType([2 * nd], "int64"), relax.TensorType([nd], "int64"), relax.TensorType([], "bool")]))
+        first_step, lengths, ok = low._items(seq, res, 3)
+        run = type(seq)(seq.bb)                   # steps nonzero: the lengths as a shape, then the gather
+        out = [tvm.tirx.Var(f"len{j}", "int64") for j in range(nd)]
+        low._match(run, run.emit(relax.op.tensor_to_shape(lengths)), relax.ShapeType(out))
+        gather = self._once(f"dyntvm_vm_slice_{nd}_{dtype}", lambda name: slice_gather_primfunc(name, nd, dtype))
+        got = run.emit(relax.call_tir(gather, relax.Tuple([x, first_step]), relax.TensorType(out, dtype)), "slice")
+        fail = type(seq)(seq.bb)                  # a zero step: the kernel called back raises its error
+        res = seq.emit(relax.If(ok, run.result([got]), fail.result(low._callback(fail, n, ins))), "slice")
+        return low._items(seq, res, 1)
 
     def static(self, seq, n: Node, ins: list):
         """A static op outside regions through its region converter, its inputs' dims bound from its types as a

@@ -11,7 +11,8 @@ partitioned graph: one call from Python is one VM call, and no Python runs betwe
 * a `foreach`: a call of its compiled loop (`ir.compiled_loop`) where codegen built one, else a Relax
   function over a range of steps that halves the range (`codegen/vm_program.py`); a `while_loop` whose body is
   a compiled loop: calls of the loop function of growing capacity, a recursion one level per call;
-* the common forms of dynamic-shape ops (`native`: boolean_mask on axis 0, 1-d nonzero, topk with a tensor k)
+* the common forms of dynamic-shape ops (`native`: boolean_mask on axis 0, 1-d nonzero, topk with a tensor k,
+  slice_dyn)
   and the static ops left outside regions: kernels (`codegen/vm_dynamic.py`);
 * another dynamic-shape op: a call of the packed function `KERNEL_CALLBACK` with the node's key (`node_keys`),
   which runs the op's numpy kernel (registered from Python by the runtime: one Python callback per dynamic
@@ -121,6 +122,8 @@ def native(n: Node) -> bool:
         return t.ndim >= 1 and n.attrs.axis % t.ndim == 0 and m.ndim == 1 and m.dtype == "bool"
     if n.op == "nonzero":
         return n.inputs[0].type.ndim == 1
+    if n.op == "slice_dyn":
+        return n.inputs[0].type.ndim >= 1 and all(v.type.ndim == 1 for v in n.inputs[1:])
     if n.op == "topk_dyn":
         t, k = n.inputs[0].type, n.inputs[1].type
         one_k = all(isinstance(d, int) for d in k.shape) and int(np.prod(k.shape, dtype=np.int64)) == 1

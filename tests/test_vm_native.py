@@ -120,3 +120,38 @@ def test_detection_runs_in_the_program_by_default(count_callbacks, monkeypatch):
         assert_same(model(*inputs), BY_EXAMPLE["detection"](*inputs), rtol=1e-4, atol=1e-4, what=str(sizes))
         assert model.vm_program_calls == calls + 1 and model.kernel_calls == 0
     assert count_callbacks == []
+
+
+def test_slice_with_tensor_bounds_runs_in_the_program(count_callbacks, monkeypatch):
+    """`F.slice` with tensor starts / stops / steps on two axes: Python's clamping (bounds past either end,
+    negative bounds and steps, huge values), empty results and empty data, as numpy; a zero step raises the
+    executor's error (the same as with the program off)."""
+    def fn(x, starts, stops, steps):
+        return F.slice(x * 2.0, starts, stops, steps, axes=[2, 0])
+
+    specs = (dt.TensorSpec(("A", 3, "B")),) + tuple(dt.TensorSpec((2,), t) for t in ("int64", "int32", "int64"))
+    model = dt.compile(fn, *specs)
+    assert model.vm_program, model.vm_program_fallback
+    assert not python_callbacks(model.graph)
+    rng = np.random.default_rng(0)
+    big = 2 ** 62
+    for a, b in ((0, 0), (1, 1), (4, 7), (6, 0)):
+        x = rng.standard_normal((a, 3, b)).astype(np.float32)
+        for _ in range(12):
+            starts = rng.choice([-big, -9, -3, -1, 0, 1, 2, 5, 9, big], 2)
+            stops = rng.choice([-2 ** 31, -9, -3, -1, 0, 1, 2, 5, 9, 2 ** 31 - 1], 2).astype(np.int32)
+            steps = rng.choice([-3, -1, 1, 2, 4], 2)
+            calls = model.vm_program_calls
+            want = (x * 2.0)[int(starts[1]):int(stops[1]):int(steps[1]), :, int(starts[0]):int(stops[0]):int(steps[0])]
+            assert_same(model(x, starts, stops, steps), want, what=f"{x.shape} {starts} {stops} {steps}")
+            assert model.vm_program_calls == calls + 1
+    assert count_callbacks == []
+
+    monkeypatch.setenv("DYNTVM_VM_PROGRAM", "never")
+    reference = dt.compile(fn, *specs)
+    bad = (np.ones((2, 3, 4), np.float32), np.array([0, 0]), np.array([2, 2], np.int32), np.array([1, 0]))
+    with pytest.raises(dt.errors.DyntvmError) as want:
+        reference(*bad)
+    with pytest.raises(type(want.value)) as got:
+        model(*bad)
+    assert str(got.value) == str(want.value) and "step is 0" in str(got.value)
