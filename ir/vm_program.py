@@ -122,8 +122,9 @@ def native(n: Node) -> bool:
         return t.ndim >= 1 and n.attrs.axis % t.ndim == 0 and m.ndim == 1 and m.dtype == "bool"
     if n.op == "nonzero":
         return n.inputs[0].type.ndim == 1
-    if n.op == "slice_dyn":
-        return n.inputs[0].type.ndim >= 1 and all(v.type.ndim == 1 for v in n.inputs[1:])
+    if n.op == "slice_dyn":           # (F.slice casts bounds to int64; uint64 ones past 2**63 would wrap here)
+        bounds = n.inputs[1:]
+        return n.inputs[0].type.ndim >= 1 and all(v.type.ndim == 1 and v.type.dtype != "uint64" for v in bounds)
     if n.op == "topk_dyn":
         t, k = n.inputs[0].type, n.inputs[1].type
         one_k = all(isinstance(d, int) for d in k.shape) and int(np.prod(k.shape, dtype=np.int64)) == 1

@@ -155,3 +155,4 @@ def test_slice_with_tensor_bounds_runs_in_the_program(count_callbacks, monkeypat
     with pytest.raises(type(want.value)) as got:
         model(*bad)
     assert str(got.value) == str(want.value) and "step is 0" in str(got.value)
+
