@@ -1,7 +1,7 @@
 """A/B in one process: each model's plain call through the VM program vs the executor (the same library and
 inputs), interleaved rounds; per-call microseconds (min and median of the rounds).
 
-    python benchmarks/bench_vm_program.py [rounds [names]]   # branchy B1, B16, detection N200, lstm T64 B1 / B16, transformer,
+    python benchmarks/bench_vm_program.py [rounds [names]]   # branchy B1, B16, detection N200 / N1000, lstm T64 B1 / B16, transformer,
                                                      # decoder (a while_loop without a compiled loop)
 
 Every model gets its program ($DYNTVM_VM_PROGRAM=always: by default a program with Python callbacks is not used).
@@ -16,7 +16,8 @@ os.environ["DYNTVM_VM_PROGRAM"] = "always"
 import dyntvm as dt  # noqa: E402
 from dyntvm import examples  # noqa: E402
 
-rows = [r for r in [("branchy", {"B": 1}), ("branchy", {"B": 16}), ("detection", {"N": 200}), ("lstm", {"T": 64, "B": 1}),
+rows = [r for r in [("branchy", {"B": 1}), ("branchy", {"B": 16}), ("detection", {"N": 200}),
+        ("detection", {"N": 1000}), ("lstm", {"T": 64, "B": 1}),
         ("lstm", {"T": 64, "B": 16}), ("transformer", {"B": 1, "S": 128}), ("decoder", {"P": 3}),
         ("decoder", {"P": 3, "max_steps": 256})]
         if len(sys.argv) < 3 or r[0] in sys.argv[2].split(",")]

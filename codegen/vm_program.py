@@ -14,7 +14,9 @@ region function checks its inputs' shapes when called, as it does when the execu
   overflows it), at the cost of copying each stacked row log2(steps) times. Zero steps give empty stacks
   when the body's per-step output types are static, else the program asks the runtime to run the model in
   the executor (`FALLBACK_CALLBACK`);
-* `boolean_mask` (a bool mask on axis 0) and 1-d `nonzero` -> kernels that count, then fill (`vm_dynamic`);
+* `boolean_mask` (a bool mask on axis 0) and 1-d `nonzero` -> kernels that count, then fill; `topk` with a
+  tensor k on the last axis -> a k check and a merge sort; a static op outside regions -> its region converter
+  (`vm_dynamic`);
 * another dynamic-shape op -> `ir.vm_program.KERNEL_CALLBACK` with the node's key (the runtime runs its numpy
   kernel).
 """
@@ -105,17 +107,15 @@ class _Lowering:
         return self._items(seq, res, len(n.outputs))
 
     def _kernel(self, seq, n, ins):
+        outs = self.dynamic.lower(seq, n, ins) if native(n) else None
+        return outs if outs is not None else self._callback(seq, n, ins)
+
+    def _callback(self, seq, n, ins):
         types = [v.type for v in n.outputs]
         ty = _ty(types[0]) if len(types) == 1 else _ret_ty(types)
         call = relax.Call(relax.ExternFunc(KERNEL_CALLBACK), [tvm.ir.StringImm(self.keys[n])] + ins, ty_args=[ty])
         res = seq.emit(call, n.op)
         return [res] if len(types) == 1 else self._items(seq, res, len(types))
-
-    def _boolean_mask(self, seq, n, ins):
-        return self.dynamic.boolean_mask(seq, n, ins) if native(n) else self._kernel(seq, n, ins)
-
-    def _nonzero(self, seq, n, ins):
-        return self.dynamic.nonzero(seq, n, ins) if native(n) else self._kernel(seq, n, ins)
 
     def _branch(self, g: Graph, args: list):
         seq = _Seq(self.bb)
@@ -240,7 +240,7 @@ class _Lowering:
         a = n.attrs
         if not a.has_max_tensor:
             return _i64(a.max_iterations if a.max_iterations is not None else 1 << 62)
-        lim = seq.emit(relax.op.reshape(seq.emit(relax.op.astype(self._shaped(seq, ins[a.num_vars]), "int64")), [1]))
+        lim = self._int64(seq, ins[a.num_vars])
         limit = tvm.tirx.Var("limit", "int64")
         self._match(seq, seq.emit(relax.op.tensor_to_shape(lim)), relax.ShapeType([limit]))
         return limit
@@ -412,6 +412,19 @@ class _Lowering:
         b = self._match(seq, b, relax.TensorType([tvm.tirx.Var("s0", "int64")] + rows, a.ty.dtype))
         return seq.emit(relax.op.concat([a, b], axis=0))
 
+    def _view(self, seq: _Seq, value, shape: list, name: str = "v"):
+        """`value` (shaped, contiguous, as every tensor of the VM) seen with `shape` of as many elements: a view
+        (`vm.builtin.reshape`), not the copy kernel a legalized ``R.reshape`` outside a dataflow block becomes."""
+        ty = relax.TensorType(shape, value.ty.dtype)
+        return seq.emit(relax.call_pure_packed("vm.builtin.reshape", value, relax.ShapeExpr(shape), ty_args=ty), name)
+
+    def _int64(self, seq: _Seq, value):
+        """`value` (a tensor of one integer) as a shaped int64[1] (to be read as a shape)."""
+        value = self._shaped(seq, value)
+        if value.ty.dtype != "int64":
+            value = seq.emit(relax.op.astype(value, "int64"))
+        return self._view(seq, value, [_i64(1)])
+
     def _shaped(self, seq: _Seq, value):
         """`value` (a tensor of known rank) with a shape of fresh symbolic dims: Relax ops are legalized only
         where their inputs have a shape."""
@@ -470,7 +483,24 @@ def add_program(mod: tvm.IRModule, graph: Graph, prefix: str) -> tvm.IRModule:
     out = low.bb.get()
     for gv, f in low.recursive:
         out[gv] = f
-    return relax.transform.LegalizeOps()(out)
+    return relax.transform.LegalizeOps(customize_legalize_map={op: _as_view(op) for op in _VIEW_OPS})(out)
+
+
+_VIEW_OPS = ("relax.reshape", "relax.squeeze", "relax.expand_dims")
+
+
+def _as_view(op_name: str):
+    """A LegalizeOps function: a reshape-like op of the program (the regions' were legalized before) as a view,
+    `vm.builtin.reshape` to its inferred shape (outside a dataflow block TVM's legalization is a copy kernel,
+    ~35 us for 3200 floats: a div and a mod per element); TVM's own where the shape is not inferred."""
+    fallback = tvm.ir.Op.get(op_name).get_attr("FLegalize")
+
+    def legalize(bb, call):
+        ty = call.ty
+        if isinstance(ty, relax.TensorType) and isinstance(ty.shape, relax.ShapeExpr):
+            return relax.call_pure_packed("vm.builtin.reshape", call.args[0], ty.shape, ty_args=ty)
+        return fallback(bb, call)
+    return legalize
 
 
 def program_pass(graph: Graph, prefix: str, declined: list):

@@ -11,20 +11,27 @@ partitioned graph: one call from Python is one VM call, and no Python runs betwe
 * a `foreach`: a call of its compiled loop (`ir.compiled_loop`) where codegen built one, else a Relax
   function over a range of steps that halves the range (`codegen/vm_program.py`); a `while_loop` whose body is
   a compiled loop: calls of the loop function of growing capacity, a recursion one level per call;
-* a dynamic-shape op: a call of the packed function `KERNEL_CALLBACK` with the node's key (`node_keys`),
+* the common forms of dynamic-shape ops (`native`: boolean_mask on axis 0, 1-d nonzero, topk with a tensor k,
+  slice_dyn)
+  and the static ops left outside regions: kernels (`codegen/vm_dynamic.py`);
+* another dynamic-shape op: a call of the packed function `KERNEL_CALLBACK` with the node's key (`node_keys`),
   which runs the op's numpy kernel (registered from Python by the runtime: one Python callback per dynamic
   node, no executor around it).
 
-Anything else — a `while_loop` that is not a compiled loop, a foreach with `valid_length`, lists, nodes with run-time dim checks,
-ops with symbolic attrs, an exclusive `case` — is listed by `unsupported_nodes`, and the whole model then runs
-in the Python executor (as before).
+Anything else — a `while_loop` that is not a compiled loop, a foreach with `valid_length`, lists, nodes with
+run-time dim checks, ops with symbolic attrs (but static ones whose inputs' dims bind them), an exclusive
+`case` — is listed by `unsupported_nodes`, and the whole model then runs in the Python executor (as before).
 """
 from __future__ import annotations
+
+import re
+
+import numpy as np
 
 from .compiled_loop import while_loop_plan
 from .graph import Graph, Node
 from .list_type import ListType
-from .ops import OpKind
+from .ops import OpKind, attr_symbols
 from .region_counts import amplified_counts
 
 PROGRAM = "dyntvm_main"
@@ -81,7 +88,10 @@ def _why_not(n: Node):
         return None
     if n.opdef.kind == OpKind.CONTROL_FLOW:
         return f"control flow {n.op} (not in the VM yet)"
-    if n.opdef.dim_attrs:
+    if n.opdef.dim_attrs:             # a static op's symbols bound by its inputs' dims: its converter runs
+        bound = set().union(*(v.type.symbols() for v in n.inputs))
+        if n.opdef.kind == OpKind.STATIC and attr_symbols(n.op, n.attrs) <= bound:
+            return None
         return "an op with symbolic attrs"
     return None
 
@@ -101,14 +111,29 @@ def node_keys(graph: Graph, prefix: str) -> dict:
 
 
 def native(n: Node) -> bool:
-    """Whether dynamic-shape node `n` runs as kernels in the program (`codegen/vm_dynamic.py`), else as a Python
-    callback."""
+    """Whether node `n` (outside regions, not control flow) runs as kernels in the program
+    (`codegen/vm_dynamic.py`), else as a Python callback: a static op (a view the partitioner left out of
+    regions) through its region converter (should that fail when the program is built, it is called back),
+    and the common forms of dynamic-shape ops."""
+    if n.opdef.kind == OpKind.STATIC:
+        return n.op != "constant"
     if n.op == "boolean_mask":
         t, m = n.inputs[0].type, n.inputs[1].type
         return t.ndim >= 1 and n.attrs.axis % t.ndim == 0 and m.ndim == 1 and m.dtype == "bool"
     if n.op == "nonzero":
         return n.inputs[0].type.ndim == 1
+    if n.op == "slice_dyn":           # (F.slice casts bounds to int64; uint64 ones past 2**63 would wrap here)
+        bounds = n.inputs[1:]
+        return n.inputs[0].type.ndim >= 1 and all(v.type.ndim == 1 and v.type.dtype != "uint64" for v in bounds)
+    if n.op == "topk_dyn":
+        t, k = n.inputs[0].type, n.inputs[1].type
+        one_k = all(isinstance(d, int) for d in k.shape) and int(np.prod(k.shape, dtype=np.int64)) == 1
+        return t.ndim >= 1 and one_k and \
+            np.dtype(k.dtype).kind in "iu" and _SORTABLE.match(t.dtype) is not None
     return False
+
+
+_SORTABLE = re.compile(r"^(float(16|32|64)|u?int(8|16|32|64)|bool)$")
 
 
 def python_callbacks(graph: Graph) -> list:

@@ -8,10 +8,11 @@ kernel's error, an allocation), the call runs again in the executor, which raise
 the node and iteration; should the executor succeed, its result is returned with a RuntimeWarning. So results
 and errors are the executor's.
 
-The dynamic-shape nodes of a program call back into Python (`KERNEL_CALLBACK`, registered here when this module
-is imported, before any VM is made: a VM looks its packed functions up when it is created): the node's numpy
-kernel, from a table filled when a model with a program is made (`register_kernels`); so do the regions whose
-sizes are checked before they run (`GUARD_CALLBACK`: the executor's size guard).
+The dynamic-shape nodes a program does not run as kernels (`ir.vm_program.native`) call back into Python
+(`KERNEL_CALLBACK`, registered here when this module is imported, before any VM is made: a VM looks its packed
+functions up when it is created): the node's numpy kernel, from a table filled when a model with a program is
+made (`register_kernels`); so do the regions whose sizes are checked before they run (`GUARD_CALLBACK`: the
+executor's size guard).
 """
 from __future__ import annotations
 
@@ -98,7 +99,7 @@ def registered() -> int:
 
 NO_VM_PROGRAM = "DYNTVM_NO_VM_PROGRAM"        # "1": models run in the executor (read when a model is made)
 #: "auto" (default): the program runs a model only where it calls no Python for a dynamic-shape op (such callbacks
-#: made the detection example 1.7x slower than the executor; branchy, with two region size checks called back,
+#: made the detection example 1.7x slower than the executor, before its topk / slice / squeeze became kernels; branchy, with two region size checks called back,
 #: was 0.54x: bench_ab in the closing note of the stop that added the program);
 #: "always": wherever it can; "never": the executor runs every model
 VM_PROGRAM = "DYNTVM_VM_PROGRAM"
