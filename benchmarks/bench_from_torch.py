@@ -3,7 +3,7 @@
 interleaved in one process on the same inputs; per-call microseconds (median of the rounds), and what each
 compiled graph holds (regions, control-flow and host nodes), to explain a gap.
 
-    python benchmarks/bench_from_torch.py [rounds]        # default 7 rounds of ~0.3 s per side
+    python benchmarks/bench_from_torch.py [rounds] [example]   # default 7 rounds of ~0.3 s per side, every example
 
 The decoder's torch version keeps its tokens in a fixed buffer of 48 with a length (torch.export's while_loop needs
 loop values of fixed shape), the F version grows its sequence: the same tokens, not the same work per step.
@@ -48,10 +48,12 @@ def per_call(model, inputs, calls):
     return (time.perf_counter() - t0) / calls * 1e6
 
 
-def main(rounds: int):
+def main(rounds: int, only: str | None = None):
     print(f"load average before: {os.getloadavg()}, {os.cpu_count()} cores")
     models = {}
     for name, sizes, module, shapes in ROWS:
+        if only is not None and name != only:
+            continue
         ex = examples.get(name)
         if name not in models:
             example_inputs = ex.make_inputs(np.random.default_rng(0), **EXPORT_SIZES[name])
@@ -82,4 +84,4 @@ def main(rounds: int):
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 7)
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 7, sys.argv[2] if len(sys.argv) > 2 else None)

@@ -1,4 +1,5 @@
-"""`from_torch`'s converters of torch's higher-order ops: `cond`, `while_loop`, `scan`, `map` to dyntvm control flow.
+"""`from_torch`'s converters of torch's higher-order ops: `while_loop`, `scan`, `map` to dyntvm control flow
+(`cond`: torch_cond.py).
 
 Each HOP node calls FX subgraphs (GraphModules, its get_attr arguments); a branch / body is the subgraph run by the
 importer's `Interpreter` under the tracer, so `F.cond` / `F.while_loop` / `F.foreach` trace it into a closed
@@ -60,17 +61,6 @@ def _pred(p):
         p = F.reshape(p, ()) if p.ndim else p
         return p if p.dtype == np.bool_ else F.not_equal(p, 0)
     return p
-
-
-@converter("higher_order.cond")
-def _cond(interp, gm, node, args, kwargs):
-    pred, _, _, operands = args
-    then_gm, else_gm = _module(gm, node, 1), _module(gm, node, 2)
-    operands = list(operands)
-    p = _pred(pred)
-    if isinstance(p, bool):                 # decided while tracing (a size test torch left in): the taken branch
-        return tuple(interp.run(then_gm if p else else_gm, operands))
-    return tuple(F.cond(p, lambda: tuple(interp.run(then_gm, operands)), lambda: tuple(interp.run(else_gm, operands))))
 
 
 @converter("higher_order.while_loop")

@@ -13,7 +13,8 @@ lands on the same op registry, type rules and control-flow builders as a traced 
   expression; an unbacked one (the size of a `nonzero`, `masked_select`, boolean index or `unique` result) is
   dyntvm's data-dependent dim of that op's result.
 * Higher-order ops: `cond` -> `F.cond` (branches of different shapes give an unknown dim, as dyntvm joins
-  them), `while_loop` -> `F.while_loop`, `scan` -> `F.foreach`, `map` -> `F.foreach` (`torch_control.py`).
+  them; nested conds -> one `case`: `torch_cond.py`), `while_loop` -> `F.while_loop`, `scan` -> `F.foreach`,
+  `map` -> `F.foreach` (`torch_control.py`).
 * Every ATen op without a converter (subgraphs included) is listed in one `UnsupportedOpError`, each with the
   user's source line(s) torch recorded for it.
 * Torch is an optional dependency (``pip install dyntvm[torch]``): imported here, inside `from_torch`, only.
@@ -27,7 +28,8 @@ from dyntvm.errors import DyntvmError, InputError, TraceError, UnsupportedOpErro
 from .torch_ops import CONVERTERS, TorchImportError, np_dtype
 from .tracer import Tensor, TensorSpec, source_hint, trace
 from . import F
-from . import torch_asserts, torch_control, torch_index, torch_ops_more  # noqa: F401  (they register converters)
+# (they register converters)
+from . import torch_asserts, torch_cond, torch_control, torch_index, torch_ops_more  # noqa: F401
 from .torch_control import user_line
 
 __all__ = ["from_torch", "unsupported_ops", "TorchImportError"]
@@ -145,6 +147,7 @@ class Interpreter:
     def __init__(self, constants: dict):
         self.constants = constants          # placeholder name of the top graph -> numpy array
         self.pending_asserts: list = []     # run-time checks of the (sub)graph being run (torch_asserts.py)
+        self.dim_choices: dict = {}         # a cond's unknown dim -> the sizes its branches give it (torch_cond.py)
 
     def run(self, gm, inputs: list, top: bool = False) -> list:
         """The outputs of `gm` (flattened) with its placeholders bound to `inputs` in order (constants by name
@@ -450,7 +453,7 @@ def from_torch(module_or_fn, example_args, dynamic_shapes=None):
         warnings.warn(f"from_torch: the program updates {', '.join(mutated)} in place; dyntvm keeps buffers as "
                       "constants and inputs unchanged, so every call sees the values of the export (pass state "
                       "as inputs and return it as outputs instead)", stacklevel=2)
-    graph = trace(run, *specs, name=name)
+    graph = torch_cond.merge_nested_conds(trace(run, *specs, name=name))
     graph.dim_ranges.update(ranges)
     return graph
 

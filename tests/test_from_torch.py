@@ -100,7 +100,7 @@ def test_branchy_cond_map_different_widths():
     m = tex.Branchy()
     from dyntvm.examples import branchy as ex
     g = dt.from_torch(m, ex.make_inputs(np.random.default_rng(0), B=4), dynamic_shapes={"x": {0: "B"}})
-    assert {"cond", "foreach"} <= {n.op for n in g.nodes}
+    assert {"case", "foreach"} <= {n.op for n in g.nodes}     # nested conds merged (test_from_torch_cond.py)
     model = dt.compile(g)
     widths = set()
     for i, sizes in enumerate(ex.EXAMPLE.test_sizes):

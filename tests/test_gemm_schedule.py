@@ -65,6 +65,15 @@ def test_symbolic_rows_pack_weight_panels_and_vectorize_native_width(isa):
     assert f"M < T.int64({PACK_MIN_ROWS})" in text and "M < T.int64(4)" in text
 
 
+
+@pytest.mark.parametrize("isa", ["znver3", "znver4"])
+def test_symbolic_rows_below_packing_use_a_4_row_tile(isa):
+    """4 <= M < PACK_MIN_ROWS: a 4-row tile whatever the ISA's (AVX2's 6-row tile computed branchy's 8 rows as 12)."""
+    target = ISAS[isa][0]
+    text = _scheduled_text(target, sym("M"), k=32, n=32)
+    assert "(M + T.int64(3)) // T.int64(4) * T.int64(4)" in text
+    assert ("(M + T.int64(5)) // T.int64(6)" in text) == (matmul_rows(target) == 6)   # the packed tile: the ISA's
+
 def test_few_static_rows_do_not_pack():
     target = ISAS["znver3"][0]
     assert "B_global" not in _scheduled_text(target, PACK_MIN_ROWS - 1)

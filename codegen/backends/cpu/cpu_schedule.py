@@ -388,7 +388,9 @@ def _matmul_select(func, target, name: str, m_ext, work) -> tirx.PrimFunc:
                 if m >= _MATMUL_MR else max(1, m), m >= PACK_MIN_ROWS)]
     else:
         rows = lambda n: tirx.IntImm(str(m_ext.ty), n)  # noqa: E731
-        mrs = [(m_ext < rows(_MATMUL_MR), 1, False), (m_ext < rows(PACK_MIN_ROWS), mr, False),
+        # below PACK_MIN_ROWS a 4-row tile whatever the ISA's: small batches are mostly multiples of 4, which a
+        # 6-row tile pads (8 rows computed as 12: branchy's B=8 heads)
+        mrs = [(m_ext < rows(_MATMUL_MR), 1, False), (m_ext < rows(PACK_MIN_ROWS), _MATMUL_MR, False),
                (true, mr, True)]
     cands = []
     for m_cond, mr, pack in mrs:
