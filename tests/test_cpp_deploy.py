@@ -167,6 +167,16 @@ def test_dynamic_shape_kernels_in_cpp_and_errors(runner, tmp_path):
     assert r.returncode == 0 and "2 threads x 30 calls: same results" in r.stdout, r.stdout + r.stderr
     assert_same([np.load(tmp_path / f"output_{k}.npy") for k in range(6)], flat(kernels_fn(*ins))[0])
 
+    # review 34 #7: the C++ kernel table keeps only the live models' kernels. Three more loads of the artifact
+    # share its keys (each run, then dropped, before the first model runs: it still finds its kernels); once the
+    # model goes, the table is empty (it kept every model's entries, a server loading model after model grew it)
+    r = subprocess.run([runner, str(art), str(tmp_path / "reload"), "--reload", "3"] +
+                       [str(tmp_path / f"t{k}.npy") for k in range(len(ins))], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"kernels registered: {len(python_callbacks(model.graph))} with the model, 0 after it" in r.stdout, r.stdout
+    assert_same([np.load(tmp_path / "reload" / f"output_{k}.npy") for k in range(6)], flat(kernels_fn(*ins))[0])
+
 
 def test_inputs_that_do_not_fit_the_signature_and_bad_artifacts(runner, tmp_path):
     ex = examples.get("lstm")

@@ -138,10 +138,12 @@ std::shared_ptr<Model> Model::Load(const std::string& path) {
   auto binding = vm->exec->GetFunction(kBindingFunction);
   if (!binding.has_value()) throw Error(path + "/kernels.so has no " + std::string(kBindingFunction));
   std::string prefix = Hex((*binding)().cast<ffi::Tensor>());
-  detail::RegisterModelKernels(prefix, graph_json);
+  model->kernel_keys_ = detail::RegisterModelKernels(prefix, graph_json);
   model->pool_.push_back(std::move(vm));
   return model;
 }
+
+Model::~Model() { detail::ReleaseModelKernels(kernel_keys_); }
 
 std::unique_ptr<Model::VM> Model::MakeVM() const {
   auto load = (*lib_)->GetFunction("vm_load_executable");

@@ -264,6 +264,7 @@ struct KernelNode {
   std::string op, name;
   Json attrs;
   KernelFn fn;
+  int64_t users = 0;     // the live models that registered it (two loads of one artifact share its keys)
 };
 
 std::shared_mutex table_mutex;
@@ -335,7 +336,7 @@ void RegisterCallbacks() {
   });
 }
 
-void RegisterModelKernels(const std::string& prefix, const std::string& graph_json) {
+std::vector<std::string> RegisterModelKernels(const std::string& prefix, const std::string& graph_json) {
   Json doc = Json::Parse(graph_json, "graph.json");
   std::vector<std::pair<int64_t, Json>> callbacks;
   int64_t index = 0;
@@ -354,8 +355,27 @@ void RegisterModelKernels(const std::string& prefix, const std::string& graph_js
   if (!missing.empty()) {
     throw Error("the model's VM program calls dynamic-shape ops without a C++ kernel in deploy/cpp: " + missing);
   }
+  std::vector<std::string> keys;
   std::unique_lock<std::shared_mutex> lock(table_mutex);
-  for (auto& kv : found) table[kv.first] = kv.second;
+  for (auto& kv : found) {
+    auto it = table.emplace(kv.first, kv.second).first;
+    ++it->second.users;
+    keys.push_back(kv.first);
+  }
+  return keys;
+}
+
+void ReleaseModelKernels(const std::vector<std::string>& keys) {
+  std::unique_lock<std::shared_mutex> lock(table_mutex);
+  for (const std::string& key : keys) {
+    auto it = table.find(key);
+    if (it != table.end() && --it->second.users == 0) table.erase(it);
+  }
+}
+
+size_t RegisteredKernels() {
+  std::shared_lock<std::shared_mutex> lock(table_mutex);
+  return table.size();
 }
 
 }  // namespace detail
