@@ -95,6 +95,10 @@ ffi::Tensor Strided(const ffi::Tensor& x, const Shape& first, const Shape& step,
 ffi::Tensor SliceAxes(const ffi::Tensor& x, const Shape& axes, const Shape& starts, const Shape& stops,
                       const Shape& steps) {
   Shape shape = ShapeOf(x), first(shape.size(), 0), step(shape.size(), 1), out = shape;
+  if (starts.size() != axes.size() || stops.size() != axes.size() || steps.size() != axes.size()) {
+    throw Error("slice: " + std::to_string(starts.size()) + " starts, " + std::to_string(stops.size()) +
+                " stops and " + std::to_string(steps.size()) + " steps for " + std::to_string(axes.size()) + " axes");
+  }
   for (size_t j = 0; j < axes.size(); ++j) {
     int64_t ax = Axis(axes[j], static_cast<int64_t>(shape.size()), "slice");
     auto r = SliceRange(starts[j], stops[j], steps[j], shape[ax]);
@@ -139,6 +143,7 @@ Tensors Squeeze(const Json& a, const Tensors& in) {
   } else {
     for (int64_t ax : a["axis"].Ints()) {
       int64_t k = Axis(ax, nd, "squeeze");
+      if (drop[k]) throw Error("squeeze: repeated axis " + std::to_string(ax));     // as numpy refuses it
       if (shape[k] != 1) throw Error("squeeze: axis " + std::to_string(ax) + " has size " + std::to_string(shape[k]));
       drop[k] = true;
     }
