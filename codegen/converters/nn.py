@@ -99,12 +99,9 @@ def _topk(bb, node, args, ctx):
     if not (isinstance(n, tirx.IntImm) and int(n.value) >= k):
         # A symbolic axis may be shorter than k at run time (numpy raises); TVM's topk then
         # returns indices past the end. Pad the axis with k entries that sort last, so every
-        # index stays inside the (padded) tensor.
-        if is_float(kdt):
-            pad_v = -np.inf if a.largest else np.inf
-        else:
-            info = np.iinfo(kdt)
-            pad_v = info.min if a.largest else info.max
+        # index stays inside the (padded) tensor. (The key is an integer: a float's is `te_sort_key`'s.)
+        info = np.iinfo(kdt)
+        pad_v = info.min if a.largest else info.max
         ps = list(shape_of(x))
         ps[ax] = tirx.IntImm(I64, k)
         key = R.concat([key, full_expr(ps, pad_v, kdt)], axis=ax)
