@@ -13,8 +13,8 @@ asserts a tensor's value. Each is:
   top graph's first outputs may be buffer mutations, which are dropped) by a `where(ok, out, out)` (bit-exact), so the check is
   part of the data flow and no pass can drop it.
 * before what they guard: the tensors an assertion's condition is computed from (the `nonzero` result whose size
-  it bounds) are gated the same way, `where(ok, t, t)`, before the first op that reads them or a size
-  (`check_before`), so `torch._check(v.shape[0] >= 2); v[1]` raises torch's message, not the index's error.
+  it bounds) are gated the same way, `where(ok, t, t)`, before the first index into them (`check_before`,
+  `GUARDED_OPS`), so `torch._check(v.shape[0] >= 2); v[1]` raises torch's message, not the index's error.
   The asserts pending at that point are checked together (one `nonzero`, as at the end).
 
 Input `Dim` ranges are not asserted in the graph: they are the graph's `dim_ranges`, checked with the inputs
