@@ -5,6 +5,7 @@ compute what numpy computes (why, per case, is in the `converters` package docst
   bounds, also for symbolic dims that are 0 or 1 at run time (take's indices checked first);
 * `te_empty_guard`, `te_mean_div`: the identity / NaN of a reduction over a 0-length symbolic axis;
 * `te_nan_reduce`, `te_first_index`: NaN-propagating max/min, and argmax/argmin's first index;
+* `te_sort_key`: topk's key of a float tensor, NaN last in both directions (numpy's order);
 * `te_arange`: arange over symbolic integer bounds;
 * `int_power_primfunc`: integer power as a TIR while loop (TVM has no integer power);
 * `take_index_primfunc`, `nonnegative_primfunc`, `nonempty_primfunc`: run-time checks (TIR asserts)
@@ -224,6 +225,24 @@ def isnan_bits(v, dtype: str):
     it = f"int{bits}"
     mag = tirx.reinterpret(it, v) & tirx.const((1 << (bits - 1)) - 1, it)
     return mag > tirx.const(_NAN_BITS[bits], it)
+
+
+def te_sort_key(x, largest: bool):
+    """An integer key of float `x` that TVM's topk sorts in numpy's stable argsort order of `x` (or of `-x` for
+    `largest`): the float's bits made monotone (negatives flip their magnitude bits), -0.0 tied with 0.0, and NaN
+    past every value in the sort's direction (past inf too: mapping NaN to inf in the float tied NaN with a real
+    inf and the index decided). A float16 key is widened to int32 (TVM's sort has no int16)."""
+    bits = tvm.DataType(x.dtype).bits
+    it, out = f"int{bits}", f"int{max(bits, 32)}"
+    nan_key = tirx.min_value(it) if largest else tirx.max_value(it)
+    magnitude = tirx.const((1 << (bits - 1)) - 1, it)
+
+    def key(*i):
+        v = x(*i)
+        b = tirx.Select(v == tirx.const(0, x.dtype), tirx.const(0, it), tirx.reinterpret(it, v))
+        k = tirx.Select(isnan_bits(v, x.dtype), nan_key, tirx.Select(b < tirx.const(0, it), b ^ magnitude, b))
+        return k if out == it else tirx.Cast(out, k)
+    return te.compute(x.shape, key, name="sort_key")
 
 
 def _lane_combine(kind: str, dtype: str):

@@ -40,17 +40,43 @@ def workload_key(func: tirx.PrimFunc) -> str:
     return f"{tvm_ffi.structural_hash(_as_main(func)) & (2 ** 64 - 1):016x}"
 
 
-def random_tensor(shape: list, dtype: str, rng, dev):
-    """A tensor of random values on `dev`: 0 / 1 for integers and bools (valid indices for gathers)."""
+def random_tensor(shape: list, dtype: str, rng, dev, index_bound: int | None = None):
+    """A tensor of random values on `dev`: 0 / 1 for integers and bools; in [0, index_bound) for the indices
+    of an axis of `index_bound` elements (`index_bounds`; 0 for an empty axis, where no index is valid)."""
     if dtype == "bool":
         a = rng.integers(0, 2, shape).astype(bool)
     elif np.dtype(dtype).kind in "iu":
-        a = rng.integers(0, 2, shape).astype(dtype)
+        a = rng.integers(0, 2 if index_bound is None else max(index_bound, 1), shape).astype(dtype)
     else:
         a = rng.standard_normal(shape).astype(dtype)
     return tvm.runtime.tensor(a, dev)
 
 
+def index_bounds(func: tirx.PrimFunc) -> dict:
+    """``{parameter position: n}`` for each integer parameter a kernel reads as an index into an axis of `n`
+    elements (a take's or gather's indices, ``x[i, idx[j]]``), the smallest such axis where it indexes several.
+    The kernel reads there unchecked (the region checks the indices in a kernel before it), so its timing
+    inputs must be in range: a random 1 into an axis of one element read past the buffer (review 33 #18)."""
+    params = list(func.params)
+    bounds: dict = {}
+
+    def indexed(access):
+        target = access.buffer if isinstance(access, tirx.BufferStore) else access.source
+        for axis, index in enumerate(access.indices):
+            def as_index(load, n=target.shape[axis]):
+                pos = next((k for k, p in enumerate(params) if p.same_as(load.source)), None)
+                if pos is not None and isinstance(n, tirx.IntImm) and np.dtype(str(load.source.dtype)).kind in "iu":
+                    bounds[pos] = min(bounds.get(pos, int(n)), int(n))
+            tvm_ffi.structural_walk(index, [(_LOAD, as_index)])
+    tvm_ffi.structural_walk(func.body, [((_LOAD, tirx.BufferStore), indexed)])
+    return bounds
+
+
+_LOAD = tvm.ir.TensorLoad        # what `tirx.BufferLoad` makes (the name is a function)
+
+
 def _random_args(func: tirx.PrimFunc, dev, seed: int = 0) -> list:
     rng = np.random.default_rng(seed)               # buffers (static shapes: `static_kernels`)
-    return [random_tensor([int(d) for d in p.shape], str(p.dtype), rng, dev) for p in func.params]
+    bounds = index_bounds(func)
+    return [random_tensor([int(d) for d in p.shape], str(p.dtype), rng, dev, bounds.get(k))
+            for k, p in enumerate(func.params)]

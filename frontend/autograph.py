@@ -338,13 +338,42 @@ def _same_code(tree: ast.FunctionDef, fn, filename: str) -> bool:
                                                                 []), [plain], [], None)
     future = fn.__code__.co_flags & sum(getattr(__future__, f).compiler_flag for f in __future__.all_feature_names)
     try:
-        code = compile(ast.fix_missing_locations(ast.Module([factory], [])), filename, "exec", flags=future,
-                       dont_inherit=True)
+        code = compile(ast.fix_missing_locations(ast.Module([_in_owner_class(fn, factory)], [])), filename, "exec",
+                       flags=future, dont_inherit=True)
     except (SyntaxError, ValueError, TypeError):
         return True
-    factory_code = next(c for c in code.co_consts if isinstance(c, types.CodeType))
+    factory_code = _factory_code(fn, code)
     made = [c for c in factory_code.co_consts if isinstance(c, types.CodeType) and c.co_name == plain.name]
     return not made or _code_key(made[0]) == _code_key(fn.__code__)
+
+
+def _owner_class(fn) -> str | None:
+    """The class whose body holds `fn`'s text, from its `__qualname__` (`Net.forward`, `Net.forward.<locals>.g`:
+    `Net`; `f.<locals>.Net.forward`: `Net`), or None for a function outside any class. A name before `<locals>`
+    is a function; any other enclosing name is a class."""
+    parts = fn.__qualname__.split(".")[:-1]
+    while parts:
+        name = parts.pop()
+        if name == "<locals>":
+            parts.pop()                         # the function that holds the locals
+        elif name.isidentifier():
+            return name
+    return None
+
+
+def _in_owner_class(fn, factory: ast.FunctionDef) -> ast.stmt:
+    """`factory` (a def holding `fn`'s re-compiled def) inside `class <owner>:` where `fn` was defined in a class:
+    Python mangles a class-private name (`self.__w` in `class Net` is `self._Net__w`) only in a class body, so
+    compiled outside one the text would not be the code `fn` runs (and the converted method would look up the
+    unmangled name)."""
+    owner = _owner_class(fn)
+    return factory if owner is None else ast.ClassDef(owner, [], [], [factory], [])
+
+
+def _factory_code(fn, module_code) -> types.CodeType:
+    """The factory's code object in the compiled module of `_in_owner_class` (one class body deeper if wrapped)."""
+    code = next(c for c in module_code.co_consts if isinstance(c, types.CodeType))
+    return code if _owner_class(fn) is None else next(c for c in code.co_consts if isinstance(c, types.CodeType))
 
 
 def _convert_tree(fn) -> tuple[ast.FunctionDef, str]:
@@ -381,9 +410,9 @@ def convert(fn):
     factory = ast.FunctionDef("__autograph_factory", ast.arguments([], [ast.arg(_RUNTIME)] + [ast.arg(n) for n in free],
                                                                    None, [], [], None, []),
                               [tree, ast.Return(ast.Name(tree.name, ast.Load()))], [], None)
-    module = ast.fix_missing_locations(ast.Module([factory], []))
+    module = ast.fix_missing_locations(ast.Module([_in_owner_class(fn, factory)], []))
     code = compile(module, filename, "exec", dont_inherit=True)
-    factory_code = next(c for c in code.co_consts if isinstance(c, types.CodeType))
+    factory_code = _factory_code(fn, code)
     fn_code = next(c for c in factory_code.co_consts if isinstance(c, types.CodeType) and c.co_name == tree.name)
     cells = dict(zip(free, fn.__closure__ or ()))
     cells[_RUNTIME] = types.CellType(autograph_runtime)

@@ -166,6 +166,7 @@ class Interpreter:
             elif node.op == "get_attr":
                 env[node] = _attr_value(gm, node)
             elif node.op == "call_function":
+                torch_asserts.check_before(self, node, env)     # a pending assertion before what it guards
                 env[node] = self.call(gm, node, env)
             elif node.op == "output":
                 outs = node.args[0]

@@ -90,14 +90,30 @@ def _unique_dim(x, dim, sorted=True, return_inverse=False, return_counts=False):
     return _unique_outputs(x, return_inverse, return_counts, axis=dim)
 
 
+def _length(n):
+    return int(n) if is_static_dim(n) else dim_tensor(n)
+
+
+def _torch_topk(x, k, ax: int, largest: bool):
+    """torch's topk / sort order: NaN ranks above inf, so the largest first puts NaN first. F.topk (numpy's
+    order) puts NaN last either way: for floats, the whole axis sorted so, then stably the NaNs to the front
+    (a second sort, of the NaN flags; review 33 #13)."""
+    if not largest or np.dtype(x.dtype).kind != "f":
+        return F.topk(x, k, ax, largest)
+    values, indices = F.topk(x, _length(x.shape[ax]), ax, True)
+    _, order = F.topk(F.astype(F.isnan(values), "int32"), k, ax, True)
+
+    def gather(t):
+        return onnx_index._gather_elements([t, order], {"axis": ax}, None, None, None)
+    return gather(values), gather(indices)
+
+
 @converter("aten.topk.default")
 def _topk(x, k, dim=-1, largest=True, sorted=True):
-    ax = _axis(dim, _rank(x))
-    return F.topk(x, k if isinstance(k, (int, np.integer)) else dim_tensor(k), ax, largest)
+    return _torch_topk(x, k if isinstance(k, (int, np.integer)) else dim_tensor(k), _axis(dim, _rank(x)), largest)
 
 
 @converter("aten.sort.default", "aten.sort.stable")
 def _sort(x, dim=-1, descending=False, *, stable=None):
     ax = _axis(dim, _rank(x))
-    n = x.shape[ax]
-    return F.topk(x, int(n) if is_static_dim(n) else dim_tensor(n), ax, descending)
+    return _torch_topk(x, _length(x.shape[ax]), ax, descending)

@@ -7,7 +7,9 @@ that do not fit the signature and an unsupported model are one-line errors (exit
 Known gaps (asserted, so that a fix shows up here): a while_loop of no iteration whose stacked rows' size is
 known only at run time needs the Python executor (`dyntvm.vm_fallback`). (The decoder example, whose while_loop
 has no compiled loop, runs: its program has the loop as recursive functions.)"""
+import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -169,6 +171,29 @@ def test_dynamic_shape_kernels_in_cpp_and_errors(runner, tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "2 threads x 30 calls: same results" in r.stdout, r.stdout + r.stderr
     assert_same([np.load(tmp_path / f"output_{k}.npy") for k in range(6)], flat(kernels_fn(*ins))[0])
+
+    # review 34 #7: the C++ kernel table keeps only the live models' kernels. Three more loads of the artifact
+    # share its keys (each run, then dropped, before the first model runs: it still finds its kernels); once the
+    # model goes, the table is empty (it kept every model's entries, a server loading model after model grew it)
+    r = subprocess.run([runner, str(art), str(tmp_path / "reload"), "--reload", "3"] +
+                       [str(tmp_path / f"t{k}.npy") for k in range(len(ins))], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"kernels registered: {len(python_callbacks(model.graph))} with the model, 0 after it" in r.stdout, r.stdout
+    assert_same([np.load(tmp_path / "reload" / f"output_{k}.npy") for k in range(6)], flat(kernels_fn(*ins))[0])
+
+    # review 34 #17: graph.json edited after the build (the runner trusts it, as it trusts kernels.so, but checks
+    # what it indexes by): a squeeze axis given twice is refused as numpy refuses it (it squeezed once), slice
+    # attributes of other lengths than its axes are an error (it read starts[j] for each axis, unchecked)
+    for op, attrs, message in (("squeeze", {"axis": {"tuple": [0, 0]}}, "squeeze: repeated axis 0"),
+                               ("slice", {"starts": {"tuple": [0, 0]}}, "slice: 2 starts, 1 stops and 1 steps for 1 axes")):
+        edited = tmp_path / f"edited_{op}.dtvm"
+        shutil.copytree(art, edited)
+        doc = json.loads((edited / "graph.json").read_text())
+        next(n for n in doc["graph"]["nodes"] if n["op"] == op)["attrs"].update(attrs)
+        (edited / "graph.json").write_text(json.dumps(doc))
+        rc, err = run_cpp(runner, edited, ins, tmp_path / f"edited_{op}_out")
+        assert rc == 1 and message in err, err
 
 
 def test_inputs_that_do_not_fit_the_signature_and_bad_artifacts(runner, tmp_path):

@@ -122,3 +122,27 @@ def test_an_assertion_decided_false_while_importing_is_refused_by_name():
     with pytest.raises(TorchImportError, match=r"'u0 > 9' can never hold .* at model.py:7: torch._check\(n > 9\)"):
         torch_asserts._assert_scalar(None, None, node, (False, "u0 > 9"), {})
     assert torch_asserts._assert_scalar(None, None, node, (True, "holds"), {}) is None
+
+
+class GuardedIndex(torch.nn.Module):
+    def forward(self, x):
+        v = x[x > 0]
+        torch._check(v.shape[0] >= 2)             # guards the reads of v[1] and v[-2] below
+        return (v[-2] + v[1]) * 3.0, v[1:] * 2.0, x + 1.0
+
+
+def test_an_assertion_is_checked_before_the_ops_it_guards():
+    """Review 34 #11: the check was tied into the last output only, so the guarded index ran first on a too short
+    `v` and failed with the index's error; now it raises torch's assertion, before. (An op that takes the size as
+    a symbolic shape, `torch.zeros(v.shape[0] - 2)`, depends on no tensor to gate: it may still fail first, with
+    its own error, `a dim must be >= 0`.)"""
+    model = dt.compile(dt.from_torch(GuardedIndex(), (torch.tensor([1.0, 2.0, -1.0, 3.0]),),
+                                     dynamic_shapes={"x": {0: Dim("N")}}))
+    for x in ([1.0, 2.0, -1.0], [4.0, 5.0], [-1.0, 2.0, 0.5, 1.0, -3.0, 7.0, 8.0]):
+        x = np.array(x, np.float32)
+        assert_same(list(model(x)), eager(GuardedIndex(), x))
+    for x in ([1.0, -2.0, -3.0], [], [-1.0]):
+        with pytest.raises(RuntimeError):                           # torch eager refuses it too
+            GuardedIndex()(torch.tensor(x))
+        with pytest.raises(dt.ExecutionError, match=r"torch's run-time assertion .*u0 >= 2.* failed when the model"):
+            model(np.array(x, np.float32))

@@ -1,6 +1,6 @@
 """Review findings on `dt.from_torch`, each against torch eager at several sizes: split with sizes from symbolic
 dims, max_pool's indices output (refused by name; the values alone still convert), torch.sym_min / sym_max as
-dim expressions, nonzero of a 0-d tensor (torch's (1, 0) / (0, 0))."""
+dim expressions, nonzero of a 0-d tensor (torch's (1, 0) / (0, 0)), NaN's rank in sort / topk."""
 import numpy as np
 import pytest
 
@@ -100,3 +100,27 @@ def test_nonzero_of_a_0d_tensor_has_torchs_shape():
     for x in ([1.0, 2.0], [-1.0, -3.0], [], [0.5]):
         x = np.array(x, np.float32)
         check(model, module, x)                     # (1, 0) where the sum is positive, (0, 0) where not
+
+
+class SortAndTopk(torch.nn.Module):
+    def forward(self, x):
+        down, up = torch.sort(x, dim=1, descending=True, stable=True), torch.sort(x, dim=0, stable=True)
+        big, small = torch.topk(x, 3, dim=1), torch.topk(x, 2, dim=1, largest=False)
+        return down.values, down.indices, up.values, up.indices, big.values, big.indices, small.values, small.indices
+
+
+def test_sort_and_topk_rank_nan_as_torch_does():
+    """Review 33 #13: torch ranks NaN above inf (a descending sort / largest topk puts NaN first, an ascending
+    one last); F.topk, numpy's order, puts it last either way. Rows mixing NaN, inf, -inf and ties: the stable
+    sorts' indices equal torch's; topk's order of ties is torch's choice, so its indices need only pick its
+    values."""
+    module = SortAndTopk()
+    model = dt.compile(dt.from_torch(module, (torch.randn(4, 6),), dynamic_shapes={"x": {0: Dim("N")}}))
+    row = np.array([1.0, np.nan, np.inf, -1.0, -np.inf, np.nan, 1.0, np.inf], np.float32)
+    for n in (1, 2, 5):
+        special = np.stack([rng.permutation(row)[:6] for _ in range(n)])
+        for x in (special, rng.standard_normal((n, 6)).astype(np.float32)):
+            got, want = model(x), eager(module, x)
+            assert_same(list(got[:4]) + [got[4], got[6]], want[:4] + [want[4], want[6]], what=f"n={n}")
+            for values, indices in ((got[4], got[5]), (got[6], got[7])):
+                assert_same(np.take_along_axis(x, indices, axis=1), values, what="topk indices")

@@ -147,3 +147,34 @@ def test_a_bad_busy_threshold_is_a_compile_error(value, monkeypatch):
     monkeypatch.setenv("DYNTVM_TUNE_BUSY_LOAD", value)
     with pytest.raises(CompileError, match="busy load"):
         tuning_verdict.busy_load()
+
+
+# ------------------------------------------------------------------------------------------ timing inputs
+def gathers(x, rows, cols):
+    return F.take(x, cols, axis=1) * 2.0, F.take(x, rows, axis=0) + 1.0
+
+
+def test_timing_inputs_of_index_operands_stay_in_their_axis():
+    """Review 33 #18: the kernels are timed (and checked) on random inputs, integers 0 / 1. A take's indices
+    are read unchecked in its kernel (the region checks them in a kernel before), so a 1 into an axis of one
+    element read past the buffer. Index operands are drawn within their axis; the kernel then gives numpy's take."""
+    import tvm
+    from dyntvm.codegen.tuning_task import _random_args, index_bounds
+    target = concrete_target("cpu")
+    graph = dt.trace(gathers, dt.TensorSpec(("N", 1)), dt.TensorSpec((40,), "int64"), dt.TensorSpec((30,), "int32"))
+    _, kernels, _ = tuning_tasks(partition_graph(graph), {"N": [3]}, target, {})
+    takes = [f for _, f in kernels.values() if index_bounds(f)]
+    assert len(takes) == 2, [name for name, _ in kernels.values()]
+    for func in takes:
+        (pos, n), = index_bounds(func).items()
+        x_pos = next(k for k, p in enumerate(func.params) if k != pos and str(p.dtype) == "float32")
+        assert n == int(func.params[x_pos].shape[0 if n == 3 else 1]) and n in (1, 3)
+        with target:
+            lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=target)
+        for seed in range(3):
+            args = _random_args(func, tvm.cpu(), seed)
+            idx = args[pos].numpy()
+            assert idx.min() >= 0 and idx.max() < n, (n, idx)
+            lib["main"](*args)
+            want = np.take(args[x_pos].numpy(), idx, axis=0 if n == 3 else 1)
+            assert_same(args[-1].numpy(), want, what=f"take from an axis of {n}")

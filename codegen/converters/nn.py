@@ -8,6 +8,7 @@ from tvm.relax import op as R
 from ...ir.dtypes import is_float
 from ...ir.shapes import norm_axis
 from ..dims import I64
+from ..te_kernels import te_sort_key
 from .registry import converter
 from .common import (assert_dims, cast, const, dtype_of, emit, full_expr, guard_empty, in_result_dtype, ndim_of,
                      out_type, shape_of, unify_broadcast)
@@ -91,18 +92,16 @@ def _topk(bb, node, args, ctx):
     if dt == "bool":
         key, kdt = R.astype(x, "int8"), "int8"
     elif is_float(dt):
-        # numpy's stable argsort puts NaN last in both directions; TVM's sort is undefined on NaN.
-        key = R.where(R.isnan(x), const(-np.inf if a.largest else np.inf, dt), x)
+        # numpy's stable argsort puts NaN last in both directions, after inf; TVM's sort is undefined on NaN
+        key = bb.emit_te(te_sort_key, emit(bb, x), bool(a.largest), primfunc_name_hint="dt_sort_key")
+        kdt = dtype_of(key)
     n = shape_of(x)[ax]
     if not (isinstance(n, tirx.IntImm) and int(n.value) >= k):
         # A symbolic axis may be shorter than k at run time (numpy raises); TVM's topk then
         # returns indices past the end. Pad the axis with k entries that sort last, so every
-        # index stays inside the (padded) tensor.
-        if is_float(kdt):
-            pad_v = -np.inf if a.largest else np.inf
-        else:
-            info = np.iinfo(kdt)
-            pad_v = info.min if a.largest else info.max
+        # index stays inside the (padded) tensor. (The key is an integer: a float's is `te_sort_key`'s.)
+        info = np.iinfo(kdt)
+        pad_v = info.min if a.largest else info.max
         ps = list(shape_of(x))
         ps[ax] = tirx.IntImm(I64, k)
         key = R.concat([key, full_expr(ps, pad_v, kdt)], axis=ax)

@@ -138,10 +138,12 @@ std::shared_ptr<Model> Model::Load(const std::string& path) {
   auto binding = vm->exec->GetFunction(kBindingFunction);
   if (!binding.has_value()) throw Error(path + "/kernels.so has no " + std::string(kBindingFunction));
   std::string prefix = Hex((*binding)().cast<ffi::Tensor>());
-  detail::RegisterModelKernels(prefix, graph_json);
+  model->kernel_keys_ = detail::RegisterModelKernels(prefix, graph_json);
   model->pool_.push_back(std::move(vm));
   return model;
 }
+
+Model::~Model() { detail::ReleaseModelKernels(kernel_keys_); }
 
 std::unique_ptr<Model::VM> Model::MakeVM() const {
   auto load = (*lib_)->GetFunction("vm_load_executable");
@@ -220,14 +222,18 @@ std::vector<ffi::Tensor> Model::Run(const std::vector<ffi::Tensor>& inputs) cons
     pool_.push_back(std::move(vm));
   }
   // a copy of each output: the program may return a tensor the model holds (a constant, a loop's initial state)
-  auto items = res.cast<ffi::Array<ffi::Any>>();
   std::vector<ffi::Tensor> outs;
-  for (const ffi::Any& item : items) {
-    ffi::Tensor t = item.cast<ffi::Tensor>();
-    ffi::Tensor copy = EmptyTensor(std::vector<int64_t>(t.shape().begin(), t.shape().end()), t.dtype());
-    const char* data = static_cast<const char*>(t.data_ptr()) + t.byte_offset();
-    std::memcpy(copy.data_ptr(), data, ffi::GetDataSize(*t.GetDLTensorPtr()));
-    outs.push_back(copy);
+  try {                        // (a cast's ffi::Error said as this library's Error, as the header promises)
+    for (const ffi::Any& item : res.cast<ffi::Array<ffi::Any>>()) {
+      ffi::Tensor t = item.cast<ffi::Tensor>();
+      ffi::Tensor copy = EmptyTensor(std::vector<int64_t>(t.shape().begin(), t.shape().end()), t.dtype());
+      const char* data = static_cast<const char*>(t.data_ptr()) + t.byte_offset();
+      std::memcpy(copy.data_ptr(), data, ffi::GetDataSize(*t.GetDLTensorPtr()));
+      outs.push_back(copy);
+    }
+  } catch (const ffi::Error& e) {
+    throw Error(std::string("the model's program did not return a tuple of tensors: ") + e.kind() + ": " +
+                e.message());
   }
   return outs;
 }

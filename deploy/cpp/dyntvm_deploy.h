@@ -48,6 +48,9 @@ class Model {
   const std::vector<TensorSig>& inputs() const { return inputs_; }
   const std::vector<TensorSig>& outputs() const { return outputs_; }
 
+  // Releases the model's entries of the C++ kernel table (those no other loaded model shares).
+  ~Model();
+
  private:
   struct VM {
     tvm::ffi::Module exec;
@@ -61,6 +64,7 @@ class Model {
   std::vector<TensorSig> inputs_, outputs_;
   mutable std::mutex pool_mutex_;
   mutable std::vector<std::unique_ptr<VM>> pool_;   // idle VMs (a VM runs one call at a time)
+  std::vector<std::string> kernel_keys_;             // its kernel table entries, released by ~Model
 };
 
 // Allocate an uninitialized CPU tensor.
@@ -73,8 +77,13 @@ namespace detail {
 // Registers the callbacks the VM program calls (dyntvm.vm_kernel, dyntvm.vm_size_guard, dyntvm.vm_fallback).
 void RegisterCallbacks();
 // The kernels of one model's dynamic-shape nodes, by the key the program passes ("<binding>:<index>").
-// `graph_json` is graph.json's text; throws dyntvm::Error naming every op without a C++ kernel.
-void RegisterModelKernels(const std::string& prefix, const std::string& graph_json);
+// `graph_json` is graph.json's text; throws dyntvm::Error naming every op without a C++ kernel. Returns the keys,
+// counted once more each (two loads of one artifact share them), for ReleaseModelKernels when the model goes:
+// a server loading model after model keeps only the live models' kernels.
+std::vector<std::string> RegisterModelKernels(const std::string& prefix, const std::string& graph_json);
+void ReleaseModelKernels(const std::vector<std::string>& keys);
+// How many node keys the table holds (all live models together).
+size_t RegisteredKernels();
 }  // namespace detail
 
 }  // namespace dyntvm

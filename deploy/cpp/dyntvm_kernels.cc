@@ -95,6 +95,10 @@ ffi::Tensor Strided(const ffi::Tensor& x, const Shape& first, const Shape& step,
 ffi::Tensor SliceAxes(const ffi::Tensor& x, const Shape& axes, const Shape& starts, const Shape& stops,
                       const Shape& steps) {
   Shape shape = ShapeOf(x), first(shape.size(), 0), step(shape.size(), 1), out = shape;
+  if (starts.size() != axes.size() || stops.size() != axes.size() || steps.size() != axes.size()) {
+    throw Error("slice: " + std::to_string(starts.size()) + " starts, " + std::to_string(stops.size()) +
+                " stops and " + std::to_string(steps.size()) + " steps for " + std::to_string(axes.size()) + " axes");
+  }
   for (size_t j = 0; j < axes.size(); ++j) {
     int64_t ax = Axis(axes[j], static_cast<int64_t>(shape.size()), "slice");
     auto r = SliceRange(starts[j], stops[j], steps[j], shape[ax]);
@@ -139,6 +143,7 @@ Tensors Squeeze(const Json& a, const Tensors& in) {
   } else {
     for (int64_t ax : a["axis"].Ints()) {
       int64_t k = Axis(ax, nd, "squeeze");
+      if (drop[k]) throw Error("squeeze: repeated axis " + std::to_string(ax));     // as numpy refuses it
       if (shape[k] != 1) throw Error("squeeze: axis " + std::to_string(ax) + " has size " + std::to_string(shape[k]));
       drop[k] = true;
     }
@@ -264,6 +269,7 @@ struct KernelNode {
   std::string op, name;
   Json attrs;
   KernelFn fn;
+  int64_t users = 0;     // the live models that registered it (two loads of one artifact share its keys)
 };
 
 std::shared_mutex table_mutex;
@@ -335,7 +341,7 @@ void RegisterCallbacks() {
   });
 }
 
-void RegisterModelKernels(const std::string& prefix, const std::string& graph_json) {
+std::vector<std::string> RegisterModelKernels(const std::string& prefix, const std::string& graph_json) {
   Json doc = Json::Parse(graph_json, "graph.json");
   std::vector<std::pair<int64_t, Json>> callbacks;
   int64_t index = 0;
@@ -354,8 +360,27 @@ void RegisterModelKernels(const std::string& prefix, const std::string& graph_js
   if (!missing.empty()) {
     throw Error("the model's VM program calls dynamic-shape ops without a C++ kernel in deploy/cpp: " + missing);
   }
+  std::vector<std::string> keys;
   std::unique_lock<std::shared_mutex> lock(table_mutex);
-  for (auto& kv : found) table[kv.first] = kv.second;
+  for (auto& kv : found) {
+    auto it = table.emplace(kv.first, kv.second).first;
+    ++it->second.users;
+    keys.push_back(kv.first);
+  }
+  return keys;
+}
+
+void ReleaseModelKernels(const std::vector<std::string>& keys) {
+  std::unique_lock<std::shared_mutex> lock(table_mutex);
+  for (const std::string& key : keys) {
+    auto it = table.find(key);
+    if (it != table.end() && --it->second.users == 0) table.erase(it);
+  }
+}
+
+size_t RegisteredKernels() {
+  std::shared_lock<std::shared_mutex> lock(table_mutex);
+  return table.size();
 }
 
 }  // namespace detail

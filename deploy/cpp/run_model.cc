@@ -1,9 +1,11 @@
 // Example: run a dyntvm artifact on .npy inputs, write its outputs as .npy files.
 //
-//   run_model ARTIFACT OUT_DIR [--threads N] [--repeat R] INPUT.npy...
+//   run_model ARTIFACT OUT_DIR [--threads N] [--repeat R] [--reload L] INPUT.npy...
 //
 // Inputs in the order of the model's signature. Writes OUT_DIR/output_K.npy (OUT_DIR made where missing).
 // --threads N runs the model from N threads at once, R calls each, and checks every result is the same bytes.
+// --reload L loads the artifact L more times, runs and drops each copy before the first model runs (a server
+// replacing models), and prints how many C++ kernels are registered while the model lives and after it goes.
 // Errors print one line `run_model: error: ...` and exit with status 1.
 #include <cstring>
 #include <filesystem>
@@ -25,22 +27,25 @@ bool SameBytes(const tvm::ffi::Tensor& a, const tvm::ffi::Tensor& b) {
 
 int Main(int argc, char** argv) {
   std::vector<std::string> pos;
-  int threads = 1, repeat = 1;
+  int threads = 1, repeat = 1, reload = -1;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if ((a == "--threads" || a == "--repeat") && i + 1 < argc) {
       (a == "--threads" ? threads : repeat) = std::max(1, std::atoi(argv[++i]));
+    } else if (a == "--reload" && i + 1 < argc) {
+      reload = std::max(0, std::atoi(argv[++i]));
     } else {
       pos.push_back(a);
     }
   }
   if (pos.size() < 2) {
-    std::cerr << "usage: run_model ARTIFACT OUT_DIR [--threads N] [--repeat R] INPUT.npy...\n";
+    std::cerr << "usage: run_model ARTIFACT OUT_DIR [--threads N] [--repeat R] [--reload L] INPUT.npy...\n";
     return 2;
   }
   auto model = dyntvm::Model::Load(pos[0]);
   std::vector<tvm::ffi::Tensor> inputs;
   for (size_t i = 2; i < pos.size(); ++i) inputs.push_back(dyntvm::npy::Load(pos[i]));
+  for (int r = 0; r < reload; ++r) dyntvm::Model::Load(pos[0])->Run(inputs);
   std::vector<tvm::ffi::Tensor> outs = model->Run(inputs);
   if (threads > 1 || repeat > 1) {
     std::vector<std::thread> pool;
@@ -69,6 +74,11 @@ int Main(int argc, char** argv) {
   std::filesystem::create_directories(pos[1], made);     // (an error here: Save names the file it cannot write)
   for (size_t k = 0; k < outs.size(); ++k) dyntvm::npy::Save(pos[1] + "/output_" + std::to_string(k) + ".npy", outs[k]);
   std::cout << "wrote " << outs.size() << " outputs to " << pos[1] << "\n";
+  if (reload >= 0) {
+    std::cout << "kernels registered: " << dyntvm::detail::RegisteredKernels() << " with the model, ";
+    model.reset();
+    std::cout << dyntvm::detail::RegisteredKernels() << " after it\n";
+  }
   return 0;
 }
 
