@@ -144,6 +144,12 @@ def te_nan_reduce(x, axes, keepdims, is_max):
                       name="max" if is_max else "min")
 
 
+def monotone_bits(b, magnitude, it: str):
+    """A float's bits `b` (as a signed integer) made to order like the float: a negative's magnitude bits flip
+    (`magnitude`: all bits but the sign; `it` the integer type). Its own inverse (`te_nan_reduce_keyed` decodes with it)."""
+    return tirx.Select(b < tirx.const(0, it), tirx.bitwise_xor(b, magnitude), b)
+
+
 #: float dtype -> the integer type of its bits (`te_nan_reduce_keyed`)
 _KEY_INT = {"float16": "int16", "bfloat16": "int16", "float32": "int32", "float64": "int64"}
 
@@ -152,7 +158,8 @@ def te_nan_reduce_keyed(x, axes, keepdims, is_max):
     """`te_nan_reduce` with a plain integer max/min, the form GPUs reduce across threads (a custom reducer is
     not: `backends/cuda/gpu_reduction.py`): each float maps to an integer key ordered like the float (its bits,
     the non-sign bits flipped for negatives), NaN to the key past every number (the largest for max, the
-    smallest for min), so NaN propagates; the result key maps back. Other dtypes: `te_nan_reduce`."""
+    smallest for min), so NaN propagates; the result key maps back. -0.0 orders below 0.0, so max(-0.0, 0.0)
+    is 0.0 and min is -0.0 whatever their order (numpy keeps the first of the two). Other dtypes: `te_nan_reduce`."""
     it = _KEY_INT.get(str(x.dtype))
     if it is None:
         return te_nan_reduce(x, axes, keepdims, is_max)
@@ -165,15 +172,14 @@ def te_nan_reduce_keyed(x, axes, keepdims, is_max):
     shape = _reduce_out_shape(x.shape, set(axes), keepdims)
 
     def key(v):
-        b = tirx.reinterpret(it, v)
-        return tirx.Select(tirx.isnan(v), nan_key, tirx.Select(b >= 0, b, tirx.bitwise_xor(b, flip)))
+        return tirx.Select(tirx.isnan(v), nan_key, monotone_bits(tirx.reinterpret(it, v), flip, it))
     extreme = te.max if is_max else te.min
     keys = te.compute(shape, lambda *i: extreme(key(x(*full(i))), axis=[rvars[a] for a in axes]), name="key")
 
     def value(*i):
         k = keys(*i)
-        bits_of = tirx.Select(k >= 0, k, tirx.bitwise_xor(k, flip))
-        return tirx.Select(k == nan_key, tirx.const(float("nan"), str(x.dtype)), tirx.reinterpret(str(x.dtype), bits_of))
+        return tirx.Select(k == nan_key, tirx.const(float("nan"), str(x.dtype)),
+                           tirx.reinterpret(str(x.dtype), monotone_bits(k, flip, it)))
     return te.compute(shape, value, name="max" if is_max else "min")
 
 
@@ -240,7 +246,7 @@ def te_sort_key(x, largest: bool):
     def key(*i):
         v = x(*i)
         b = tirx.Select(v == tirx.const(0, x.dtype), tirx.const(0, it), tirx.reinterpret(it, v))
-        k = tirx.Select(isnan_bits(v, x.dtype), nan_key, tirx.Select(b < tirx.const(0, it), b ^ magnitude, b))
+        k = tirx.Select(isnan_bits(v, x.dtype), nan_key, monotone_bits(b, magnitude, it))
         return k if out == it else tirx.Cast(out, k)
     return te.compute(x.shape, key, name="sort_key")
 

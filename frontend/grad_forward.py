@@ -59,14 +59,23 @@ def _zeros_like(p):
     return np.zeros_like(as_array(p))
 
 
+def _same_shape_and_float(p, t) -> bool:
+    """A float tangent of the primal's rank whose dims match where both are known (a symbolic dim may differ
+    in name and still be equal when it runs)."""
+    if not is_float(t.value) or t.ndim != p.ndim:
+        return False
+    return all(not (isinstance(a, int) and isinstance(b, int)) or a == b for a, b in zip(t.type.shape, p.type.shape))
+
+
 def _jvp_traced(fn, primals, tangents, options):
     """(fn's output, the tangent of each of its leaves (None: not a float tensor), the output's tree spec)."""
     from . import F
     tape = _Tape("jvp", fn, primals)
     ts = _as_tensors("jvp", tangents)
     for i, (p, t) in enumerate(zip(tape.inputs, ts)):
-        if is_float(p.value) and t.type.shape != p.type.shape and t.ndim != p.ndim:
-            raise trace_error(f"jvp: tangent {i} is {t.type}; its primal is {p.type}")
+        if is_float(p.value) and not _same_shape_and_float(p, t):
+            raise trace_error(f"jvp: tangent {i} is {t.type}; its primal is {p.type} (a float tangent of the "
+                              "primal's shape is expected)")
     leaves, spec = tree_flatten(tape.out)
     floats = [k for k, o in enumerate(leaves) if isinstance(o, Tensor) and is_float(o.value)]
     if not floats:

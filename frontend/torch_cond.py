@@ -140,9 +140,10 @@ def _inner(sub: Graph):
 
 
 #: ops that may run before the branch is chosen (on 0-d values): no error, no host work, no integer division
+#: or power (an integer to a negative power raises: it must not run on a branch torch would not take)
 _CHEAP = frozenset(op for g in (Group.FLOAT_UNARY, Group.UNARY, Group.PREDICATE, Group.ARITH, Group.COMPARE,
                                 Group.LOGICAL) for op in GROUPS[g]
-                   if op not in ("floor_divide", "mod", "fmod")) | {"constant", "cast"}
+                   if op not in ("floor_divide", "mod", "fmod", "power")) | {"constant", "cast"}
 
 
 def _as_case(n: Node) -> list:

@@ -127,15 +127,30 @@ def find_regions(g: Graph, selector: Selector) -> list[list[int]]:
         for i in kept:
             outside.mark(i)
         regions.append(kept)
+    dag = g.to_networkx()
     if not selector.merge_independent:
-        return regions
+        return _acyclic(g, dag, regions, selector)
     symbolic = {i for i, n in enumerate(g.nodes) if attr_symbols(n.op, n.attrs)}
     merged = _merge_independent(regions, ConvexityChecker(consumers, producers), symbolic,
                                 lambda m: not _symbol_carriers(g, sorted(m), producer, True),
                                 lambda m: _inputless(g, m, producer))
     # each group is convex, but two groups may still reach each other through other nodes (A -> x -> D and
     # C -> y -> B merged as {A, B}, {C, D}): then keep the regions apart
-    return merged if _contracted_acyclic(g.to_networkx(), merged) else regions
+    return merged if _contracted_cycle(dag, merged) is None else _acyclic(g, dag, regions, selector)
+
+
+def _acyclic(g: Graph, dag, regions: list, selector) -> list:
+    """`regions`, where two of them reach each other through other nodes (each convex, but A -> dyn -> B and
+    B -> dyn -> A), with the largest region on such a cycle split into its nodes, until none is left (a node
+    alone is never on one: the graph is a DAG and every region convex)."""
+    regions = [list(r) for r in regions]
+    while (cycle := _contracted_cycle(dag, regions)) is not None:
+        k = max(cycle, key=lambda k: len(regions[k]))
+        log.debug("regions %s reach each other through other nodes: region %d split into its nodes", cycle, k)
+        split = regions.pop(k)
+        regions += [[i] for i in split if _filtered(selector, g, {i})]
+        regions.sort(key=min)
+    return regions
 
 
 def _selects_along_edges(selector) -> bool:
@@ -144,14 +159,19 @@ def _selects_along_edges(selector) -> bool:
     return cls.select_input is Selector.select_input and cls.select_output is Selector.select_output
 
 
-def _contracted_acyclic(dag, groups: list) -> bool:
+def _contracted_cycle(dag, groups: list) -> list | None:
+    """The groups (by index) on a cycle of the graph with each group contracted to one node, or None."""
     label = {i: k for k, members in enumerate(groups) for i in members}
     q = nx.DiGraph()
     for u, v in dag.edges:
         a, b = label.get(u, ("n", u)), label.get(v, ("n", v))
         if a != b:
             q.add_edge(a, b)
-    return nx.is_directed_acyclic_graph(q)
+    try:
+        edges = nx.find_cycle(q)
+    except nx.NetworkXNoCycle:
+        return None
+    return sorted({x for e in edges for x in e[:2] if isinstance(x, int)})
 
 
 def _merge_independent(regions: list, checker: ConvexityChecker, symbolic: set, bindable,

@@ -126,3 +126,22 @@ def test_branchy_from_torch_has_the_partition_of_the_F_version():
         assert_same(got, list(f_model(*inputs)), rtol=1e-4, atol=1e-4)
         widths.add(got[0].shape[1])
     assert len(widths) >= 3
+
+
+def test_an_inner_condition_that_can_raise_is_not_hoisted_out_of_its_branch():
+    """``elif e ** e > 1`` under ``if e < 0``: an integer to a negative power raises, so the inner condition
+    must not run before the outer branch is chosen (it stays a nested cond); e = -2 takes the first branch in
+    torch and in dyntvm alike."""
+    class M(torch.nn.Module):
+        def forward(self, x, e):
+            def else_fn(x, e):
+                return torch.cond(torch.pow(e, e) > 1, lambda x, e: x * 2.0, lambda x, e: x * 3.0, (x, e))
+            return torch.cond(e < 0, lambda x, e: x + 1.0, else_fn, (x, e))
+    m, x = M(), np.ones(3, np.float32)
+    g = dt.from_torch(m, (x, np.array(2)))
+    assert "case" not in [n.op for n in g.nodes]
+    model = dt.compile(g)
+    for e in (2, 0, -2):
+        with torch.no_grad():
+            want = m(torch.from_numpy(x), torch.tensor(e)).numpy()
+        assert_same(model(x, np.array(e)), want)

@@ -2,8 +2,9 @@
 an integer-key max/min its threads can reduce together) and schedules them (`backends/cuda/gpu_reduction.py`:
 one thread block per output, the reduced extent split over its threads).
 
-The lowering is checked on the CPU (the same Relax module built for the CPU) against numpy, NaN, infinities and
-signed zeros included; the schedule by its form (a cross-thread `rfactor` block bound to threadIdx.x) and by a
+The lowering is checked on the CPU (the same Relax module built for the CPU) against numpy, with NaN, infinities
+and signed zeros among the inputs (the sign of a zero max / min is not compared: numpy keeps the first of -0.0 and
+0.0, the integer key orders -0.0 first); the schedule by its form (a cross-thread `rfactor` block bound to threadIdx.x) and by a
 CUDA build with device code; the results on a GPU at the end (skipped without one)."""
 import os
 

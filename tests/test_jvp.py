@@ -134,5 +134,8 @@ def test_bad_calls_are_clear_errors():
         dt.jvp(F.tanh, (r(3),), (r(3), r(3)))
     with pytest.raises(dt.TraceError, match="tangent 0 is"):
         dt.jvp(F.tanh, (r(3),), (r(2, 2),))
+    for bad in (r(1), r(4), np.arange(3), np.ones(3, bool)):     # same rank: a size or the dtype differs
+        with pytest.raises(dt.TraceError, match="tangent 0 is .*a float tangent of the primal's shape"):
+            dt.jvp(F.tanh, (r(3),), (bad,))
     with pytest.raises(dt.TraceError, match="expected a function"):
         dt.jvp(3, (r(3),), (r(3),))
