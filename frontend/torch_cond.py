@@ -17,7 +17,7 @@ import operator
 
 from ..ir import attrs as A
 from ..ir.graph import Graph, Node, Value, assign_names
-from ..ir.ops import GROUPS, Group
+from ..ir.ops import GROUPS, RAISE_ON_INTEGERS, Group
 from ..ir.types import dim_compare, is_static_dim
 from . import F
 from .torch_control import _module, _pred, converter
@@ -143,7 +143,7 @@ def _inner(sub: Graph):
 #: or power (an integer to a negative power raises: it must not run on a branch torch would not take)
 _CHEAP = frozenset(op for g in (Group.FLOAT_UNARY, Group.UNARY, Group.PREDICATE, Group.ARITH, Group.COMPARE,
                                 Group.LOGICAL) for op in GROUPS[g]
-                   if op not in ("floor_divide", "mod", "fmod", "power")) | {"constant", "cast"}
+                   if op not in RAISE_ON_INTEGERS) | {"constant", "cast"}
 
 
 def _as_case(n: Node) -> list:

@@ -70,6 +70,11 @@ GROUPS: dict[Group, tuple] = {
 }
 
 
+#: arithmetic whose numpy kernel raises on some integer operands (a zero divisor, a negative power): such an op
+#: may not run on values a branch was chosen to avoid (`frontend/torch_cond.py`)
+RAISE_ON_INTEGERS = frozenset({"floor_divide", "mod", "fmod", "power"})
+
+
 def ops_in(group: Group) -> tuple:
     return GROUPS[group]
 

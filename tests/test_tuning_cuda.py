@@ -172,7 +172,10 @@ def test_a_cuda_tune_on_the_gpu_writes_a_log_that_applies(tmp_path):
 @needs_nvcc
 def test_the_shipped_cuda_log_applies_to_a_cuda_build(monkeypatch):
     """tuning_logs/detection/cuda-sm_90 (tuned on an H100) is picked up by a CUDA build for sm_90, on any
-    machine: both its kernels, which beat dlight's defaults there, are built with their tuned traces."""
+    machine: its kernels that the build still has are built with their tuned traces. Of its two winners,
+    `greater` still applies; `dt_max` (the NaN-propagating max) is lowered for GPUs as an integer-key max since
+    (`te_kernels.te_nan_reduce_keyed`, which a thread block can reduce), a new workload the log has no record of
+    until it is tuned again on a GPU."""
     from dyntvm import examples
     from dyntvm.pipeline import shipped_logs
     monkeypatch.setenv("DYNTVM_TUNING_LOGS", os.path.join(os.path.dirname(os.path.dirname(__file__)), "tuning_logs"))
@@ -184,7 +187,7 @@ def test_the_shipped_cuda_log_applies_to_a_cuda_build(monkeypatch):
     ex = examples.get("detection")
     before = stats.tuned_kernels
     m = dt.compile(ex.fn, *ex.specs, target="cuda", use_cache=False)
-    assert stats.tuned_kernels - before == won == 2
+    assert won == 2 and stats.tuned_kernels - before == 1
     assert m.info["tuning"]["log"].endswith(os.path.join("detection", "cuda-sm_90"))
     assert "tuning: {" in str(m)           # print(model) names the log
 
