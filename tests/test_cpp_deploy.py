@@ -7,9 +7,7 @@ that do not fit the signature and an unsupported model are one-line errors (exit
 Known gaps (asserted, so that a fix shows up here): a while_loop of no iteration whose stacked rows' size is
 known only at run time needs the Python executor (`dyntvm.vm_fallback`). (The decoder example, whose while_loop
 has no compiled loop, runs: its program has the loop as recursive functions.)"""
-import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -189,18 +187,9 @@ def test_dynamic_shape_kernels_in_cpp_and_errors(runner, tmp_path):
     assert f"kernels registered: {_cpp_kernel_nodes(model.graph)} with the model, 0 after it" in r.stdout, r.stdout
     assert_same([np.load(tmp_path / "reload" / f"output_{k}.npy") for k in range(6)], flat(kernels_fn(*ins))[0])
 
-    # review 34 #17: graph.json edited after the build (the runner trusts it, as it trusts kernels.so, but checks
-    # what it indexes by): a squeeze axis given twice is refused as numpy refuses it (it squeezed once), slice
-    # attributes of other lengths than its axes are an error (it read starts[j] for each axis, unchecked)
-    for op, attrs, message in (("squeeze", {"axis": {"tuple": [0, 0]}}, "squeeze: repeated axis 0"),
-                               ("slice", {"starts": {"tuple": [0, 0]}}, "slice: 2 starts, 1 stops and 1 steps for 1 axes")):
-        edited = tmp_path / f"edited_{op}.dtvm"
-        shutil.copytree(art, edited)
-        doc = json.loads((edited / "graph.json").read_text())
-        next(n for n in doc["graph"]["nodes"] if n["op"] == op)["attrs"].update(attrs)
-        (edited / "graph.json").write_text(json.dumps(doc))
-        rc, err = run_cpp(runner, edited, ins, tmp_path / f"edited_{op}_out")
-        assert rc == 1 and message in err, err
+    # (review 34 #17's checks of the C++ squeeze / slice kernels - a repeated squeeze axis, slice attributes of other
+    # lengths than its axes - are no longer reached through this model: its VM program runs squeeze and slice as
+    # kernels of its own since the native-ops change, and calls the C++ kernels of neither)
 
 
 def test_inputs_that_do_not_fit_the_signature_and_bad_artifacts(runner, tmp_path):
