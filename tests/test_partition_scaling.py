@@ -10,6 +10,7 @@ from __future__ import annotations
 import tracemalloc
 
 import networkx as nx
+import numpy as np
 import pytest
 
 import dyntvm as dt
@@ -113,11 +114,8 @@ def _random_graph(seed: int, n: int):
     return dt.trace(fn, dt.TensorSpec(("N",)), dt.TensorSpec(("N",)))
 
 
-@pytest.mark.parametrize("seed", range(12))
-def test_regions_are_convex_on_random_graphs(seed):
-    """Checked against all-pairs reachability (what the partitioner used to precompute): no path leaves a region
-    and re-enters it, and each node is in one region at most."""
-    g = _random_graph(seed, 15 + 3 * seed)
+def _assert_convex_regions(g, seed):
+    """Against all-pairs reachability: no path leaves a region and re-enters it, each node in one region at most."""
     dag = g.to_networkx()
     regions = find_regions(g, StaticRegionSelector())
     assert len({i for r in regions for i in r}) == sum(map(len, regions))
@@ -125,6 +123,14 @@ def test_regions_are_convex_on_random_graphs(seed):
         down = set().union(*(nx.descendants(dag, i) for i in r))
         up = set().union(*(nx.ancestors(dag, i) for i in r))
         assert not (down & up) - set(r), (seed, r)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_regions_are_convex_on_random_graphs(seed):
+    """Checked against all-pairs reachability (what the partitioner used to precompute): no path leaves a region
+    and re-enters it, and each node is in one region at most."""
+    g = _random_graph(seed, 15 + 3 * seed)
+    _assert_convex_regions(g, seed)
 
 
 def wide_static(layers):
@@ -163,13 +169,7 @@ def test_regions_are_convex_on_larger_random_graphs(seed):
     convex regions, each node in one at most, and the whole partition acyclic (regions that reach each other
     through dynamic nodes, A -> dyn -> B -> dyn -> A, made 9 of these seeds fail with "partition ... is cyclic")."""
     g = _random_graph(seed, 40 + 8 * seed)
-    dag = g.to_networkx()
-    regions = find_regions(g, StaticRegionSelector())
-    assert len({i for r in regions for i in r}) == sum(map(len, regions))
-    for r in regions:
-        down = set().union(*(nx.descendants(dag, i) for i in r))
-        up = set().union(*(nx.ancestors(dag, i) for i in r))
-        assert not (down & up) - set(r), (seed, r)
+    _assert_convex_regions(g, seed)
     pg = partition(g)
     pg.lint()
     assert nx.is_directed_acyclic_graph(pg.to_networkx())
@@ -187,11 +187,11 @@ def test_regions_feeding_each_other_through_dynamic_ops_compile_and_match():
         b = c + F.sum(F.boolean_mask(q, q > 0))
         return b, p
     model = dt.compile(fn, dt.TensorSpec(("N",)), dt.TensorSpec(("M",)))
-    rng = __import__("numpy").random.default_rng(0)
+    rng = np.random.default_rng(0)
     for n, m in ((2, 2), (1, 5), (0, 3)):
         x, y = rng.standard_normal(n).astype("float32"), rng.standard_normal(m).astype("float32")
         for got, want in zip(model(x, y), fn(x, y)):
-            __import__("numpy").testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
 
 
 def test_position_count_and_is_convex_against_brute_force():
