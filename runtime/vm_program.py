@@ -99,8 +99,9 @@ def registered() -> int:
 
 NO_VM_PROGRAM = "DYNTVM_NO_VM_PROGRAM"        # "1": models run in the executor (read when a model is made)
 #: "auto" (default): the program runs a model only where it calls no Python for a dynamic-shape op (such callbacks
-#: made the detection example 1.7x slower than the executor, before its topk / slice / squeeze became kernels; branchy, with two region size checks called back,
-#: was 0.54x: bench_ab in the closing note of the stop that added the program);
+#: made the detection example 1.7x slower than the executor, before its topk / slice / squeeze became kernels;
+#: branchy, with two region size checks called back, was 0.54x: bench_ab in the closing note of the stop that
+#: added the program);
 #: "always": wherever it can; "never": the executor runs every model
 VM_PROGRAM = "DYNTVM_VM_PROGRAM"
 
