@@ -325,14 +325,15 @@ def _meta_schedule_logging():
 
 
 def tune_kernels(kernels: dict, target, log_dir: str, manifest: dict, trials: int, progress=None,
-                 on_done=None, regions: dict | None = None, rpc: tuple | None = None) -> dict:
+                 on_done=None, regions: dict | None = None, rpc: tuple | None = None, stop=None) -> dict:
     """Tune each kernel of `kernels` (``static_kernels``) not yet finished in `manifest`, into the database in
     `log_dir`; updates and writes the manifest after each kernel. `progress`: a tqdm-like bar (``update``,
     ``set_postfix_str``). `regions`: ``{workload key: (region name, graph)}``, the region each kernel is
     compared in (`tuning_verdict`). `rpc`: ``(host, port, key)`` of a TVM RPC tracker whose servers measure
     the candidates (`tuning_rpc`) instead of this machine. Returns the manifest. Ctrl-C stops at the next safe
     point (`tuning_interrupt`): the manifest and database keep what was finished and measured, then
-    KeyboardInterrupt is raised."""
+    KeyboardInterrupt is raised. `stop`: the `StopRequest` of a `deferred_interrupt` the caller entered
+    already (a second one inside it would never be set), else the tune defers Ctrl-C itself."""
     done = {k["workload"]: k for k in manifest["kernels"] if k.get("status") in ("done", "failed")}
     todo = [(key, name, func) for key, (name, func) in kernels.items() if key not in done]
     if progress is not None:
@@ -343,7 +344,8 @@ def tune_kernels(kernels: dict, target, log_dir: str, manifest: dict, trials: in
     workers = backend.prepare_tuning(target)
     schedule = lambda func, name: backend.default_schedule(func, target, name)  # noqa: E731 - a build's schedule
     from .tuning_interrupt import StoppableBuilder, StoppableRunner, deferred_interrupt
-    with deferred_interrupt() as stop:      # Ctrl-C: acted upon at safe points (`tuning_interrupt`)
+    deferral = contextlib.nullcontext(stop) if stop is not None else deferred_interrupt()
+    with deferral as stop:                  # Ctrl-C: acted upon at safe points (`tuning_interrupt`)
         builder = StoppableBuilder(stop, max_workers=workers, f_build=_build, timeout_sec=120)
         if rpc is None:
             runner = StoppableRunner(stop)

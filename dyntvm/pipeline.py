@@ -243,20 +243,25 @@ def tune(fn_or_graph, *specs, target: str = "cpu", trials: int = 64, shape_hints
         raise CompileError(f"tune: cannot write the log folder {log_dir} ({type(e).__name__}: {e})") from None
     with _log_lock(log_dir):
         try:
-            manifest["kernels"] = _kernels_to_resume(log_dir, manifest)
-            from .codegen.tuning_trust import check_database_to_resume
-            check_database_to_resume(log_dir)           # its records seed the search: built and run
-            try:
-                write_manifest(log_dir, manifest)
-                create_database_files(log_dir)
-            except OSError as e:
-                raise CompileError(f"tune: cannot write the log folder {log_dir} ({type(e).__name__}: {e})") from None
-            from tqdm.auto import tqdm
-            with tqdm(total=len(kernels), desc=f"tuning {graph.name}", unit="kernel", disable=not progress) as bar, \
-                    _BUILD_LOCK:
-                tune_kernels(kernels, tvm_target, log_dir, manifest, trials, progress=bar, regions=origins,
-                             rpc=remote)
-        except KeyboardInterrupt:     # raised at a safe point of `tune_kernels`, or in plain Python code here
+            # Ctrl-C sets a flag from here on, before the manifest exists (`tuning_interrupt`): a
+            # KeyboardInterrupt raised in the imports and set-up before the tune's own safe points could be
+            # swallowed there (a Ctrl-C right after the manifest was written once let the tune finish, exit 0)
+            with deferred_interrupt() as stop:
+                manifest["kernels"] = _kernels_to_resume(log_dir, manifest)
+                from .codegen.tuning_trust import check_database_to_resume
+                check_database_to_resume(log_dir)           # its records seed the search: built and run
+                try:
+                    write_manifest(log_dir, manifest)
+                    create_database_files(log_dir)
+                except OSError as e:
+                    raise CompileError(f"tune: cannot write the log folder {log_dir} ({type(e).__name__}: {e})") \
+                        from None
+                from tqdm.auto import tqdm
+                with tqdm(total=len(kernels), desc=f"tuning {graph.name}", unit="kernel", disable=not progress) \
+                        as bar, _BUILD_LOCK:
+                    tune_kernels(kernels, tvm_target, log_dir, manifest, trials, progress=bar, regions=origins,
+                                 rpc=remote, stop=stop)
+        except KeyboardInterrupt:     # raised at a safe point of `tune_kernels`, or as the deferral ends
             print(f"dyntvm tune: interrupted; what was tuned is kept in {log_dir} (run again to resume)")
             raise
     return log_dir

@@ -109,7 +109,8 @@ def test_ctrl_c_keeps_what_was_tuned_and_raises_keyboard_interrupt(tmp_path):
     finished = []
     for what, moment in MOMENTS.items():
         run = _tune(script, log, moment)
-        assert run.returncode == -signal.SIGINT, f"Ctrl-C {what}: exit {run.returncode}\n{run.stderr[-3000:]}"
+        assert run.returncode == -signal.SIGINT, \
+            f"Ctrl-C {what}: exit {run.returncode}\nstdout:\n{run.stdout[-1000:]}\nstderr:\n{run.stderr[-3000:]}"
         assert run.stderr.rstrip().splitlines()[-1] == "KeyboardInterrupt", f"Ctrl-C {what}:\n{run.stderr[-3000:]}"
         assert "what was tuned is kept" in run.stdout
         _assert_sound(log)
