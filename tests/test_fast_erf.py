@@ -56,3 +56,17 @@ def test_float64_gelu_unchanged():
     model = dt.compile(lambda x: F.gelu(x), dt.TensorSpec(("N",), "float64"))
     x = np.linspace(-8, 8, 101)
     np.testing.assert_allclose(model(x), REF["gelu"](x), rtol=1e-14, atol=1e-300)
+
+
+def test_gelu_keeps_its_relative_accuracy_far_into_the_negative_tail():
+    """The absolute term of the tolerance above hides the tail, where GELU is tiny (~1e-29 at x = -11): there
+    the erfc form must stay relatively accurate (no 1 + erf(x) cancellation, which would give 0 or noise)."""
+    model = dt.compile(lambda x: F.gelu(x), dt.TensorSpec(("N",)))
+    x = np.linspace(-12.5, -2.0, 4001).astype(np.float32)
+    got = model(x).astype(np.float64)
+    erfc64 = np.vectorize(__import__("math").erfc, otypes=[np.float64])
+    want = 0.5 * x.astype(np.float64) * erfc64(-x.astype(np.float64) / np.sqrt(2))   # 1 + erf would cancel here
+    normal = np.abs(want) >= np.finfo(np.float32).tiny          # below it float32 has fewer digits
+    assert normal.sum() > 3900
+    rel = np.abs(got[normal] - want[normal]) / np.abs(want[normal])
+    assert np.all(got[normal] < 0) and float(rel.max()) < 1e-4, float(rel.max())
