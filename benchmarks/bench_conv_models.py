@@ -1,11 +1,12 @@
 """CNNs end to end: torchvision resnet18 and mobilenet_v3_small (random weights, eval mode, TorchScript ONNX
 export with symbolic B, H, W), dyntvm against onnxruntime at batch 1 (or --batch), 224 x 224, timed in the same
 process in alternating blocks (`bench_peers.measure`); compile time (no compile cache) and the maximum
-difference from onnxruntime. `--before` also compiles and times the convolutions as they were before issue 24
+difference from onnxruntime; torch eager (and with `--torch-compile` torch.compile) on the same model and
+threads are timed alongside. `--before` also compiles and times the convolutions as they were before issue 24
 (Relax's conv2d under the generic schedule: `converters.window.TE_CONV = False`).
 
     .venv/bin/python benchmarks/bench_conv_models.py [--models resnet18,mobilenet_v3_small] [--batch 1]
-                                                    [--before] [--rounds 7]
+                                                    [--before] [--rounds 7] [--torch-compile]
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
 
-def export(name: str, folder: str) -> str:
+def export(name: str, folder: str):
     import torch
     import torchvision_cpu      # the CUDA torchvision wheel needs its CPU ops defined first
     torchvision_cpu.load()
@@ -37,7 +38,27 @@ def export(name: str, folder: str) -> str:
     path = os.path.join(folder, f"{name}.onnx")
     torch.onnx.export(model, (torch.randn(1, 3, 224, 224),), path, dynamo=False, input_names=["x"],
                       dynamic_axes={"x": {0: "B", 2: "H", 3: "W"}})
-    return path
+    return path, model
+
+
+def torch_runs(model, x, threads: int, want, compiled: bool) -> dict:
+    """torch eager (and torch.compile) as their users run them: inference mode, `threads` intra-op threads;
+    each checked against onnxruntime's result first."""
+    import torch
+    torch.set_num_threads(threads)
+    xt = torch.from_numpy(x)
+    variants = {"torch": model}
+    if compiled:
+        variants["torch.compile"] = torch.compile(model)
+    runs = {}
+    for label, fn in variants.items():
+        def call(fn=fn):
+            with torch.inference_mode():
+                return fn(xt)
+        err = float(np.max(np.abs(call().numpy() - want)))
+        print(f"{label}: max |torch - onnxruntime| {err:.2e}", flush=True)
+        runs[label] = types.SimpleNamespace(fn=call, args=())
+    return runs
 
 
 def main(argv=None) -> int:
@@ -47,6 +68,7 @@ def main(argv=None) -> int:
     parser.add_argument("--before", action="store_true", help="also the convolutions before issue 24")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--torch-compile", action="store_true", help="also time torch.compile (inductor)")
     args = parser.parse_args(argv)
     import dyntvm as dt
     from bench_onnx_models import ort_session
@@ -57,11 +79,12 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
-            path = export(name, tmp)
+            path, torch_model = export(name, tmp)
             x = rng.standard_normal((args.batch, 3, 224, 224)).astype("float32")
             session = ort_session(path, threads)
             want = session.run(None, {"x": x})[0]
             runs = {"onnxruntime": types.SimpleNamespace(fn=lambda s=session: s.run(None, {"x": x}), args=())}
+            runs.update(torch_runs(torch_model, x, threads, want, args.torch_compile))
             for label, te_conv in ((("before", False),) if args.before else ()) + (("dyntvm", True),):
                 window.TE_CONV = te_conv
                 t0 = time.perf_counter()
@@ -72,10 +95,10 @@ def main(argv=None) -> int:
                 runs[label] = types.SimpleNamespace(fn=lambda m=model: m(x), args=())
             window.TE_CONV = True
             timing = measure(runs, args.rounds, 0.5, 0.2)
-            ort_ms = timing["onnxruntime"]["median_ms"]
-            print(f"{name} B{args.batch} 224x224: " + ", ".join(
-                f"{k} {v['median_ms']:.2f} ms ({v['median_ms'] / ort_ms:.2f}x ort)" for k, v in timing.items()),
-                flush=True)
+            best = min((k for k in timing if k not in ("dyntvm", "before")), key=lambda k: timing[k]["median_ms"])
+            best_ms = timing[best]["median_ms"]
+            print(f"{name} B{args.batch} 224x224 (median ms; / best peer = {best}): " + ", ".join(
+                f"{k} {v['median_ms']:.2f} ({v['median_ms'] / best_ms:.2f}x)" for k, v in timing.items()), flush=True)
     return 0
 
 

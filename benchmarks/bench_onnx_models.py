@@ -7,12 +7,13 @@
 Per (model, exporter): export (cached, `tests/model_exports.py`), import, compile once (no compile cache) and
 compare with onnxruntime at every size of the case (`model_exports.run_case`: nodes, regions, compile time,
 builds, the sizes tried, match); then, at one size (the case's last unless `--size-index`), the median latency
-of the compiled model and of an onnxruntime session (CPUExecutionProvider, `intra_op_num_threads` = the
-threads dyntvm's kernels use: the machine's cores unless `--threads`), timed in the same process in alternating
-blocks (`bench_peers.measure`), and their ratio. A case that does not import, compile or match has its
-reason in the match column and is not timed; an exporter in the case's `cannot` is listed with its reason.
-Writes `onnx_models.md` (the table) and `onnx_models.json` under `--out`. Not a test: the numbers depend on the
-machine; heavy suites (torchvision, Hugging Face) take minutes per model: select with `--zoo` / `--models`.
+of the compiled model, of an onnxruntime session (CPUExecutionProvider, `intra_op_num_threads` = the
+threads dyntvm's kernels use: the machine's cores unless `--threads`) and of the case's torch model in
+eager mode (the same threads; a model torch cannot call so has the reason in its column), timed in the same
+process in alternating blocks (`bench_peers.measure`), and the ratios to onnxruntime and to the best peer. A
+case that does not import, compile or match has its reason in the match column and is not timed; an exporter
+in the case's `cannot` is listed with its reason. Writes `onnx_models.md` (the table) and `onnx_models.json`
+under `--out`. Not a test: the numbers depend on the machine; heavy suites (torchvision, Hugging Face) take minutes per model: select with `--zoo` / `--models`.
 """
 from __future__ import annotations
 
@@ -98,13 +99,38 @@ def bench_case(case, exporter: str, args, cache_dir: str) -> dict:
     feeds = case.inputs(np.random.default_rng(1), size)
     feeds = {n: feeds[n] for n in names}
     ordered = list(feeds.values())
-    run_ort = types.SimpleNamespace(fn=lambda: session.run(None, feeds), args=())
-    run_dyntvm = types.SimpleNamespace(fn=lambda: res.compiled(*ordered), args=())
-    timing = measure({"onnxruntime": run_ort, "dyntvm": run_dyntvm}, args.rounds, args.block_s, args.pause_s)
+    runs = {"onnxruntime": types.SimpleNamespace(fn=lambda: session.run(None, feeds), args=()),
+            "dyntvm": types.SimpleNamespace(fn=lambda: res.compiled(*ordered), args=())}
+    torch_run = _torch_eager(case, case.inputs(np.random.default_rng(1), size), args.threads)
+    if isinstance(torch_run, str):
+        row["torch"] = torch_run
+    else:
+        runs["torch"] = torch_run
+    timing = measure(runs, args.rounds, args.block_s, args.pause_s)
     row.update(timed_size=str(size), ort_ms=timing["onnxruntime"]["median_ms"], dyntvm_ms=timing["dyntvm"]["median_ms"],
                ort_min_ms=timing["onnxruntime"]["min_ms"], dyntvm_min_ms=timing["dyntvm"]["min_ms"])
+    if "torch" in timing:
+        row["torch_ms"] = timing["torch"]["median_ms"]
     row["ratio"] = row["dyntvm_ms"] / row["ort_ms"]
+    row["ratio_best"] = row["dyntvm_ms"] / min(row["ort_ms"], row.get("torch_ms", float("inf")))
     return row
+
+
+def _torch_eager(case, feeds: dict, threads: int):
+    """The case's torch model in eager mode, as its users call it (inference mode, `threads` threads), or why not."""
+    import torch
+    try:
+        torch.set_num_threads(threads)
+        model, _args, input_names, _axes = case.make()
+        inputs = [torch.from_numpy(feeds[n]) for n in input_names]
+
+        def call():
+            with torch.inference_mode():
+                return model(*inputs)
+        call()
+    except Exception as e:  # noqa: BLE001 - the column says why torch eager was not timed
+        return f"{type(e).__name__}: {' '.join(str(e).split())[:120]}"
+    return types.SimpleNamespace(fn=call, args=())
 
 
 def _ms(x) -> str:
@@ -119,15 +145,17 @@ def markdown(report: dict) -> str:
              f"Latency: median over {report['rounds']} rounds of {report['block_s']} s blocks, alternating; "
              f"total run time {report['total_s']:.0f} s.", "",
              "| model | exporter | ONNX nodes | regions | compile s | sizes compared | match | timed size | "
-             "ORT ms | dyntvm ms | dyntvm / ORT (lower: dyntvm faster) |",
-             "|---|---|---:|---:|---:|---|---|---|---:|---:|---:|"]
+             "ORT ms | torch eager ms | dyntvm ms | dyntvm / ORT (lower: dyntvm faster) | dyntvm / best peer |",
+             "|---|---|---:|---:|---:|---|---|---|---:|---:|---:|---:|---:|"]
     for r in report["rows"]:
         ok = r["match"] == "yes"
         match = f"yes (max err {r['max_abs_err']:.2g})" if ok else r["match"]
         lines.append(f"| {r['model']} | {r['exporter']} | {r.get('onnx_nodes', '')} | {r.get('regions', '')} | "
                      f"{r.get('compile_s', '')} | {' '.join(r.get('sizes', []))} | {match} | "
-                     f"{r.get('timed_size', '')} | {_ms(r.get('ort_ms'))} | {_ms(r.get('dyntvm_ms'))} | "
-                     f"{'%.2f' % r['ratio'] if 'ratio' in r else ''} |")
+                     f"{r.get('timed_size', '')} | {_ms(r.get('ort_ms'))} | "
+                     f"{_ms(r.get('torch_ms')) or r.get('torch', '')} | "
+                     f"{_ms(r.get('dyntvm_ms'))} | {'%.2f' % r['ratio'] if 'ratio' in r else ''} | "
+                     f"{'%.2f' % r['ratio_best'] if 'ratio_best' in r else ''} |")
     return "\n".join(lines) + "\n"
 
 
@@ -160,7 +188,9 @@ def main(argv=None) -> int:
                 row = bench_case(case, exporter, args, cache_dir)
                 report["rows"].append(row)
                 print(f"{case.name} {exporter}: {row['match']}" + (
-                    f"; ORT {_ms(row['ort_ms'])} ms, dyntvm {_ms(row['dyntvm_ms'])} ms ({row['ratio']:.2f})"
+                    f"; ORT {_ms(row['ort_ms'])} ms, torch {_ms(row.get('torch_ms')) or row.get('torch')}, "
+                    f"dyntvm {_ms(row['dyntvm_ms'])} ms ({row['ratio']:.2f} of ORT, "
+                    f"{row['ratio_best']:.2f} of the best)"
                     if "ratio" in row else ""), flush=True)
     report["total_s"] = time.perf_counter() - start
     report["machine"]["loadavg_end"] = list(os.getloadavg())

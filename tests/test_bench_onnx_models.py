@@ -33,6 +33,8 @@ def test_a_case_is_checked_then_timed_and_failures_are_rows(tmp_path):
     assert row["match"] == "yes" and row["builds"] == 1 and row["sizes"] == ["1", "3", "8"]
     assert row["onnx_nodes"] > 10 and row["regions"] >= 1 and row["timed_size"] == "8"
     assert row["ort_ms"] > 0 and row["dyntvm_ms"] > 0 and row["ratio"] == row["dyntvm_ms"] / row["ort_ms"]
+    assert row["torch_ms"] > 0 and "torch" not in row           # torch eager timed too: the best peer's ratio
+    assert row["ratio_best"] == row["dyntvm_ms"] / min(row["ort_ms"], row["torch_ms"])
 
     cannot = ModelCase("listed", _broken, None, [1], cannot={"dynamo": "the exporter refuses it"})
     assert bench.bench_case(cannot, "dynamo", QUICK, str(tmp_path)) == {
