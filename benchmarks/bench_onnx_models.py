@@ -13,7 +13,8 @@ eager mode (the same threads; a model torch cannot call so has the reason in its
 process in alternating blocks (`bench_peers.measure`), and the ratios to onnxruntime and to the best peer. A
 case that does not import, compile or match has its reason in the match column and is not timed; an exporter
 in the case's `cannot` is listed with its reason. Writes `onnx_models.md` (the table) and `onnx_models.json`
-under `--out`. Not a test: the numbers depend on the machine; heavy suites (torchvision, Hugging Face) take minutes per model: select with `--zoo` / `--models`.
+under `--out`. Not a test: the numbers depend on the machine; heavy suites (torchvision, Hugging Face) take
+minutes per model: select with `--zoo` / `--models`.
 """
 from __future__ import annotations
 
