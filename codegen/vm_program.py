@@ -33,6 +33,7 @@ from ..ir.graph import Graph
 from ..ir.types import TensorType
 from ..ir.vm_program import GUARD_CALLBACK, KERNEL_CALLBACK, PROGRAM, node_keys, unsupported_nodes
 from .vm_dynamic import DynamicOps, native
+from .vm_guard import guard_needed, guard_symbols
 
 FALLBACK_CALLBACK = "dyntvm.vm_fallback"     # raises: the runtime runs this call in the executor instead
 
@@ -98,13 +99,26 @@ class _Lowering:
         return [seq.emit(relax.TupleGetItem(res, j)) for j in range(k)]
 
     def _region(self, seq, n, ins):
-        if n in self.keys:              # the runtime checks its sizes first
-            seq.emit(relax.Call(relax.ExternFunc(GUARD_CALLBACK), [tvm.ir.StringImm(self.keys[n])] + ins,
-                                ty_args=[relax.TupleType([])]), "guard")
+        if n in self.keys:              # the runtime checks its sizes first, where they may be large (`vm_guard`)
+            self._size_guard(seq, n, ins)
         if not n.outputs:               # all its results unused (an ONNX Dropout's mask): a region is pure, and the
             return []                   # VM cannot call a function whose result is the empty tuple (void register)
         res = seq.emit(relax.Call(self.funcs[n.attrs.name], ins), n.attrs.name)
         return self._items(seq, res, len(n.outputs))
+
+    def _size_guard(self, seq, n, ins):
+        def call(into: _Seq):
+            into.emit(relax.Call(relax.ExternFunc(GUARD_CALLBACK), [tvm.ir.StringImm(self.keys[n])] + ins,
+                                 ty_args=[relax.TupleType([])]), "guard")
+        where = guard_symbols(n)
+        if where is None:
+            call(seq)
+            return
+        shaped = {k: self._shaped(seq, ins[k]) for k, _ in where.values()}
+        syms = {s: shaped[k].ty.shape.values[ax] for s, (k, ax) in where.items()}
+        check = _Seq(self.bb)
+        call(check)
+        seq.emit(relax.If(guard_needed(n, syms), check.result([_TRUE()]), _Seq(self.bb).result([_TRUE()])), "guard")
 
     def _kernel(self, seq, n, ins):
         outs = self.dynamic.lower(seq, n, ins) if native(n) else None
