@@ -31,7 +31,7 @@ from dyntvm.errors import CompileError
 from ..ir.compiled_loop import compiled_loop_name, foreach_loop_plan, while_loop_plan
 from ..ir.graph import Graph
 from ..ir.types import TensorType
-from ..ir.vm_program import GUARD_CALLBACK, KERNEL_CALLBACK, PROGRAM, node_keys, unsupported_nodes
+from ..ir.vm_program import CALLBACKS_FUNCTION, GUARD_CALLBACK, KERNEL_CALLBACK, PROGRAM, node_keys, unsupported_nodes
 from .vm_dynamic import DynamicOps, native
 from .vm_guard import guard_needed, guard_symbols
 
@@ -78,6 +78,7 @@ class _Lowering:
         self.n_loops = 0
         self.recursive: list = []                # (GlobalVar, function) of the halving foreach loops
         self.dynamic = DynamicOps(self)
+        self.called_back: set = set()           # keys of the nodes called back on every run (`CALLBACKS_FUNCTION`)
 
     def graph(self, seq: _Seq, g: Graph, args: list) -> list:
         """Emit `g`'s nodes into `seq` on `args` (Relax values of its inputs); returns its outputs' values."""
@@ -122,7 +123,10 @@ class _Lowering:
 
     def _kernel(self, seq, n, ins):
         outs = self.dynamic.lower(seq, n, ins) if native(n) else None
-        return outs if outs is not None else self._callback(seq, n, ins)
+        if outs is not None:
+            return outs
+        self.called_back.add(self.keys[n])
+        return self._callback(seq, n, ins)
 
     def _callback(self, seq, n, ins):
         types = [v.type for v in n.outputs]
@@ -494,6 +498,10 @@ def add_program(mod: tvm.IRModule, graph: Graph, prefix: str) -> tvm.IRModule:
     outs = low.graph(seq, graph, params)
     func = relax.Function(params, seq.result(outs), _ret_ty([v.type for v in graph.outputs]), is_pure=False)
     low.bb.add_func(func.with_attr("global_symbol", PROGRAM), PROGRAM)
+    positions = sorted(int(key.rsplit(":", 1)[1]) for key in low.called_back)
+    callbacks = relax.Function([], relax.ShapeExpr([_i64(p) for p in positions]),
+                                relax.ShapeType(ndim=len(positions)))
+    low.bb.add_func(callbacks.with_attr("global_symbol", CALLBACKS_FUNCTION), CALLBACKS_FUNCTION)
     out = low.bb.get()
     for gv, f in low.recursive:
         out[gv] = f

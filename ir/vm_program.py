@@ -37,6 +37,10 @@ from .region_counts import amplified_counts
 PROGRAM = "dyntvm_main"
 KERNEL_CALLBACK = "dyntvm.vm_kernel"
 GUARD_CALLBACK = "dyntvm.vm_size_guard"
+#: a function of the program's library returning the walk positions (`node_keys`' numbers, a shape) of the nodes
+#: the program calls `KERNEL_CALLBACK` for on every run; the others keyed (a `topk` / `slice` with tensor operands)
+#: call it back only for a failing check, to raise the op's error. The C++ runner needs kernels for the first only.
+CALLBACKS_FUNCTION = "dyntvm_callbacks"
 
 
 def _tensor_typed(values) -> bool:
