@@ -59,10 +59,11 @@ class InputStaging:
     after the call (an output that is an input, or a view of one) is left to its holder: the next call makes a
     new one (`release`)."""
 
-    __slots__ = ("bufs",)
+    __slots__ = ("bufs", "unshared")
 
     def __init__(self, n: int):
         self.bufs: list = [None] * n
+        self.unshared: list = [0] * n    # `sys.getrefcount(bufs[k])` while nothing but the list holds it
 
     def tensors(self, arrays) -> list:
         """TVM tensors of `arrays`: zero-copy where aligned, else copied into this slot's buffer."""
@@ -79,16 +80,18 @@ class InputStaging:
                 continue
             buf = bufs[k]
             if buf is None or buf.shape != x.shape or buf.dtype != x.dtype:
-                buf = bufs[k] = aligned_empty(x.shape, x.dtype)
+                bufs[k] = aligned_empty(x.shape, x.dtype)
+                self.unshared[k] = _getrefcount(bufs[k])     # (measured: interpreters count differently)
+                buf = bufs[k]
             np.copyto(buf, x)
             out.append(_ffi_from_dlpack(buf, require_alignment=ALIGN, require_contiguous=True))
         return out
 
     def release(self) -> None:
         """After a call, once its input tensors are gone: forget the buffers something still references."""
-        bufs = self.bufs
+        bufs, unshared = self.bufs, self.unshared
         for k in range(len(bufs)):
-            if bufs[k] is not None and _getrefcount(bufs[k]) > _UNSHARED:
+            if bufs[k] is not None and _getrefcount(bufs[k]) > unshared[k]:
                 bufs[k] = None
 
     def clear(self) -> None:
@@ -96,7 +99,6 @@ class InputStaging:
 
 
 _getrefcount = sys.getrefcount
-_UNSHARED = 2      # `sys.getrefcount(bufs[k])` of a buffer nothing else holds: the list's reference, the argument
 
 
 def to_numpy(x) -> np.ndarray:
