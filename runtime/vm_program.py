@@ -12,7 +12,8 @@ The dynamic-shape nodes a program does not run as kernels (`ir.vm_program.native
 (`KERNEL_CALLBACK`, registered here when this module is imported, before any VM is made: a VM looks its packed
 functions up when it is created): the node's numpy kernel, from a table filled when a model with a program is
 made (`register_kernels`); so do the regions whose sizes are checked before they run (`GUARD_CALLBACK`: the
-executor's size guard).
+executor's size guard), where the program's own evaluation of those sizes (`codegen/vm_guard.py`) finds a value
+that may exceed 256 MiB.
 """
 from __future__ import annotations
 
