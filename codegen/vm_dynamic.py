@@ -86,6 +86,7 @@ class DynamicOps:
     def __init__(self, low):
         self.low = low
         self.prims: dict = {}
+        self.counts: dict = {}          # (sequence, value) -> its count of nonzero entries, bound in that sequence
 
     def lower(self, seq, n: Node, ins: list):
         """The outputs of `native` node `n`, or None where it cannot be lowered here (the caller calls back)."""
@@ -106,9 +107,19 @@ class DynamicOps:
             self.prims[name] = self.low.bb.add_func(make(name).with_attr("global_symbol", name), name)
         return self.prims[name]
 
-    def _count(self, seq, nonzero_of):
+    def _count(self, seq, nonzero_of, value=None):
         """The number of nonzero entries of the 1-d `nonzero_of` as a symbolic dim (a loop of its own: a TIR
-        reduction over no element never initializes its result)."""
+        reduction over no element never initializes its result). Counted once per `value` (the node input
+        `nonzero_of` was matched from) and sequence: the detection example masks three tensors with one mask and
+        takes its nonzero (one count, not four; a count bound in a branch is not seen outside it)."""
+        if value is not None and (seq, value) in self.counts:
+            return self.counts[(seq, value)]
+        k = self._count_kernel(seq, nonzero_of)
+        if value is not None:
+            self.counts[(seq, value)] = k
+        return k
+
+    def _count_kernel(self, seq, nonzero_of):
         low = self.low
         total = seq.emit(relax.call_tir(self._prim(_COUNT, "count", nonzero_of.ty.dtype), relax.Tuple([nonzero_of]),
                                         relax.TensorType([1], "int64")))
@@ -122,7 +133,7 @@ class DynamicOps:
         dims = list(data.ty.shape.values)
         dtype = n.inputs[0].type.dtype
         mask = low._match(seq, ins[1], relax.TensorType([dims[0]], "bool"))
-        k = self._count(seq, mask)
+        k = self._count(seq, mask, ins[1])
         row = tvm.tirx.IntImm("int64", 1)
         for d in dims[1:]:
             row = row * d
@@ -135,7 +146,7 @@ class DynamicOps:
     def nonzero(self, seq, n: Node, ins: list) -> list:
         low = self.low
         x = low._shaped(seq, ins[0])
-        k = self._count(seq, x)
+        k = self._count(seq, x, ins[0])
         dtype = n.inputs[0].type.dtype
         res = seq.emit(relax.call_tir(self._prim(_NONZERO, "nonzero", dtype), relax.Tuple([x]),
                                       [relax.TensorType([1, k], "int64"), relax.TensorType([1], "int64")]))

@@ -31,8 +31,9 @@ from dyntvm.errors import CompileError
 from ..ir.compiled_loop import compiled_loop_name, foreach_loop_plan, while_loop_plan
 from ..ir.graph import Graph
 from ..ir.types import TensorType
-from ..ir.vm_program import GUARD_CALLBACK, KERNEL_CALLBACK, PROGRAM, node_keys, unsupported_nodes
+from ..ir.vm_program import CALLBACKS_FUNCTION, GUARD_CALLBACK, KERNEL_CALLBACK, PROGRAM, node_keys, unsupported_nodes
 from .vm_dynamic import DynamicOps, native
+from .vm_guard import guard_needed, guard_symbols
 
 FALLBACK_CALLBACK = "dyntvm.vm_fallback"     # raises: the runtime runs this call in the executor instead
 
@@ -77,6 +78,7 @@ class _Lowering:
         self.n_loops = 0
         self.recursive: list = []                # (GlobalVar, function) of the halving foreach loops
         self.dynamic = DynamicOps(self)
+        self.called_back: set = set()           # keys of the nodes called back on every run (`CALLBACKS_FUNCTION`)
 
     def graph(self, seq: _Seq, g: Graph, args: list) -> list:
         """Emit `g`'s nodes into `seq` on `args` (Relax values of its inputs); returns its outputs' values."""
@@ -98,17 +100,33 @@ class _Lowering:
         return [seq.emit(relax.TupleGetItem(res, j)) for j in range(k)]
 
     def _region(self, seq, n, ins):
-        if n in self.keys:              # the runtime checks its sizes first
-            seq.emit(relax.Call(relax.ExternFunc(GUARD_CALLBACK), [tvm.ir.StringImm(self.keys[n])] + ins,
-                                ty_args=[relax.TupleType([])]), "guard")
+        if n in self.keys:              # the runtime checks its sizes first, where they may be large (`vm_guard`)
+            self._size_guard(seq, n, ins)
         if not n.outputs:               # all its results unused (an ONNX Dropout's mask): a region is pure, and the
             return []                   # VM cannot call a function whose result is the empty tuple (void register)
         res = seq.emit(relax.Call(self.funcs[n.attrs.name], ins), n.attrs.name)
         return self._items(seq, res, len(n.outputs))
 
+    def _size_guard(self, seq, n, ins):
+        def call(into: _Seq):
+            into.emit(relax.Call(relax.ExternFunc(GUARD_CALLBACK), [tvm.ir.StringImm(self.keys[n])] + ins,
+                                 ty_args=[relax.TupleType([])]), "guard")
+        where = guard_symbols(n)
+        if where is None:
+            call(seq)
+            return
+        shaped = {k: self._shaped(seq, ins[k]) for k, _ in where.values()}
+        syms = {s: shaped[k].ty.shape.values[ax] for s, (k, ax) in where.items()}
+        check = _Seq(self.bb)
+        call(check)
+        seq.emit(relax.If(guard_needed(n, syms), check.result([_TRUE()]), _Seq(self.bb).result([_TRUE()])), "guard")
+
     def _kernel(self, seq, n, ins):
         outs = self.dynamic.lower(seq, n, ins) if native(n) else None
-        return outs if outs is not None else self._callback(seq, n, ins)
+        if outs is not None:
+            return outs
+        self.called_back.add(self.keys[n])
+        return self._callback(seq, n, ins)
 
     def _callback(self, seq, n, ins):
         types = [v.type for v in n.outputs]
@@ -480,6 +498,10 @@ def add_program(mod: tvm.IRModule, graph: Graph, prefix: str) -> tvm.IRModule:
     outs = low.graph(seq, graph, params)
     func = relax.Function(params, seq.result(outs), _ret_ty([v.type for v in graph.outputs]), is_pure=False)
     low.bb.add_func(func.with_attr("global_symbol", PROGRAM), PROGRAM)
+    positions = sorted(int(key.rsplit(":", 1)[1]) for key in low.called_back)
+    callbacks = relax.Function([], relax.ShapeExpr([_i64(p) for p in positions]),
+                                relax.ShapeType(ndim=len(positions)))
+    low.bb.add_func(callbacks.with_attr("global_symbol", CALLBACKS_FUNCTION), CALLBACKS_FUNCTION)
     out = low.bb.get()
     for gv, f in low.recursive:
         out[gv] = f

@@ -4,8 +4,9 @@ A *VM program* is one public Relax function, `PROGRAM`, in a model's kernel libr
 partitioned graph: one call from Python is one VM call, and no Python runs between the kernels
 (`codegen/vm_program.py` builds it, `runtime/vm_program.py` calls it). Node by node:
 
-* a region: a call of its Relax function (first a call of `GUARD_CALLBACK`, where its sizes could exceed the
-  machine's memory: the runtime's size check, `runtime/region_sizes.py`);
+* a region: a call of its Relax function (first, where its sizes could exceed the machine's memory, those sizes
+  evaluated in the program, and a call of `GUARD_CALLBACK`, the runtime's size check `runtime/region_sizes.py`,
+  where one may exceed 256 MiB: `codegen/vm_guard.py`);
 * `cond` / `case` (not exclusive): a Relax ``If`` (a case: nested ``If`` s, its predicates computed lazily in
   order, as the executor does);
 * a `foreach`: a call of its compiled loop (`ir.compiled_loop`) where codegen built one, else a Relax
@@ -37,6 +38,10 @@ from .region_counts import amplified_counts
 PROGRAM = "dyntvm_main"
 KERNEL_CALLBACK = "dyntvm.vm_kernel"
 GUARD_CALLBACK = "dyntvm.vm_size_guard"
+#: a function of the program's library returning the walk positions (`node_keys`' numbers, a shape) of the nodes
+#: the program calls `KERNEL_CALLBACK` for on every run; the others keyed (a `topk` / `slice` with tensor operands)
+#: call it back only for a failing check, to raise the op's error. The C++ runner needs kernels for the first only.
+CALLBACKS_FUNCTION = "dyntvm_callbacks"
 
 
 def _tensor_typed(values) -> bool:

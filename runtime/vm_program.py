@@ -12,7 +12,8 @@ The dynamic-shape nodes a program does not run as kernels (`ir.vm_program.native
 (`KERNEL_CALLBACK`, registered here when this module is imported, before any VM is made: a VM looks its packed
 functions up when it is created): the node's numpy kernel, from a table filled when a model with a program is
 made (`register_kernels`); so do the regions whose sizes are checked before they run (`GUARD_CALLBACK`: the
-executor's size guard).
+executor's size guard), where the program's own evaluation of those sizes (`codegen/vm_guard.py`) finds a value
+that may exceed 256 MiB.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from ..ir.vm_program import (GUARD_CALLBACK, KERNEL_CALLBACK, PROGRAM, describe,
                              unsupported_nodes)
 from .kernels import KERNELS
 from .region_sizes import size_guard
-from .tensors import to_numpy, to_tvm
+from .tensors import InputStaging, to_numpy, to_tvm
 
 FALLBACK_CALLBACK = "dyntvm.vm_fallback"       # codegen/vm_program.py calls it under this name
 
@@ -162,17 +163,19 @@ class ProgramRunner:
     """Calls the program of one thread's VM on checked input arrays; the executor `fallback` (a callable on the
     same arrays) runs a call the program cannot finish."""
 
-    __slots__ = ("fn", "copy", "calls")
+    __slots__ = ("fn", "copy", "calls", "staging")
 
     def __init__(self, vm, graph: Graph):
         self.fn = vm[PROGRAM]
         self.copy = copied_outputs(graph)
         self.calls = 0                       # program calls (tests: one per model call)
+        self.staging = InputStaging(len(graph.inputs))     # (one runner per thread, as its VM)
 
     def __call__(self, arrays: list, fallback) -> list:
         try:
-            res = self.fn(*[to_tvm(a) for a in arrays])
+            res = self.fn(*self.staging.tensors(arrays))
         except Exception as e:  # noqa: BLE001 - TVM raises many kinds: the executor names the node
+            self.staging.clear()             # (the traceback may hold the input tensors)
             if FALLBACK_MARK in str(e):      # a case the program leaves to the executor (`FALLBACK_CALLBACK`)
                 return fallback(arrays)
             outs = fallback(arrays)          # raises the executor's error where the call fails there too
@@ -180,4 +183,7 @@ class ProgramRunner:
                           "executor runs the call; the result comes from the executor", RuntimeWarning, stacklevel=3)
             return outs
         self.calls += 1
-        return [np.array(to_numpy(_item(res, k))) if c else to_numpy(_item(res, k)) for k, c in enumerate(self.copy)]
+        outs = [np.array(to_numpy(_item(res, k))) if c else to_numpy(_item(res, k)) for k, c in enumerate(self.copy)]
+        del res                              # (the input tensors went with the call's arguments)
+        self.staging.release()
+        return outs

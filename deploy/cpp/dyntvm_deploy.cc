@@ -18,6 +18,7 @@ namespace {
 constexpr int kFormatVersion = 3;            // runtime/artifact.py FORMAT_VERSION this runner reads
 constexpr const char* kProgram = "dyntvm_main";
 constexpr const char* kBindingFunction = "dyntvm_binding";
+constexpr const char* kCallbacksFunction = "dyntvm_callbacks";   // ir/vm_program.py CALLBACKS_FUNCTION
 constexpr int kPooledAllocator = 2;          // tvm::runtime::memory::kPooled (what dt.load's VM uses)
 
 TensorSig ParseSig(const Json& j, const std::string& fallback_name) {
@@ -138,7 +139,14 @@ std::shared_ptr<Model> Model::Load(const std::string& path) {
   auto binding = vm->exec->GetFunction(kBindingFunction);
   if (!binding.has_value()) throw Error(path + "/kernels.so has no " + std::string(kBindingFunction));
   std::string prefix = Hex((*binding)().cast<ffi::Tensor>());
-  model->kernel_keys_ = detail::RegisterModelKernels(prefix, graph_json);
+  // the nodes the program calls back on every run need C++ kernels; a library without the list: every one
+  std::set<int64_t> required;
+  auto callbacks = vm->exec->GetFunction(kCallbacksFunction);
+  if (callbacks.has_value()) {
+    for (int64_t i : (*callbacks)().cast<ffi::Shape>()) required.insert(i);
+  }
+  model->kernel_keys_ =
+      detail::RegisterModelKernels(prefix, graph_json, callbacks.has_value() ? &required : nullptr);
   model->pool_.push_back(std::move(vm));
   return model;
 }

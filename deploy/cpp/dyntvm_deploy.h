@@ -16,6 +16,7 @@
 #include <mutex>
 #include <optional>
 #include <stdexcept>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -77,10 +78,14 @@ namespace detail {
 // Registers the callbacks the VM program calls (dyntvm.vm_kernel, dyntvm.vm_size_guard, dyntvm.vm_fallback).
 void RegisterCallbacks();
 // The kernels of one model's dynamic-shape nodes, by the key the program passes ("<binding>:<index>").
-// `graph_json` is graph.json's text; throws dyntvm::Error naming every op without a C++ kernel. Returns the keys,
+// `graph_json` is graph.json's text; `required`, the indices the program calls back on every run (its library's
+// dyntvm_callbacks; null for a library without it: all); throws dyntvm::Error naming every required op without a
+// C++ kernel (the others, kernels of the program itself, are called back only to raise a failing check's error:
+// without a C++ kernel that error names the node key instead). Returns the keys,
 // counted once more each (two loads of one artifact share them), for ReleaseModelKernels when the model goes:
 // a server loading model after model keeps only the live models' kernels.
-std::vector<std::string> RegisterModelKernels(const std::string& prefix, const std::string& graph_json);
+std::vector<std::string> RegisterModelKernels(const std::string& prefix, const std::string& graph_json,
+                                              const std::set<int64_t>* required);
 void ReleaseModelKernels(const std::vector<std::string>& keys);
 // How many node keys the table holds (all live models together).
 size_t RegisteredKernels();

@@ -1,0 +1,107 @@
+"""What a plain call through the VM program leaves to Python (issue 25's per-call overhead): a region's size check
+runs in the program (`codegen/vm_guard.py`) and calls the runtime's check back only for values that may be
+large, where that check still raises its MemoryError (as the executor's ExecutionError)."""
+import numpy as np
+import pytest
+
+import dyntvm as dt
+from dyntvm import F, examples
+from dyntvm.errors import ExecutionError
+from dyntvm.examples.plain_numpy import BY_EXAMPLE
+from dyntvm.ir.vm_program import python_callbacks
+from helpers import assert_same  # tests/ is on sys.path
+
+
+@pytest.fixture
+def count_guards(monkeypatch):
+    """A list that gets one entry (the key) per size check the programs call back into Python from now on."""
+    from dyntvm.runtime import vm_program
+    calls: list = []
+
+    class Counting(dict):
+        def __getitem__(self, key):
+            check = dict.__getitem__(self, key)
+            return lambda args: calls.append(key) or check(args)
+    monkeypatch.setattr(vm_program, "_guards", Counting(vm_program._guards))
+    return calls
+
+
+@pytest.mark.parametrize("name, sizes", [("branchy", ({"B": 1}, {"B": 16, "shift": 1.0}, {"B": 4, "shift": -1.0},
+                                                      {"B": 8, "scale": 0.05})),
+                                         ("detection", ({"N": 0}, {"N": 1, "keep_fraction": 1.0}, {"N": 200}))])
+def test_size_checks_of_small_regions_stay_in_the_program(count_guards, monkeypatch, name, sizes):
+    """branchy and detection have regions whose sizes the runtime checks (else this tests nothing); at their
+    sizes the program's own evaluation passes them, and no check is called back. Results equal plain numpy."""
+    monkeypatch.setenv("DYNTVM_VM_PROGRAM", "always")
+    ex = examples.get(name)
+    model = dt.compile(ex.fn, *ex.specs)
+    assert model.vm_program, model.vm_program_fallback
+    assert "region" in [n.op for n in python_callbacks(model.graph)]
+    if name == "detection":         # one mask for three boolean_masks and a nonzero: counted once
+        main = [f for f in model.lib.as_text().split("\n@") if f.startswith("dyntvm_main:")][0]
+        assert main.count("call  dyntvm_vm_count_bool") == 1, main
+    for i, s in enumerate(sizes):
+        inputs = ex.make_inputs(np.random.default_rng(i), **s)
+        calls = model.vm_program_calls
+        assert_same(model(*inputs), BY_EXAMPLE[name](*inputs), rtol=1e-4, atol=1e-4, what=str(s))
+        assert model.vm_program_calls == calls + 1
+    assert count_guards == []
+
+
+def test_a_region_too_large_for_memory_is_checked_by_the_runtime(count_guards, monkeypatch):
+    """An outer product of two vectors of 2**17 and 2**19 rows would be 2**38 bytes: the program calls the
+    runtime's check (the counted callback), whose MemoryError fails the program; the executor then raises its
+    ExecutionError naming the value, and nothing was allocated. Just under the program's own bound, no check
+    is called back and the result is right."""
+    monkeypatch.setenv("DYNTVM_VM_PROGRAM", "always")
+
+    def fn(a, b):
+        return F.matmul(F.reshape(a, (-1, 1)), F.reshape(b, (1, -1))) + 1.0
+
+    model = dt.compile(fn, dt.TensorSpec(("N",)), dt.TensorSpec(("M",)))
+    assert model.vm_program, model.vm_program_fallback
+    a, b = np.ones(1 << 17, np.float32), np.ones(1 << 19, np.float32)
+    with pytest.raises(ExecutionError, match="more than this machine's memory"):
+        model(a, b)
+    assert len(count_guards) == 1
+    a, b = np.arange(3, dtype=np.float32), np.arange(5, dtype=np.float32)
+    assert_same(model(a, b), np.outer(a, b) + 1.0)
+    assert len(count_guards) == 1
+
+
+def _misaligned(a: np.ndarray) -> np.ndarray:
+    """A copy of `a` whose data starts 16 bytes past a 64-byte boundary (numpy's own alignment is 16)."""
+    raw = np.empty(a.nbytes + 128, np.uint8)
+    off = (-raw.ctypes.data) % 64 + 16
+    out = raw[off:off + a.nbytes].view(a.dtype).reshape(a.shape)
+    out[...] = a
+    return out
+
+
+def test_kept_input_buffers_never_leak_into_results(monkeypatch):
+    """Misaligned inputs are copied into buffers kept between calls (`runtime/tensors.InputStaging`). An output
+    that is the input itself or a view of it keeps its values after later calls (its buffer is not reused);
+    the other buffers are (the same address call after call); new shapes get new buffers."""
+    monkeypatch.setenv("DYNTVM_VM_PROGRAM", "always")
+
+    def fn(x, y):
+        return x, F.reshape(x, (-1,)), y * 2.0
+
+    model = dt.compile(fn, dt.TensorSpec(("N", 3)), dt.TensorSpec(("M",)))
+    assert model.vm_program, model.vm_program_fallback
+    rng = np.random.default_rng(0)
+    kept = []
+    for n in (4, 4, 4, 1, 4):
+        x, y = _misaligned(rng.random((n, 3), np.float32)), _misaligned(rng.random(5, np.float32))
+        calls = model.vm_program_calls
+        got = model(x, y)
+        assert model.vm_program_calls == calls + 1
+        assert_same(got, (x, x.reshape(-1), y * 2.0))
+        kept.append((x.copy(), got))
+    for x, got in kept:                  # earlier results untouched by later calls
+        assert_same(got[0], x) and assert_same(got[1], x.reshape(-1))
+    staging = model._threads.executor.program.staging
+    assert staging.bufs[0] is None       # x's buffer went out as a result
+    y_address = staging.bufs[1].ctypes.data          # (holding the buffer here would keep it from reuse)
+    model(_misaligned(np.ones((2, 3), np.float32)), _misaligned(np.ones(5, np.float32)))
+    assert staging.bufs[1].ctypes.data == y_address  # reused: nothing outside held it
