@@ -159,3 +159,20 @@ def test_softmax_symbolic_rows_results(softmax_vm, s):
     if s:
         want = y - y.max(-1, keepdims=True) - np.log(np.exp(y - y.max(-1, keepdims=True)).sum(-1, keepdims=True))
         check(run(machine, "logsmx", y), want, rtol=1e-5, atol=1e-5)
+
+
+def test_contraction_group_packs_weight_panels_at_odd_batches():
+    """An LSTM-like cell (x @ Wx + h @ Wh + b, gate math) merged into one kernel: from 4 rows each matmul reads
+    packed panels of its weight (rows 4H floats apart); results at batches around the 4-row tile."""
+    wx, wh, b = scaled(64, 512, k=64), scaled(128, 512, k=128), rand(512)
+    bv = sym("B")
+    mod = make_module([("cell", [("x", (bv, 64), "float32"), ("h", (bv, 128), "float32")],
+                        lambda x, h: R.tanh(R.add(R.add(R.matmul(x, const(wx)), R.matmul(h, const(wh))),
+                                                  const(b))))])
+    target = cpu_target()
+    text = schedule_module(legalize_and_fuse(target)(mod), target).script()
+    assert "fused_contraction" in text and text.count("_global\")") >= 2   # a panel per matmul
+    vm = relax.VirtualMachine(build_cpu(mod, target), tvm.cpu())
+    for bsz in (3, 4, 5, 17, 33):
+        x, h = rand(bsz, 64), rand(bsz, 128)
+        check(run(vm, "cell", x, h), np.tanh(x @ wx + h @ wh + b), rtol=1e-4, atol=1e-5)
