@@ -94,7 +94,8 @@ CLOCK = time.perf_counter
 
 def _model_cases():
     """The examples whose speed issue 24 names: transformer B1 / B16 at S 128 vs onnxruntime, lstm B16 T64 vs
-    torch.nn.LSTM; [(label, {variant: callable}, inputs)]: dyntvm after / before, the peer."""
+    torch.nn.LSTM, lstm B1 T256 vs onnxruntime's LSTM op; [(label, {variant: callable}, inputs)]: dyntvm
+    after / before, the peer."""
     import torch
     from dyntvm import examples
     from peers import lstm as peer_lstm
@@ -120,6 +121,13 @@ def _model_cases():
     got, want = lstm_models["after"](*inputs), torch_lstm()
     np.testing.assert_allclose(np.asarray(got[0]), want[0].numpy(), rtol=1e-3, atol=1e-4)
     rows.append(("lstm B16 T64", {**lstm_models, "torch nn.LSTM": torch_lstm}, inputs))
+    # batch 1: a GEMV per step, against onnxruntime's fused LSTM op
+    inputs = lstm.make_inputs(np.random.default_rng(0), T=256, B=1)
+    lstm_sess = ort_session(peer_lstm.onnx_lstm_op(), THREADS)
+    ort_lstm = lambda xs, h0, c0: lstm_sess.run(None, {"xs": xs, "h0": h0, "c0": c0})  # noqa: E731
+    np.testing.assert_allclose(np.asarray(lstm_models["after"](*inputs)[0]), ort_lstm(*inputs)[0], rtol=1e-3,
+                               atol=1e-4)
+    rows.append(("lstm B1 T256", {**lstm_models, "onnxruntime LSTM": ort_lstm}, inputs))
     return rows
 
 

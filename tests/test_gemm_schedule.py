@@ -124,3 +124,57 @@ def test_pack_rule_applied_without_fallback(caplog):
         _scheduled_text(cpu_target(), sym("M"), 256, 384)
     assert "matmul rule applied" in caplog.text
     assert "rule failed" not in caplog.text
+
+
+@pytest.fixture(scope="module")
+def softmax_vm():
+    """Attention's softmax: rows of symbolic length S (scores [B, heads, S, S]), fp32."""
+    s = sym("S")
+    mod = make_module([("smx", [("x", (sym("B"), 4, s, s), "float32")], lambda x: R.nn.softmax(x, axis=-1)),
+                       ("logsmx", [("x", (sym("T"), sym("T")), "float32")], lambda x: R.nn.log_softmax(x, axis=-1))])
+    fused = legalize_and_fuse(cpu_target())(mod)
+    text = schedule_module(fused, cpu_target()).script()
+    return relax.VirtualMachine(build_cpu(mod, cpu_target()), tvm.cpu()), text
+
+
+def test_softmax_symbolic_rows_reduce_in_vector_lanes(softmax_vm):
+    """max and sum over a symbolic row: partial results per lane, the lane loop a vector (a scalar chain before)."""
+    text = softmax_vm[1]
+    for name in ("T_max_lanes", "T_sum_lanes"):
+        assert f'T.sblock("{name}_update")' in text, name
+        block_at = text.index(f'T.sblock("{name}_update")')
+        assert "T.vectorized(" in text[text.rindex("for ", 0, block_at - 40) - 200:block_at], name
+
+
+@pytest.mark.parametrize("s", [0, 1, 5, 15, 16, 17, 33, 130])
+def test_softmax_symbolic_rows_results(softmax_vm, s):
+    machine = softmax_vm[0]
+    x = 5 * rand(2, 4, s, s)
+    if s > 3:
+        x[0, 1, 2, 3] = -np.inf      # a masked score
+        x[1, 0, 0, :] = -1e9         # a fully masked row: uniform
+    e = np.exp(x - (x.max(-1, keepdims=True) if s else 0))
+    check(run(machine, "smx", x), e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-6)
+    y = x[0, 0]
+    if s:
+        want = y - y.max(-1, keepdims=True) - np.log(np.exp(y - y.max(-1, keepdims=True)).sum(-1, keepdims=True))
+        check(run(machine, "logsmx", y), want, rtol=1e-5, atol=1e-5)
+
+
+def test_contraction_group_packs_weight_panels_at_odd_batches():
+    """An LSTM-like cell (x @ Wx + h @ Wh + b, gate math) merged into one kernel: from 4 rows each matmul reads
+    packed panels of its weight (rows 4H floats apart); results at batches around the 4-row tile."""
+    wx, wh, b = scaled(64, 512, k=64), scaled(128, 512, k=128), rand(512)
+    bv = sym("B")
+    mod = make_module([("cell", [("x", (bv, 64), "float32"), ("h", (bv, 128), "float32")],
+                        lambda x, h: R.tanh(R.add(R.add(R.matmul(x, const(wx)), R.matmul(h, const(wh))),
+                                                  const(b))))])
+    for isa in ("znver3", "znver4"):   # AVX2 and AVX-512 tiles: scheduled by the group rule, and they build
+        text = schedule_module(legalize_and_fuse(ISAS[isa][0])(mod), ISAS[isa][0]).script()
+        assert "fused_contraction" in text and text.count("_global\")") >= 2, isa   # a panel per matmul
+    build_cpu(mod, ISAS["znver4"][0])
+    target = cpu_target()
+    vm = relax.VirtualMachine(build_cpu(mod, target), tvm.cpu())
+    for bsz in (3, 4, 5, 17, 33):
+        x, h = rand(bsz, 64), rand(bsz, 128)
+        check(run(vm, "cell", x, h), np.tanh(x @ wx + h @ wh + b), rtol=1e-4, atol=1e-5)

@@ -83,17 +83,44 @@ def _elementwise(fn):
     return lambda _call: lambda x: te.compute(x.shape, lambda *i: fn(x(*i)), name="compute")
 
 
+#: Lanes of the partial results of a row reduction over a symbolic last axis (`_row_reduce`); blocks named
+#: with the suffix LANES_SUFFIX get their lane loop vectorized by the CPU row-reduction schedule.
+ROW_LANES, LANES_SUFFIX = 16, "_lanes"
+
+
+def _row_reduce(x, kind: str, name: str):
+    """max / sum of `x` over its last axis, of symbolic length n, as ROW_LANES partial results per row: lane l
+    reduces elements ``c * ROW_LANES + l`` over the n // ROW_LANES full chunks (the lanes a vector, the chunks a
+    loop around it), the last n % ROW_LANES elements are reduced apart, then the lanes. A plain reduction
+    over a symbolic axis was a scalar loop (one dependent max / add per element; LLVM does not reassociate)."""
+    n, rows = x.shape[-1], list(x.shape[:-1])
+    lanes = tirx.IntImm(str(n.ty), ROW_LANES)
+    chunks = tirx.floordiv(n, lanes)
+    reduce = topi.max if kind == "max" else topi.sum
+    red = te.max if kind == "max" else te.sum
+    combine = (lambda a, b: tirx.max(a, b)) if kind == "max" else (lambda a, b: a + b)
+    c = te.reduce_axis((tirx.IntImm(str(n.ty), 0), chunks), "c")
+    part = te.compute(rows + [lanes], lambda *i: red(x(*i[:-1], c * lanes + i[-1]), axis=c),
+                      name=f"{name}{LANES_SUFFIX}")
+    t = te.reduce_axis((tirx.IntImm(str(n.ty), 0), n - chunks * lanes), "t")
+    tail = te.compute(rows, lambda *i: red(x(*i, chunks * lanes + t), axis=t), name=f"{name}_tail")
+    folded = reduce(part, axis=-1)
+    return te.compute(rows, lambda *i: combine(folded(*i), tail(*i)), name=name)
+
+
 def _softmax(log: bool):
     def make(call):
         def compute(x):
             axis = int(call.attrs.axis) % len(x.shape)
-            mx = topi.max(x, axis=axis)  # no keepdims: row loops then match the output's
+            symbolic_rows = axis == len(x.shape) - 1 and not isinstance(x.shape[axis], tirx.IntImm)
+            # no keepdims: row loops then match the output's
+            mx = _row_reduce(x, "max", "T_max") if symbolic_rows else topi.max(x, axis=axis)
 
             def row(i):
                 return [idx for d, idx in enumerate(i) if d != axis]
 
             e = te.compute(x.shape, lambda *i: exp_f32(x(*i) - mx(*row(i))), name="T_exp")
-            s = topi.sum(e, axis=axis)
+            s = _row_reduce(e, "sum", "T_sum") if symbolic_rows else topi.sum(e, axis=axis)
             if log:
                 return te.compute(x.shape, lambda *i: x(*i) - mx(*row(i)) - tirx.log(s(*row(i))),
                                   name="T_log_softmax")

@@ -37,7 +37,7 @@ from tvm.relax.backend.cpu_generic import pipeline as _cpu_pipeline
 
 from ...compiled_loops import loop_pass
 from ...fusion_guard import opaque_shape_scalar_kernels
-from .cpu_fast_math import FAST_MATH
+from .cpu_fast_math import FAST_MATH, LANES_SUFFIX
 from .cpu_inline import inline_spatial
 from .cpu_schedule_conv import conv_block_name, conv_select
 from .cpu_schedule_dispatch import _parallel_cands, _select
@@ -197,6 +197,9 @@ def _sched_reduction(func, target, parallel: bool) -> tirx.PrimFunc:
     for b in child_blocks(sch):
         loops, stmt = sch.get_loops(b), sch.get(b)
         if not iter_kinds(sch, b).endswith("R") or len(stmt.writes) != 1:
+            continue
+        if stmt.name_hint.endswith(LANES_SUFFIX) and iter_kinds(sch, b).endswith("SR"):
+            rf_names.add(stmt.name_hint)  # partial results per lane already (`cpu_fast_math._row_reduce`)
             continue
         lanes, ext = vector_lanes(target, stmt.writes[0].source.dtype), loop_extent(sch, loops[-1])
         if lanes > 1 and isinstance(ext, int) and ext % lanes == 0 and ext >= 2 * lanes:
