@@ -32,12 +32,15 @@ CROP_BLOCK = "dt_conv_crop"
 #: Annotation of the conv block: the register tile's output positions along a row (`row_tile`).
 ROW_TILE_ATTR = "dt_conv_row_tile"
 
-# Register tiles. ocv: vb channels x up to 14 vector registers of accumulators (as TVM's x86 conv2d picks its
-# reg_n): 14 positions when vb channels fill one register (AVX-512's 16 fp32 lanes), 7 when they fill two (AVX2:
-# 16 registers in all); a row's largest divisor down to a third of that, else a ragged tile of 8 (7). spv: up
+# Register tiles. ocv: vb channels x `tw` output positions of a row. AVX-512 (32 registers, 16 fp32 lanes: vb = 16
+# is one register): 14 positions (14 accumulators, as TVM's x86 conv2d picks reg_n). AVX2 (16 registers: vb = 16 is
+# two): 4 positions - 8 accumulators, 2 weight vectors, 1 broadcast. 7 positions (14 accumulators) spilled to the
+# stack; 6 (12) are ~1.1x faster than 4 where they divide the row, but a symbolic row is computed in whole tiles,
+# and resnet's 7- and 14-wide rows would then compute 12 and 18 positions (8 and 16 with 4: 1.8x faster on the
+# 512-channel 7 x 7 layer). Static rows: the largest divisor down to a third of that, else ragged tiles. spv: up
 # to 64 positions (4 AVX-512 or 8 AVX2 registers), down to 32. A row that no such divisor tiles (a symbolic size,
 # a prime) is computed over whole ragged tiles into a buffer a crop stage reads (no predicate in the reduction).
-_ACC_REGISTERS = 14
+_ACC_REGISTERS = {512: 14, 256: 8}
 _SPV_TILES = (64, 32, 32)
 
 
@@ -57,8 +60,9 @@ def _host_vector_bits() -> int:
 
 def _ocv_tiles(vb: int, dtype: str) -> tuple[int, int, int]:
     """(largest, smallest divisor taken, ragged) row tiles of ``dt_conv_ocv`` for blocks of vb channels."""
-    lanes = max(1, _host_vector_bits() // DataType(dtype).bits)
-    largest = max(1, _ACC_REGISTERS // max(1, vb // lanes))
+    bits = _host_vector_bits()
+    lanes = max(1, bits // DataType(dtype).bits)
+    largest = max(1, _ACC_REGISTERS[bits] // max(1, vb // lanes))
     return largest, max(2, largest // 3), min(8, largest)
 
 

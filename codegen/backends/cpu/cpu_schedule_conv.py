@@ -25,6 +25,8 @@ from .cpu_sched_helpers import child_blocks, loop_extent, total_work, vector_lan
 from ...te_conv import CROP_BLOCK, OCV_BLOCK, PAD_BLOCK, ROW_TILE_ATTR, SPV_BLOCK
 
 
+#: Input channels per step of the dense conv's reduction (`_channels_inside_taps`), unrolled.
+CHANNEL_BLOCK = 8
 #: The taps of the kernel's last axis are unrolled up to this many (1.2x for resnet18's 7x7 stem, ~1.02x 3x3).
 _UNROLL_TAPS = 7
 
@@ -67,6 +69,21 @@ def _pad_per_batch(sch: s_tir.Schedule, n_loop, parallel: bool) -> None:
             sch.parallel(sch.fuse(*loops[:-1]))
 
 
+def _channels_inside_taps(sch: s_tir.Schedule, red: list, n_sp: int) -> tuple[list, object]:
+    """The reduction of ``dt_conv_ocv`` as (input-channel blocks, kernel taps, CHANNEL_BLOCK input channels),
+    the channels unrolled: consecutive multiply-adds read different input channels, so no broadcast value is shared
+    between them. With the taps innermost, unrolled, LLVM kept the broadcasts that neighbouring taps share (x[w + 1]
+    is tap 1 of position w and tap 0 of position w + 1) live across them, and the 14 (AVX2: 12) accumulators, 2
+    weight vectors and those broadcasts spilled to the stack. Returns (the reduction loops in order, the loop to
+    unroll or None)."""
+    if len(red) == n_sp:      # one input channel per group: the taps alone
+        return red, None
+    channels = loop_extent(sch, red[0])
+    block = next(b for b in (CHANNEL_BLOCK, 4, 2, 1) if channels % b == 0) if channels > CHANNEL_BLOCK else channels
+    outer, inner = sch.split(red[0], [None, block])
+    return [outer, *red[1:], inner], inner
+
+
 def _sched_conv(func, target, name: str, exact: bool, parallel: bool) -> tirx.PrimFunc:
     """`exact`: the row tile divides the output rows (else `te_conv` computed whole tiles and the epilogue
     keeps the first W positions, under a predicate)."""
@@ -87,6 +104,7 @@ def _sched_conv(func, target, name: str, exact: bool, parallel: bool) -> tirx.Pr
         vb = next(int(r.source.shape[-1]) for r in sch.get(conv).reads if len(r.source.shape) == 3 + n_sp)
         oo, oi = sch.split(o, [None, vb])
         tasks = [oo, *spatial[:-1]]
+        red, unrolled = _channels_inside_taps(sch, red, n_sp)
         sch.reorder(n, *tasks, wo, *red, wi, oi)
     else:
         tasks = [o, *spatial[:-1]]
@@ -98,7 +116,10 @@ def _sched_conv(func, target, name: str, exact: bool, parallel: bool) -> tirx.Pr
     _pad_per_batch(sch, n, parallel)
     if parallel:
         sch.parallel(sch.fuse(*tasks) if len(tasks) > 1 else tasks[0])
-    if loop_extent(sch, red[-1]) <= _UNROLL_TAPS:   # the kernel's last axis: 1.2x for the 7x7 stem
+    if ocv:
+        if unrolled is not None:
+            sch.unroll(unrolled)
+    elif loop_extent(sch, red[-1]) <= _UNROLL_TAPS:   # the kernel's last axis: 1.2x for the 7x7 stem
         sch.unroll(red[-1])
     if ocv:
         sch.unroll(wi)
