@@ -122,23 +122,16 @@ def _sched_conv(func, target, name: str, exact: bool, parallel: bool) -> tirx.Pr
         oo, oi = sch.split(o, [None, vb])
         tasks = [oo, *spatial[:-1]]
         red, unrolled = _channels_inside_taps(sch, red, n_sp)
-        import os
-        if os.environ.get("KBLOCK"):
-            sch.reorder(n, *tasks, red[0], wo, *red[1:], wi, oi)
-            attach = tasks[-1]
-        else:
-            sch.reorder(n, *tasks, wo, *red, wi, oi)
-            attach = wo
+        sch.reorder(n, *tasks, wo, *red, wi, oi)
     else:
         tasks = [o, *spatial[:-1]]
         sch.reorder(n, *tasks, wo, *red, wi)
-        attach = wo
     epi_channels_last = {}
 
     def relayout(epi):
         if ocv:
             epi_channels_last[sch.get(epi).name_hint] = _channels_last(sch, epi, n_sp)
-    attached = _attach_epilogue(sch, func, conv, attach, relayout)
+    attached = _attach_epilogue(sch, func, conv, wo, relayout)
     if ocv:  # the accumulator tile [tw, vb]: each register one output position's vb channels
         sch.transform_layout(conv, ("write", 0), tirx.IndexMap.from_func(
             lambda *i: (i[0], *i[2:], i[1]), ndim=2 + n_sp))
