@@ -1,8 +1,8 @@
 """resnet18's convolution layers one by one (issue 24): each compiled as the model has it - input with symbolic
 N, H, W, conv + bias + relu (+ the residual add where the block has one) in one kernel - against onnxruntime's
 fused Conv (+ Relu / Add) at batch 1 (or --batch), 224 x 224 geometry, timed in the same process in alternating
-blocks, in this thread's CPU time (--threads 1, the default, on both sides; else wall time), GFLOP/s next to numpy's 2048^3 GEMM rate
-measured in the same process; results checked against onnxruntime first.
+blocks, in this thread's CPU time (--threads 1, the default, on both sides; else wall time), GFLOP/s next to
+numpy's 2048^3 GEMM rate measured in the same process; results checked against onnxruntime first.
 
     .venv/bin/python benchmarks/bench_conv_layers.py [--batch 1] [--rounds 5] [--threads 1] [--only 3x3]
 """

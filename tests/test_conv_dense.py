@@ -111,10 +111,12 @@ def test_register_tile_and_loop_order_from_isa_features(isa, bits, lanes, tile, 
     assert {int(v) for v in re.findall(r"T\.vectorized\(T\.int64\((\d+)\)\)", text)} == {lanes}
     # the reduction: input-channel blocks, the 3 x 3 taps, then CHANNEL_BLOCK unrolled channels, the tile inside
     assert re.search(r"for rc_0, rk0, rk1 in T\.grid\(T\.int64\(4\), T\.int64\(3\), T\.int64\(3\)\):\s+"
-                     rf"for rc_1 in T\.unroll\(T\.int64\({CHANNEL_BLOCK}\)\):\s+for i1_1 in T\.unroll\(T\.int64\({tile}\)\)",
-                     text), text
+                     rf"for rc_1 in T\.unroll\(T\.int64\({CHANNEL_BLOCK}\)\):\s+"
+                     rf"for i1_1 in T\.unroll\(T\.int64\({tile}\)\)", text), text
     # the fused epilogue (bias, residual, relu) under the tile: positions unrolled, channels vectorized, the
     # accumulator tile read [position, channel]
-    assert re.search(rf"for ax\d in T\.unroll\(T\.int64\({tile}\)\):(\s+for ax\d_0 in T\.unroll\(T\.int64\(\d+\)\):)?"
-                     rf"\s+for ax\d(_1)? in T\.vectorized\(T\.int64\({lanes}\)\):\s+with T\.sblock\(\"T_where\"\)", text), text
+    assert re.search(rf"for ax\d in T\.unroll\(T\.int64\({tile}\)\):"
+                     r"(\s+for ax\d_0 in T\.unroll\(T\.int64\(\d+\)\):)?"
+                     rf"\s+for ax\d(_1)? in T\.vectorized\(T\.int64\({lanes}\)\):\s+with T\.sblock\(\"T_where\"\)",
+                     text), text
     assert "dt_conv_ocv_local[v0, v1, v2, v3]" in text[text.index('T.sblock("T_where")'):]
