@@ -91,10 +91,11 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(0)
     big = rng.standard_normal((2048, 2048)).astype("float32")
     np.matmul(big, big)
-    t0 = time.perf_counter()
+    clock = time.thread_time if args.threads == 1 else time.perf_counter     # as the layers are timed
+    t0 = clock()
     for _ in range(3):
         np.matmul(big, big)
-    peak = 3 * 2 * 2048 ** 3 / (time.perf_counter() - t0) / 1e9
+    peak = 3 * 2 * 2048 ** 3 / (clock() - t0) / 1e9
     target = cpu_target()
     print(f"target {target}; threads {args.threads}; numpy 2048^3 GEMM {peak:.0f} GFLOP/s; load "
           f"{os.getloadavg()[0]:.2f}", flush=True)
