@@ -14,6 +14,7 @@ import pytest
 
 import dyntvm as dt
 from dyntvm import F
+from dyntvm.errors import ExecutionError
 
 pytest.importorskip("tvm")
 import tvm  # noqa: E402
@@ -51,6 +52,12 @@ CASES = [
     ("1x1_c12", 12, 48, (1, 1), (1, 1), 0, "bias_relu", ("N", 12, "H", "W"), [(1, 12, 1, 1), (2, 12, 5, 9)]),
     # the 7 x 7 stem: 3 channels (one block of 3), stride 2
     ("7x7_stem_c3", 3, 16, (7, 7), (2, 2), 3, "bias_relu", ("N", 3, "H", "W"), [(1, 3, 1, 1), (1, 3, 23, 17)]),
+    # no padding, ragged rows: the whole tiles past a row read its last input (no padded copy), the run-time size
+    # check (the output is empty below 3 x 3) read in that bound
+    ("3x3_nopad_c16", 16, 32, (3, 3), (1, 1), 0, "bias_relu", ("N", 16, "H", "W"),
+     [(1, 16, 3, 3), (2, 16, 9, 14), (1, 16, 5, 30)]),
+    ("1x1_stride2_nopad", 32, 64, (1, 1), (2, 2), 0, "bias", ("N", 32, "H", "W"),
+     [(1, 32, 1, 1), (2, 32, 15, 9), (1, 32, 56, 56)]),
     # one spatial axis, 10 channels (blocks of 2)
     ("conv1d_c10", 10, 16, (3,), (1,), 1, "bias_relu", ("N", 10, "L"), [(1, 10, 1), (2, 10, 13)]),
 ]
@@ -84,15 +91,18 @@ def test_dense_conv_matches_numpy(case, conv_log):
     assert conv_rules(conv_log) == (1, [])
 
 
-def _scheduled_conv(target, c=32, o=64, residual=True) -> str:
+def _scheduled_conv(target, c=32, o=64, residual=True, kernel=3, stride=1) -> str:
     """The scheduled conv kernel (3x3, bias, residual add, relu; symbolic N, H, W) for `target`, as TIR text,
     after checking that it builds for that target."""
-    w = RNG.standard_normal((o, c, 3, 3)).astype("float32")
+    w = RNG.standard_normal((o, c, kernel, kernel)).astype("float32")
     b = RNG.standard_normal(o).astype("float32")
+    pad = kernel // 2 if stride == 1 else 0
 
-    def block(x, r):
-        return F.relu(F.conv(x, w, b, padding=1) + r) if residual else F.relu(F.conv(x, w, b, padding=1))
-    graph = partition_graph(dt.trace(block, S(("N", c, "H", "W")), S(("N", o, "H", "W"))))
+    def block(x, *r):
+        y = F.conv(x, w, b, padding=pad, stride=stride)
+        return F.relu(y + r[0]) if residual else F.relu(y)
+    specs = [S(("N", c, "H", "W"))] + ([S(("N", o, "H", "W"))] if residual else [])
+    graph = partition_graph(dt.trace(block, *specs))
     mod = schedule_module(legalize_and_fuse(target)(build_module(collect_regions(graph))), target)
     (func,) = [f for gv, f in mod.functions_items() if "dt_conv" in gv.name_hint]
     tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=target)
@@ -120,3 +130,24 @@ def test_register_tile_and_loop_order_from_isa_features(isa, bits, lanes, tile, 
                      rf"\s+for ax\d(_1)? in T\.vectorized\(T\.int64\({lanes}\)\):\s+with T\.sblock\(\"T_where\"\)",
                      text), text
     assert "dt_conv_ocv_local[v0, v1, v2, v3]" in text[text.index('T.sblock("T_where")'):]
+
+
+def test_unpadded_conv_reads_the_input_without_a_padded_copy(conv_log):
+    """A strided 1x1 convolution (resnet's downsampling) with a symbolic width: no padded copy of the input in the
+    kernel (the tail tile's index clamped to the row), a 3x3 with padding keeps it."""
+    target = tvm.target.Target({"kind": "llvm", "mcpu": "znver3", "num-cores": 2})
+    assert "dt_conv_pad" not in _scheduled_conv(target, residual=False, kernel=1, stride=2)
+    assert "dt_conv_pad" in _scheduled_conv(target, residual=False)
+    assert conv_rules(conv_log) == (2, [])
+
+
+def test_unpadded_conv_too_small_input_is_an_error():
+    """The run-time check in front of an unpadded kernel with a symbolic width (no padded copy carries it): an
+    input smaller than the kernel is numpy's error, not a read out of bounds."""
+    w = RNG.standard_normal((16, 8, 3, 3)).astype("float32")
+    m = dt.compile(lambda x: F.conv(x, w), S(("N", 8, "H", "W")), use_cache=False)
+    np.testing.assert_allclose(m(np.ones((1, 8, 3, 4), "float32")),
+                               ref_conv(np.ones((1, 8, 3, 4)), w, (1, 1), (1, 1), [(0, 0), (0, 0)], 1), rtol=1e-4,
+                               atol=1e-4)
+    with pytest.raises(ExecutionError, match="smaller than the dilated kernel"):
+        m(np.ones((1, 8, 3, 2), "float32"))
