@@ -11,7 +11,7 @@
   output channels `vb` does not divide.
 * ``dt_conv_pad``: the zero-padded input, a stage of its own (no padding: none) that the schedule computes
   inside the kernel, once per batch element; the reduction then reads it without a bounds test. Whole ragged
-  tiles without padding read the row's last input instead (the index clamped, no copy).
+  tiles without padding read the row's last input instead in ``dt_conv_ocv`` (the index clamped, no copy).
 * ``dt_conv_crop``: where no register tile divides the output rows (a symbolic width, a prime), the convolution
   is computed over whole tiles (the padded input extended with zeros) and this stage keeps the first W.
 
@@ -132,10 +132,11 @@ def te_conv(x, w, strides, dilations, pads, out, groups: int, vb: int, guard=Non
     if not exact:   # whole tiles: ceil(W / tile) * tile positions, the input read past its end as zeros
         full[-1] = tirx.floordiv(out[-1] + _i64(tile - 1), _i64(tile)) * _i64(tile)
         last_span = (full[-1] - _i64(1)) * _i64(strides[-1]) + _i64((kernel[-1] - 1) * dilations[-1] + 1)
-    if last_span is not None and not any(lo or hi for lo, hi in pads):
+    if vb > 1 and last_span is not None and not any(lo or hi for lo, hi in pads):
         # no padding, whole tiles: the positions past the row read its last input (their results are cut) instead
         # of a zero-extended copy of the whole input - for a strided 1x1 convolution that copy cost more than
         # the convolution (resnet18's 1x1 / 2 layers: 2-3x onnxruntime's time). The guard (0) is read in the bound.
+        # Not for the spatial-vectorized form: there the clamped index would make its vector loads gathers.
         last = x.shape[-1] - _i64(1) + (guard[0] if guard is not None else _i64(0))
 
         def xp(n, c, *pos):
