@@ -10,7 +10,8 @@
   last output axis: depthwise convolutions (one input channel per output channel) and groups whose
   output channels `vb` does not divide.
 * ``dt_conv_pad``: the zero-padded input, a stage of its own (no padding: none) that the schedule computes
-  inside the kernel, once per batch element; the reduction then reads it without a bounds test.
+  inside the kernel, once per batch element; the reduction then reads it without a bounds test. Whole ragged
+  tiles without padding read the row's last input instead in ``dt_conv_ocv`` (the index clamped, no copy).
 * ``dt_conv_crop``: where no register tile divides the output rows (a symbolic width, a prime), the convolution
   is computed over whole tiles (the padded input extended with zeros) and this stage keeps the first W.
 
@@ -32,12 +33,15 @@ CROP_BLOCK = "dt_conv_crop"
 #: Annotation of the conv block: the register tile's output positions along a row (`row_tile`).
 ROW_TILE_ATTR = "dt_conv_row_tile"
 
-# Register tiles. ocv: vb channels x up to 14 vector registers of accumulators (as TVM's x86 conv2d picks its
-# reg_n): 14 positions when vb channels fill one register (AVX-512's 16 fp32 lanes), 7 when they fill two (AVX2:
-# 16 registers in all); a row's largest divisor down to a third of that, else a ragged tile of 8 (7). spv: up
+# Register tiles. ocv: vb channels x `tw` output positions of a row. AVX-512 (32 registers, 16 fp32 lanes: vb = 16
+# is one register): 14 positions (14 accumulators, as TVM's x86 conv2d picks reg_n). AVX2 (16 registers: vb = 16 is
+# two): 4 positions - 8 accumulators, 2 weight vectors, 1 broadcast. 7 positions (14 accumulators) spilled to the
+# stack; 6 (12) are ~1.1x faster than 4 where they divide the row, but a symbolic row is computed in whole tiles,
+# and resnet's 7- and 14-wide rows would then compute 12 and 18 positions (8 and 16 with 4: 1.8x faster on the
+# 512-channel 7 x 7 layer). Static rows: the largest divisor down to a third of that, else ragged tiles. spv: up
 # to 64 positions (4 AVX-512 or 8 AVX2 registers), down to 32. A row that no such divisor tiles (a symbolic size,
 # a prime) is computed over whole ragged tiles into a buffer a crop stage reads (no predicate in the reduction).
-_ACC_REGISTERS = 14
+_ACC_REGISTERS = {512: 14, 256: 8}
 _SPV_TILES = (64, 32, 32)
 
 
@@ -57,8 +61,9 @@ def _host_vector_bits() -> int:
 
 def _ocv_tiles(vb: int, dtype: str) -> tuple[int, int, int]:
     """(largest, smallest divisor taken, ragged) row tiles of ``dt_conv_ocv`` for blocks of vb channels."""
-    lanes = max(1, _host_vector_bits() // DataType(dtype).bits)
-    largest = max(1, _ACC_REGISTERS // max(1, vb // lanes))
+    bits = _host_vector_bits()
+    lanes = max(1, bits // DataType(dtype).bits)
+    largest = max(1, _ACC_REGISTERS[bits] // max(1, vb // lanes))
     return largest, max(2, largest // 3), min(8, largest)
 
 
@@ -127,7 +132,17 @@ def te_conv(x, w, strides, dilations, pads, out, groups: int, vb: int, guard=Non
     if not exact:   # whole tiles: ceil(W / tile) * tile positions, the input read past its end as zeros
         full[-1] = tirx.floordiv(out[-1] + _i64(tile - 1), _i64(tile)) * _i64(tile)
         last_span = (full[-1] - _i64(1)) * _i64(strides[-1]) + _i64((kernel[-1] - 1) * dilations[-1] + 1)
-    xp = _padded(x, pads, last_span, guard)
+    if vb > 1 and last_span is not None and not any(lo or hi for lo, hi in pads):
+        # no padding, whole tiles: the positions past the row read its last input (their results are cut) instead
+        # of a zero-extended copy of the whole input - for a strided 1x1 convolution that copy cost more than
+        # the convolution (resnet18's 1x1 / 2 layers: 2-3x onnxruntime's time). The guard (0) is read in the bound.
+        # Not for the spatial-vectorized form: there the clamped index would make its vector loads gathers.
+        last = x.shape[-1] - _i64(1) + (guard[0] if guard is not None else _i64(0))
+
+        def xp(n, c, *pos):
+            return x(n, c, *pos[:-1], tirx.min(pos[-1], last))
+    else:
+        xp = _padded(x, pads, last_span, guard)
     og = o_total // groups
     rc = [te.reduce_axis((_i64(0), _i64(cg)), name="rc")] if cg > 1 else []
     rk = [te.reduce_axis((_i64(0), _i64(k)), name=f"rk{i}") for i, k in enumerate(kernel)]

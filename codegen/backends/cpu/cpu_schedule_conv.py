@@ -25,6 +25,8 @@ from .cpu_sched_helpers import child_blocks, loop_extent, total_work, vector_lan
 from ...te_conv import CROP_BLOCK, OCV_BLOCK, PAD_BLOCK, ROW_TILE_ATTR, SPV_BLOCK
 
 
+#: Input channels per step of the dense conv's reduction (`_channels_inside_taps`), unrolled.
+CHANNEL_BLOCK = 8
 #: The taps of the kernel's last axis are unrolled up to this many (1.2x for resnet18's 7x7 stem, ~1.02x 3x3).
 _UNROLL_TAPS = 7
 
@@ -36,9 +38,9 @@ def conv_block_name(sch: s_tir.Schedule) -> str | None:
     return found[0] if len(found) == 1 else None
 
 
-def _attach_epilogue(sch: s_tir.Schedule, func, conv, loop) -> list:
+def _attach_epilogue(sch: s_tir.Schedule, func, conv, loop, relayout=None) -> list:
     """The accumulator tile in registers ("local"), the epilogue chain computed per tile under `loop`;
-    returns the epilogue blocks attached there."""
+    returns the epilogue blocks attached there. `relayout(block)`: called on each before it is attached."""
     epilogues = list(sch.get_consumers(conv))
     if not writes_param(func, sch, conv):
         sch.set_scope(conv, 0, "local")
@@ -47,6 +49,8 @@ def _attach_epilogue(sch: s_tir.Schedule, func, conv, loop) -> list:
     attached = []
     while epilogues:
         epi = epilogues.pop(0)
+        if relayout is not None:
+            relayout(epi)
         try:
             sch.reverse_compute_at(epi, loop, preserve_unit_loops=True)
         except Exception:  # pylint: disable=broad-except
@@ -65,6 +69,36 @@ def _pad_per_batch(sch: s_tir.Schedule, n_loop, parallel: bool) -> None:
         loops = sch.get_loops(pad)[1:]     # c, rows..., columns
         if parallel and len(loops) > 1:
             sch.parallel(sch.fuse(*loops[:-1]))
+
+
+def _channels_inside_taps(sch: s_tir.Schedule, red: list, n_sp: int) -> tuple[list, object]:
+    """The reduction of ``dt_conv_ocv`` as (input-channel blocks, kernel taps, CHANNEL_BLOCK input channels),
+    the channels unrolled: consecutive multiply-adds read different input channels, so no broadcast value is shared
+    between them. With the taps innermost, unrolled, LLVM kept the broadcasts that neighbouring taps share (x[w + 1]
+    is tap 1 of position w and tap 0 of position w + 1) live across them, and the 14 (AVX2: 12) accumulators, 2
+    weight vectors and those broadcasts spilled to the stack. Returns (the reduction loops in order, the loop to
+    unroll or None)."""
+    if len(red) == n_sp:      # one input channel per group: the taps alone
+        return red, None
+    channels = loop_extent(sch, red[0])
+    block = next(b for b in (CHANNEL_BLOCK, 4, 2, 1) if channels % b == 0) if channels > CHANNEL_BLOCK else channels
+    outer, inner = sch.split(red[0], [None, block])
+    return [outer, *red[1:], inner], inner
+
+
+def _channels_last(sch: s_tir.Schedule, epi, n_sp: int) -> bool:
+    """An epilogue block [n, o, *spatial] iterated [n, *spatial, o] (before it is attached under the tile), so that
+    its innermost loop is the tile's vb channels: it then reads the accumulator tile [tw, vb] a register at a time
+    and the bias as a vector, and the ragged row's test (w < W) is the same for every lane - a branch around vector
+    code. Positions innermost (contiguous in NCHW) made it a scalar loop with a branch per output and one more for
+    the relu's select (~20% of the 3x3 128-channel layer's time). Returns whether it was done."""
+    if len(sch.get(epi).iter_vars) != 2 + n_sp:
+        return False
+    try:
+        sch.transform_block_layout(epi, tirx.IndexMap.from_func(lambda n, o, *sp: (n, *sp, o), ndim=2 + n_sp))
+    except Exception:  # pylint: disable=broad-except  # not a plain loop nest: stays positions-innermost
+        return False
+    return True
 
 
 def _sched_conv(func, target, name: str, exact: bool, parallel: bool) -> tirx.PrimFunc:
@@ -87,26 +121,41 @@ def _sched_conv(func, target, name: str, exact: bool, parallel: bool) -> tirx.Pr
         vb = next(int(r.source.shape[-1]) for r in sch.get(conv).reads if len(r.source.shape) == 3 + n_sp)
         oo, oi = sch.split(o, [None, vb])
         tasks = [oo, *spatial[:-1]]
+        red, unrolled = _channels_inside_taps(sch, red, n_sp)
         sch.reorder(n, *tasks, wo, *red, wi, oi)
     else:
         tasks = [o, *spatial[:-1]]
         sch.reorder(n, *tasks, wo, *red, wi)
-    attached = _attach_epilogue(sch, func, conv, wo)
+    epi_channels_last = {}
+
+    def relayout(epi):
+        if ocv:
+            epi_channels_last[sch.get(epi).name_hint] = _channels_last(sch, epi, n_sp)
+    attached = _attach_epilogue(sch, func, conv, wo, relayout)
     if ocv:  # the accumulator tile [tw, vb]: each register one output position's vb channels
         sch.transform_layout(conv, ("write", 0), tirx.IndexMap.from_func(
             lambda *i: (i[0], *i[2:], i[1]), ndim=2 + n_sp))
     _pad_per_batch(sch, n, parallel)
     if parallel:
         sch.parallel(sch.fuse(*tasks) if len(tasks) > 1 else tasks[0])
-    if loop_extent(sch, red[-1]) <= _UNROLL_TAPS:   # the kernel's last axis: 1.2x for the 7x7 stem
+    if ocv:
+        if unrolled is not None:
+            sch.unroll(unrolled)
+    elif loop_extent(sch, red[-1]) <= _UNROLL_TAPS:   # the kernel's last axis: 1.2x for the 7x7 stem
         sch.unroll(red[-1])
     if ocv:
         sch.unroll(wi)
         vectorize_tile(sch, oi, vb, lanes, unroll=True)
     else:
         vectorize_tile(sch, wi, tw, lanes, unroll=True)
-    for epi in attached:     # innermost loop: output positions of the tile (contiguous in NCHW)
-        inner = sch.get_loops(epi)[-1]
+    for epi in attached:
+        if ocv and epi_channels_last.get(sch.get(epi).name_hint):
+            inner = sch.get_loops(epi)[-1]
+            if loop_extent(sch, inner) == vb and vb % lanes == 0:
+                sch.unroll(sch.get_loops(epi)[-2])
+                vectorize_tile(sch, inner, vb, lanes, unroll=True)
+            continue
+        inner = sch.get_loops(epi)[-1]     # output positions of the tile (contiguous in NCHW)
         if exact and loop_extent(sch, inner) == tw and tw % lanes == 0:
             vectorize_tile(sch, inner, tw, lanes, unroll=False)
     sch.decompose_reduction(conv, red[0])

@@ -1,0 +1,153 @@
+"""The dense convolution kernel's register tile and loop order (issue 24, item 1; `cpu_schedule_conv`): the
+reduction as input-channel blocks x kernel taps x unrolled channels (channel counts the block does and does not
+divide, fewer channels than a block), the epilogue iterated channels-innermost and vectorized per tile (bias,
+relu, residual add), the register tiles of AVX2 and AVX-512 (built for an AVX-512 target, not run). Results
+against `test_conv_schedules.ref_conv` (numpy, float64) at several sizes of the symbolic dims, 1 included; each
+test counts the kernels the conv rule scheduled."""
+from __future__ import annotations
+
+import logging
+import re
+
+import numpy as np
+import pytest
+
+import dyntvm as dt
+from dyntvm import F
+from dyntvm.errors import ExecutionError
+
+pytest.importorskip("tvm")
+import tvm  # noqa: E402
+
+from dyntvm.codegen import te_conv  # noqa: E402
+from dyntvm.codegen.backends.cpu import cpu_schedule  # noqa: E402
+from dyntvm.codegen.backends.cpu.cpu_schedule import legalize_and_fuse, schedule_module  # noqa: E402
+from dyntvm.codegen.backends.cpu.cpu_schedule_conv import CHANNEL_BLOCK  # noqa: E402
+from dyntvm.codegen.build import collect_regions  # noqa: E402
+from dyntvm.codegen.relax_builder import build_module  # noqa: E402
+from dyntvm.pipeline import partition_graph  # noqa: E402
+from test_conv_schedules import conv_rules, ref_conv  # noqa: E402
+
+S = dt.TensorSpec
+RNG = np.random.default_rng(36)
+
+
+@pytest.fixture
+def conv_log(caplog):
+    caplog.set_level(logging.DEBUG, logger=cpu_schedule.__name__)
+    return caplog
+
+
+# (id, C, O, kernel, stride, pad, epilogue, spec dims, sizes (N, C, *S))
+CASES = [
+    # 20 input channels: blocks of 4 (8 does not divide 20); stride 2 over odd sizes, 1 x 1 input included
+    ("3x3_stride2_c20", 20, 32, (3, 3), (2, 2), 1, "bias_relu", ("N", 20, "H", "W"),
+     [(1, 20, 1, 1), (2, 20, 9, 13), (1, 20, 16, 16)]),
+    # 24 channels: three blocks of 8; the residual add read per tile
+    ("3x3_c24_residual", 24, 24, (3, 3), (1, 1), 1, "bias_relu_res", ("N", 24, "H", "W"),
+     [(1, 24, 1, 1), (3, 24, 7, 5), (1, 24, 14, 15)]),
+    # 9 channels: no block divides it (blocks of 1)
+    ("3x3_c9_bias", 9, 16, (3, 3), (1, 1), 1, "bias", ("N", 9, "H", "W"), [(1, 9, 1, 1), (2, 9, 6, 11)]),
+    # 1 x 1: the GEMM micro-kernel, 12 channels in blocks of 4
+    ("1x1_c12", 12, 48, (1, 1), (1, 1), 0, "bias_relu", ("N", 12, "H", "W"), [(1, 12, 1, 1), (2, 12, 5, 9)]),
+    # the 7 x 7 stem: 3 channels (one block of 3), stride 2
+    ("7x7_stem_c3", 3, 16, (7, 7), (2, 2), 3, "bias_relu", ("N", 3, "H", "W"), [(1, 3, 1, 1), (1, 3, 23, 17)]),
+    # no padding, ragged rows: the whole tiles past a row read its last input (no padded copy), the run-time size
+    # check (the output is empty below 3 x 3) read in that bound
+    ("3x3_nopad_c16", 16, 32, (3, 3), (1, 1), 0, "bias_relu", ("N", 16, "H", "W"),
+     [(1, 16, 3, 3), (2, 16, 9, 14), (1, 16, 5, 30)]),
+    ("1x1_stride2_nopad", 32, 64, (1, 1), (2, 2), 0, "bias", ("N", 32, "H", "W"),
+     [(1, 32, 1, 1), (2, 32, 15, 9), (1, 32, 56, 56)]),
+    # one spatial axis, 10 channels (blocks of 2)
+    ("conv1d_c10", 10, 16, (3,), (1,), 1, "bias_relu", ("N", 10, "L"), [(1, 10, 1), (2, 10, 13)]),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_dense_conv_matches_numpy(case, conv_log):
+    _, c, o, kernel, stride, pad, epilogue, dims, sizes = case
+    w = (RNG.standard_normal((o, c, *kernel)) / np.sqrt(c * np.prod(kernel))).astype("float32")
+    b = RNG.standard_normal(o).astype("float32")
+    n_sp = len(kernel)
+
+    def model(x):
+        y = F.conv(x, w, b if "bias" in epilogue else None, stride=stride, padding=pad)
+        if "res" in epilogue:
+            y = y + x
+        return F.relu(y) if "relu" in epilogue else y
+    m = dt.compile(model, S(dims), use_cache=False)
+    for shape in sizes:
+        x = RNG.standard_normal(shape).astype("float32")
+        want = ref_conv(x, w, stride, (1,) * n_sp, [(pad, pad)] * n_sp, 1)
+        if "bias" in epilogue:
+            want = want + b.reshape((1, o) + (1,) * n_sp)
+        if "res" in epilogue:
+            want = want + x
+        if "relu" in epilogue:
+            want = np.maximum(want, 0)
+        got = m(x)
+        assert got.shape == want.shape, shape
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=str(shape))
+    assert conv_rules(conv_log) == (1, [])
+
+
+def _scheduled_conv(target, c=32, o=64, residual=True, kernel=3, stride=1) -> str:
+    """The scheduled conv kernel (3x3, bias, residual add, relu; symbolic N, H, W) for `target`, as TIR text,
+    after checking that it builds for that target."""
+    w = RNG.standard_normal((o, c, kernel, kernel)).astype("float32")
+    b = RNG.standard_normal(o).astype("float32")
+    pad = kernel // 2 if stride == 1 else 0
+
+    def block(x, *r):
+        y = F.conv(x, w, b, padding=pad, stride=stride)
+        return F.relu(y + r[0]) if residual else F.relu(y)
+    specs = [S(("N", c, "H", "W"))] + ([S(("N", o, "H", "W"))] if residual else [])
+    graph = partition_graph(dt.trace(block, *specs))
+    mod = schedule_module(legalize_and_fuse(target)(build_module(collect_regions(graph))), target)
+    (func,) = [f for gv, f in mod.functions_items() if "dt_conv" in gv.name_hint]
+    tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=target)
+    return func.script()
+
+
+@pytest.mark.parametrize("isa,bits,lanes,tile", [("znver3", 256, 8, 4), ("znver4", 512, 16, 8)])
+def test_register_tile_and_loop_order_from_isa_features(isa, bits, lanes, tile, monkeypatch, conv_log):
+    """A symbolic row in whole tiles of 16 channels x 4 positions on AVX2 (two vectors a position: 8 accumulators),
+    x 8 on AVX-512 (one vector; up to 14 where a static row allows). Built for the target's ISA (an AVX-512 build is
+    compiled, not run, on an AVX2 machine)."""
+    monkeypatch.setattr(te_conv, "_host_vector_bits", lambda: bits)   # te_conv sizes the tile for the host
+    text = _scheduled_conv(tvm.target.Target({"kind": "llvm", "mcpu": isa, "num-cores": 2}))
+    assert conv_rules(conv_log) == (1, [])
+    assert f'"dt_conv_row_tile": {tile}' in text
+    assert {int(v) for v in re.findall(r"T\.vectorized\(T\.int64\((\d+)\)\)", text)} == {lanes}
+    # the reduction: input-channel blocks, the 3 x 3 taps, then CHANNEL_BLOCK unrolled channels, the tile inside
+    assert re.search(r"for rc_0, rk0, rk1 in T\.grid\(T\.int64\(4\), T\.int64\(3\), T\.int64\(3\)\):\s+"
+                     rf"for rc_1 in T\.unroll\(T\.int64\({CHANNEL_BLOCK}\)\):\s+"
+                     rf"for i1_1 in T\.unroll\(T\.int64\({tile}\)\)", text), text
+    # the fused epilogue (bias, residual, relu) under the tile: positions unrolled, channels vectorized, the
+    # accumulator tile read [position, channel]
+    assert re.search(rf"for ax\d in T\.unroll\(T\.int64\({tile}\)\):"
+                     r"(\s+for ax\d_0 in T\.unroll\(T\.int64\(\d+\)\):)?"
+                     rf"\s+for ax\d(_1)? in T\.vectorized\(T\.int64\({lanes}\)\):\s+with T\.sblock\(\"T_where\"\)",
+                     text), text
+    assert "dt_conv_ocv_local[v0, v1, v2, v3]" in text[text.index('T.sblock("T_where")'):]
+
+
+def test_unpadded_conv_reads_the_input_without_a_padded_copy(conv_log):
+    """A strided 1x1 convolution (resnet's downsampling) with a symbolic width: no padded copy of the input in the
+    kernel (the tail tile's index clamped to the row), a 3x3 with padding keeps it."""
+    target = tvm.target.Target({"kind": "llvm", "mcpu": "znver3", "num-cores": 2})
+    assert "dt_conv_pad" not in _scheduled_conv(target, residual=False, kernel=1, stride=2)
+    assert "dt_conv_pad" in _scheduled_conv(target, residual=False)
+    assert conv_rules(conv_log) == (2, [])
+
+
+def test_unpadded_conv_too_small_input_is_an_error():
+    """The run-time check in front of an unpadded kernel with a symbolic width (no padded copy carries it): an
+    input smaller than the kernel is numpy's error, not a read out of bounds."""
+    w = RNG.standard_normal((16, 8, 3, 3)).astype("float32")
+    m = dt.compile(lambda x: F.conv(x, w), S(("N", 8, "H", "W")), use_cache=False)
+    np.testing.assert_allclose(m(np.ones((1, 8, 3, 4), "float32")),
+                               ref_conv(np.ones((1, 8, 3, 4)), w, (1, 1), (1, 1), [(0, 0), (0, 0)], 1), rtol=1e-4,
+                               atol=1e-4)
+    with pytest.raises(ExecutionError, match="smaller than the dilated kernel"):
+        m(np.ones((1, 8, 3, 2), "float32"))
