@@ -45,6 +45,7 @@ class KernelStats:
     flops: float = 0.0                          # summed over the calls that could be counted
     counted: int = 0                            # calls whose FLOPs were counted
     unscheduled: bool = False
+    shapes: tuple = ()                          # the argument shapes of its first call
 
 
 class Observed:
@@ -132,7 +133,8 @@ def profile_model(model, args: tuple, observed: Observed, rounds: int = 5) -> di
         dt = time.perf_counter() - t0
         st = stats.get(symbol)
         if st is None:
-            st = stats[symbol] = KernelStats(symbol, unscheduled=symbol in observed.unscheduled)
+            st = stats[symbol] = KernelStats(symbol, unscheduled=symbol in observed.unscheduled, shapes=tuple(
+                tuple(a.shape) if hasattr(a, "shape") else a for a in call_args))
         st.calls += 1
         st.times.append(dt)
         key = (symbol, tuple(tuple(a.shape) for a in call_args if hasattr(a, "shape")))
@@ -154,14 +156,14 @@ def profile_model(model, args: tuple, observed: Observed, rounds: int = 5) -> di
 
 
 def report(stats: dict, rounds: int, top: int | None = None) -> list:
-    """Rows (name, calls per model call, total us per model call, share, GFLOP/s or None, unscheduled),
-    slowest first. A kernel's total: its median call time x its calls."""
+    """Rows (name, calls per model call, total us per model call, share, GFLOP/s or None, unscheduled, argument
+    shapes of the first call), slowest first. A kernel's total: its median call time x its calls."""
     rows = []
     for st in stats.values():
         per_call = statistics.median(st.times)
         total = per_call * st.calls
         gflops = (st.flops / st.counted) / per_call / 1e9 if st.counted and per_call > 0 else None
-        rows.append([st.name, st.calls, total * 1e6, 0.0, gflops, st.unscheduled])
+        rows.append([st.name, st.calls, total * 1e6, 0.0, gflops, st.unscheduled, st.shapes])
     whole = sum(r[2] for r in rows) or 1.0
     for r in rows:
         r[3] = r[2] / whole
@@ -169,12 +171,14 @@ def report(stats: dict, rounds: int, top: int | None = None) -> list:
     return rows[:top] if top else rows
 
 
-def print_report(rows: list, all_rows: list) -> None:
+def print_report(rows: list, all_rows: list, shapes: bool = False) -> None:
     total = sum(r[2] for r in all_rows)
     print(f"{'kernel':60s} {'calls':>5s} {'total us':>9s} {'share':>6s} {'GFLOP/s':>8s}")
-    for name, calls, us, share, gflops, unsched in rows:
+    for name, calls, us, share, gflops, unsched, args in rows:
         g = f"{gflops:8.2f}" if gflops is not None else f"{'-':>8s}"
         print(f"{name[:60]:60s} {calls:5d} {us:9.1f} {share:6.1%} {g}{'  unscheduled' if unsched else ''}")
+        if shapes:
+            print("    " + " ".join("x".join(map(str, a)) if isinstance(a, tuple) else str(a) for a in args))
     print(f"{len(all_rows)} kernels, {sum(r[1] for r in all_rows)} calls, {total:.1f} us per model call")
 
 
@@ -215,6 +219,7 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--top", type=int, default=20)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--shapes", action="store_true", help="also each kernel's argument shapes (first call)")
     args = parser.parse_args(argv)
     import dyntvm as dt
     with tempfile.TemporaryDirectory() as tmp:
@@ -222,7 +227,7 @@ def main(argv=None) -> int:
         with Observed() as observed:
             model = dt.compile(graph, use_cache=False)
         rows = report(profile_model(model, inputs, observed, args.rounds), args.rounds)
-    print_report(rows[:args.top], rows)
+    print_report(rows[:args.top], rows, args.shapes)
     return 0
 
 
