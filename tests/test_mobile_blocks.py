@@ -90,3 +90,17 @@ def test_kernels_after_a_strided_conv_fuse():
     assert len(calls) <= 12, calls
     assert not [c for c in unfused if re.match(r"(where|tir_isnan|logical_or|minimum|maximum|multiply|add)\d*$", c)], \
         calls
+
+
+@pytest.mark.parametrize("channels,k,stride", [(5, 3, 2), (6, 5, 1), (12, 3, 1), (9, 5, 2)])
+def test_depthwise_channel_blocks_match_numpy(channels, k, stride):
+    """The spv tile spans 4, 3, 2 or 1 output channels (`cpu_schedule_depthwise.spv_channel_block`: 5 channels
+    none, 6 three, 12 four, 9 three) over a ragged row tile of 8 (a symbolic width)."""
+    w = _weights(channels, 1, k)
+    m = dt.compile(lambda x: F.conv(x, w, stride=stride, padding=k // 2, groups=channels),
+                   S(("B", channels, "H", "W")), use_cache=False)
+    for shape in [(1, channels, 1, 1), (2, channels, 7, 9), (1, channels, 16, 17), (1, channels, 3, 30)]:
+        x = RNG.standard_normal(shape).astype("float32")
+        pads = [(k // 2, k // 2)] * 2
+        np.testing.assert_allclose(m(x), ref_conv(x, w, (stride, stride), (1, 1), pads, channels), rtol=1e-4,
+                                   atol=1e-4, err_msg=str(shape))

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from tvm import s_tir, tirx
 
+from .cpu_schedule_depthwise import spv_channel_block
 from .cpu_schedule_dispatch import _parallel_cands, _select
 from .cpu_inline import inline_spatial
 from .cpu_sched_helpers import child_blocks, loop_extent, total_work, vector_lanes, vectorize_tile, writes_param
@@ -89,8 +90,9 @@ def _sched_conv(func, target, name: str, exact: bool, parallel: bool) -> tirx.Pr
         tasks = [oo, *spatial[:-1]]
         sch.reorder(n, *tasks, wo, *red, wi, oi)
     else:
-        tasks = [o, *spatial[:-1]]
-        sch.reorder(n, *tasks, wo, *red, wi)
+        oo, oi = sch.split(o, [None, spv_channel_block(loop_extent(sch, o), tw, lanes)])
+        tasks = [oo, *spatial[:-1]]
+        sch.reorder(n, *tasks, wo, *red, oi, wi)
     attached = _attach_epilogue(sch, func, conv, wo)
     if ocv:  # the accumulator tile [tw, vb]: each register one output position's vb channels
         sch.transform_layout(conv, ("write", 0), tirx.IndexMap.from_func(
@@ -104,6 +106,7 @@ def _sched_conv(func, target, name: str, exact: bool, parallel: bool) -> tirx.Pr
         sch.unroll(wi)
         vectorize_tile(sch, oi, vb, lanes, unroll=True)
     else:
+        sch.unroll(oi)
         vectorize_tile(sch, wi, tw, lanes, unroll=True)
     for epi in attached:     # innermost loop: output positions of the tile (contiguous in NCHW)
         inner = sch.get_loops(epi)[-1]
