@@ -12,7 +12,8 @@ before scheduling: their FLOPs, and which ones no rule scheduled). Then each cal
 instrument hook (`VirtualMachine.set_instrument`, before every Call instruction): a kernel is timed alone, by
 calling it with the call's own arguments, and the VM then skips its own call (the result is the same). So the
 figures exclude the VM's own work (allocation, shape checks) and the executor's; `--rounds` model calls are made
-and each kernel's median time per call is reported. The TVM runtime's own profiler is not in this TVM build.
+and each kernel's median time per call is reported. A compiled loop (`compiled_loops`) is one kernel here, its
+body's kernels inside it, without a FLOP count. The TVM runtime's own profiler is not in this TVM build.
 """
 from __future__ import annotations
 
@@ -116,6 +117,16 @@ def call_flops(func, args) -> float | None:
     return total
 
 
+def is_kernel(func, symbol: str, observed: Observed) -> bool:
+    """Whether a VM call is a kernel: a fused PrimFunc the schedule pass saw, or another compiled function
+    (a compiled loop's kernel, `compiled_loops`: added after scheduling, so its FLOPs are not counted);
+    not the VM's builtins, Relax functions (closures), shape functions or dyntvm's callbacks."""
+    if symbol in observed.funcs:
+        return True
+    return (type(func).__name__ != "Closure" and not symbol.startswith(("vm.", "dyntvm.", "shape_func"))
+            and "." not in symbol)
+
+
 def profile_model(model, args: tuple, observed: Observed, rounds: int = 5) -> dict:
     """name -> KernelStats of the PrimFunc calls of `rounds` calls of `model(*args)` (one warm-up call first)."""
     model(*args)
@@ -126,7 +137,7 @@ def profile_model(model, args: tuple, observed: Observed, rounds: int = 5) -> di
 
     def instrument(func, symbol, before, _ret, *call_args):
         symbol = str(symbol)
-        if not before or symbol not in observed.funcs:
+        if not before or not is_kernel(func, symbol, observed):
             return 0
         t0 = time.perf_counter()
         func(*call_args)
@@ -138,9 +149,9 @@ def profile_model(model, args: tuple, observed: Observed, rounds: int = 5) -> di
         st.calls += 1
         st.times.append(dt)
         key = (symbol, tuple(tuple(a.shape) for a in call_args if hasattr(a, "shape")))
-        if key not in flop_cache:
+        if key not in flop_cache and symbol in observed.funcs:
             flop_cache[key] = call_flops(observed.funcs[symbol], call_args)
-        if flop_cache[key] is not None:
+        if flop_cache.get(key) is not None:
             st.flops += flop_cache[key]
             st.counted += 1
         return SKIP_RUN
