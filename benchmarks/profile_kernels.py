@@ -36,6 +36,7 @@ import numpy as np  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 SKIP_RUN = 1      # tvm.runtime.vm.VMInstrumentReturnKind.SKIP_RUN: the VM does not make the call itself
+MODEL_CALL: list = []   # [median seconds of a plain model call], set by `profile_model`
 SKIPPED: dict = {}   # kernel -> calls not made while profiling (`profile_model`)
 
 
@@ -131,6 +132,12 @@ def is_kernel(func, symbol: str, observed: Observed) -> bool:
 def profile_model(model, args: tuple, observed: Observed, rounds: int = 5) -> dict:
     """name -> KernelStats of the PrimFunc calls of `rounds` calls of `model(*args)` (one warm-up call first)."""
     model(*args)
+    walls = []
+    for _ in range(rounds):     # the plain call, for the time outside the kernels
+        t0 = time.perf_counter()
+        model(*args)
+        walls.append(time.perf_counter() - t0)
+    MODEL_CALL[:] = [statistics.median(walls)]
     ex = model._thread_executor()
     vm = ex.vm
     stats: dict = {}
@@ -197,7 +204,8 @@ def print_report(rows: list, all_rows: list, shapes: bool = False) -> None:
         print(f"{name[:60]:60s} {calls:5d} {us:9.1f} {share:6.1%} {g}{'  unscheduled' if unsched else ''}")
         if shapes:
             print("    " + " ".join("x".join(map(str, a)) if isinstance(a, tuple) else str(a) for a in args))
-    print(f"{len(all_rows)} kernels, {sum(r[1] for r in all_rows)} calls, {total:.1f} us per model call")
+    print(f"{len(all_rows)} kernels, {sum(r[1] for r in all_rows)} calls, {total:.1f} us per model call"
+          + (f" (a plain model call: {MODEL_CALL[0] * 1e6:.1f} us)" if MODEL_CALL else ""))
     if SKIPPED:
         print("not run while profiling (a scalar argument the VM's hook loses): " +
               ", ".join(f"{k} x{v}" for k, v in SKIPPED.items()))
