@@ -125,8 +125,8 @@ def is_kernel(func, symbol: str, observed: Observed) -> bool:
     not the VM's builtins, Relax functions (closures), shape functions or dyntvm's callbacks."""
     if symbol in observed.funcs:
         return True
-    return (type(func).__name__ != "Closure" and not symbol.startswith(("vm.", "dyntvm.", "shape_func", "compute_symbolic_expr"))
-            and "." not in symbol)
+    helpers = ("vm.", "dyntvm.", "shape_func", "compute_symbolic_expr")
+    return type(func).__name__ != "Closure" and not symbol.startswith(helpers) and "." not in symbol
 
 
 def profile_model(model, args: tuple, observed: Observed, rounds: int = 5) -> dict:

@@ -316,8 +316,10 @@ def _clamp_by_constant(bb, ctx, name: str, a, b):
     dt = dtype_of(x)
     value = tirx.const(float(k.reshape(())), dt)
     pick = tirx.max if name == "maximum" else tirx.min
-    return bb.emit_te(lambda t: te.compute(t.shape, lambda *i: tirx.Select(tirx.isnan(t(*i)), t(*i), pick(t(*i), value)),
-                                           name=name), x, primfunc_name_hint=f"dt_{name}")
+
+    def clamp(t):
+        return te.compute(t.shape, lambda *i: tirx.Select(tirx.isnan(t(*i)), t(*i), pick(t(*i), value)), name=name)
+    return bb.emit_te(clamp, x, primfunc_name_hint=f"dt_{name}")
 
 
 #: float ``x ** k`` for these constant exponents is computed by multiplying (`_power_by_multiplying`)

@@ -115,7 +115,8 @@ def _pool(kind):
         if kind == "max":
             r = bb.emit_te(te_max_pool, x, *geometry, guard, primfunc_name_hint="dt_max_pool")
         else:
-            r = bb.emit_te(te_avg_pool, x, *geometry, bool(a.count_include_pad), guard, primfunc_name_hint="dt_avg_pool")
+            r = bb.emit_te(te_avg_pool, x, *geometry, bool(a.count_include_pad), guard,
+                           primfunc_name_hint="dt_avg_pool")
         return [plain_window_dims(bb, ctx, node, r)]
     return conv
 
