@@ -42,7 +42,7 @@ ROW_TILE_ATTR = "dt_conv_row_tile"
 # to 64 positions (4 AVX-512 or 8 AVX2 registers), down to 32. A row that no such divisor tiles (a symbolic size,
 # a prime) is computed over whole ragged tiles into a buffer a crop stage reads (no predicate in the reduction).
 _ACC_REGISTERS = {512: 14, 256: 8}
-_SPV_TILES = (64, 32, 32)
+_SPV_TILES = (64, 32, 8)      # (the last: the ragged tile of a symbolic width)
 
 
 @functools.lru_cache(maxsize=None)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from tvm import s_tir, tirx
 
+from .cpu_schedule_depthwise import spv_channel_block
 from .cpu_schedule_dispatch import _parallel_cands, _select
 from .cpu_inline import inline_spatial
 from .cpu_sched_helpers import child_blocks, loop_extent, total_work, vector_lanes, vectorize_tile, writes_param
@@ -124,8 +125,9 @@ def _sched_conv(func, target, name: str, exact: bool, parallel: bool) -> tirx.Pr
         red, unrolled = _channels_inside_taps(sch, red, n_sp)
         sch.reorder(n, *tasks, wo, *red, wi, oi)
     else:
-        tasks = [o, *spatial[:-1]]
-        sch.reorder(n, *tasks, wo, *red, wi)
+        oo, oi = sch.split(o, [None, spv_channel_block(loop_extent(sch, o), tw, lanes)])
+        tasks = [oo, *spatial[:-1]]
+        sch.reorder(n, *tasks, wo, *red, oi, wi)
     epi_channels_last = {}
 
     def relayout(epi):
@@ -147,6 +149,7 @@ def _sched_conv(func, target, name: str, exact: bool, parallel: bool) -> tirx.Pr
         sch.unroll(wi)
         vectorize_tile(sch, oi, vb, lanes, unroll=True)
     else:
+        sch.unroll(oi)
         vectorize_tile(sch, wi, tw, lanes, unroll=True)
     for epi in attached:
         if ocv and epi_channels_last.get(sch.get(epi).name_hint):

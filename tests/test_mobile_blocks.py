@@ -1,0 +1,106 @@
+"""mobilenet-style blocks on the CPU with symbolic batch and spatial dims (issue 24, mobilenet_v3_small): a
+strided convolution's output sizes are expressions of the input's (``(H - 1) // 2 + 1``), and the kernels
+after it must still fuse (`converters/window_dims.py`): hardswish (bias, ``x * min(max(x + 3, 0), 6) / 6``,
+NaN-propagating max / min), depthwise convolutions at stride 1 and 2, squeeze-excitation (global mean, 1x1
+convolutions on [B, C, 1, 1], hardsigmoid, the broadcast multiply) and a residual add. Compared with an
+independent numpy expression at several sizes per symbolic dim (1 included, odd sizes), and the number of
+kernels the region calls is counted."""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+import dyntvm as dt
+from dyntvm import F
+
+pytest.importorskip("tvm")
+from test_conv_schedules import ref_conv  # noqa: E402
+
+from dyntvm.codegen.backends.cpu.cpu_schedule import build_cpu  # noqa: E402
+from dyntvm.codegen.build import collect_regions  # noqa: E402
+from dyntvm.codegen.relax_builder import build_module  # noqa: E402
+from dyntvm.pipeline import partition_graph  # noqa: E402
+
+S = dt.TensorSpec
+RNG = np.random.default_rng(36)
+
+
+def _weights(o, c, k):
+    return (RNG.standard_normal((o, c, k, k)) / np.sqrt(c * k * k)).astype("float32")
+
+
+C = 8
+W_STEM, B_STEM = _weights(C, 3, 3), RNG.standard_normal(C).astype("float32")
+W_DW, B_DW = _weights(C, 1, 5), RNG.standard_normal(C).astype("float32")
+W_SE1, B_SE1 = _weights(4, C, 1), RNG.standard_normal(4).astype("float32")
+W_SE2, B_SE2 = _weights(C, 4, 1), RNG.standard_normal(C).astype("float32")
+W_DW1 = _weights(C, 1, 3)
+
+
+def hardswish(y, xp):
+    return y * xp.minimum(xp.maximum(y + 3.0, 0.0), 6.0) / 6.0
+
+
+def model(x):
+    """stem (3x3 stride 2) + hardswish -> depthwise 5x5 stride 2 + relu -> SE (hardsigmoid) -> depthwise 3x3
+    stride 1 + residual."""
+    y = hardswish(F.conv(x, W_STEM, B_STEM, stride=2, padding=1), F)
+    y = F.relu(F.conv(y, W_DW, B_DW, stride=2, padding=2, groups=C))
+    s = F.mean(y, axis=(2, 3), keepdims=True)
+    s = F.relu(F.conv(s, W_SE1, B_SE1))
+    s = F.minimum(F.maximum(F.conv(s, W_SE2, B_SE2) / 6.0 + 0.5, 0.0), 1.0)
+    y = y * s
+    return F.conv(y, W_DW1, padding=1, groups=C) + y
+
+
+def reference(x):
+    pad1, pad2 = [(1, 1), (1, 1)], [(2, 2), (2, 2)]
+    y = hardswish(ref_conv(x, W_STEM, (2, 2), (1, 1), pad1, 1) + B_STEM.reshape(1, C, 1, 1), np)
+    y = np.maximum(ref_conv(y, W_DW, (2, 2), (1, 1), pad2, C) + B_DW.reshape(1, C, 1, 1), 0)
+    s = y.mean(axis=(2, 3), keepdims=True)
+    s = np.maximum(ref_conv(s, W_SE1, (1, 1), (1, 1), [(0, 0), (0, 0)], 1) + B_SE1.reshape(1, 4, 1, 1), 0)
+    s = np.clip((ref_conv(s, W_SE2, (1, 1), (1, 1), [(0, 0), (0, 0)], 1) + B_SE2.reshape(1, C, 1, 1)) / 6 + 0.5, 0, 1)
+    y = y * s
+    return ref_conv(y, W_DW1, (1, 1), (1, 1), pad1, C) + y
+
+
+SIZES = [(1, 3, 1, 1), (1, 3, 17, 23), (2, 3, 32, 32), (3, 3, 9, 4), (1, 3, 61, 7)]
+
+
+def test_mobile_block_matches_numpy_at_symbolic_sizes():
+    m = dt.compile(model, S(("B", 3, "H", "W")), use_cache=False)
+    for shape in SIZES:
+        x = RNG.standard_normal(shape).astype("float32")
+        got, want = m(x), reference(x)
+        assert got.shape == want.shape, shape
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=str(shape))
+
+
+def test_kernels_after_a_strided_conv_fuse():
+    """Before window_dims, every elementwise op after the first strided conv was a kernel of its own (a
+    hardswish alone was 12): the region called 27 kernels. Now: the strided convs and their elementwise
+    epilogues, the SE kernels and the stride-1 depthwise conv with its residual add."""
+    graph = partition_graph(dt.trace(model, S(("B", 3, "H", "W"))))
+    ex = build_cpu(build_module(collect_regions(graph)))
+    calls = [m.group(1) for m in re.finditer(r"call\s+(\S+)\s+in:", ex.as_text())
+             if not m.group(1).startswith(("vm.builtin", "dt_check")) and m.group(1) not in ("shape_func", "reshape")]
+    unfused = [c for c in calls if not c.startswith(("fused", "dt_conv"))]
+    assert len(calls) <= 12, calls
+    assert not [c for c in unfused if re.match(r"(where|tir_isnan|logical_or|minimum|maximum|multiply|add)\d*$", c)], \
+        calls
+
+
+@pytest.mark.parametrize("channels,k,stride", [(5, 3, 2), (6, 5, 1), (12, 3, 1), (9, 5, 2)])
+def test_depthwise_channel_blocks_match_numpy(channels, k, stride):
+    """The spv tile spans 4, 3, 2 or 1 output channels (`cpu_schedule_depthwise.spv_channel_block`: 5 channels
+    none, 6 three, 12 four, 9 three) over a ragged row tile of 8 (a symbolic width)."""
+    w = _weights(channels, 1, k)
+    m = dt.compile(lambda x: F.conv(x, w, stride=stride, padding=k // 2, groups=channels),
+                   S(("B", channels, "H", "W")), use_cache=False)
+    for shape in [(1, channels, 1, 1), (2, channels, 7, 9), (1, channels, 16, 17), (1, channels, 3, 30)]:
+        x = RNG.standard_normal(shape).astype("float32")
+        pads = [(k // 2, k // 2)] * 2
+        np.testing.assert_allclose(m(x), ref_conv(x, w, (stride, stride), (1, 1), pads, channels), rtol=1e-4,
+                                   atol=1e-4, err_msg=str(shape))
