@@ -127,9 +127,9 @@ def test_register_tile_and_loop_order_from_isa_features(isa, bits, lanes, tile, 
     # accumulator tile read [position, channel]
     assert re.search(rf"for ax\d in T\.unroll\(T\.int64\({tile}\)\):"
                      r"(\s+for ax\d_0 in T\.unroll\(T\.int64\(\d+\)\):)?"
-                     rf"\s+for ax\d(_1)? in T\.vectorized\(T\.int64\({lanes}\)\):\s+with T\.sblock\(\"T_where\"\)",
+                     rf"\s+for ax\d(_1)? in T\.vectorized\(T\.int64\({lanes}\)\):\s+with T\.sblock\(\"relu\"\)",
                      text), text
-    assert "dt_conv_ocv_local[v0, v1, v2, v3]" in text[text.index('T.sblock("T_where")'):]
+    assert "dt_conv_ocv_local[v0, v1, v2, v3]" in text[text.index('T.sblock("relu")'):]
 
 
 def test_unpadded_conv_reads_the_input_without_a_padded_copy(conv_log):

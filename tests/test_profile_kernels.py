@@ -48,4 +48,5 @@ def test_profile_counts_every_kernel_call_once_per_model_call():
     assert len(conv) == 1 and conv[0].calls == 1
     macs = 2 * 16 * 8 * 9 * 9 * 13         # N * O * C * K * K * H * W
     flops = conv[0].flops / conv[0].counted
-    assert 2 * macs <= flops <= 2 * macs * 1.2, flops      # + the fused relu, padding and whole-tile rows
+    # + the fused relu, padding and whole-tile rows (W = 13 in tiles of 4 or 8 positions: 16 computed, 1.23x)
+    assert 2 * macs <= flops <= 2 * macs * 1.3, flops
