@@ -15,9 +15,7 @@ from tvm import tirx
 from ..ir.graph import Node
 from ..ir.region_counts import amplified_counts
 from ..ir.types import TensorType, is_symbol
-
-#: byte counts up to this size skip the runtime's check (far under any machine's memory, `ir.types.memory_limit`)
-NATIVE_GUARD_BYTES = 1 << 28
+from ..ir.vm_program import NATIVE_GUARD_BYTES      # byte counts up to it skip the runtime's check
 
 _F64 = "float64"
 

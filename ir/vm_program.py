@@ -38,6 +38,10 @@ from .region_counts import amplified_counts
 PROGRAM = "dyntvm_main"
 KERNEL_CALLBACK = "dyntvm.vm_kernel"
 GUARD_CALLBACK = "dyntvm.vm_size_guard"
+#: a region's byte counts up to this size are checked inside the program (`codegen/vm_guard.py`), larger ones by
+#: the runtime's check (`GUARD_CALLBACK`); valid while this machine's memory limit is at least this much
+#: (`runtime/vm_program.py` runs the calls in the executor otherwise)
+NATIVE_GUARD_BYTES = 1 << 28
 #: a function of the program's library returning the walk positions (`node_keys`' numbers, a shape) of the nodes
 #: the program calls `KERNEL_CALLBACK` for on every run; the others keyed (a `topk` / `slice` with tensor operands)
 #: call it back only for a failing check, to raise the op's error. The C++ runner needs kernels for the first only.

@@ -99,7 +99,8 @@ def test_kept_input_buffers_never_leak_into_results(monkeypatch):
         assert_same(got, (x, x.reshape(-1), y * 2.0))
         kept.append((x.copy(), got))
     for x, got in kept:                  # earlier results untouched by later calls
-        assert_same(got[0], x) and assert_same(got[1], x.reshape(-1))
+        assert_same(got[0], x)
+        assert_same(got[1], x.reshape(-1))
     staging = model._threads.executor.program.staging
     assert staging.bufs[0] is None       # x's buffer went out as a result
     y_address = staging.bufs[1].ctypes.data          # (holding the buffer here would keep it from reuse)
