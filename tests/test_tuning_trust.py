@@ -232,10 +232,12 @@ def test_every_shipped_record_passes_the_checks():
             tuning_trust.replay_checked(record.workload.mod, record.trace)
 
 
-@pytest.mark.parametrize("example, folder", [("branchy", "branchy"), ("transformer", "encoder_layer")])
-def test_the_shipped_cpu_logs_apply_without_a_warning(example, folder, tmp_path):
+@pytest.mark.parametrize("example, folder, stale", [("branchy", "branchy", 1), ("transformer", "encoder_layer", 0)])
+def test_the_shipped_cpu_logs_apply_without_a_warning(example, folder, stale, tmp_path):
     """The shipped CPU logs with tuned kernels (made for AMD EPYC znver4; re-targeted here to this CPU), run
-    against the default kernels at build time: no kernel refused."""
+    against the default kernels at build time: no kernel refused. `stale`: winners whose kernel the default
+    lowering no longer makes (branchy's `fused_matmul2_add1_less2_where2`: relu is one TE compute now, not
+    less + where - a new workload, which needs a re-tune on a Zen 4), so they do not apply."""
     from dyntvm import examples
     path = str(tmp_path / folder)
     shutil.copytree(os.path.join(SHIPPED, folder, "llvm-znver4-2c"), path)
@@ -249,4 +251,5 @@ def test_the_shipped_cpu_logs_apply_without_a_warning(example, folder, tmp_path)
     with warnings.catch_warnings():
         warnings.simplefilter("error", tuning.TuningWarning)
         model = dt.compile(ex.fn, *ex.specs, tuning_log=path, use_cache=False)
-    assert stats.tuned_kernels - before == won == model.info["tuning"]["kernels_tuned"] > 0
+    assert stats.tuned_kernels - before == won - stale > 0
+    assert model.info["tuning"]["kernels_tuned"] == won

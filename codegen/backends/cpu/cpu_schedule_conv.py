@@ -154,8 +154,8 @@ def _sched_conv(func, target, name: str, exact: bool, parallel: bool) -> tirx.Pr
     for epi in attached:
         if ocv and epi_channels_last.get(sch.get(epi).name_hint):
             inner, positions = sch.get_loops(epi)[-1], sch.get_loops(epi)[-2]
-            # (an epilogue whose sizes are other dim vars than the conv's, as after a strided window's
-            # `window_dims`, may not be tiled under the conv: its positions loop is then not a constant)
+            # (an epilogue whose sizes are other dims than the conv's - the SE block's broadcast multiply after
+            # a 1x1 conv on [B, C, 1, 1] - is not tiled under the conv: its positions loop is not a constant)
             if loop_extent(sch, inner) == vb and vb % lanes == 0 and isinstance(loop_extent(sch, positions), int):
                 sch.unroll(positions)
                 vectorize_tile(sch, inner, vb, lanes, unroll=True)
