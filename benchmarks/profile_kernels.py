@@ -115,7 +115,10 @@ def call_flops(func, args) -> float | None:
                 return None
             count *= int(ext.value)
         if block.iter_vars:
-            total += count * float(estimate_tir_flops(block.body))
+            try:
+                total += count * float(estimate_tir_flops(block.body))
+            except Exception:  # pylint: disable=broad-except  # e.g. 'Do not have a default for prim.Let' (a Let in the block)
+                return None
     return total
 
 

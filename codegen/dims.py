@@ -123,12 +123,19 @@ class ConvertContext:
         self.analyzer = Analyzer()                     # knows every dim var is >= 0
         self._plain = Analyzer()
         self.node = None                               # the node being converted (for errors)
+        # (view, flat, shape): `view` is reshape(flat, shape), a [..., M, N] result computed as a 2-D [rows, N]
+        # (the matmul converter's flattened GEMM); elementwise ops on it run on `flat` (`converters.sink_flat`)
+        self.flat_views: list = []
 
     # -- binding ---------------------------------------------------------------------------------
     def _new_var(self, hint: str) -> tirx.Var:
         v = tirx.Var(hint, I64)
         self.analyzer.update(v, ConstIntBound(0, ConstIntBound.POS_INF))
         return v
+
+    def new_dim(self, hint: str) -> tirx.Var:
+        """A fresh int64 dim var (>= 0), for a converter's match_cast."""
+        return self._new_var(hint)
 
     def bind_input_dim(self, d, hint: str = "d"):
         """The dim of a parameter shape for our dim `d` (int, or a var bound by this parameter)."""

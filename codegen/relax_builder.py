@@ -107,11 +107,31 @@ def build_region_function(bb: relax.BlockBuilder, graph: Graph, name: str,
     if gv.name_hint != name:     # a PrimFunc emitted meanwhile took the name (converters use "dt_*")
         raise CompileError(f"region function {name!r} clashes with a kernel name in the module "
                            f"(got {gv.name_hint!r}); names starting with 'dt_' are reserved")
+    if ctx.flat_views:
+        _drop_dead_views(bb, gv, ctx)
     try:
         relax.analysis.well_formed(bb.get()[gv])
     except Exception as e:  # noqa: BLE001 - TVM raises its own error types
         raise CompileError(f"region function {name!r} is not well formed: {e}") from e
     return gv
+
+
+def _bound_vars(func) -> list:
+    return [b.var for blk in func.body.blocks for b in blk.bindings]
+
+
+def _drop_dead_views(bb: relax.BlockBuilder, gv, ctx: ConvertContext) -> None:
+    """Removes the reshapes of flattened matmul results (`ctx.flat_views`) that no op reads any more (their
+    elementwise consumers ran on the 2-D result: `converters.sink_flat`); FuseOps does not fuse a matmul whose
+    result something else reads, a dead binding too. Only those: any other unused binding (a run-time check's
+    match_cast) stays."""
+    func = bb.get()[gv]
+    pruned = relax.analysis.remove_all_unused(func)
+    kept = set(_bound_vars(pruned))
+    removed = [v for v in _bound_vars(func) if v not in kept]
+    views = {v[0] for v in ctx.flat_views}
+    if removed and all(v in views for v in removed):
+        bb.update_func(gv, pruned)
 
 
 def build_module(regions: list, device_checks: bool = False) -> tvm.IRModule:

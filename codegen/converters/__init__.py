@@ -69,7 +69,7 @@ __all__ = ["CONVERTERS", "ConvertContext", "convert_node", "converter", "UNSUPPO
 
 # Importing the converter modules registers every converter (each imports `converter` from .registry).
 from . import checks, creation, elementwise, index, nn, reduce, shape, window  # noqa: E402
-from .common import dtype_of, emit, ndim_of, shape_of, ty_of  # noqa: E402
+from .common import dtype_of, emit, ndim_of, shape_of, ty_of, unflatten  # noqa: E402
 from .registry import CONVERTERS, UNSUPPORTED_EXACTNESS, converter  # noqa: E402,F401
 
 _CONVERTER_MODULES = (checks, creation, elementwise, index, nn, reduce, shape, window)
@@ -89,6 +89,40 @@ for _group in (Group.UNARY, Group.PREDICATE):      # members without a converter
             converter(_name)(_same_dtype_unary(_name))
 
 
+# elementwise ops that run on a flattened matmul's 2-D result (`sink_flat`): unary and arithmetic families
+_SINKABLE = frozenset(ops_in(Group.FLOAT_UNARY)) | frozenset(ops_in(Group.ARITH)) | {"relu", "neg", "abs", "clip"}
+
+
+def sink_flat(bb, node, args: list, ctx: ConvertContext):
+    """(args, view shape): where an elementwise op reads a flattened matmul's result ``reshape(flat, shape)``
+    (`ctx.flat_views`, the matmul converter's [..., M, K] @ [K, N] as one 2-D GEMM) and its other operands
+    are scalars, vectors along the last axis or views of the same shape, the op runs on the 2-D `flat`
+    operands (the same numpy broadcast) and its result is reshaped back to the view shape by `convert_node`.
+    FuseOps stops at the (injective) reshape after a matmul; on the 2-D result the bias / activation /
+    second matmul's input stay in the matmul's kernel. Otherwise `args` unchanged and None."""
+    if node.op not in _SINKABLE or len(node.outputs) != 1 or not ctx.flat_views:
+        return args, None
+    shape, new, seen = None, [], False
+    for a in args:
+        hit = next((v for v in ctx.flat_views if isinstance(a, relax.Var) and v[0].same_as(a)), None)
+        if hit is not None:
+            if shape is not None and (len(shape) != len(hit[2]) or not all(
+                    ctx.relax_equal(x, y) for x, y in zip(shape, hit[2]))):
+                return args, None
+            shape, seen = hit[2], True
+            new.append(hit[1])
+        else:
+            new.append(a)
+    if not seen or node.outputs[0].type.ndim != len(shape):
+        return args, None
+    for a, n in zip(args, new):
+        if n is a:       # not a view: a scalar, or a vector of the last dim (it broadcasts over rows alike)
+            s = shape_of(a) if isinstance(ty_of(a), relax.TensorType) else None
+            if s is None or len(s) > 1 or (len(s) == 1 and not ctx.relax_equal(s[0], shape[-1])):
+                return args, None
+    return new, shape
+
+
 def convert_node(bb, node, args: list, ctx: ConvertContext) -> list:
     """Run the converter of `node` and emit its results; checks dtype/rank against our types."""
     fn = CONVERTERS.get(node.op)
@@ -96,7 +130,12 @@ def convert_node(bb, node, args: list, ctx: ConvertContext) -> list:
         raise UnsupportedOpError(f"op {node.op!r} has no Relax converter (node {node.name!r}"
                                  f"{', ' + node.source if node.source else ''})")
     ctx.node = node
-    outs = fn(bb, node, list(args), ctx)
+    args, view_shape = sink_flat(bb, node, list(args), ctx)
+    outs = fn(bb, node, args, ctx)
+    if view_shape is not None:      # the 2-D result, reshaped back (and remembered as a view in turn)
+        flat = emit(bb, outs[0])
+        outs = [unflatten(bb, flat, list(view_shape))]
+        ctx.flat_views.append((outs[0], flat, view_shape))
     if len(outs) != len(node.outputs):
         raise CompileError(f"internal: converter of {node.op} returned {len(outs)} results, "
                            f"expected {len(node.outputs)}")

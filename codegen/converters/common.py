@@ -58,6 +58,17 @@ def emit(bb, e) -> relax.Expr:
     return e if isinstance(e, relax.Var) else bb.emit(e)
 
 
+def unflatten(bb, flat, shape: list) -> relax.Var:
+    """``reshape(flat, shape)`` for a 2-D `flat` [rows, N] whose rows is a dim var of its own (the matmul
+    converter's match_cast) equal to ``prod(shape[:-1])``: cast to that product first (checked at run time), so
+    that the reshape is provably size-preserving and stays a view (RewriteDataflowReshape), not a copy kernel."""
+    rows = shape_of(flat)[0]
+    want = prod(shape[:-1])
+    if not isinstance(rows, tirx.IntImm) and not rows.same_as(want):
+        flat = bb.match_cast(flat, relax.TensorType([want, shape_of(flat)[1]], dtype_of(flat)))
+    return emit(bb, R.reshape(flat, list(shape)))
+
+
 def primfunc_once(bb, name: str, make):
     """The GlobalVar of PrimFunc `name` in the module being built, added (``make()``) on first use."""
     gv = next((g for g in bb.get().get_global_vars() if g.name_hint == name), None)

@@ -11,7 +11,7 @@ from ..dims import I64
 from ..te_kernels import te_sort_key
 from .registry import converter
 from .common import (assert_dims, cast, const, dtype_of, emit, full_expr, guard_empty, in_result_dtype, ndim_of,
-                     out_type, shape_of, unify_broadcast)
+                     out_type, shape_of, unflatten, unify_broadcast)
 
 
 @converter("matmul")
@@ -33,11 +33,23 @@ def _matmul(bb, node, args, ctx):
         rows = lead[0]
         for d in lead[1:]:
             rows = rows * d
-        flat = emit(bb, R.reshape(a, [rows, ka]))
-        r = emit(bb, R.reshape(emit(bb, R.matmul(flat, b, out_dtype=work)), lead + [shape_of(b)[-1]]))
+        flat = next((f for v, f, _ in ctx.flat_views if isinstance(a, relax.Var) and v.same_as(a)), None)
+        if flat is None:
+            flat = emit(bb, R.reshape(a, [rows, ka]))
+            if not isinstance(rows, (int, tirx.IntImm, tirx.Var)):
+                # rows an expression (B * S): a dim var of its own, else the kernels get B and S as scalar
+                # parameters, which `fusion_guard` keeps out of fused groups (no bias / GELU in the matmul)
+                flat = bb.match_cast(flat, relax.TensorType([ctx.new_dim("rows"), ka], dtype_of(flat)))
+        mm = emit(bb, R.matmul(flat, b, out_dtype=work))
+        r = unflatten(bb, mm, lead + [shape_of(b)[-1]])
     else:
-        r = emit(bb, R.matmul(a, b, out_dtype=work))
+        mm, r = None, emit(bb, R.matmul(a, b, out_dtype=work))
+    view = r
     r = guard_empty(bb, ctx, r, a, [ka], 0)          # K == 0: numpy gives zeros
+    if mm is not None and r.same_as(view) and work == dt:
+        # the elementwise epilogue (bias, activation) runs on the 2-D result, so FuseOps fuses it into the
+        # matmul's kernel: the reshape back is injective and FuseOps stops at it (`converters.sink_flat`)
+        ctx.flat_views.append((r, mm, tuple(shape_of(r))))
     if dt == "bool":
         r = R.not_equal(r, const(0, work))
     elif work != dt:
