@@ -106,6 +106,12 @@ def _model_cases():
     tf, lstm = examples.get("transformer"), examples.get("lstm")
     sess = ort_session(peer_tf.onnx_layer(), THREADS)
     tf_models = {v: _compile(v == "before", tf.fn, *tf.specs) for v in ("after", "before")}
+    from dyntvm.codegen.converters import nn as conv_nn
+    conv_nn.FLAT_EPILOGUES = False      # the matmul's epilogue after the reshape back: a kernel of its own
+    try:
+        tf_models["unfused-epi"] = _compile(False, tf.fn, *tf.specs)
+    finally:
+        conv_nn.FLAT_EPILOGUES = True
     for b in (1, 16):
         x, mask = tf.make_inputs(np.random.default_rng(0), B=b, S=128)
         ort = lambda x, mask: sess.run(None, {"x": x, "mask": mask})[0]  # noqa: E731
@@ -145,7 +151,7 @@ def _run_models(rounds):
           f"interleaved, load average before {load0[0]:.2f} after {os.getloadavg()[0]:.2f}; ms")
     for label, fns, _ in rows:
         med = {v: statistics.median(t) * 1e3 for v, t in times[label].items()}
-        peer = [v for v in med if v not in ("after", "before")][0]
+        peer = [v for v in med if v not in ("after", "before", "unfused-epi")][0]
         print(f"{label:<22} " + "  ".join(f"{v} {t:.3f}" for v, t in med.items())
               + f"  after/{peer} {med['after'] / med[peer]:.2f}x  after/before {med['after'] / med['before']:.2f}x")
 

@@ -126,6 +126,7 @@ class ConvertContext:
         # (view, flat, shape): `view` is reshape(flat, shape), a [..., M, N] result computed as a 2-D [rows, N]
         # (the matmul converter's flattened GEMM); elementwise ops on it run on `flat` (`converters.sink_flat`)
         self.flat_views: list = []
+        self.flat_casts: list = []                     # the match_casts before those views (`common.unflatten`)
 
     # -- binding ---------------------------------------------------------------------------------
     def _new_var(self, hint: str) -> tirx.Var:

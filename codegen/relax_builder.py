@@ -116,22 +116,34 @@ def build_region_function(bb: relax.BlockBuilder, graph: Graph, name: str,
     return gv
 
 
-def _bound_vars(func) -> list:
-    return [b.var for blk in func.body.blocks for b in blk.bindings]
-
-
 def _drop_dead_views(bb: relax.BlockBuilder, gv, ctx: ConvertContext) -> None:
-    """Removes the reshapes of flattened matmul results (`ctx.flat_views`) that no op reads any more (their
-    elementwise consumers ran on the 2-D result: `converters.sink_flat`); FuseOps does not fuse a matmul whose
-    result something else reads, a dead binding too. Only those: any other unused binding (a run-time check's
-    match_cast) stays."""
+    """Removes the reshapes of flattened matmul results (`ctx.flat_views`, with their casts) that no op reads
+    any more (their elementwise consumers ran on the 2-D result: `converters.sink_flat`): FuseOps does not
+    fuse a matmul whose result something else reads, a dead binding too (FuseTIR made it a kernel output).
+    Only those: any other unused binding (a run-time check's match_cast) stays."""
     func = bb.get()[gv]
-    pruned = relax.analysis.remove_all_unused(func)
-    kept = set(_bound_vars(pruned))
-    removed = [v for v in _bound_vars(func) if v not in kept]
-    views = {v[0] for v in ctx.flat_views}
-    if removed and all(v in views for v in removed):
-        bb.update_func(gv, pruned)
+    cands = {v[0] for v in ctx.flat_views} | set(ctx.flat_casts)
+    blocks = [list(blk.bindings) for blk in func.body.blocks]
+    changed = True
+    dropped = False
+    while changed:
+        used = set(relax.analysis.free_vars(func.body.body))
+        for bindings in blocks:
+            for b in bindings:
+                used.update(relax.analysis.free_vars(b.value))
+        changed = False
+        for bindings in blocks:
+            keep = [b for b in bindings if b.var in used or b.var not in cands]
+            if len(keep) != len(bindings):
+                bindings[:] = keep
+                changed = dropped = True
+    if not dropped:
+        return
+    new_blocks = [relax.DataflowBlock(bs) if isinstance(blk, relax.DataflowBlock) else relax.BindingBlock(bs)
+                  for blk, bs in zip(func.body.blocks, blocks)]
+    body = relax.SeqExpr(new_blocks, func.body.body)
+    new = relax.Function(func.params, body, func.body.ty, func.is_pure, func.attrs)
+    bb.update_func(gv, relax.transform.Normalize()(tvm.IRModule({gv: new}))[gv])
 
 
 def build_module(regions: list, device_checks: bool = False) -> tvm.IRModule:

@@ -134,7 +134,7 @@ def convert_node(bb, node, args: list, ctx: ConvertContext) -> list:
     outs = fn(bb, node, args, ctx)
     if view_shape is not None:      # the 2-D result, reshaped back (and remembered as a view in turn)
         flat = emit(bb, outs[0])
-        outs = [unflatten(bb, flat, list(view_shape))]
+        outs = [unflatten(bb, flat, list(view_shape), ctx.flat_casts)]
         ctx.flat_views.append((outs[0], flat, view_shape))
     if len(outs) != len(node.outputs):
         raise CompileError(f"internal: converter of {node.op} returned {len(outs)} results, "

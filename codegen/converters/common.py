@@ -58,14 +58,17 @@ def emit(bb, e) -> relax.Expr:
     return e if isinstance(e, relax.Var) else bb.emit(e)
 
 
-def unflatten(bb, flat, shape: list) -> relax.Var:
+def unflatten(bb, flat, shape: list, casts: list | None = None) -> relax.Var:
     """``reshape(flat, shape)`` for a 2-D `flat` [rows, N] whose rows is a dim var of its own (the matmul
     converter's match_cast) equal to ``prod(shape[:-1])``: cast to that product first (checked at run time), so
-    that the reshape is provably size-preserving and stays a view (RewriteDataflowReshape), not a copy kernel."""
+    that the reshape is provably size-preserving and stays a view (RewriteDataflowReshape), not a copy kernel.
+    `casts`: gets the cast's var (`relax_builder` drops it with the view where nothing reads it)."""
     rows = shape_of(flat)[0]
     want = prod(shape[:-1])
     if not isinstance(rows, tirx.IntImm) and not rows.same_as(want):
         flat = bb.match_cast(flat, relax.TensorType([want, shape_of(flat)[1]], dtype_of(flat)))
+        if casts is not None:
+            casts.append(flat)
     return emit(bb, R.reshape(flat, list(shape)))
 
 

@@ -14,6 +14,11 @@ from .common import (assert_dims, cast, const, dtype_of, emit, full_expr, guard_
                      out_type, shape_of, unflatten, unify_broadcast)
 
 
+#: Elementwise ops after a flattened [..., M, K] @ [K, N] run on its 2-D result, in the matmul's kernel
+#: (`sink_flat`); False: the reshape back right after the GEMM (for an interleaved comparison: bench_gemm --models).
+FLAT_EPILOGUES = True
+
+
 @converter("matmul")
 def _matmul(bb, node, args, ctx):
     dt = out_type(node).dtype
@@ -36,17 +41,17 @@ def _matmul(bb, node, args, ctx):
         flat = next((f for v, f, _ in ctx.flat_views if isinstance(a, relax.Var) and v.same_as(a)), None)
         if flat is None:
             flat = emit(bb, R.reshape(a, [rows, ka]))
-            if not isinstance(rows, (int, tirx.IntImm, tirx.Var)):
+            if FLAT_EPILOGUES and not isinstance(rows, (int, tirx.IntImm, tirx.Var)):
                 # rows an expression (B * S): a dim var of its own, else the kernels get B and S as scalar
                 # parameters, which `fusion_guard` keeps out of fused groups (no bias / GELU in the matmul)
                 flat = bb.match_cast(flat, relax.TensorType([ctx.new_dim("rows"), ka], dtype_of(flat)))
         mm = emit(bb, R.matmul(flat, b, out_dtype=work))
-        r = unflatten(bb, mm, lead + [shape_of(b)[-1]])
+        r = unflatten(bb, mm, lead + [shape_of(b)[-1]], ctx.flat_casts)
     else:
         mm, r = None, emit(bb, R.matmul(a, b, out_dtype=work))
     view = r
     r = guard_empty(bb, ctx, r, a, [ka], 0)          # K == 0: numpy gives zeros
-    if mm is not None and r.same_as(view) and work == dt:
+    if FLAT_EPILOGUES and mm is not None and r.same_as(view) and work == dt:
         # the elementwise epilogue (bias, activation) runs on the 2-D result, so FuseOps fuses it into the
         # matmul's kernel: the reshape back is injective and FuseOps stops at it (`converters.sink_flat`)
         ctx.flat_views.append((r, mm, tuple(shape_of(r))))
