@@ -74,6 +74,13 @@ class _Seq:
     def result(self, values: list):
         return relax.SeqExpr([relax.BindingBlock(self.bindings)], self.bb.normalize(relax.Tuple(values)))
 
+    def value(self, values: list):
+        """The sequence giving `values`: the value itself where there is one (an ``If`` of one value copies it;
+        of a tuple, it makes the tuple, copies it and takes it apart: three more VM instructions)."""
+        if len(values) == 1:
+            return relax.SeqExpr([relax.BindingBlock(self.bindings)], self.bb.normalize(values[0]))
+        return self.result(values)
+
 
 class _Lowering:
     def __init__(self, mod: tvm.IRModule, graph: Graph, prefix: str):
@@ -101,6 +108,11 @@ class _Lowering:
             return [seq.emit(relax.op.zeros(relax.ShapeExpr([_i64(d) for d in value.shape]), dtype))]
         return [relax.const(value, dtype)]
 
+    def _if(self, seq, cond, then: _Seq, then_values: list, other: _Seq, else_values: list, name: str) -> list:
+        """The values of ``If(cond, then, other)`` (branches giving as many values): `_Seq.value`."""
+        res = seq.emit(relax.If(cond, then.value(then_values), other.value(else_values)), name)
+        return [res] if len(then_values) == 1 else self._items(seq, res, len(then_values))
+
     def _items(self, seq, res, k: int) -> list:
         return [seq.emit(relax.TupleGetItem(res, j)) for j in range(k)]
 
@@ -124,7 +136,7 @@ class _Lowering:
         syms = {s: shaped[k].ty.shape.values[ax] for s, (k, ax) in where.items()}
         check = _Seq(self.bb)
         call(check)
-        seq.emit(relax.If(guard_needed(n, syms), check.result([_TRUE()]), _Seq(self.bb).result([_TRUE()])), "guard")
+        self._if(seq, guard_needed(n, syms), check, [_TRUE()], _Seq(self.bb), [_TRUE()], "guard")
 
     def _kernel(self, seq, n, ins):
         outs = self.dynamic.lower(seq, n, ins) if native(n) else None
@@ -142,12 +154,11 @@ class _Lowering:
 
     def _branch(self, g: Graph, args: list):
         seq = _Seq(self.bb)
-        return seq.result(self.graph(seq, g, args))
+        return seq, self.graph(seq, g, args)
 
     def _cond(self, seq, n, ins):
         then_g, else_g = n.subgraphs
-        res = seq.emit(relax.If(ins[0], self._branch(then_g, ins[1:]), self._branch(else_g, ins[1:])), "cond")
-        return self._items(seq, res, len(n.outputs))
+        return self._if(seq, ins[0], *self._branch(then_g, ins[1:]), *self._branch(else_g, ins[1:]), "cond")
 
     def _case(self, seq, n, ins):
         subs = n.subgraphs
@@ -158,9 +169,8 @@ class _Lowering:
                 return self.graph(into, default, ins)
             (pred,) = self.graph(into, preds[k], ins)
             rest = _Seq(self.bb)
-            rest_seq = rest.result(from_case(k + 1, rest))
-            res = into.emit(relax.If(pred, self._branch(branches[k], ins), rest_seq), "case")
-            return self._items(into, res, len(n.outputs))
+            rest_values = from_case(k + 1, rest)
+            return self._if(into, pred, *self._branch(branches[k], ins), rest, rest_values, "case")
         return from_case(0, seq)
 
     def _foreach(self, seq, n, ins):
@@ -210,9 +220,8 @@ class _Lowering:
         rest = _Seq(self.bb)
         got = rest.emit(relax.Call(gv, data + outs[n_ys:] + caps + stacks + [relax.ShapeExpr([lo + _i64(1), hi])]),
                         "rest")
-        res = one.emit(relax.If(tvm.tirx.EQ(hi - lo, _i64(1)), _Seq(self.bb).result(outs[n_ys:] + [stacks[0]]),
-                                rest.result(self._items(rest, got, len(ret)))), "rest")
-        one_seq = one.result(self._items(one, res, len(ret)))
+        vals = self._if(one, tvm.tirx.EQ(hi - lo, _i64(1)), _Seq(self.bb), outs[n_ys:] + [stacks[0]],
+                        rest, self._items(rest, got, len(ret)), "rest")
 
         two = _Seq(self.bb)                         # two halves, in order
         mid = lo + tvm.tirx.floordiv(hi - lo, _i64(2))
@@ -220,11 +229,9 @@ class _Lowering:
         first_states = [two.emit(relax.TupleGetItem(first, k)) for k in range(ns)]
         second = two.emit(relax.Call(gv, data + first_states + caps + stacks + [relax.ShapeExpr([mid, hi])]),
                           "second")
-        two_seq = two.result(self._items(two, second, len(ret)))
-
         body_seq = _Seq(self.bb)
-        res = body_seq.emit(relax.If(hi - lo <= _i64(_CHAIN), one_seq, two_seq), "steps")
-        func = relax.Function(params + stacks + [rng], body_seq.result(self._items(body_seq, res, len(ret))),
+        res = self._if(body_seq, hi - lo <= _i64(_CHAIN), one, vals, two, self._items(two, second, len(ret)), "steps")
+        func = relax.Function(params + stacks + [rng], body_seq.result(res),
                               relax.TupleType(ret), is_pure=False)
         self.recursive.append((gv, func.with_attr("global_symbol", name)))
 
