@@ -8,12 +8,14 @@ region function checks its inputs' shapes when called, as it does when the execu
 
 * region -> a call of its function; cond / case -> ``If`` (a case: nested, predicates in order);
 * foreach -> a call of its compiled loop where codegen built one, else a recursive function over a range of
-  steps that halves the range: ``steps(lo, hi)`` runs ``steps(lo, mid)`` then ``steps(mid, hi)`` and
-  concatenates their stacked outputs (a range of one step runs the body on row `lo`). The recursion is
-  log2(steps) deep, so the number of steps is not limited by the VM's stack (a recursion per step
-  overflows it), at the cost of copying each stacked row log2(steps) times. Zero steps give empty stacks
-  when the body's per-step output types are static, else the program asks the runtime to run the model in
-  the executor (`FALLBACK_CALLBACK`);
+  steps. Where the per-step outputs have static shapes (`_inplace_foreach`), their stacks are allocated once
+  per call and each step copies its rows into them; a range of more than `_CHAIN` steps runs its two halves,
+  a shorter one its first step and then itself on the rest (one call per step, at most `_CHAIN` deep). Else
+  (`_halving_foreach`) ``steps(lo, hi)`` runs ``steps(lo, mid)`` then ``steps(mid, hi)`` and concatenates
+  their stacked outputs (a range of one step runs the body on row `lo`), copying each row log2(steps) times.
+  Either recursion is about log2(steps) deep, so the number of steps is not limited by the VM's stack (a
+  recursion per step overflows it). Zero steps give empty stacks when the body's per-step output types are
+  static, else the program asks the runtime to run the model in the executor (`FALLBACK_CALLBACK`);
 * `boolean_mask` (a bool mask on axis 0) and 1-d `nonzero` -> kernels that count, then fill; `topk` with a
   tensor k on the last axis -> a k check and a merge sort; a static op outside regions -> its region converter
   (`vm_dynamic`);
