@@ -8,12 +8,14 @@ region function checks its inputs' shapes when called, as it does when the execu
 
 * region -> a call of its function; cond / case -> ``If`` (a case: nested, predicates in order);
 * foreach -> a call of its compiled loop where codegen built one, else a recursive function over a range of
-  steps that halves the range: ``steps(lo, hi)`` runs ``steps(lo, mid)`` then ``steps(mid, hi)`` and
-  concatenates their stacked outputs (a range of one step runs the body on row `lo`). The recursion is
-  log2(steps) deep, so the number of steps is not limited by the VM's stack (a recursion per step
-  overflows it), at the cost of copying each stacked row log2(steps) times. Zero steps give empty stacks
-  when the body's per-step output types are static, else the program asks the runtime to run the model in
-  the executor (`FALLBACK_CALLBACK`);
+  steps. Where the per-step outputs have static shapes (`_inplace_foreach`), their stacks are allocated once
+  per call and each step copies its rows into them; a range of more than `_CHAIN` steps runs its two halves,
+  a shorter one its first step and then itself on the rest (one call per step, at most `_CHAIN` deep). Else
+  (`_halving_foreach`) ``steps(lo, hi)`` runs ``steps(lo, mid)`` then ``steps(mid, hi)`` and concatenates
+  their stacked outputs (a range of one step runs the body on row `lo`), copying each row log2(steps) times.
+  Either recursion is about log2(steps) deep, so the number of steps is not limited by the VM's stack (a
+  recursion per step overflows it). Zero steps give empty stacks when the body's per-step output types are
+  static, else the program asks the runtime to run the model in the executor (`FALLBACK_CALLBACK`);
 * `boolean_mask` (a bool mask on axis 0) and 1-d `nonzero` -> kernels that count, then fill; `topk` with a
   tensor k on the last axis -> a k check and a merge sort; a static op outside regions -> its region converter
   (`vm_dynamic`);
@@ -46,6 +48,11 @@ def _i64(v: int):
     return tvm.tirx.IntImm("int64", v)
 
 
+def _dtype_imm(dtype: str):
+    """A data type as a packed function's argument (as `relax.op.memory.view` passes it)."""
+    return tvm.ir.GenericConst(tvm.DataType(dtype), relax.AnyType())
+
+
 def _ty(t: TensorType):
     return relax.TensorType(dtype=t.dtype, ndim=t.ndim)
 
@@ -68,6 +75,13 @@ class _Seq:
 
     def result(self, values: list):
         return relax.SeqExpr([relax.BindingBlock(self.bindings)], self.bb.normalize(relax.Tuple(values)))
+
+    def value(self, values: list):
+        """The sequence giving `values`: the value itself where there is one (an ``If`` of one value copies it;
+        of a tuple, it makes the tuple, copies it and takes it apart: three more VM instructions)."""
+        if len(values) == 1:
+            return relax.SeqExpr([relax.BindingBlock(self.bindings)], self.bb.normalize(values[0]))
+        return self.result(values)
 
 
 class _Lowering:
@@ -96,6 +110,11 @@ class _Lowering:
             return [seq.emit(relax.op.zeros(relax.ShapeExpr([_i64(d) for d in value.shape]), dtype))]
         return [relax.const(value, dtype)]
 
+    def _if(self, seq, cond, then: _Seq, then_values: list, other: _Seq, else_values: list, name: str) -> list:
+        """The values of ``If(cond, then, other)`` (branches giving as many values): `_Seq.value`."""
+        res = seq.emit(relax.If(cond, then.value(then_values), other.value(else_values)), name)
+        return [res] if len(then_values) == 1 else self._items(seq, res, len(then_values))
+
     def _items(self, seq, res, k: int) -> list:
         return [seq.emit(relax.TupleGetItem(res, j)) for j in range(k)]
 
@@ -119,7 +138,7 @@ class _Lowering:
         syms = {s: shaped[k].ty.shape.values[ax] for s, (k, ax) in where.items()}
         check = _Seq(self.bb)
         call(check)
-        seq.emit(relax.If(guard_needed(n, syms), check.result([_TRUE()]), _Seq(self.bb).result([_TRUE()])), "guard")
+        self._if(seq, guard_needed(n, syms), check, [_TRUE()], _Seq(self.bb), [_TRUE()], "guard")
 
     def _kernel(self, seq, n, ins):
         outs = self.dynamic.lower(seq, n, ins) if native(n) else None
@@ -137,12 +156,11 @@ class _Lowering:
 
     def _branch(self, g: Graph, args: list):
         seq = _Seq(self.bb)
-        return seq.result(self.graph(seq, g, args))
+        return seq, self.graph(seq, g, args)
 
     def _cond(self, seq, n, ins):
         then_g, else_g = n.subgraphs
-        res = seq.emit(relax.If(ins[0], self._branch(then_g, ins[1:]), self._branch(else_g, ins[1:])), "cond")
-        return self._items(seq, res, len(n.outputs))
+        return self._if(seq, ins[0], *self._branch(then_g, ins[1:]), *self._branch(else_g, ins[1:]), "cond")
 
     def _case(self, seq, n, ins):
         subs = n.subgraphs
@@ -153,9 +171,8 @@ class _Lowering:
                 return self.graph(into, default, ins)
             (pred,) = self.graph(into, preds[k], ins)
             rest = _Seq(self.bb)
-            rest_seq = rest.result(from_case(k + 1, rest))
-            res = into.emit(relax.If(pred, self._branch(branches[k], ins), rest_seq), "case")
-            return self._items(into, res, len(n.outputs))
+            rest_values = from_case(k + 1, rest)
+            return self._if(into, pred, *self._branch(branches[k], ins), rest, rest_values, "case")
         return from_case(0, seq)
 
     def _foreach(self, seq, n, ins):
@@ -167,7 +184,96 @@ class _Lowering:
             args = [ins[k if r == "data" else nd + k if r == "state" else nd + ns + k] for r, k in roles]
             res = seq.emit(relax.Call(loop, args), "loop")
             return self._items(seq, res, len(n.outputs))
+        if _inplace_ok(n):
+            return self._inplace_foreach(seq, n, ins)
         return self._halving_foreach(seq, n, ins)
+
+    def _inplace_foreach(self, seq, n, ins):
+        """A foreach without a compiled loop whose per-step outputs have static shapes: its stacks are allocated
+        once per call and each step copies its rows into them (``runtime.TVMTensorCopyFromTo`` into a view of
+        the row), so the recursion ``steps(data..., states..., caps..., stacks..., (lo, hi))`` returns only the
+        states (no concatenation per level). A range of more than `_CHAIN` steps runs its two halves, a shorter
+        one its first step and then itself on the rest (a call per step, at most `_CHAIN` deep: the VM's stack
+        limits recursion). A step reads row `lo` of each data input
+        as a view's ``vm.builtin.ensure_zero_offset`` (a copy: kernels take no byte offset, and the VM's ``If``
+        reads a tensor's data pointer without its byte offset)."""
+        a = n.attrs
+        body = n.subgraphs[0]
+        nd, ns = a.num_data, a.num_states
+        n_ys = len(body.outputs) - ns
+        row_types = [v.type for v in body.outputs[:n_ys]]
+        out_types = [TensorType((0,) + tuple(t.shape), t.dtype) for t in row_types] + \
+            [v.type for v in body.outputs[n_ys:]]
+        in_types = [v.type for v in n.inputs]
+        lo, hi = tvm.tirx.Var("lo", "int64"), tvm.tirx.Var("hi", "int64")
+        params = [relax.Var(f"in{i}", _ty(t)) for i, t in enumerate(in_types)]
+        stacks = [relax.Var(f"stack{k}", _ty(t)) for k, t in enumerate(out_types[:n_ys])]
+        rng = relax.Var("range", relax.ShapeType([lo, hi]))
+        # returns the states and the first stack (the VM calls no function returning the empty tuple)
+        ret = [_ty(t) for t in out_types[n_ys:]] + [_ty(out_types[0])]
+        name, gv = self._recursive("foreach", params + stacks + [rng], ret)
+        data, states, caps = params[:nd], params[nd:nd + ns], params[nd + ns:]
+
+        one = _Seq(self.bb)                         # a short range: the body on row `lo`, then the rest
+        rows = [self._row(one, d, t, lo) for d, t in zip(data, in_types[:nd])]
+        outs = self.graph(one, body, rows + states + caps)
+        for y, st, t in zip(outs[:n_ys], stacks, row_types):
+            self._write_row(one, st, y, t, lo)
+        rest = _Seq(self.bb)
+        got = rest.emit(relax.Call(gv, data + outs[n_ys:] + caps + stacks + [relax.ShapeExpr([lo + _i64(1), hi])]),
+                        "rest")
+        vals = self._if(one, tvm.tirx.EQ(hi - lo, _i64(1)), _Seq(self.bb), outs[n_ys:] + [stacks[0]],
+                        rest, self._items(rest, got, len(ret)), "rest")
+
+        two = _Seq(self.bb)                         # two halves, in order
+        mid = lo + tvm.tirx.floordiv(hi - lo, _i64(2))
+        first = two.emit(relax.Call(gv, data + states + caps + stacks + [relax.ShapeExpr([lo, mid])]), "first")
+        first_states = [two.emit(relax.TupleGetItem(first, k)) for k in range(ns)]
+        second = two.emit(relax.Call(gv, data + first_states + caps + stacks + [relax.ShapeExpr([mid, hi])]),
+                          "second")
+        body_seq = _Seq(self.bb)
+        res = self._if(body_seq, hi - lo <= _i64(_CHAIN), one, vals, two, self._items(two, second, len(ret)), "steps")
+        func = relax.Function(params + stacks + [rng], body_seq.result(res),
+                              relax.TupleType(ret), is_pure=False)
+        self.recursive.append((gv, func.with_attr("global_symbol", name)))
+
+        steps = tvm.tirx.Var("steps", "int64")
+        for k, d in enumerate(ins[:nd]):
+            t = in_types[k]
+            shape = [steps] + [tvm.tirx.Var(f"d{k}_{j}", "int64") for j in range(1, t.ndim)]
+            ins[k] = self._match(seq, d, relax.TensorType(shape, t.dtype))
+        run = _Seq(self.bb)
+        bufs = [run.emit(relax.op.builtin.alloc_tensor(relax.ShapeExpr([steps] + [_i64(d) for d in t.shape]),
+                                                       t.dtype, 0), "stack") for t in row_types]
+        got = run.emit(relax.Call(gv, ins + bufs + [relax.ShapeExpr([_i64(0), steps])]), "steps")
+        run_seq = run.result(bufs + self._items(run, got, ns))
+        res = seq.emit(relax.If(tvm.tirx.EQ(steps, _i64(0)), self._zero_steps(n, row_types, ins, out_types, nd, ns),
+                                run_seq), "foreach")
+        return self._items(seq, res, len(out_types))
+
+    def _row(self, seq: _Seq, d, t: TensorType, lo):
+        """Row `lo` of `d` (a data input of type `t`), copied."""
+        row_shape = [tvm.tirx.Var(f"r{j}", "int64") for j in range(1, t.ndim)]
+        d = self._match(seq, d, relax.TensorType([tvm.tirx.Var("n", "int64")] + row_shape, t.dtype))
+        size = _i64(np.dtype(t.dtype).itemsize)
+        for r in row_shape:
+            size = size * r
+        view = seq.emit(relax.call_pure_packed(
+            "runtime.TVMTensorCreateView", d, relax.ShapeExpr(row_shape), _dtype_imm(t.dtype),
+            relax.expr.prim_value(lo * size), ty_args=relax.TensorType(row_shape, t.dtype)), "row")
+        return seq.emit(relax.call_pure_packed("vm.builtin.ensure_zero_offset", view,
+                                               ty_args=relax.TensorType(row_shape, t.dtype)), "row")
+
+    def _write_row(self, seq: _Seq, stack, y, t: TensorType, lo):
+        """Copy `y` (a step's output of static type `t`) into row `lo` of `stack`."""
+        shape = [_i64(d) for d in t.shape]
+        size = int(np.prod(t.shape, dtype=np.int64)) * np.dtype(t.dtype).itemsize
+        dst = seq.emit(relax.call_pure_packed(
+            "runtime.TVMTensorCreateView", stack, relax.ShapeExpr(shape), _dtype_imm(t.dtype),
+            relax.expr.prim_value(lo * _i64(size)), ty_args=relax.TensorType(shape, t.dtype)), "dst")
+        y = self._match(seq, y, relax.TensorType(shape, t.dtype))     # (the body's output type: checked)
+        seq.emit(relax.Call(relax.ExternFunc("runtime.TVMTensorCopyFromTo"), [y, dst],
+                            ty_args=[relax.TupleType([])]), "copy")
 
     def _halving_foreach(self, seq, n, ins):
         a = n.attrs
@@ -472,9 +578,17 @@ class _Lowering:
         return seq.result(self._items(seq, res, len(out_types)))
 
 
+_CHAIN = 32                     # a foreach's steps (`_inplace_foreach`) run by a recursion one level per step
 _WHILE_BYTES = 16 << 20         # a while_loop's call of its compiled loop stacks at most this many bytes (>= a row)
 _WHILE_UNSTACKED = 1 << 24      # iterations per call of a loop that stacks nothing
 _WHILE_HALVING_MAX = 1 << 16    # iterations per `steps` call of a while_loop without a compiled loop (16 deep)
+
+
+def _inplace_ok(n) -> bool:
+    """Whether a foreach's per-step outputs (at least one) all have static shapes (`_inplace_foreach`)."""
+    body = n.subgraphs[0]
+    ys = body.outputs[:len(body.outputs) - n.attrs.num_states]
+    return bool(ys) and all(isinstance(d, int) for v in ys for d in v.type.shape)
 
 
 def _rows_per_call(row_types: list) -> int:
