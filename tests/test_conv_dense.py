@@ -38,7 +38,8 @@ def conv_log(caplog):
     return caplog
 
 
-# (id, C, O, kernel, stride, pad, epilogue, spec dims, sizes (N, C, *S))
+# (id, C, O, kernel, stride, pad, epilogue, spec dims, sizes (N, C, *S)); the channel blocks named are those of
+# CHANNEL_BLOCK 8 (`test_unrolled_channel_blocks_match_numpy`; the default, 1, runs the channels unblocked)
 CASES = [
     # 20 input channels: blocks of 4 (8 does not divide 20); stride 2 over odd sizes, 1 x 1 input included
     ("3x3_stride2_c20", 20, 32, (3, 3), (2, 2), 1, "bias_relu", ("N", 20, "H", "W"),
@@ -65,6 +66,20 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_dense_conv_matches_numpy(case, conv_log):
+    _check_case(case, conv_log)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c[0] in ("3x3_stride2_c20", "3x3_c24_residual", "3x3_c9_bias",
+                                                                "7x7_stem_c3")], ids=lambda c: c[0])
+def test_unrolled_channel_blocks_match_numpy(case, conv_log, monkeypatch):
+    """The reduction as (channel blocks, taps, 8 unrolled channels) - the schedule before CHANNEL_BLOCK 1, kept for
+    `benchmarks/bench_conv_variants.py`: blocks of 8, 4 and 1 channels, and the stem's 3 in one block."""
+    from dyntvm.codegen.backends.cpu import cpu_schedule_conv
+    monkeypatch.setattr(cpu_schedule_conv, "CHANNEL_BLOCK", 8)
+    _check_case(case, conv_log)
+
+
+def _check_case(case, conv_log):
     _, c, o, kernel, stride, pad, epilogue, dims, sizes = case
     w = (RNG.standard_normal((o, c, *kernel)) / np.sqrt(c * np.prod(kernel))).astype("float32")
     b = RNG.standard_normal(o).astype("float32")
@@ -119,9 +134,9 @@ def test_register_tile_and_loop_order_from_isa_features(isa, bits, lanes, tile, 
     assert conv_rules(conv_log) == (1, [])
     assert f'"dt_conv_row_tile": {tile}' in text
     assert {int(v) for v in re.findall(r"T\.vectorized\(T\.int64\((\d+)\)\)", text)} == {lanes}
-    # the reduction: input-channel blocks, the 3 x 3 taps, then CHANNEL_BLOCK unrolled channels, the tile inside
-    assert re.search(r"for rc_0, rk0, rk1 in T\.grid\(T\.int64\(4\), T\.int64\(3\), T\.int64\(3\)\):\s+"
-                     rf"for rc_1 in T\.unroll\(T\.int64\({CHANNEL_BLOCK}\)\):\s+"
+    # the reduction in the packed weight's order: the 32 input channels, then the 3 x 3 taps, the tile inside
+    assert CHANNEL_BLOCK == 1
+    assert re.search(r"for rc, rk0, rk1 in T\.grid\(T\.int64\(32\), T\.int64\(3\), T\.int64\(3\)\):\s+"
                      rf"for i1_1 in T\.unroll\(T\.int64\({tile}\)\)", text), text
     # the fused epilogue (bias, residual, relu) under the tile: positions unrolled, channels vectorized, the
     # accumulator tile read [position, channel]

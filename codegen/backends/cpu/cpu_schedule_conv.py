@@ -26,8 +26,12 @@ from .cpu_sched_helpers import child_blocks, loop_extent, total_work, vector_lan
 from ...te_conv import CROP_BLOCK, OCV_BLOCK, PAD_BLOCK, ROW_TILE_ATTR, SPV_BLOCK
 
 
-#: Input channels per step of the dense conv's reduction (`_channels_inside_taps`), unrolled.
-CHANNEL_BLOCK = 8
+#: Input channels unrolled inside the kernel taps per step of the dense conv's reduction (`_channels_inside_taps`);
+#: 1: none, the reduction runs (input channel, taps) - the order of the packed weight [O / vb, Cg, *K, vb], which it
+#: then reads as one contiguous stream. 8 (channel blocks outside the taps, 8 channels unrolled inside them) read
+#: the weight 8 taps apart: resnet18's conv layers summed 1.37x onnxruntime's time with 8, 1.19x with 2, 1.15x with
+#: 1 (`benchmarks/bench_conv_variants.py`, one thread; the 512-channel 3x3 layer at 7 x 7 1.71x -> 1.22x).
+CHANNEL_BLOCK = 1
 #: The taps of the kernel's last axis are unrolled up to this many (1.2x for resnet18's 7x7 stem, ~1.02x 3x3).
 _UNROLL_TAPS = 7
 
@@ -73,13 +77,14 @@ def _pad_per_batch(sch: s_tir.Schedule, n_loop, parallel: bool) -> None:
 
 
 def _channels_inside_taps(sch: s_tir.Schedule, red: list, n_sp: int) -> tuple[list, object]:
-    """The reduction of ``dt_conv_ocv`` as (input-channel blocks, kernel taps, CHANNEL_BLOCK input channels),
+    """The reduction of ``dt_conv_ocv`` as (input channels, kernel taps) with CHANNEL_BLOCK 1 (the default), else
+    (input-channel blocks, kernel taps, CHANNEL_BLOCK input channels),
     the channels unrolled: consecutive multiply-adds read different input channels, so no broadcast value is shared
     between them. With the taps innermost, unrolled, LLVM kept the broadcasts that neighbouring taps share (x[w + 1]
     is tap 1 of position w and tap 0 of position w + 1) live across them, and the 14 (AVX2: 12) accumulators, 2
     weight vectors and those broadcasts spilled to the stack. Returns (the reduction loops in order, the loop to
     unroll or None)."""
-    if len(red) == n_sp:      # one input channel per group: the taps alone
+    if len(red) == n_sp or CHANNEL_BLOCK <= 1:   # the taps alone, or (channels, taps): the packed weight's order
         return red, None
     channels = loop_extent(sch, red[0])
     block = next(b for b in (CHANNEL_BLOCK, 4, 2, 1) if channels % b == 0) if channels > CHANNEL_BLOCK else channels

@@ -1,0 +1,131 @@
+"""resnet18's conv layers (`bench_conv_layers.LAYERS`, symbolic N, H, W, bias / relu / residual fused) compiled
+under several variants of the CPU conv schedule's parameters, each timed against onnxruntime in the same process
+(alternating blocks, this thread's CPU time, one thread each; batch 1): a ratio per variant and layer, and the
+ratio summed over the model's layers. For trying a tile / reduction-block change before making it the default
+(issue 24). Each variant's result is checked against onnxruntime first.
+
+    TVM_NUM_THREADS=1 .venv/bin/python benchmarks/bench_conv_variants.py [--variants base,cb4,vb8]
+                                                                         [--only 3x3] [--rounds 5]
+
+Variants (module constants set while the layer compiles, restored after):
+  base    as shipped
+  cb1     CHANNEL_BLOCK 1
+  cb2     CHANNEL_BLOCK 2
+  cb4     CHANNEL_BLOCK 4 (input channels unrolled per reduction step; shipped: 8)
+  cb16    CHANNEL_BLOCK 16
+  tile7   AVX2 register tile of 16 channels x 7 positions (14 accumulators; shipped: 4)
+  vb8     output channels packed in blocks of 8 (one AVX2 register) x 8 positions
+  vb8t14  blocks of 8 x up to 14 positions
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+if __name__ == "__main__":
+    from thread_env import threads_from_argv     # the script's folder is on sys.path
+    threads_from_argv(sys.argv + ["--threads", "1"], 1)
+
+import argparse  # noqa: E402
+import types  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+
+def _vb8(out_per_group: int, cin_per_group: int, groups: int) -> int:
+    return 1 if (cin_per_group == 1 and groups > 1) or out_per_group % 8 else 8
+
+
+def variants() -> dict:
+    """{name: {(module, attribute): value}}"""
+    from dyntvm.codegen import te_conv as tc
+    from dyntvm.codegen.backends.cpu import cpu_schedule_conv as csc
+    from dyntvm.codegen.converters import window as win
+    return {
+        "base": {},
+        "cb1": {(csc, "CHANNEL_BLOCK"): 1},
+        "cb2": {(csc, "CHANNEL_BLOCK"): 2},
+        "cb4": {(csc, "CHANNEL_BLOCK"): 4},
+        "cb16": {(csc, "CHANNEL_BLOCK"): 16},
+        "tile7": {(tc, "_ACC_REGISTERS"): {512: 14, 256: 14}},
+        "vb8": {(win, "out_channel_block"): _vb8},
+        "vb8t14": {(win, "out_channel_block"): _vb8, (tc, "_ACC_REGISTERS"): {512: 14, 256: 14}},
+    }
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--variants", default="base,cb4,vb8")
+    parser.add_argument("--only", default="", help="layers whose label contains one of these (comma-separated)")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--block", type=float, default=0.25, help="seconds per timing block")
+    parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)   # always 1
+    args = parser.parse_args(argv)
+    import tvm
+    from tvm import relax
+    import dyntvm as dt
+    from dyntvm import F
+    from bench_conv_layers import LAYERS, _cpu_times, _ort
+    from bench_schedules import _region
+    from dyntvm.codegen.backends.cpu.cpu_schedule import build_cpu, cpu_target
+    known = variants()
+    chosen = [v for v in args.variants.split(",") if v]
+    unknown = [v for v in chosen if v not in known]
+    if unknown:
+        parser.error(f"unknown variants {unknown}; known: {sorted(known)}")
+    only = [s for s in args.only.split(",") if s]
+    target = cpu_target()
+    rng = np.random.default_rng(0)
+    print(f"target {target}; load {os.getloadavg()[0]:.2f}; ratios: dyntvm / onnxruntime (thread CPU time)",
+          flush=True)
+    total = {v: [0.0, 0.0] for v in chosen}
+    for label, c, o, k, stride, pad, hw, residual, count in LAYERS:
+        if only and not any(s in label for s in only):
+            continue
+        w = (rng.standard_normal((o, c, k, k)) / np.sqrt(c * k * k)).astype("float32")
+        b = rng.standard_normal(o).astype("float32")
+        ho = (hw + 2 * pad - k) // stride + 1
+        x = rng.standard_normal((1, c, hw, hw)).astype("float32")
+        r = rng.standard_normal((1, o, ho, ho)).astype("float32")
+
+        def layer(v, *res, w=w, b=b, stride=stride, pad=pad):
+            y = F.conv(v, w, b, stride=stride, padding=pad)
+            return F.relu(y + res[0] if res else y)
+        specs = [dt.TensorSpec(("N", c, "H", "W"))] + ([dt.TensorSpec(("N", o, "H", "W"))] if residual else [])
+        targs = [tvm.runtime.tensor(x)] + ([tvm.runtime.tensor(r)] if residual else [])
+        sess = _ort(w, b, stride, pad, residual, list(x.shape), list(r.shape), 1)
+        feeds = {"x": x, **({"r": r} if residual else {})}
+        want = sess.run(None, feeds)[0]
+        runs = {"onnxruntime": types.SimpleNamespace(fn=lambda sess=sess, feeds=feeds: sess.run(None, feeds))}
+        for name in chosen:
+            saved = {key: getattr(*key) for key in known[name]}
+            try:
+                for (mod, attr), value in known[name].items():
+                    setattr(mod, attr, value)
+                mod_, fname = _region(layer, *specs)
+                vm = relax.VirtualMachine(build_cpu(mod_, target), tvm.cpu())
+            finally:
+                for (mod, attr), value in saved.items():
+                    setattr(mod, attr, value)
+            f = vm[fname]
+            got = f(*targs)
+            got = (got if hasattr(got, "numpy") else got[0]).numpy()
+            err = float(np.max(np.abs(got - want)))
+            if not err < 1e-3:
+                raise SystemExit(f"{label}, variant {name}: max |dyntvm - onnxruntime| {err}")
+            runs[name] = types.SimpleNamespace(fn=lambda f=f: f(*targs))
+        ms = {s: t["median_ms"] for s, t in _cpu_times(runs, args.rounds, args.block).items()}
+        flops = 2 * o * c * k * k * ho * ho
+        ort_ms = ms["onnxruntime"]
+        print(f"{label:24s} x{count} ort {ort_ms:7.3f} ms | " + " | ".join(
+            f"{v} {ms[v] / ort_ms:5.2f} ({flops / ms[v] / 1e6:5.1f} GF/s)" for v in chosen), flush=True)
+        for v in chosen:
+            total[v][0] += ms[v] * count
+            total[v][1] += ort_ms * count
+    print("summed over the layers (x count), ratio to onnxruntime: "
+          + " ".join(f"{v} {a / max(b_, 1e-9):.3f}" for v, (a, b_) in total.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
