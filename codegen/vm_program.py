@@ -197,16 +197,8 @@ class _Lowering:
         limits recursion). A step reads row `lo` of each data input
         as a view's ``vm.builtin.ensure_zero_offset`` (a copy: kernels take no byte offset, and the VM's ``If``
         reads a tensor's data pointer without its byte offset)."""
-        a = n.attrs
-        body = n.subgraphs[0]
-        nd, ns = a.num_data, a.num_states
-        n_ys = len(body.outputs) - ns
-        row_types = [v.type for v in body.outputs[:n_ys]]
-        out_types = [TensorType((0,) + tuple(t.shape), t.dtype) for t in row_types] + \
-            [v.type for v in body.outputs[n_ys:]]
-        in_types = [v.type for v in n.inputs]
-        lo, hi = tvm.tirx.Var("lo", "int64"), tvm.tirx.Var("hi", "int64")
-        params = [relax.Var(f"in{i}", _ty(t)) for i, t in enumerate(in_types)]
+        body, in_types = n.subgraphs[0], [v.type for v in n.inputs]
+        nd, ns, n_ys, row_types, out_types, lo, hi, params = _foreach_signature(n)
         stacks = [relax.Var(f"stack{k}", _ty(t)) for k, t in enumerate(out_types[:n_ys])]
         rng = relax.Var("range", relax.ShapeType([lo, hi]))
         # returns the states and the first stack (the VM calls no function returning the empty tuple)
@@ -276,16 +268,8 @@ class _Lowering:
                             ty_args=[relax.TupleType([])]), "copy")
 
     def _halving_foreach(self, seq, n, ins):
-        a = n.attrs
-        body = n.subgraphs[0]
-        nd, ns = a.num_data, a.num_states
-        n_ys = len(body.outputs) - ns
-        row_types = [v.type for v in body.outputs[:n_ys]]
-        out_types = [TensorType((0,) + tuple(t.shape), t.dtype) for t in row_types] + \
-            [v.type for v in body.outputs[n_ys:]]
-        in_types = [v.type for v in n.inputs]
-        lo, hi = tvm.tirx.Var("lo", "int64"), tvm.tirx.Var("hi", "int64")
-        params = [relax.Var(f"in{i}", _ty(t)) for i, t in enumerate(in_types)]
+        body, in_types = n.subgraphs[0], [v.type for v in n.inputs]
+        nd, ns, n_ys, row_types, out_types, lo, hi, params = _foreach_signature(n)
         rng = relax.Var("range", relax.ShapeType([lo, hi]))
         name, gv = self._recursive("foreach", params + [rng], [_ty(t) for t in out_types])
         data, states, caps = params[:nd], params[nd:nd + ns], params[nd + ns:]
@@ -679,3 +663,17 @@ def build_with_program(build_cpu, mod, tvm_target, loops, tuned, program):
     else:
         stats.built += 1
     return ex
+
+
+def _foreach_signature(n):
+    """A foreach node's counts (data, states, per-step outputs), its per-step output types, the types of its
+    results (stacks first), the range vars ``lo``, ``hi`` and the parameters of its recursive function."""
+    a, body = n.attrs, n.subgraphs[0]
+    nd, ns = a.num_data, a.num_states
+    n_ys = len(body.outputs) - ns
+    row_types = [v.type for v in body.outputs[:n_ys]]
+    out_types = [TensorType((0,) + tuple(t.shape), t.dtype) for t in row_types] + \
+        [v.type for v in body.outputs[n_ys:]]
+    lo, hi = tvm.tirx.Var("lo", "int64"), tvm.tirx.Var("hi", "int64")
+    params = [relax.Var(f"in{i}", _ty(v.type)) for i, v in enumerate(n.inputs)]
+    return nd, ns, n_ys, row_types, out_types, lo, hi, params
