@@ -45,6 +45,15 @@ def _vars_of(ty, out: set) -> None:
             out.update(v.name for v in tirx.analysis.undefined_vars(d))
 
 
+def _dims(ty):
+    """The dims of a tensor type's or a shape type's known shape, else None."""
+    if isinstance(ty, relax.TensorType) and isinstance(ty.shape, relax.ShapeExpr):
+        return list(ty.shape.values)
+    if isinstance(ty, relax.ShapeType) and ty.values is not None:
+        return list(ty.values)
+    return None
+
+
 def sized_by_cast_vars(func: relax.Function) -> set:
     """The PrimFuncs (GlobalVars) that `func` calls with an output dim holding a var which a ``match_cast`` in
     `func` binds to an expression (not to a dim that is a var already) and which no argument of the call holds."""
@@ -61,12 +70,10 @@ def sized_by_cast_vars(func: relax.Function) -> set:
         for block in body.blocks:
             for b in block.bindings:
                 if isinstance(b, relax.MatchCast):
-                    value, target = b.value.ty, b.ty
-                    if isinstance(value, relax.TensorType) and isinstance(target, relax.TensorType) and \
-                            isinstance(value.shape, relax.ShapeExpr) and isinstance(target.shape, relax.ShapeExpr):
-                        for src, dst in zip(value.shape.values, target.shape.values):
-                            if isinstance(dst, tirx.Var) and not isinstance(src, (tirx.Var, tirx.IntImm)):
-                                cast_vars.add(dst.name)
+                    src, dst = _dims(b.value.ty), _dims(b.ty)
+                    for a, v in zip(src or (), dst or ()):
+                        if isinstance(v, tirx.Var) and not isinstance(a, (tirx.Var, tirx.IntImm)):
+                            cast_vars.add(v.name)
 
     walk(func.body)
     relax.analysis.post_order_visit(func.body, visit)
