@@ -33,10 +33,16 @@ from tvm.sym import ConstIntBound
 from ...ir.dims import Const, Sym, parse_dim
 
 
+#: False: window outputs keep their expression dims (as before; for A/B measurements, `bench_conv_models --expr-dims`)
+PLAIN_SIZES = True
+
+
 def plain_window_sizes(bb, ctx, node, out: list) -> list:
     """`out` (the window kernel's spatial output sizes for `node`) with each size that is neither a constant nor
     a var replaced by a var bound to it (run-time sizes are >= 1: a check stands in front of the kernel where
     that is not provable), registered in `ctx` for the node's output dim. Sizes of equal dims share one var."""
+    if not PLAIN_SIZES:
+        return list(out)
     dims = node.outputs[0].type.shape
     new = list(out)
     created = []
