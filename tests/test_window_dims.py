@@ -87,3 +87,38 @@ def test_resize_to_a_window_outputs_size_matches_numpy(pool):
         got, want = np.asarray(m(x)), _reference(x, pool)
         assert got.shape == want.shape, shape
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=str(shape))
+
+
+def test_kernel_sized_by_a_known_value_match_cast_stays_out_of_fusion():
+    """The same FuseTIR failure without the window converters: ``m`` bound by a match_cast of a value whose size
+    Relax knows (``(n - 1) // 2 + 1``), then an arange of m (no input carries m) fused with a multiply.
+    `fusion_guard.sized_by_cast_vars` finds the arange; the module builds (it failed in FuseTIR) and runs."""
+    import tvm
+    from tvm import relax, te, tirx
+
+    from dyntvm.codegen.backends.cpu.cpu_schedule import build_cpu
+    from dyntvm.codegen.fusion_guard import sized_by_cast_vars
+
+    def module():
+        n, m = tirx.Var("n", "int64"), tirx.Var("m", "int64")
+        bb = relax.BlockBuilder()
+        x = relax.Var("x", relax.TensorType([n], "float32"))
+        with bb.function("main", [x]):
+            with bb.dataflow():
+                y = bb.emit_te(lambda a: te.compute([tirx.floordiv(n - 1, 2) + 1], lambda i: a[i * 2], name="every"),
+                               x, primfunc_name_hint="every_2nd")
+                z = bb.match_cast(y, relax.TensorType([m], "float32"))
+                r = bb.emit_te(lambda: te.compute([m], lambda i: i.astype("float32"), name="ar"),
+                               primfunc_name_hint="arange_m")
+                r2 = bb.emit_te(lambda a: te.compute([m], lambda i: a[i] * 2.0, name="twice"), r)
+                out = bb.emit_output(relax.Tuple([z, r2]))
+            bb.emit_func_output(out)
+        return bb.get()
+
+    assert {g.name_hint for g in sized_by_cast_vars(module()["main"])} == {"arange_m"}
+    vm = relax.VirtualMachine(build_cpu(module()), tvm.cpu())
+    for size in (1, 7, 8):
+        x = RNG.standard_normal(size).astype("float32")
+        z, r = vm["main"](tvm.runtime.tensor(x))
+        np.testing.assert_array_equal(z.numpy(), x[::2])
+        np.testing.assert_array_equal(r.numpy(), 2.0 * np.arange(len(x[::2]), dtype="float32"))
