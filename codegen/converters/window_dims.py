@@ -22,7 +22,8 @@ ExpandTupleArguments) substitute the expression for the var, and a fused group w
 (the conv and its epilogue; an FPN's Resize ``arange`` to another map's size) gets the var in a shape parameter:
 FuseTIR then failed with "All shape inputs are expected to be single tirx var" (the torchvision detectors).
 `fusion_guard.sized_by_cast_vars` keeps such kernels out of fusion where a ``match_cast`` with a known value
-remains.
+remains. Only on the CPU: a GPU region keeps the expression dims (the sizes kernel would need a GPU schedule, and
+the fusion gain is not measured there).
 """
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ def plain_window_sizes(bb, ctx, node, out: list) -> list:
     """`out` (the window kernel's spatial output sizes for `node`) with each size that is neither a constant nor
     a var replaced by a var bound to it (run-time sizes are >= 1: a check stands in front of the kernel where
     that is not provable), registered in `ctx` for the node's output dim. Sizes of equal dims share one var."""
-    if not PLAIN_SIZES:
+    if not PLAIN_SIZES or ctx.device_checks:    # a GPU region: its kernels need a GPU schedule; not measured there
         return list(out)
     dims = node.outputs[0].type.shape
     new = list(out)
