@@ -3,10 +3,12 @@ export with symbolic B, H, W), dyntvm against onnxruntime at batch 1 (or --batch
 process in alternating blocks (`bench_peers.measure`); compile time (no compile cache) and the maximum
 difference from onnxruntime; torch eager (and with `--torch-compile` torch.compile) on the same model and
 threads are timed alongside. `--before` also compiles and times the convolutions as they were before issue 24
-(Relax's conv2d under the generic schedule: `converters.window.TE_CONV = False`).
+(Relax's conv2d under the generic schedule: `converters.window.TE_CONV = False`); `--expr-dims` also compiles
+and times the model with the window outputs' expression dims (`converters.window_dims.PLAIN_SIZES = False`: the
+kernels after a strided layer unfused, as before the plain dim vars).
 
     .venv/bin/python benchmarks/bench_conv_models.py [--models resnet18,mobilenet_v3_small] [--batch 1]
-                                                    [--before] [--rounds 7] [--torch-compile]
+                                                    [--before] [--expr-dims] [--rounds 7] [--torch-compile]
 """
 from __future__ import annotations
 
@@ -66,6 +68,7 @@ def main(argv=None) -> int:
     parser.add_argument("--models", default="resnet18,mobilenet_v3_small")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--before", action="store_true", help="also the convolutions before issue 24")
+    parser.add_argument("--expr-dims", action="store_true", help="also the window outputs' expression dims")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--torch-compile", action="store_true", help="also time torch.compile (inductor)")
@@ -73,7 +76,7 @@ def main(argv=None) -> int:
     import dyntvm as dt
     from bench_onnx_models import ort_session
     from bench_peers import measure
-    from dyntvm.codegen.converters import window
+    from dyntvm.codegen.converters import window, window_dims
     import tvm
     threads = args.threads or tvm.runtime.num_threads()
     rng = np.random.default_rng(0)
@@ -85,17 +88,19 @@ def main(argv=None) -> int:
             want = session.run(None, {"x": x})[0]
             runs = {"onnxruntime": types.SimpleNamespace(fn=lambda s=session: s.run(None, {"x": x}), args=())}
             runs.update(torch_runs(torch_model, x, threads, want, args.torch_compile))
-            for label, te_conv in ((("before", False),) if args.before else ()) + (("dyntvm", True),):
-                window.TE_CONV = te_conv
+            for label, te_conv, plain in ((("before", False, True),) if args.before else ()) + \
+                    ((("expr-dims", True, False),) if args.expr_dims else ()) + (("dyntvm", True, True),):
+                window.TE_CONV, window_dims.PLAIN_SIZES = te_conv, plain
                 t0 = time.perf_counter()
                 model = dt.compile(dt.from_onnx(path), use_cache=False)
                 compile_s = time.perf_counter() - t0
                 err = float(np.max(np.abs(np.asarray(model(x)) - want)))
                 print(f"{name} {label}: compile {compile_s:.1f} s, max |dyntvm - onnxruntime| {err:.2e}", flush=True)
                 runs[label] = types.SimpleNamespace(fn=lambda m=model: m(x), args=())
-            window.TE_CONV = True
+            window.TE_CONV, window_dims.PLAIN_SIZES = True, True
             timing = measure(runs, args.rounds, 0.5, 0.2)
-            best = min((k for k in timing if k not in ("dyntvm", "before")), key=lambda k: timing[k]["median_ms"])
+            best = min((k for k in timing if k not in ("dyntvm", "before", "expr-dims")),
+                       key=lambda k: timing[k]["median_ms"])
             best_ms = timing[best]["median_ms"]
             print(f"{name} B{args.batch} 224x224 (median ms; / best peer = {best}): " + ", ".join(
                 f"{k} {v['median_ms']:.2f} ({v['median_ms'] / best_ms:.2f}x)" for k, v in timing.items()), flush=True)

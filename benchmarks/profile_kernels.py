@@ -230,7 +230,7 @@ def load_model(args, tmp: str):
     path = args.onnx
     if args.torchvision:
         from bench_conv_models import export
-        path = export(args.torchvision, tmp)
+        path, _ = export(args.torchvision, tmp)      # (the ONNX path, the torch model)
         shapes = {"x": (args.batch, 3, 224, 224)}
     else:
         shapes = {k: tuple(int(d) for d in v.split(",")) for k, v in (s.split("=") for s in args.shape)}

@@ -1,10 +1,13 @@
 """mobilenet-style blocks on the CPU with symbolic batch and spatial dims (issue 24, mobilenet_v3_small): a
-strided convolution's output sizes are expressions of the input's (``(H - 1) // 2 + 1``): hardswish (bias,
-``x * min(max(x + 3, 0), 6) / 6``, NaN-propagating max / min), depthwise convolutions at stride 1 and 2, squeeze-excitation (global mean, 1x1
+strided convolution's output sizes are expressions of the input's (``(H - 1) // 2 + 1``), and the kernels
+after it must still fuse (`converters/window_dims.py`): hardswish (bias, ``x * min(max(x + 3, 0), 6) / 6``,
+NaN-propagating max / min), depthwise convolutions at stride 1 and 2, squeeze-excitation (global mean, 1x1
 convolutions on [B, C, 1, 1], hardsigmoid, the broadcast multiply) and a residual add. Compared with an
-independent numpy expression at several sizes per symbolic dim (1 included, odd sizes)."""
+independent numpy expression at several sizes per symbolic dim (1 included, odd sizes), and the number of
+kernels the region calls is counted."""
 from __future__ import annotations
 
+import re
 
 import numpy as np
 import pytest
@@ -15,6 +18,10 @@ from dyntvm import F
 pytest.importorskip("tvm")
 from test_conv_schedules import ref_conv  # noqa: E402
 
+from dyntvm.codegen.backends.cpu.cpu_schedule import build_cpu  # noqa: E402
+from dyntvm.codegen.build import collect_regions  # noqa: E402
+from dyntvm.codegen.relax_builder import build_module  # noqa: E402
+from dyntvm.pipeline import partition_graph  # noqa: E402
 
 S = dt.TensorSpec
 RNG = np.random.default_rng(36)
@@ -69,6 +76,26 @@ def test_mobile_block_matches_numpy_at_symbolic_sizes():
         got, want = m(x), reference(x)
         assert got.shape == want.shape, shape
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=str(shape))
+
+
+def test_kernels_after_a_strided_conv_fuse():
+    """Before window_dims, every elementwise op after the first strided conv was a kernel of its own (a
+    hardswish alone was 12): the region called 27 kernels. With the window's result re-typed by a match_cast
+    after the conv: 9, each strided conv apart from its epilogue. Now the output sizes are bound before the
+    window kernel (one tiny `dt_window_sizes` kernel per new size pair): every conv is fused with its
+    elementwise epilogue (bias, hardswish, relu, hardsigmoid, the SE multiply's consumer, the residual add)."""
+    graph = partition_graph(dt.trace(model, S(("B", 3, "H", "W"))))
+    ex = build_cpu(build_module(collect_regions(graph)))
+    calls = [m.group(1) for m in re.finditer(r"call\s+(\S+)\s+in:", ex.as_text())
+             if not m.group(1).startswith(("vm.builtin", "dt_check", "shape_func", "compute_symbolic_expr"))
+             and m.group(1) != "reshape"]
+    sizes = [c for c in calls if c.startswith("dt_window_sizes")]
+    work = [c for c in calls if not c.startswith("dt_window_sizes")]
+    assert len(sizes) == 2, calls                   # stem: H/2, W/2; the stride-2 depthwise: H/4, W/4
+    assert len(work) == 7, calls                    # 5 convs with their epilogues, the SE mean (sum, divide)
+    assert not [c for c in work if re.match(r"dt_conv\d*$", c)], calls     # no conv without its epilogue
+    assert not [c for c in work if re.match(r"(where|tir_isnan|logical_or|minimum|maximum|multiply|add|divide)\d*$",
+                                            c)], calls
 
 
 @pytest.mark.parametrize("channels,k,stride", [(5, 3, 2), (6, 5, 1), (12, 3, 1), (9, 5, 2)])

@@ -22,6 +22,7 @@ from ..te_kernels import nonempty_primfunc
 from ..te_window import te_avg_pool, te_max_pool
 from .common import assert_dims, cast, checked, constant_of, dtype_of, emit, shape_of
 from .registry import converter
+from .window_dims import plain_window_sizes
 
 
 def _prim(v):
@@ -76,7 +77,7 @@ def _conv(bb, node, args, ctx):
         if not all(ctx.positive(o) for o in out):
             guard = _check_sizes(bb, ctx, emit(bb, R.zeros([tirx.IntImm(I64, 1)], I64)), out)
         r = bb.emit_te(te_conv, emit(bb, cast(x, work)), w, list(a.strides), list(a.dilations), list(a.pads),
-                       out, groups, vb, guard, primfunc_name_hint="dt_conv")
+                       plain_window_sizes(bb, ctx, node, out), groups, vb, guard, primfunc_name_hint="dt_conv")
         return [cast(r, dt)]
     w = _check_sizes(bb, ctx, w, _out_sizes(ctx, x, sw[2:], a))
     fn, data_layout, kernel_layout = _CONV[nsp]
@@ -110,7 +111,8 @@ def _pool(kind):
         guard = None
         if not all(ctx.positive(o) for o in out):
             guard = _check_sizes(bb, ctx, emit(bb, R.zeros([tirx.IntImm(I64, 1)], I64)), out)
-        geometry = (list(a.kernel), list(a.strides), list(a.dilations), list(a.pads), out)
+        geometry = (list(a.kernel), list(a.strides), list(a.dilations), list(a.pads),
+                    plain_window_sizes(bb, ctx, node, out))
         if kind == "max":
             r = bb.emit_te(te_max_pool, x, *geometry, guard, primfunc_name_hint="dt_max_pool")
         else:
