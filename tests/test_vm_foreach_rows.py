@@ -1,4 +1,4 @@
-"""A foreach without a compiled loop in the VM program (issue 25, `codegen/vm_program._inplace_foreach`): where
+"""A foreach without a compiled loop in the VM program (issue 25, `codegen/vm_loops._inplace_foreach`): where
 its per-step outputs have static shapes, each step copies its rows into stacks allocated once per call, and
 ranges of up to `_CHAIN` steps run one call per step (longer ones halve). Results equal an independent numpy
 expression at 0, 1, odd, chain-boundary and halving sizes; the program text holds no concatenation and fewer VM
@@ -8,7 +8,7 @@ import pytest
 
 import dyntvm as dt
 from dyntvm import F
-from dyntvm.codegen.vm_program import _CHAIN
+from dyntvm.codegen.vm_loops import _CHAIN
 from helpers import assert_same  # tests/ is on sys.path
 
 W = np.linspace(-1.0, 1.0, 12, dtype=np.float32).reshape(4, 3)
