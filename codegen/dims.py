@@ -127,6 +127,10 @@ class ConvertContext:
         # (the matmul converter's flattened GEMM); elementwise ops on it run on `flat` (`converters.sink_flat`)
         self.flat_views: list = []
         self.flat_casts: list = []                     # the match_casts before those views (`common.unflatten`)
+        # dim vars defined before the function's dataflow block (its parameters' and the window sizes' bound
+        # there: `converters.window_dims`), and the bindings of those sizes (moved there: `relax_builder`)
+        self.head_vars: set = set()
+        self.window_sizes: list = []
 
     # -- binding ---------------------------------------------------------------------------------
     def _new_var(self, hint: str) -> tirx.Var:

@@ -31,6 +31,7 @@ from tvm import relax
 from dyntvm.errors import CompileError, UnsupportedOpError
 from ..ir.graph import Graph
 from .converters import CONVERTERS, convert_node
+from .converters.window_dims import hoist_window_sizes
 from .dims import ConvertContext
 
 __all__ = ["build_region_function", "build_module", "unsupported_ops", "param_name"]
@@ -86,6 +87,7 @@ def build_region_function(bb: relax.BlockBuilder, graph: Graph, name: str,
         params.append(p)
         env[v] = p
     ctx.solve()
+    ctx.head_vars = {d for p in params for d in p.ty.shape.values if isinstance(d, tvm.tirx.Var)}
     with bb.function(name, params):
         with bb.dataflow():
             for node in graph.nodes:
@@ -107,6 +109,8 @@ def build_region_function(bb: relax.BlockBuilder, graph: Graph, name: str,
     if gv.name_hint != name:     # a PrimFunc emitted meanwhile took the name (converters use "dt_*")
         raise CompileError(f"region function {name!r} clashes with a kernel name in the module "
                            f"(got {gv.name_hint!r}); names starting with 'dt_' are reserved")
+    if ctx.window_sizes:
+        bb.update_func(gv, hoist_window_sizes(bb.get()[gv], ctx))
     if ctx.flat_views:
         _drop_dead_views(bb, gv, ctx)
     try:

@@ -122,3 +122,35 @@ def test_kernel_sized_by_a_known_value_match_cast_stays_out_of_fusion():
         z, r = vm["main"](tvm.runtime.tensor(x))
         np.testing.assert_array_equal(z.numpy(), x[::2])
         np.testing.assert_array_equal(r.numpy(), 2.0 * np.arange(len(x[::2]), dtype="float32"))
+
+
+WG = (np.random.default_rng(3).standard_normal((2, 2, 3, 3)) * 0.3).astype("float32")
+
+
+def _gate(x):
+    """max_pool 2x2/2 (size H // 2) gated by the global mean of a 3x3/2 conv (size (H + 1) // 2): two window
+    sizes in one region, and the fused chain {max_pool, relu, multiply} spans the conv's sizes."""
+    from dyntvm import F
+    p = F.max_pool(x, 2, 2)
+    c = F.conv(x, WG, stride=2, padding=1)
+    return F.relu(p) * F.sigmoid(F.mean(c, axis=(2, 3), keepdims=True))
+
+
+def _gate_reference(x):
+    n, ch, h, w = x.shape
+    p = x[:, :, :h // 2 * 2, :w // 2 * 2].reshape(n, ch, h // 2, 2, w // 2, 2).max(axis=(3, 5))
+    c = ref_conv(x, WG, (2, 2), (1, 1), [(1, 1), (1, 1)], 1)
+    g = 1 / (1 + np.exp(-c.mean(axis=(2, 3), keepdims=True)))
+    return np.maximum(p, 0) * g
+
+
+def test_two_window_sizes_in_one_fused_chain_match_numpy():
+    """Review 37: the sizes' bindings define vars only types use; FuseOps re-sorted the dataflow block by data edges
+    and put them after the kernels they size (Relax's VMShapeLower: "... has not been computed"). They are moved
+    in front of the dataflow block (`window_dims.hoist_window_sizes`)."""
+    m = dt.compile(_gate, dt.TensorSpec(("N", 2, "H", "W")))
+    rng = np.random.default_rng(0)
+    for shape in [(1, 2, 2, 2), (1, 2, 4, 6), (2, 2, 5, 7), (3, 2, 9, 4)]:
+        x = rng.standard_normal(shape).astype("float32")
+        np.testing.assert_allclose(m(x), _gate_reference(x), rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(m(x), _gate(x), rtol=1e-5, atol=1e-6)

@@ -22,11 +22,15 @@ ExpandTupleArguments) substitute the expression for the var, and a fused group w
 (the conv and its epilogue; an FPN's Resize ``arange`` to another map's size) gets the var in a shape parameter:
 FuseTIR then failed with "All shape inputs are expected to be single tirx var" (the torchvision detectors).
 `fusion_guard.sized_by_cast_vars` keeps such kernels out of fusion where a ``match_cast`` with a known value
-remains. Only on the CPU: a GPU region keeps the expression dims (the sizes kernel would need a GPU schedule, and
+remains. Nothing reads the sizes' bindings (their vars are used in types only), so FuseOps, which re-sorts a
+dataflow block by its data edges, would put them after the kernels they size: they run in a block in front of the
+function's dataflow block (`hoist_window_sizes`), which is why only sizes of the parameters' dims (and earlier
+sizes) become vars. Only on the CPU: a GPU region keeps the expression dims (the sizes kernel would need a GPU schedule, and
 the fusion gain is not measured there).
 """
 from __future__ import annotations
 
+import tvm
 from tvm import relax, te, tirx
 from tvm.relax import op as R
 from tvm.sym import ConstIntBound
@@ -50,6 +54,8 @@ def plain_window_sizes(bb, ctx, node, out: list) -> list:
     for i, d in enumerate(out):
         if isinstance(d, (int, tirx.IntImm, tirx.Var)):
             continue
+        if not all(v in ctx.head_vars for v in tirx.analysis.undefined_vars(d)):
+            continue        # a size of a var bound inside the function: its binding could not move before it
         ours = parse_dim(str(dims[i + 2]))
         if isinstance(ours, Const):
             continue
@@ -67,8 +73,36 @@ def plain_window_sizes(bb, ctx, node, out: list) -> list:
     if created:
         sizes = bb.emit_te(_sizes_te, [out[i] for i in created], primfunc_name_hint="dt_window_sizes")
         shape = bb.emit(R.tensor_to_shape(sizes))
-        bb.match_cast(shape, relax.ShapeType([new[i] for i in created]))
+        cast = bb.match_cast(shape, relax.ShapeType([new[i] for i in created]))
+        ctx.window_sizes.append((sizes, shape, cast))
+        ctx.head_vars.update(new[i] for i in created)
     return new
+
+
+def hoist_window_sizes(func: relax.Function, ctx) -> relax.Function:
+    """`func` with the bindings of its window sizes (`ctx.window_sizes`) moved out of its dataflow block into a
+    block in front of it. Nothing reads them (the vars they define are used only in types), so FuseOps, which
+    re-sorts a dataflow block by its data edges, would move them after the kernels sized by their vars (Relax's
+    VMShapeLower then fails: "... has not been computed"). Their inputs are the parameters' dims and earlier
+    sizes (`plain_window_sizes` creates no other), so they can run first."""
+    moved = {v for chain in ctx.window_sizes for v in chain}
+    blocks = list(func.body.blocks)
+    k = next(i for i, b in enumerate(blocks) if isinstance(b, relax.DataflowBlock))
+    head, rest = [], []
+    rename: dict = {}
+    for b in blocks[k].bindings:
+        if b.var not in moved:
+            rest.append(b)
+            continue
+        var = relax.Var(b.var.name, b.var.ty)
+        value = _renamed(b.value, rename)
+        rename[b.var] = var
+        head.append(relax.MatchCast(var, value, b.ty) if isinstance(b, relax.MatchCast)
+                    else relax.VarBinding(var, value))
+    blocks[k:k + 1] = [relax.BindingBlock(head), relax.DataflowBlock(rest)]
+    new = relax.Function(func.params, relax.SeqExpr(blocks, func.body.body), func.body.ty, func.is_pure,
+                         func.attrs)
+    return relax.transform.Normalize()(tvm.IRModule({"f": new}))["f"]
 
 
 def _sizes_te(sizes: list):
@@ -85,3 +119,14 @@ def _fresh(ctx, node, i: int) -> tirx.Var:
     var = tirx.Var(f"{node.op}_out{i}", "int64")
     ctx.analyzer.update(var, ConstIntBound(1, ConstIntBound.POS_INF), override=True)
     return var
+
+
+def _renamed(value, rename: dict):
+    """`value` (a var, or a call of vars / tuples of vars: the sizes' bindings) with the vars of `rename` replaced."""
+    if isinstance(value, relax.Var):
+        return rename.get(value, value)
+    if isinstance(value, relax.Tuple):
+        return relax.Tuple([_renamed(f, rename) for f in value.fields])
+    if isinstance(value, relax.Call) and any(isinstance(a, (relax.Var, relax.Tuple)) for a in value.args):
+        return relax.Call(value.op, [_renamed(a, rename) for a in value.args], value.attrs, value.ty_args)
+    return value
