@@ -166,6 +166,14 @@ def broadcast_to_own_symbol(a: Dim, b: Dim) -> Dim | None:
     return None
 
 
+def broadcast_to_size(size: int, d: Dim) -> int:
+    """The dim of broadcasting the size `size` (not 1) with the symbolic dim `d`: `size`, with a `DimCheck` recorded
+    (`d` must be `size` or 1 at run time: numpy refuses anything else) where a node records checks."""
+    if _REC.checks is not None:
+        _REC.checks.append(DimCheck(size, d, "broadcast"))
+    return size
+
+
 def state_equal(kept: Dim, other: Dim, what: str) -> None:
     """Record that `other` must equal `kept` (the user said so: `F.assert_dims_equal`); nothing is recorded
     where no node records checks (lint re-running a rule)."""

@@ -8,7 +8,7 @@ import numpy as np
 
 from .types import (Dim, ShapeError, TensorType, dim_add, dim_bounds, dim_floordiv, dim_max, dim_min, dim_mul,
                     dim_prod, dim_sub, dims_equal, is_unknown, simplify_dim)
-from .dim_checks import broadcast_to_own_symbol, equate_dims, recording_checks
+from .dim_checks import broadcast_to_own_symbol, broadcast_to_size, equate_dims, recording_checks
 
 
 def norm_axes(axis, ndim: int) -> tuple:
@@ -38,11 +38,11 @@ def broadcast_dims(a: Dim, b: Dim) -> Dim:
         raise ShapeError(f"cannot broadcast dims {a} and {b}")
     if dims_equal(a, b):
         return simplify_dim(a)
-    # A symbol against an int: the int wins (the symbol must equal it at run time).
+    # A symbol against an int: the int wins (the symbol must equal it, or be 1, at run time: checked).
     if isinstance(a, int):
-        return a
+        return broadcast_to_size(a, b)
     if isinstance(b, int):
-        return b
+        return broadcast_to_size(b, a)
     # A dim that is 0 or 1 (`x[:1]` has min(N, 1) rows) against d: d where it is 1, 0 (numpy needs d <= 1 then)
     # where it is 0; that is d * it, or simply d against min(d, 1).
     for one, d in ((a, b), (b, a)):

@@ -52,6 +52,10 @@ def mismatch(node: Node, check, kept: int, other: int, origins: dict | None = No
     elif node.op == "assert_dims_equal":       # stated by an importer: its format's rule
         why = f"{check.what} requires them equal"
         fix = "pass inputs whose shapes follow that rule"
+    elif isinstance(check.kept, int) and check.what == "broadcast":       # a symbolic dim against a fixed size
+        return DimMismatch(f"{node.op} cannot broadcast {describe_dim(check.other, origins)} = {other} against a "
+                           f"fixed size {kept}: it must be {kept} or 1 (numpy's broadcasting rule). To fix: pass an "
+                           f"input of size {kept} or 1 there")
     else:
         why = (f"{node.op} needs them equal ({check.what}); they could not be proved equal or different while "
                f"tracing, so they were unified and are checked when the model runs")

@@ -362,3 +362,27 @@ def test_hashes_leave_origins_out():
     before = kernel_binding(g)
     g.dim_origins = {d: "somewhere else" for d in g.dim_origins}
     assert kernel_binding(g) == before
+
+
+def test_a_symbolic_dim_against_a_fixed_size_is_checked():
+    """Review 37: ``x [B, 6] * b [M]`` traces to [B, 6] (M must be 6 or 1); compiled it ran for any M, reading past
+    the end of `b` for M = 4 (a silent wrong answer). The broadcast now records a check, run by the compiled
+    region, the executor and the VM program alike; M = 6 and M = 1 keep numpy's result."""
+    def fn(x, b):
+        return x * b + F.exp(x)
+    specs = (dt.TensorSpec(("B", 6)), dt.TensorSpec(("M",)))
+    (mul,) = [n for n in dt.trace(fn, *specs).nodes if n.op == "multiply"]
+    assert [(c.kept, c.other, c.what) for c in mul.checks] == [(6, "M", "broadcast")]
+    m = dt.compile(fn, *specs)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 6)).astype("float32")
+    for size in (6, 1):
+        b = rng.standard_normal(size).astype("float32")
+        np.testing.assert_allclose(m(x, b), x * b + np.exp(x), rtol=1e-5, atol=1e-6)
+    for size in (4, 7, 0, 100000):
+        b = np.ones(size, "float32")
+        with pytest.raises(ValueError):
+            x * b                                   # numpy refuses it too
+        with pytest.raises(ExecutionError, match=f"cannot broadcast the symbolic dim M = {size} against a fixed "
+                                                 "size 6: it must be 6 or 1"):
+            m(x, b)
