@@ -90,7 +90,8 @@ for _group in (Group.UNARY, Group.PREDICATE):      # members without a converter
 
 
 # elementwise ops that run on a flattened matmul's 2-D result (`sink_flat`): unary and arithmetic families
-_SINKABLE = frozenset(ops_in(Group.FLOAT_UNARY)) | frozenset(ops_in(Group.ARITH)) | {"relu", "neg", "abs", "clip"}
+_SINKABLE = frozenset(ops_in(Group.FLOAT_UNARY)) | frozenset(ops_in(Group.UNARY)) | frozenset(ops_in(Group.ARITH)) | \
+    {"clip"}
 
 
 def sink_flat(bb, node, args: list, ctx: ConvertContext):
