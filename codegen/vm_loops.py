@@ -94,11 +94,7 @@ class LoopLowering:
                               relax.TupleType(ret), is_pure=False)
         self.recursive.append((gv, func.with_attr("global_symbol", name)))
 
-        steps = tvm.tirx.Var("steps", "int64")
-        for k, d in enumerate(ins[:nd]):
-            t = in_types[k]
-            shape = [steps] + [tvm.tirx.Var(f"d{k}_{j}", "int64") for j in range(1, t.ndim)]
-            ins[k] = self._match(seq, d, relax.TensorType(shape, t.dtype))
+        steps = self._steps_of_data(seq, ins, in_types, nd)
         run = _Seq(self.bb)
         bufs = [run.emit(relax.op.builtin.alloc_tensor(relax.ShapeExpr([steps] + [_i64(d) for d in t.shape]),
                                                        t.dtype, 0), "stack") for t in row_types]
@@ -107,6 +103,16 @@ class LoopLowering:
         res = seq.emit(relax.If(tvm.tirx.EQ(steps, _i64(0)), self._zero_steps(n, row_types, ins, out_types, nd, ns),
                                 run_seq), "foreach")
         return self._items(seq, res, len(out_types))
+
+    def _steps_of_data(self, seq: _Seq, ins: list, in_types: list, nd: int):
+        """The step count of a foreach: axis 0 of its `nd` data inputs (``ins[:nd]``, replaced by their
+        ``match_cast`` to ``[steps, ...]``: all data the same length, checked)."""
+        steps = tvm.tirx.Var("steps", "int64")
+        for k, d in enumerate(ins[:nd]):
+            t = in_types[k]
+            shape = [steps] + [tvm.tirx.Var(f"d{k}_{j}", "int64") for j in range(1, t.ndim)]
+            ins[k] = self._match(seq, d, relax.TensorType(shape, t.dtype))
+        return steps
 
     def _row(self, seq: _Seq, d, t: TensorType, lo):
         """Row `lo` of `d` (a data input of type `t`), copied."""
@@ -163,11 +169,7 @@ class LoopLowering:
         self.recursive.append((gv, func.with_attr("global_symbol", name)))     # added under `gv` at the end
 
         # the call: the steps are axis 0 of the data (all data the same length, checked by a match_cast)
-        steps = tvm.tirx.Var("steps", "int64")
-        for k, d in enumerate(ins[:nd]):
-            t = in_types[k]
-            shape = [steps] + [tvm.tirx.Var(f"d{k}_{j}", "int64") for j in range(1, t.ndim)]
-            ins[k] = self._match(seq, d, relax.TensorType(shape, t.dtype))
+        steps = self._steps_of_data(seq, ins, in_types, nd)
         run = _Seq(self.bb)
         got = run.emit(relax.Call(gv, ins + [relax.ShapeExpr([_i64(0), steps])]), "steps")
         run_seq = run.result(self._items(run, got, len(out_types)))
