@@ -227,13 +227,16 @@ def build(graph: Graph, target: str = "cpu", cache_dir: str | None = None, use_c
         if hit is not None:
             stats.cache_hits += 1
             lib, entry = hit
+            _count_tuned(facts, tuning, entry.tuned)
             return Built(lib, entry.path, True, desc, entry.sha256, entry.size, tuning is not None, facts)
     try:
-        built = _build_elsewhere(backend, regions, tvm_target, binding, cdir, key, desc, tuning, loops)
+        built = _build_elsewhere(backend, regions, tvm_target, binding, cdir, key, desc, facts, tuning, loops)
         if built is not None:
             built.facts = facts
         else:
+            before = stats.tuned_kernels
             ex = build_executable(regions, backend, binding, tvm_target, loops, tuning, program)
+            _count_tuned(facts, tuning, stats.tuned_kernels - before)
     except OSError as e:            # the build's own temporary files (CUDA), not the cache: a full $TMPDIR...
         import tempfile
         where = e.filename or tempfile.gettempdir()
@@ -253,7 +256,7 @@ def build(graph: Graph, target: str = "cpu", cache_dir: str | None = None, use_c
         warn_refused(tuning[0])
     if built is not None:
         return built
-    entry = _store(cdir, key, ex, binding)
+    entry = _store(cdir, key, ex, binding, facts["tuning"]["kernels_tuned"] if tuning is not None else None)
     if entry is not None:           # run what a later hit loads: the stored library
         import tvm
         try:
@@ -339,23 +342,32 @@ def _usable_cache_dir(cdir: str) -> str | None:
         return None
 
 
-def _store(cdir, key, lib, binding):
+def _count_tuned(facts: dict, tuning, count: int | None) -> None:
+    """Record in `facts` (a model's info) how many kernels were built with the tuning log's schedules: the
+    log's winners whose workloads this model has and that were not refused (None: unknown, a cache entry
+    that did not record it)."""
+    if tuning is not None:
+        facts["tuning"]["kernels_tuned"] = count
+
+
+def _store(cdir, key, lib, binding, tuned: int | None = None):
     """The cache entry `lib` was stored as, or None (no cache; or it cannot be written: a CacheWarning)."""
     if cdir is None:
         return None
     try:
-        return _cache.store(cdir, key, lib, binding)
+        return _cache.store(cdir, key, lib, binding, tuned)
     except OSError as e:
         warnings.warn(f"dyntvm compile cache: cannot write to {cdir} ({type(e).__name__}: {e}); the kernels were "
                       "built without the cache", _cache.CacheWarning, stacklevel=4)
         return None
 
 
-def _build_elsewhere(backend: Backend, regions, tvm_target, binding, cdir, key, desc, tuning=None,
+def _build_elsewhere(backend: Backend, regions, tvm_target, binding, cdir, key, desc, facts, tuning=None,
                      loops=()) -> Built | None:
     """A backend building its library its own way (`Backend.build_library`; CUDA: device code on any machine,
     see `backends/cuda/gpu.py`, the library loaded only where a GPU is), stored in the cache; None where the
     backend builds with `build_executable` in this process alone."""
+    before = stats.tuned_kernels
     made = backend.build_library(regions, tvm_target, binding, build_executable, tuning, loops)
     if made is None:
         return None
@@ -364,8 +376,9 @@ def _build_elsewhere(backend: Backend, regions, tvm_target, binding, cdir, key, 
         stats.builds += 1
         stats.tuned_kernels += tuned_kernels
     tuned = tuning is not None
+    _count_tuned(facts, tuning, stats.tuned_kernels - before)
     try:
-        entry = _store(cdir, key, lib, binding)
+        entry = _store(cdir, key, lib, binding, stats.tuned_kernels - before if tuned else None)
         if path is None:                                  # built in this process (a GPU host): runnable
             if entry is not None:
                 return Built(load_library(entry.path), entry.path, False, desc, entry.sha256, entry.size,

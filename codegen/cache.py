@@ -135,7 +135,7 @@ def _strip_names(g: dict):
 
 
 LIBRARY = "kernels.so"
-SIDECAR = "kernels.json"      # {"sha256", "size", "binding"} of LIBRARY
+SIDECAR = "kernels.json"      # {"sha256", "size", "binding", "tuned_kernels"} of LIBRARY
 
 # An entry is a folder <cache_dir>/<key> holding LIBRARY and SIDECAR. It is written as a temporary
 # folder and renamed into place in one step, so a reader sees no entry or a whole one; a bad one is
@@ -170,6 +170,7 @@ class Entry(NamedTuple):
     path: str
     sha256: str
     size: int
+    tuned: int | None = None        # kernels built with a tuning log's schedule (None: not recorded)
 
 
 class RefusedFile(Exception):
@@ -226,7 +227,9 @@ def _check(folder: str, binding: str | None) -> Entry | str:
         return f"{LIBRARY} does not match its sha256 (corrupt or overwritten)"
     if bound != binding:
         return f"{LIBRARY} was built for other regions"
-    return Entry(lib, sha, size)
+    tuned = meta.get("tuned_kernels")
+    ok = isinstance(tuned, int) and not isinstance(tuned, bool) and 0 <= tuned < 1 << 31
+    return Entry(lib, sha, size, tuned if ok else None)
 
 
 def lookup(cache_dir: str, key: str, binding: str | None = None) -> Entry | None:
@@ -277,7 +280,7 @@ def remove_entry(cache_dir: str, key: str) -> bool:
     return True
 
 
-def store(cache_dir: str, key: str, executable, binding: str | None = None) -> Entry:
+def store(cache_dir: str, key: str, executable, binding: str | None = None, tuned: int | None = None) -> Entry:
     """Export `executable` as entry `key`; returns it. Raises OSError when the cache cannot be written.
 
     Library and sidecar are written into a temporary folder that is then renamed to `key`. If another
@@ -291,12 +294,13 @@ def store(cache_dir: str, key: str, executable, binding: str | None = None) -> E
         os.chmod(lib, 0o600)        # whatever the umask: `_check` refuses a file others may write
         sha, size = file_digest(lib)
         with open(os.open(os.path.join(tmp, SIDECAR), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
-            json.dump({"sha256": sha, "size": size, "binding": binding}, f)
+            json.dump({"sha256": sha, "size": size, "binding": binding,
+                       **({"tuned_kernels": tuned} if tuned is not None else {})}, f)
         folder = os.path.join(cache_dir, key)
         for attempt in (0, 1):
             try:
                 os.rename(tmp, folder)
-                return Entry(os.path.join(folder, LIBRARY), sha, size)
+                return Entry(os.path.join(folder, LIBRARY), sha, size, tuned)
             except OSError:
                 if attempt or not os.path.lexists(folder):
                     raise

@@ -101,8 +101,7 @@ def compile(fn_or_graph, *specs, target: str = "cpu", selector=None, cache_dir: 
         facts = dict(built.facts)
         if "tuning" in facts:
             log = tuning[0]
-            facts["tuning"] = {"log": os.path.abspath(log.path),
-                               "kernels_tuned": len(set(log.winners()) - log.unscheduled - set(log.refused)), **facts["tuning"]}
+            facts["tuning"] = {"log": os.path.abspath(log.path), **facts["tuning"]}
         info.update(facts)
     model = CompiledModel(pg, vm, backend.device, built.lib if built else None, info)
     model.lib_path = built.path if built else None

@@ -200,13 +200,13 @@ def test_store_failure_leaves_no_entry(tmp_path, monkeypatch):
     from dyntvm.codegen import cache as cache_mod
     real = cache_mod.store
 
-    def failing_store(cache_dir, key, executable, binding=None):
+    def failing_store(cache_dir, key, executable, binding=None, tuned=None):
         class Broken:
             def export_library(self, path):
                 with open(path, "wb") as f:
                     f.write(b"half")
                 raise OSError("disk full")
-        return real(cache_dir, key, Broken(), binding)
+        return real(cache_dir, key, Broken(), binding, tuned)
     monkeypatch.setattr(cache_mod, "store", failing_store)
     cache_dir = str(tmp_path / "cache")
     compile_and_check(cache_dir, "disk full", built=True)

@@ -91,6 +91,21 @@ def test_a_hinted_size_runs_the_specialized_build_and_other_sizes_the_generic_on
         assert model.specialized_calls - before == special
 
 
+def test_kernels_tuned_counts_what_applied_also_from_the_cache(log, tmp_path):
+    """info["tuning"]["kernels_tuned"] is the number of kernels built with a tuned schedule: a winner whose
+    workload the model does not have is not counted, and a cache hit reports what the build that stored
+    the entry applied (recorded in its sidecar)."""
+    path = _winning_copy(log, tmp_path)
+    m = _manifest(path)
+    m["kernels"].append(dict(m["kernels"][0], workload="0" * 64, name="not_in_this_model"))
+    tuning.write_manifest(path, m)
+    cache = str(tmp_path / "cache")
+    first = dt.compile(affine, SPEC, tuning_log=path, cache_dir=cache)
+    again = dt.compile(affine, SPEC, tuning_log=path, cache_dir=cache)
+    assert (first.info["cache"], again.info["cache"]) == ("miss", "hit")
+    assert first.info["tuning"]["kernels_tuned"] == again.info["tuning"]["kernels_tuned"] == 1
+
+
 def test_the_dispatch_survives_save_and_load(log, tmp_path):
     model = dt.compile(affine, SPEC, tuning_log=log, use_cache=False)
     model.save(str(tmp_path / "m.dtvm"))

@@ -253,4 +253,4 @@ def test_the_shipped_cpu_logs_apply_without_a_warning(example, folder, stale, tm
         warnings.simplefilter("error", tuning.TuningWarning)
         model = dt.compile(ex.fn, *ex.specs, tuning_log=path, use_cache=False)
     assert stats.tuned_kernels - before == won - stale > 0
-    assert model.info["tuning"]["kernels_tuned"] == won
+    assert model.info["tuning"]["kernels_tuned"] == won - stale      # what applied, not what the log lists
