@@ -127,3 +127,21 @@ def test_compiled_matches_independent_expression(dtype):
     assert len(got) == len(cases)
     for (name, _, want), g in zip(cases, got):
         _check(f"{name} on {dtype} (compiled)", g, want, dtype)
+
+
+@pytest.mark.parametrize("name", ["mod", "floor_divide", "fmod"])
+@pytest.mark.parametrize("divisor", ["int64", "int32"])
+def test_float_modulo_by_an_integer_scalar(name, divisor):
+    """A float tensor mod / floor_divide an integer 0-d tensor (numpy promotes both to float64): the divisor is
+    a cast of an integer in the fused kernel, and the Python-sign correction reads the truncmod twice. It made
+    TVM's LLVM codegen fail with a raw InternalError ("Integer absolute value requires an integer type")."""
+    f = BINARY[name]
+    model = dt.compile(lambda a, k: getattr(F, name)(a, k), S(("B", "S", 4), "float32"), S((), divisor))
+    rng = np.random.default_rng(3)
+    for b, s in ((2, 3), (1, 1), (0, 5), (3, 7)):
+        x = rng.uniform(-20, 20, (b, s, 4)).astype(np.float32)
+        for k in (3, -4, 1):
+            got = np.asarray(model(x, np.array(k, divisor)))
+            want = np.array([f(float(v), k) for v in x.ravel().tolist()], np.float64).reshape(x.shape)
+            assert got.dtype == np.float64
+            np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12, err_msg=f"{name} by {k} at {(b, s)}")

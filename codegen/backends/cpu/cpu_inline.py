@@ -174,9 +174,15 @@ def _fits_budget(sch: s_tir.Schedule, block, sizes: dict) -> bool:
     store = _store(sch, block)
     buffer = store.buffer if store is not None else None
     has_let = store is not None and _has_let_or_lazy(store.value)
+    float_modulo = store is not None and _has_float_modulo(store.value)
     for consumer in sch.get_consumers(block):
         nodes, reads = size(consumer, buffer)
         if nodes + reads * (produced - 1) > INLINE_BUDGET:
+            return False
+        if float_modulo and reads > 1:
+            # read several times, it would be a Let's value (`bind_repeated_loads`): binding a float
+            # truncmod / floormod / floordiv whose divisor is a cast of an integer made TVM's LLVM codegen
+            # fail ("Integer absolute value requires an integer type": its bound analysis takes |divisor|)
             return False
         if has_let and reads > 1:
             # copied to several reads (those of a reduction's update are not bound: a NaN-exact max reads
@@ -184,6 +190,13 @@ def _fits_budget(sch: s_tir.Schedule, block, sizes: dict) -> bool:
             # if_then_else made TVM's CSE reuse a value computed in one branch elsewhere (LLVM rejected it)
             return False
     return True
+
+
+def _has_float_modulo(expr) -> bool:
+    found = []
+    tvm_ffi.structural_walk(expr, [(cls, lambda e: found.append(e) if e.ty.dtype.is_float else None)
+                                   for cls in (tirx.Mod, tirx.FloorMod, tirx.FloorDiv)])
+    return bool(found)
 
 
 def _has_let_or_lazy(expr) -> bool:
