@@ -37,8 +37,18 @@ set_hypothesis_home_dir(os.path.join(tempfile.gettempdir(), "dyntvm-hypothesis")
 
 BATCH = 4                   # programs per compiled batch, at most
 QUICK_BATCHES = 30          # the quick profile: about 60 programs (~15 s), deterministic
-LONG = int(os.environ.get("DYNTVM_FUZZ", "0") or 0)         # the long profile: at least this many programs
-SEED = int(os.environ.get("DYNTVM_FUZZ_SEED", "0") or 0)    # its first seed
+
+
+def _env_count(name: str) -> int:
+    """A non-negative integer environment variable (0 when unset or empty)."""
+    text = os.environ.get(name, "").strip() or "0"
+    if not text.isdigit():
+        raise pytest.UsageError(f"${name} must be a non-negative integer, got {text!r}")
+    return int(text)
+
+
+LONG = _env_count("DYNTVM_FUZZ")         # the long profile: at least this many programs
+SEED = _env_count("DYNTVM_FUZZ_SEED")    # its first seed
 ROUND = 50                  # batches per seed in the long profile
 #: sizes of the symbols in each run: every symbol is 0, 1 and more in some run
 SIZES = [{"N": 0, "M": 1}, {"N": 1, "M": 0}, {"N": 2, "M": 5}, {"N": 5, "M": 2}, {"N": 1, "M": 1}, {"N": 17, "M": 9}]
