@@ -1,4 +1,5 @@
-"""Loop rewrites before partitioning: hoisting out of loop bodies, and while_loop's condition in its body.
+"""Loop rewrites before partitioning: append-only while_loop vars as step outputs (`append_carry`), hoisting
+out of loop bodies, and while_loop's condition in its body.
 
 Both run on the partitioner's private copy of the graph (`partition.partition`), recursively (innermost
 loops first, so what leaves an inner loop may leave the outer one too).
@@ -16,8 +17,8 @@ loop would not have run (zero steps) changes nothing but time.
 **while_loop's condition in its body.** The condition is computed on the new loop vars at the end of the
 body (``WhileAttrs.cond_in_body``: one more, bool output), so once partitioned the condition and the body
 run as one region call per iteration instead of two; the condition graph still decides the first
-iteration. Only where the condition is made of ops with lift rules (ops that cannot raise: computing it
-after the last iteration, which eager mode would not do, then cannot fail).
+iteration. Only where the condition is made of ops with lift rules or views (`VIEWS`: ops that cannot raise:
+computing it after the last iteration, which eager mode would not do, then cannot fail).
 """
 from __future__ import annotations
 
@@ -27,21 +28,26 @@ from ..ir.dims import parse_dim
 from ..ir.graph import Graph, Node, Value
 from ..ir.ops import STATIC
 from ..ir.types import TensorType
+from .append_carry import append_only_carries
 
 
 def rewrite_loops(g: Graph) -> Graph:
-    """Hoist out of every loop body of `g` (in place, whole tree) and move while_loop conditions into their
-    bodies. Returns `g`."""
+    """Turn append-only while_loop vars into step outputs (`append_carry`), hoist out of every loop body of
+    `g` (in place, whole tree) and move while_loop conditions into their bodies. Returns `g`."""
     names = _all_names(g)
-    _rewrite(g, names)
+    _rewrite(g, names, True)
     return g
 
 
-def _rewrite(g: Graph, names: set) -> None:
-    nodes = []
-    for n in g.nodes:
+def _rewrite(g: Graph, names: set, top: bool = False) -> None:
+    for n in list(g.nodes):               # first: the nodes it adds after a loop are then rewritten below
         for s in n.subgraphs:
             _rewrite(s, names)
+        if n.op == "while_loop":
+            k = next(i for i, m in enumerate(g.nodes) if m is n)
+            g.nodes[k:k] = append_only_carries(g, n, lambda base: _fresh(names, base), top)
+    nodes = []
+    for n in g.nodes:
         if n.op == "foreach":
             nodes += _hoist_foreach(n, names)
         elif n.op == "while_loop":
@@ -66,6 +72,11 @@ def _fresh(names: set, base: str) -> str:
         name = f"{base}_{k}"
     names.add(name)
     return name
+
+
+#: Ops without a lift rule that cannot raise either (on values that type-checked): a length read from a
+#: shape (``F.shape_of(x)[0] < limit``) in a while_loop's condition.
+VIEWS = frozenset({"shape_of", "slice", "squeeze", "reshape", "expand_dims"})
 
 
 def _movable(n: Node) -> bool:
@@ -251,7 +262,7 @@ def _condition_into_body(loop: Node, names: set) -> None:
     if a.cond_in_body:
         return
     cond, body = loop.subgraphs
-    if not all(n.op == "constant" or _movable(n) for n in cond.nodes):
+    if not all(n.op == "constant" or _movable(n) or (n.op in VIEWS and not n.checks) for n in cond.nodes):
         return
     nv = a.num_vars
     new_vars = body.outputs[len(body.outputs) - nv:]
