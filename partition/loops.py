@@ -74,9 +74,18 @@ def _fresh(names: set, base: str) -> str:
     return name
 
 
-#: Ops without a lift rule that cannot raise either (on values that type-checked): a length read from a
-#: shape (``F.shape_of(x)[0] < limit``) in a while_loop's condition.
+#: Ops without a lift rule that cannot raise either: a length read from a shape (``F.shape_of(x)[0] < limit``)
+#: in a while_loop's condition. `squeeze` and `reshape` only where their sizes are static (`_view`): on a symbolic
+#: dim they are checked when the kernel runs.
 VIEWS = frozenset({"shape_of", "slice", "squeeze", "reshape", "expand_dims"})
+
+
+def _view(n: Node) -> bool:
+    if n.op not in VIEWS or n.checks:
+        return False
+    if n.op in ("squeeze", "reshape"):
+        return all(isinstance(v.type, TensorType) and v.type.is_static for v in n.inputs + n.outputs)
+    return True
 
 
 def _movable(n: Node) -> bool:
@@ -262,7 +271,7 @@ def _condition_into_body(loop: Node, names: set) -> None:
     if a.cond_in_body:
         return
     cond, body = loop.subgraphs
-    if not all(n.op == "constant" or _movable(n) or (n.op in VIEWS and not n.checks) for n in cond.nodes):
+    if not all(n.op == "constant" or _movable(n) or _view(n) for n in cond.nodes):
         return
     nv = a.num_vars
     new_vars = body.outputs[len(body.outputs) - nv:]
