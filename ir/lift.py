@@ -46,3 +46,12 @@ def lift_transpose(a, ranks, lifted):
     """The sequence axis stays first; the step's axes keep their order after it."""
     axes = tuple(range(ranks[0]))[::-1] if a.axes is None else tuple(x % ranks[0] for x in a.axes)
     return dataclasses.replace(a, axes=(0,) + tuple(x + 1 for x in axes))
+
+
+def lift_reshape(a, ranks, lifted):
+    """Each step's row reshaped to a static shape of no 0 dim: the whole sequence to ``(-1, *shape)`` (the -1 is
+    the number of steps; a 0 dim next to it would make it ambiguous, and a symbolic one may be 0)."""
+    shape = tuple(a.shape)
+    if not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape):
+        return None
+    return dataclasses.replace(a, shape=(-1,) + shape)

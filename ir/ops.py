@@ -26,7 +26,7 @@ from .attrs import (check_fill, ArangeAttrs, ArgReduceAttrs, AxesAttrs, AxisAttr
                     TransposeAttrs, WhileAttrs)
 from .dims import parse_dim
 from .dim_checks import equate_dims
-from .lift import lift_all_axis, lift_axis, lift_elementwise, lift_matmul, lift_reduce, lift_transpose
+from .lift import lift_all_axis, lift_axis, lift_elementwise, lift_matmul, lift_reduce, lift_reshape, lift_transpose
 from .dtypes import arith_dtype, float_dtype, reduce_dtype
 from .shapes import (ShapeError, arange_length, broadcast_shapes, infer_reshape, norm_axis, reduce_shape, slice_length,
                      unify_dims)
@@ -297,7 +297,7 @@ def _reshape(ts, a):
     return [TensorType(shape, ts[0].dtype)]
 
 
-register("reshape", ShapeAttrs, _reshape, num_inputs=1, dim_attrs=("shape",))
+register("reshape", ShapeAttrs, _reshape, num_inputs=1, dim_attrs=("shape",), lift=lift_reshape)
 
 
 def _transpose(ts, a):

@@ -89,6 +89,9 @@ def _view(n: Node) -> bool:
 
 
 def _movable(n: Node) -> bool:
+    if n.op == "reshape" and not all(isinstance(v.type, TensorType) and v.type.is_static
+                                     for v in n.inputs + n.outputs):
+        return False        # sizes known only at run time may not fit (numpy raises): it must not run early
     return n.opdef.kind == STATIC and n.opdef.lift is not None and not n.checks   # (checks are per step)
 
 
