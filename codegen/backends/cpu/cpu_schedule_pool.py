@@ -10,6 +10,7 @@ time (~10% of the model's).
 
 from __future__ import annotations
 
+import tvm
 from tvm import s_tir, tirx
 
 from .cpu_inline import inline_spatial
@@ -40,6 +41,14 @@ def _sched_max_pool(func, target, name: str, parallel: bool) -> tirx.PrimFunc:
     epilogues = [n for n in names[names.index(sch.get(pool).name_hint) + 1:] if not n.startswith(POOL_PAD_BLOCK)]
     if any("R" in iter_kinds(sch, sch.get_sblock(n)) for n in epilogues):
         raise ValueError("a reduction after the max pool")
+    ana = tvm.sym.Analyzer()
+    sizes = [iv.dom.extent for iv in sch.get(pool).iter_vars if iv.iter_type == tirx.IterVar.DataPar]
+    for name_ in epilogues:
+        # an epilogue over other dim vars (equal at run time: another window's output sizes) is not computed
+        # per row: reverse_compute_at gave it every row under each row, reading the pool's one-row buffer
+        ext = [iv.dom.extent for iv in sch.get(sch.get_sblock(name_)).iter_vars]
+        if len(ext) != len(sizes) or not all(ana.can_prove_equal(a, b) for a, b in zip(ext, sizes)):
+            raise ValueError("an epilogue over other sizes than the max pool's")
     loops = sch.get_loops(pool)
     n_sp = len(kinds) - n_red
     spatial, red = loops[:n_sp], loops[n_sp:]
