@@ -46,7 +46,8 @@ def te_max_pool(x, kernel, strides, dilations, pads, out, guard=None):
     dt = str(x.dtype)
     rk = [te.reduce_axis((_i64(0), _i64(k)), name=f"k{i}") for i, k in enumerate(kernel)]
     is_f = dt.startswith("float")
-    red = te.comm_reducer((lambda a, b: _nan_max(a, b, dt)) if is_f else (lambda a, b: tirx.max(a, b)), _lowest, name="nan_max")
+    red = te.comm_reducer((lambda a, b: _nan_max(a, b, dt)) if is_f else (lambda a, b: tirx.max(a, b)), _lowest,
+                          name="nan_max")
     pad_value = _lowest(dt)
     if guard is not None:
         pad_value = pad_value + tirx.Cast(dt, guard[0])

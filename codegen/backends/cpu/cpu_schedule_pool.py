@@ -54,11 +54,11 @@ def _sched_max_pool(func, target, name: str, parallel: bool) -> tirx.PrimFunc:
     spatial, red = loops[:n_sp], loops[n_sp:]
     # parallel over batch x channels only: each index of a fused loop is recovered by a division, and one by
     # the symbolic row count stayed inside the padded copy's loop (its load is conditional: LLVM may not
-    # hoist a division past it) - 2 divisions per element copied, ~3x the pool's time
+    # hoist a division past it) - 2 divisions per element copied, ~10x the pool's time
     tasks = sch.fuse(spatial[0], spatial[1])
+    row = spatial[-2] if n_sp > 3 else tasks      # (a 1-d pool: its one row)
     for pad in [b for b in child_blocks(sch) if sch.get(b).name_hint.startswith(POOL_PAD_BLOCK)]:
-        sch.compute_at(pad, spatial[-2] if n_sp > 3 else tasks, preserve_unit_loops=True)
-    row = spatial[-2] if n_sp > 3 else tasks
+        sch.compute_at(pad, row, preserve_unit_loops=True)
     for name_ in epilogues:    # elementwise ops fusion put after the pool: computed per output row
         sch.reverse_compute_at(sch.get_sblock(name_), row, preserve_unit_loops=True)
     if parallel:
