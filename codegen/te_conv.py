@@ -38,7 +38,7 @@ ROW_TILE_ATTR = "dt_conv_row_tile"
 # two): 4 positions - 8 accumulators, 2 weight vectors, 1 broadcast. 7 positions (14 accumulators) spilled to the
 # stack; 6 (12) are ~1.1x faster than 4 where they divide the row, but a symbolic row is computed in whole tiles,
 # and resnet's 7- and 14-wide rows would then compute 12 and 18 positions (8 and 16 with 4: 1.8x faster on the
-# 512-channel 7 x 7 layer). Static rows: the largest divisor down to a third of that, else ragged tiles. spv: up
+# 512-channel 7 x 7 layer). Static rows: the tile of fewest latency-bound tiles (`row_tile`), else ragged tiles. spv: up
 # to 64 positions (4 AVX-512 or 8 AVX2 registers), down to 32. A row that no such divisor tiles (a symbolic size,
 # a prime) is computed over whole ragged tiles into a buffer a crop stage reads (no predicate in the reduction).
 _ACC_REGISTERS = {512: 14, 256: 8}
@@ -59,12 +59,19 @@ def _host_vector_bits() -> int:
     return 512 if "avx512f" in features else 256
 
 
-def _ocv_tiles(vb: int, dtype: str) -> tuple[int, int, int]:
-    """(largest, smallest divisor taken, ragged) row tiles of ``dt_conv_ocv`` for blocks of vb channels."""
+#: Independent accumulators that keep the FMA units busy (2 FMA pipes x 4 cycles' latency on Zen 3 / 4): a tile
+#: with fewer takes about as long as one with this many (`row_tile`).
+_LATENCY_ACCUMULATORS = 8
+
+
+def _ocv_tiles(vb: int, dtype: str) -> tuple[int, int, int, int]:
+    """(largest, smallest divisor taken, ragged, latency-bound) row tiles of ``dt_conv_ocv`` for blocks of vb
+    channels; the last: positions below which a tile takes as long as with that many (`row_tile`)."""
     bits = _host_vector_bits()
     lanes = max(1, bits // DataType(dtype).bits)
-    largest = max(1, _ACC_REGISTERS[bits] // max(1, vb // lanes))
-    return largest, max(2, largest // 3), min(8, largest)
+    regs = max(1, vb // lanes)
+    largest = max(1, _ACC_REGISTERS[bits] // regs)
+    return largest, max(2, largest // 3), min(8, largest), min(largest, max(1, _LATENCY_ACCUMULATORS // regs))
 
 
 def _i64(v):
@@ -84,16 +91,26 @@ def pack_axes(n_sp: int) -> list:
     return [0] + list(range(2, 3 + n_sp)) + [1]
 
 
-def row_tile(width, tiles: tuple[int, int, int]) -> tuple[int, bool]:
+def row_tile(width, tiles: tuple) -> tuple[int, bool]:
     """(tile, exact) for a row of `width` output positions (an int, or a symbolic PrimExpr), `tiles` (largest,
-    smallest, ragged): the whole row when it fits, else its largest divisor up to `largest` if not below
-    `smallest`; else (ragged, False)."""
-    largest, smallest, ragged = tiles
+    smallest, ragged[, latency]): the whole row when it fits, else its largest divisor up to `largest` if not
+    below `smallest`; else (ragged, False). With `latency` (``dt_conv_ocv``: a tile of fewer positions than that
+    waits on its FMAs' latency, taking as long as one of `latency`), a static row takes the tile of least
+    estimated time - tiles x max(tile, latency) - whole tiles of `ragged` included: on AVX2 (4 positions, all
+    latency-bound) a 14-wide row took exact tiles of 2 (7 tiles), 1.4x slower than ragged ones of 4 (4 tiles,
+    16 positions; resnet18's 256-channel 3x3 layers at 14 x 14, static sizes)."""
+    largest, smallest, ragged = tiles[:3]
+    latency = tiles[3] if len(tiles) > 3 else None
     if isinstance(width, tirx.IntImm):
         width = int(width.value)
     if isinstance(width, int):
         if width <= largest:
             return width, True
+        if latency is not None:
+            def cost(t):
+                return -(-width // t) * max(t, latency)
+            exact = max((d for d in range(1, largest + 1) if width % d == 0), key=lambda d: (-cost(d), d))
+            return (exact, True) if cost(exact) <= cost(ragged) else (ragged, False)
         best = max(d for d in range(1, largest + 1) if width % d == 0)
         if best >= smallest:
             return best, True

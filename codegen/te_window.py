@@ -5,9 +5,16 @@ keeps whichever operand the comparison picks), padding never enters a max, and a
 the taps `runtime/kernels_nn.avg_pool` counts (dilated windows included)."""
 from __future__ import annotations
 
+import tvm
 from tvm import te, tirx
 
 from .dims import I64
+from .te_kernels import isnan_bits
+
+
+#: block names of `te_max_pool` (`cpu_schedule_pool` schedules them)
+MAX_POOL_BLOCK = "max_pool"
+POOL_PAD_BLOCK = "dt_pool_pad"
 
 
 def _i64(v):
@@ -26,9 +33,11 @@ def _lowest(dtype: str):
     return -tirx.infinity(dtype) if dtype.startswith("float") else tirx.min_value(dtype)
 
 
-def _nan_max(a, b):
-    m = tirx.max(a, b)
-    return tirx.Select(tirx.isnan(a), a, tirx.Select(tirx.isnan(b), b, m))
+def _nan_max(acc, b, dtype):
+    """`b` if NaN, else the larger; a NaN `acc` stays (the ordered compare is false). Selects only, no
+    ``tirx.isnan`` (`te_kernels.isnan_bits`): with it the max over a window became a branch per tap, and the
+    row's loop stayed scalar."""
+    return tirx.Select(isnan_bits(b, dtype), b, tirx.Select(b > acc, b, acc))
 
 
 def te_max_pool(x, kernel, strides, dilations, pads, out, guard=None):
@@ -37,15 +46,35 @@ def te_max_pool(x, kernel, strides, dilations, pads, out, guard=None):
     dt = str(x.dtype)
     rk = [te.reduce_axis((_i64(0), _i64(k)), name=f"k{i}") for i, k in enumerate(kernel)]
     is_f = dt.startswith("float")
-    red = te.comm_reducer(_nan_max if is_f else (lambda a, b: tirx.max(a, b)), _lowest, name="nan_max")
+    red = te.comm_reducer((lambda a, b: _nan_max(a, b, dt)) if is_f else (lambda a, b: tirx.max(a, b)), _lowest,
+                          name="nan_max")
     pad_value = _lowest(dt)
     if guard is not None:
         pad_value = pad_value + tirx.Cast(dt, guard[0])
 
-    def f(n, c, *o):
-        pos, inside = _taps(x, kernel, strides, dilations, pads, rk, o)
-        return red(tirx.if_then_else(inside, x(n, c, *pos), pad_value), axis=rk)
-    return te.compute(list(x.shape[:2]) + list(out), f, name="max_pool")
+    # the input padded with `pad_value` over the span the windows read ((out - 1) * stride + the window's
+    # extent: ceil_mode's last window may pass the after-padding), so that the max reads it without a bounds
+    # test per tap: a vector loop along the row (`cpu_schedule_pool`). Not where no window can leave the input.
+    span = [tirx.max((_i64(o) - _i64(1)) * _i64(s) + _i64((k - 1) * d + 1), _i64(0))
+            for o, k, s, d in zip(out, kernel, strides, dilations)]
+    ana = tvm.sym.Analyzer()
+    if (any(lo or hi for lo, hi in pads) or guard is not None
+            or not all(ana.can_prove(sp <= x.shape[2 + i]) for i, sp in enumerate(span))):
+
+        def padded(n, c, *p):
+            src = [p[i] - _i64(lo) for i, (lo, _) in enumerate(pads)]
+            inside = tirx.all(*[tirx.all(q >= _i64(0), q < x.shape[2 + i]) for i, q in enumerate(src)])
+            return tirx.if_then_else(inside, x(n, c, *src), pad_value)
+        xp = te.compute(list(x.shape[:2]) + span, padded, name=POOL_PAD_BLOCK)
+
+        def f(n, c, *o):
+            return red(xp(n, c, *[o[i] * _i64(s) + rk[i] * _i64(d)
+                                  for i, (s, d) in enumerate(zip(strides, dilations))]), axis=rk)
+    else:
+        def f(n, c, *o):
+            pos, _ = _taps(x, kernel, strides, dilations, pads, rk, o)
+            return red(x(n, c, *pos), axis=rk)
+    return te.compute(list(x.shape[:2]) + list(out), f, name=MAX_POOL_BLOCK)
 
 
 def _count(n, k, s, d, lo, hi, o, include_pad):

@@ -16,6 +16,7 @@ import dyntvm as dt
 from dyntvm import F
 
 pytest.importorskip("tvm")
+import tvm  # noqa: E402
 from dyntvm.codegen.backends.cpu import cpu_schedule  # noqa: E402
 from dyntvm.codegen.build import collect_regions  # noqa: E402
 from dyntvm.codegen.backends.cpu.cpu_schedule import build_cpu  # noqa: E402
@@ -87,6 +88,11 @@ CASES = [
      (2, 1, 10, 10), [(2, 1, 10, 10)]),
     ("conv3d", 4, 16, (3, 3, 3), (1, 1, 1), (1, 1, 1), ((1, 1), (1, 1), (0, 1)), 1, "bias_relu",
      (1, 4, 5, 6, 7), [(1, 4, 5, 6, 7)]),
+    # static rows the AVX2 tile (4) does not divide: whole ragged tiles of 4 (`row_tile`'s estimate), cut
+    ("static_14_wide_ragged", 32, 32, (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1)), 1, "bias_relu_res",
+     (2, 32, 5, 14), [(2, 32, 5, 14)]),
+    ("static_7_wide_stride2", 16, 32, (3, 3), (2, 2), (1, 1), ((1, 1), (1, 1)), 1, "bias_relu",
+     (1, 16, 13, 13), [(1, 16, 13, 13)]),
 ]
 
 
@@ -161,3 +167,20 @@ def test_conv_block_is_one_kernel(conv_log):
              if not m.group(1).startswith("vm.builtin") and m.group(1) != "shape_func"]
     assert len(calls) == 1 and "dt_conv" in calls[0], calls
     assert conv_rules(conv_log) == (1, [])
+
+
+@pytest.mark.parametrize("tiles,widths", [
+    # AVX2, 16 channels: 4 positions, every tile latency-bound: fewest tiles (ragged 4 for 7, 14, 30; not 2 or 1)
+    ((4, 2, 4, 4), {3: (3, True), 7: (4, False), 9: (3, True), 12: (4, True), 14: (4, False), 30: (4, False),
+                    56: (4, True)}),
+    # AVX-512, 16 channels: up to 14, 8 hide the latency: exact divisors where they are as fast
+    ((14, 4, 8, 8), {7: (7, True), 14: (14, True), 16: (8, True), 17: (8, False), 28: (14, True), 30: (10, True),
+                     56: (14, True)}),
+])
+def test_row_tile_takes_the_fewest_latency_bound_tiles(tiles, widths):
+    """`row_tile` on static rows of the dense form: the tile of least estimated time (tiles x max(tile, latency)),
+    exact on a tie; a symbolic row takes whole ragged tiles; the depthwise form's rule is the divisor one."""
+    from dyntvm.codegen.te_conv import _SPV_TILES, row_tile
+    assert {w: row_tile(w, tiles) for w in widths} == widths
+    assert row_tile(tvm.tirx.Var("W", "int64"), tiles) == (tiles[2], False)
+    assert row_tile(112, _SPV_TILES) == (56, True) and row_tile(14, _SPV_TILES) == (14, True)

@@ -40,6 +40,7 @@ from ...fusion_guard import opaque_shape_scalar_kernels
 from .cpu_fast_math import FAST_MATH, LANES_SUFFIX
 from .cpu_inline import inline_spatial
 from .cpu_schedule_conv import conv_block_name, conv_select
+from .cpu_schedule_pool import pool_block_name, pool_select
 from .cpu_schedule_dispatch import _parallel_cands, _select
 from .cpu_schedule_fuse import CONTRACTION_GROUP, merge_contractions
 from .cpu_schedule_matmul import _MATMUL_MR, PACK_MIN_ROWS, _group_select, _sched_matmul, matmul_rows
@@ -353,6 +354,9 @@ def _schedule_func(func: tirx.PrimFunc, target, name: str = "") -> tirx.PrimFunc
     conv = conv_block_name(sch)
     if conv is not None:    # the original func: its padded input stays a block (`cpu_schedule_conv`)
         rules.append(("conv", lambda: conv_select(func, target, conv)))
+    pool = pool_block_name(sch) if conv is None else None
+    if pool is not None:    # the original func: its padded input stays a block (`cpu_schedule_pool`)
+        rules.append(("max_pool", lambda: pool_select(func, target, pool)))
     if name.startswith(CONTRACTION_GROUP):
         rules.append(("contraction_group", lambda: _group_select(inlined, target, work)))
     if lanes:
