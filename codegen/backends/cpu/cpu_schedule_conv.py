@@ -22,7 +22,9 @@ from tvm import s_tir, tirx
 from .cpu_schedule_depthwise import spv_channel_block
 from .cpu_schedule_dispatch import _parallel_cands, _select
 from .cpu_inline import inline_spatial
-from .cpu_sched_helpers import child_blocks, loop_extent, total_work, vector_lanes, vectorize_tile, writes_param
+from . import cpu_sched_helpers
+from .cpu_sched_helpers import (child_blocks, loop_extent, tile_scope, total_work, vector_lanes, vectorize_tile,
+                                writes_param)
 from ...te_conv import CROP_BLOCK, OCV_BLOCK, PAD_BLOCK, ROW_TILE_ATTR, SPV_BLOCK
 
 
@@ -44,13 +46,13 @@ def conv_block_name(sch: s_tir.Schedule) -> str | None:
 
 
 def _attach_epilogue(sch: s_tir.Schedule, func, conv, loop, relayout=None) -> list:
-    """The accumulator tile in registers ("local"), the epilogue chain computed per tile under `loop`;
+    """The accumulator tile in registers (`cpu_sched_helpers.TILE_SCOPE`), the epilogue chain computed per tile under `loop`;
     returns the epilogue blocks attached there. `relayout(block)`: called on each before it is attached."""
     epilogues = list(sch.get_consumers(conv))
     if not writes_param(func, sch, conv):
-        sch.set_scope(conv, 0, "local")
+        tile_scope(sch, conv)
     elif not epilogues:
-        epilogues = [sch.cache_write(conv, 0, "local")]
+        epilogues = [sch.cache_write(conv, 0, cpu_sched_helpers.TILE_SCOPE)]
     attached = []
     while epilogues:
         epi = epilogues.pop(0)
