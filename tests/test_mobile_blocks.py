@@ -164,3 +164,19 @@ def test_strided_spatial_vectorized_conv_reads_phases(channels, groups, k, strid
     mod = schedule_module(legalize_and_fuse(target)(build_module(collect_regions(partition_graph(
         dt.trace(layer, S(sym)))))), target)
     assert any(PHASES_BLOCK in f.script() for gv, f in mod.functions_items() if "conv" in gv.name_hint)
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_depthwise_padding_around_an_empty_row(stride):
+    """A row of width 0 padded into output columns (the spv form's padded copy, in phases at stride 2): zeros
+    plus the bias, nothing loaded from the empty row."""
+    w = RNG.standard_normal((4, 1, 1, 1)).astype("float32")
+    b = RNG.standard_normal(4).astype("float32")
+    m = dt.compile(lambda x: F.conv(x, w, b, stride=stride, padding=1, groups=4), S(("B", 4, "H", "W")),
+                   use_cache=False)
+    for shape in [(1, 4, 3, 0), (2, 4, 5, 1), (0, 4, 3, 3)]:
+        x = RNG.standard_normal(shape).astype("float32")
+        want = _dw_numpy(x, w, stride, 1, 1, 4) + b.reshape(1, 4, 1, 1)
+        got = m(x)
+        assert got.shape == want.shape, shape
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=str(shape))
