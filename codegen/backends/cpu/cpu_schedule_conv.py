@@ -47,7 +47,8 @@ def conv_block_name(sch: s_tir.Schedule) -> str | None:
 
 def _attach_epilogue(sch: s_tir.Schedule, func, conv, loop, relayout=None) -> list:
     """The accumulator tile in registers (`cpu_sched_helpers.TILE_SCOPE`), the epilogue chain computed per tile
-    under `loop`; returns the epilogue blocks attached there. `relayout(block)`: called on each before it is attached."""
+    under `loop`; returns the epilogue blocks attached there. `relayout(block)`: called on each before it is
+    attached."""
     epilogues = list(sch.get_consumers(conv))
     if not writes_param(func, sch, conv):
         tile_scope(sch, conv)
