@@ -110,3 +110,73 @@ def test_depthwise_channel_blocks_match_numpy(channels, k, stride):
         pads = [(k // 2, k // 2)] * 2
         np.testing.assert_allclose(m(x), ref_conv(x, w, (stride, stride), (1, 1), pads, channels), rtol=1e-4,
                                    atol=1e-4, err_msg=str(shape))
+
+
+def _dw_numpy(x, w, stride, dilation, pad, groups):
+    """A grouped convolution written tap by tap: zero padding, then for each kernel tap the strided slice of the
+    padded input times the tap's weight, summed over the group's input channels (float64)."""
+    n, c = x.shape[:2]
+    o, cg = w.shape[:2]
+    ks = w.shape[2:]
+    xp = np.pad(x.astype(np.float64), [(0, 0), (0, 0)] + [(pad, pad)] * len(ks))
+    out = [(s + 2 * pad - dilation * (k - 1) - 1) // stride + 1 for s, k in zip(x.shape[2:], ks)]
+    y = np.zeros((n, o, *out))
+    og = o // groups
+    for oc in range(o):
+        g = oc // og
+        for ci in range(cg):
+            for tap in np.ndindex(*ks):
+                sl = tuple(slice(t * dilation, t * dilation + (m - 1) * stride + 1, stride) for t, m in zip(tap, out))
+                y[:, oc] += xp[(slice(None), g * cg + ci) + sl] * w[(oc, ci) + tap]
+    return y
+
+
+@pytest.mark.parametrize("channels,groups,k,stride,dilation,dims", [
+    (8, 8, 3, 2, 1, 2), (7, 7, 5, 2, 1, 2), (6, 6, 3, 3, 1, 2), (5, 5, 3, 2, 2, 2), (6, 3, 3, 2, 1, 2),
+    (4, 4, 5, 2, 1, 1)])
+def test_strided_spatial_vectorized_conv_reads_phases(channels, groups, k, stride, dilation, dims):
+    """A strided depthwise / small-group convolution (the spv form) reads its padded input stored as `stride`
+    phases (`te_conv._padded_phases`), so that a row tile's taps are contiguous vectors: odd sizes, strides 2 and
+    3, dilation, 1-D and 2-D, symbolic and static widths, batch 1 and 0, with a hardswish epilogue in the same
+    kernel; compared with a tap-by-tap numpy expression."""
+    from dyntvm.codegen.te_conv import PHASES_BLOCK
+    w = (RNG.standard_normal((channels, channels // groups) + (k,) * dims) / k).astype("float32")
+    b = RNG.standard_normal(channels).astype("float32")
+    bias = b.reshape((1, channels) + (1,) * dims)
+
+    def layer(x):
+        return hardswish(F.conv(x, w, b, stride=stride, padding=k // 2, dilation=dilation, groups=groups), F)
+    sym = ("B", channels) + ("H", "W")[2 - dims:]
+    shapes = [(1, channels) + s[2 - dims:] for s in [(1, 1), (7, 9), (16, 17), (3, 30)]] + [(0, channels) + (5,) * dims]
+    for spec, sizes in [(sym, shapes), ((1, channels) + (13,) * dims, [(1, channels) + (13,) * dims])]:
+        graph = partition_graph(dt.trace(layer, S(spec)))
+        text = build_cpu(build_module(collect_regions(graph))).as_text()
+        assert len([c for c in re.findall(r"call\s+(\S+)\s+in:", text) if "conv" in c]) == 1, text
+        m = dt.compile(layer, S(spec), use_cache=False)
+        for shape in [s for s in sizes if min(s[2:]) + 2 * (k // 2) >= dilation * (k - 1) + 1]:
+            x = RNG.standard_normal(shape).astype("float32")
+            want = hardswish(_dw_numpy(x, w, stride, dilation, k // 2, groups) + bias, np)
+            got = m(x)
+            assert got.shape == want.shape, shape
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=str((spec, shape)))
+    from dyntvm.codegen.backends.cpu.cpu_schedule import cpu_target, legalize_and_fuse, schedule_module
+    target = cpu_target()
+    mod = schedule_module(legalize_and_fuse(target)(build_module(collect_regions(partition_graph(
+        dt.trace(layer, S(sym)))))), target)
+    assert any(PHASES_BLOCK in f.script() for gv, f in mod.functions_items() if "conv" in gv.name_hint)
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_depthwise_padding_around_an_empty_row(stride):
+    """A row of width 0 padded into output columns (the spv form's padded copy, in phases at stride 2): zeros
+    plus the bias, nothing loaded from the empty row."""
+    w = RNG.standard_normal((4, 1, 1, 1)).astype("float32")
+    b = RNG.standard_normal(4).astype("float32")
+    m = dt.compile(lambda x: F.conv(x, w, b, stride=stride, padding=1, groups=4), S(("B", 4, "H", "W")),
+                   use_cache=False)
+    for shape in [(1, 4, 3, 0), (2, 4, 5, 1), (0, 4, 3, 3)]:
+        x = RNG.standard_normal(shape).astype("float32")
+        want = _dw_numpy(x, w, stride, 1, 1, 4) + b.reshape(1, 4, 1, 1)
+        got = m(x)
+        assert got.shape == want.shape, shape
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=str(shape))

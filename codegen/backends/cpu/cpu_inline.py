@@ -173,7 +173,7 @@ def _fits_budget(sch: s_tir.Schedule, block, sizes: dict) -> bool:
     produced, _ = size(block)
     store = _store(sch, block)
     buffer = store.buffer if store is not None else None
-    has_let = store is not None and _has_let_or_lazy(store.value)
+    has_let, has_lazy = _has_let_or_lazy(store.value) if store is not None else (False, False)
     float_modulo = store is not None and _has_float_modulo(store.value)
     for consumer in sch.get_consumers(block):
         nodes, reads = size(consumer, buffer)
@@ -184,10 +184,13 @@ def _fits_budget(sch: s_tir.Schedule, block, sizes: dict) -> bool:
             # truncmod / floormod / floordiv whose divisor is a cast of an integer made TVM's LLVM codegen
             # fail ("Integer absolute value requires an integer type": its bound analysis takes |divisor|)
             return False
-        if has_let and reads > 1:
+        if (has_lazy and reads > 1) or (has_let and _loads_of(sch, consumer, buffer) > 1):
             # copied to several reads (those of a reduction's update are not bound: a NaN-exact max reads
             # its operand three times), a Let defines its variable twice (ill-formed TIR) and an
-            # if_then_else made TVM's CSE reuse a value computed in one branch elsewhere (LLVM rejected it)
+            # if_then_else made TVM's CSE reuse a value computed in one branch elsewhere (LLVM rejected it).
+            # A Let's copies are the loads as written (one bound to a Let and used twice is one copy): counting
+            # the uses kept hardswish's clamp after a conv a block of its own, written per tile to a buffer of
+            # run-time size (a workspace allocation per tile: 1.3-1.5x the depthwise layer's time)
             return False
     return True
 
@@ -199,11 +202,24 @@ def _has_float_modulo(expr) -> bool:
     return bool(found)
 
 
-def _has_let_or_lazy(expr) -> bool:
+def _has_let_or_lazy(expr) -> tuple[bool, bool]:
+    """(whether `expr` holds a ``Let``, whether it holds an ``if_then_else``)."""
+    lets, lazy = [], []
+    tvm_ffi.structural_walk(expr, [(tirx.Let, lets.append),
+                                   (tvm.ir.expr.Call, lambda c: lazy.append(c) if _is_lazy(c) else None)])
+    return bool(lets), bool(lazy)
+
+
+def _loads_of(sch: s_tir.Schedule, block, buffer) -> int:
+    """Loads of `buffer` in `block`'s stored value as written (a load bound once to a ``Let`` and used several
+    times is one): the copies of a producer that inlining makes. (`expanded_size` counts the uses.)"""
+    store = _store(sch, block)
+    if store is None:
+        return 2
     found = []
-    tvm_ffi.structural_walk(expr, [(tirx.Let, found.append),
-                                   (tvm.ir.expr.Call, lambda c: found.append(c) if _is_lazy(c) else None)])
-    return bool(found)
+    tvm_ffi.structural_walk(store.value, (TensorLoad, lambda ld: found.append(ld) if ld.source.same_as(buffer)
+                                          else None))
+    return len(found)
 
 
 def inline_spatial(func: tirx.PrimFunc, sch: s_tir.Schedule, keep: tuple = ()) -> None:

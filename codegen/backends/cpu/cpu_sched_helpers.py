@@ -19,6 +19,19 @@ _LIBM_OPS = 16  # a scalar libm call costs ~16 vectorized multiply-adds
 _ARITH_OP = re.compile(r" [-+*/%] | // |T\.(?:max|min|Select|if_then_else|sqrt|rsqrt|floor)\(")
 
 
+#: The storage scope of a kernel's register tile (an accumulator tile, an epilogue's cache tile): "global", not
+#: "local". TVM's LowerTVMBuiltin makes a stack array only of a constant-size "global" buffer on the CPU; a
+#: "local" one, even of constant size once compacted under the tile loop (128 bytes), became a
+#: TVMBackendAllocWorkspace / FreeWorkspace pair per tile (a depthwise layer's rows: ~20% of its time). Either
+#: way LLVM keeps an unrolled tile in registers.
+TILE_SCOPE = "global"
+
+
+def tile_scope(sch: s_tir.Schedule, block) -> None:
+    """`block`'s output buffer in `TILE_SCOPE` (an intermediate is "global" already)."""
+    if TILE_SCOPE != "global":
+        sch.set_scope(block, 0, TILE_SCOPE)
+
 def child_blocks(sch: s_tir.Schedule) -> list:
     return list(sch.get_child_blocks(sch.get_sblock("root")))
 

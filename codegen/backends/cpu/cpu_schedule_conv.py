@@ -22,8 +22,10 @@ from tvm import s_tir, tirx
 from .cpu_schedule_depthwise import spv_channel_block
 from .cpu_schedule_dispatch import _parallel_cands, _select
 from .cpu_inline import inline_spatial
-from .cpu_sched_helpers import child_blocks, loop_extent, total_work, vector_lanes, vectorize_tile, writes_param
-from ...te_conv import CROP_BLOCK, OCV_BLOCK, PAD_BLOCK, ROW_TILE_ATTR, SPV_BLOCK
+from . import cpu_sched_helpers
+from .cpu_sched_helpers import (child_blocks, loop_extent, tile_scope, total_work, vector_lanes, vectorize_tile,
+                                writes_param)
+from ...te_conv import CROP_BLOCK, OCV_BLOCK, PAD_BLOCK, PHASES_BLOCK, ROW_TILE_ATTR, SPV_BLOCK
 
 
 #: Input channels unrolled inside the kernel taps per step of the dense conv's reduction (`_channels_inside_taps`);
@@ -44,13 +46,14 @@ def conv_block_name(sch: s_tir.Schedule) -> str | None:
 
 
 def _attach_epilogue(sch: s_tir.Schedule, func, conv, loop, relayout=None) -> list:
-    """The accumulator tile in registers ("local"), the epilogue chain computed per tile under `loop`;
-    returns the epilogue blocks attached there. `relayout(block)`: called on each before it is attached."""
+    """The accumulator tile in registers (`cpu_sched_helpers.TILE_SCOPE`), the epilogue chain computed per tile
+    under `loop`; returns the epilogue blocks attached there. `relayout(block)`: called on each before it is
+    attached."""
     epilogues = list(sch.get_consumers(conv))
     if not writes_param(func, sch, conv):
-        sch.set_scope(conv, 0, "local")
+        tile_scope(sch, conv)
     elif not epilogues:
-        epilogues = [sch.cache_write(conv, 0, "local")]
+        epilogues = [sch.cache_write(conv, 0, cpu_sched_helpers.TILE_SCOPE)]
     attached = []
     while epilogues:
         epi = epilogues.pop(0)
@@ -71,9 +74,11 @@ def _pad_per_batch(sch: s_tir.Schedule, n_loop, parallel: bool) -> None:
     pads = [b for b in child_blocks(sch) if sch.get(b).name_hint.startswith(PAD_BLOCK)]
     for pad in pads:
         sch.compute_at(pad, n_loop, preserve_unit_loops=True)
-        loops = sch.get_loops(pad)[1:]     # c, rows..., columns
-        if parallel and len(loops) > 1:
-            sch.parallel(sch.fuse(*loops[:-1]))
+        loops = sch.get_loops(pad)[1:]     # c, rows..., columns (phases: c, rows..., phase, columns)
+        # (the phase stays out of the fused loop: fused with symbolic rows, TVM's iter-map rewrite failed)
+        tasks = loops[:-2] if sch.get(pad).name_hint.startswith(PHASES_BLOCK) else loops[:-1]
+        if parallel and tasks:
+            sch.parallel(sch.fuse(*tasks) if len(tasks) > 1 else tasks[0])
 
 
 def _channels_inside_taps(sch: s_tir.Schedule, red: list, n_sp: int) -> tuple[list, object]:

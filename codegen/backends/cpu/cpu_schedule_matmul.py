@@ -11,10 +11,12 @@ import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir import SBlock, SBlockRealize
 
+from . import cpu_sched_helpers
 from .cpu_inline import inline_spatial
 from .cpu_schedule_dispatch import _parallel_cands, _select
-from .cpu_sched_helpers import (child_blocks, is_contraction, iter_kinds, loop_extent, pick_tile, total_work,
-                                vector_lanes, vector_registers, vectorize_inner, vectorize_tile, writes_param)
+from .cpu_sched_helpers import (child_blocks, is_contraction, iter_kinds, loop_extent, pick_tile, tile_scope,
+                                total_work, vector_lanes, vector_registers, vectorize_inner, vectorize_tile,
+                                writes_param)
 
 _LOG = logging.getLogger("dyntvm.codegen.cpu_schedule")
 
@@ -95,9 +97,9 @@ def _sched_matmul(func, target, name: str, mr: int, parallel: bool, attach: bool
     epilogues = list(sch.get_consumers(mm)) if attach else []
     if not writes_param(func, sch, mm):
         if attach:
-            sch.set_scope(mm, 0, "local")
+            tile_scope(sch, mm)
     elif not epilogues:
-        epilogues = [sch.cache_write(mm, 0, "local")]
+        epilogues = [sch.cache_write(mm, 0, cpu_sched_helpers.TILE_SCOPE)]
     for pad in pads:
         if pack:
             # once for all panels, before them: per row tile, its input rows would be copied again for every
@@ -201,7 +203,7 @@ def _sched_group_tiles(func, target, parallel: bool) -> tirx.PrimFunc:
         # [M, N] -> [M, G, S]: each gate's tile is a box (the epilogue's gate index a constant)
         sch.transform_block_layout(c, lambda i, j, k: (i, j // s_ext, j % s_ext, k))
         sch.transform_layout(c, ("write", 0), lambda i, j: (i, j // s_ext, j % s_ext))
-        sch.set_scope(c, 0, "local")
+        tile_scope(sch, c)
         i, g, col, k = sch.get_loops(c)
         so, si = sch.split(col, [None, t])
         ko, ki = sch.split(k, [None, _K_SPLIT]) if isinstance(loop_extent(sch, k), int) and \

@@ -7,6 +7,7 @@ from __future__ import annotations
 import tvm
 from tvm import s_tir, tirx
 
+from . import cpu_sched_helpers
 from .cpu_schedule_dispatch import _select
 from .cpu_sched_helpers import (child_blocks, iter_kinds, loop_extent, loop_kinds, vector_lanes, vectorize_inner,
                                 vectorize_tile)
@@ -109,7 +110,7 @@ def _sched_lanes(func, target, parallel: bool) -> tirx.PrimFunc:
             sch.reorder(*spatial[:-1], *red, spatial[-1])
         if len(spatial) == 2:
             # per block, the lane accumulators stay in registers (a global buffer: a store per row)
-            copy = sch.cache_write(block, 0, "local")
+            copy = sch.cache_write(block, 0, cpu_sched_helpers.TILE_SCOPE)
             sch.reverse_compute_at(copy, spatial[0], preserve_unit_loops=True)
             vectorize_inner(sch, copy, target)
             if parallel:
