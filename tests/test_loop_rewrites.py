@@ -330,3 +330,37 @@ def test_a_negative_symbolic_dim_names_its_node_not_out_of_memory(cache_dir):
     assert_same(m(np.ones((3, 4), "float32")), fn(np.ones((3, 4), "float32")))
     with pytest.raises(dt.ExecutionError, match=r"full node '\w+' failed: a dim must be >= 0, got float32\[-1, 2\]"):
         m(np.ones((0, 4), "float32"))
+
+
+def test_a_row_reshaped_to_a_static_shape_is_hoisted_with_its_matmul(cache_dir):
+    """``r.reshape(1, 8) @ W`` per row of a foreach: the reshape lifts to ``(-1, 1, 8)`` over the whole
+    sequence and the matmul with it, so the body keeps only the tanh of its row."""
+    def rows(xs):
+        ys, _ = F.foreach(lambda r, s: (F.tanh(F.matmul(F.reshape(r, (1, 8)), W)), []), xs, [])
+        return ys
+
+    pg = partition(dt.trace(rows, dt.TensorSpec(("T", 8))))
+    assert "matmul" in region_ops(pg)
+    loop, body = body_of(pg)
+    assert "matmul" not in [m.op for n in body.nodes if n.op == "region" for m in n.subgraphs[0].nodes]
+    model = compiled(rows, dt.TensorSpec(("T", 8)), cache_dir=cache_dir)
+    for t in (0, 1, 5):
+        xs = RNG.standard_normal((t, 8)).astype("float32")
+        assert_same(model(xs), np.tanh(xs.reshape(t, 1, 8) @ W), rtol=1e-5, atol=1e-5)
+
+
+def test_a_reshape_of_symbolic_sizes_stays_in_the_body(cache_dir):
+    """A reshape whose sizes are known only at run time may not fit (numpy raises): it is not hoisted out of a
+    loop that may run no step."""
+    def per_step(xs, y):
+        ys, _ = F.foreach(lambda r, s: (F.reshape(y, (-1, 2)).sum() + r, []), xs, [])
+        return ys
+
+    pg = partition(dt.trace(per_step, dt.TensorSpec(("T", 2)), dt.TensorSpec(("M",))))
+    loop, body = body_of(pg)
+    assert "reshape" in [m.op for n in body.nodes if n.op == "region" for m in n.subgraphs[0].nodes] + \
+        [n.op for n in body.nodes]
+    model = compiled(per_step, dt.TensorSpec(("T", 2)), dt.TensorSpec(("M",)), cache_dir=cache_dir)
+    assert_same(model(np.zeros((0, 2), np.float32), np.zeros(3, np.float32)), np.zeros((0, 2), np.float32))
+    y = np.arange(4, dtype=np.float32)
+    assert_same(model(np.ones((2, 2), np.float32), y), np.ones((2, 2), np.float32) + y.sum())
