@@ -42,7 +42,7 @@ from .cpu_inline import inline_spatial
 from .cpu_schedule_conv import conv_block_name, conv_select
 from .cpu_schedule_dispatch import _parallel_cands, _select
 from .cpu_schedule_fuse import CONTRACTION_GROUP, merge_contractions
-from .cpu_schedule_matmul import _MATMUL_MR, PACK_MIN_ROWS, _group_select, _sched_matmul, matmul_rows
+from .cpu_schedule_matmul import _MATMUL_MR, PACK_MIN_ROWS, _group_select, _sched_matmul, exact_tile, matmul_rows
 from .cpu_schedule_reduce import LANES_PREFIX, _lanes_select, _reduced_axis, _sched_axis_reduction
 from ...dims import is_one
 from .cpu_sched_helpers import (child_blocks, is_column_reduction, is_contraction, iter_kinds, loop_extent,
@@ -395,9 +395,19 @@ def _matmul_select(func, target, name: str, m_ext, work) -> tirx.PrimFunc:
         # 6-row tile pads (8 rows computed as 12: branchy's B=8 heads)
         mrs = [(m_ext < rows(_MATMUL_MR), 1, False), (m_ext < rows(PACK_MIN_ROWS), _MATMUL_MR, False),
                (true, mr, True)]
+    # Symbolic M / N that are multiples of a tile (attention's S, a batch x sequence row count) first get a
+    # variant without padding or predicates (`_sched_matmul`'s `exact`): the ISA's row tile, else 4 rows
+    variants = []
+    for m_cond, mr_, pack in mrs:
+        for t in dict.fromkeys((mr_, _MATMUL_MR)) if mr_ > 1 else ():
+            tile = exact_tile(func, name, t, target)
+            if tile is not None:
+                variants.append((tirx.And(m_cond, tile[0]), t, pack, True))
+        variants.append((m_cond, mr_, pack, False))
     cands = []
-    for m_cond, mr, pack in mrs:
+    for m_cond, mr, pack, exact in variants:
         for p_cond, make in _parallel_cands(
-                work, target, lambda par, mr=mr, pack=pack: _sched_matmul(func, target, name, mr, par, pack=pack)):
+                work, target, lambda par, mr=mr, pack=pack, exact=exact: _sched_matmul(
+                    func, target, name, mr, par, pack=pack, exact=exact)):
             cands.append((tirx.And(m_cond, p_cond), make))
     return _select(func, cands)
