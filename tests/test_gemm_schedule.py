@@ -146,6 +146,16 @@ def test_softmax_symbolic_rows_reduce_in_vector_lanes(softmax_vm):
         assert "T.vectorized(" in text[text.rindex("for ", 0, block_at - 40) - 200:block_at], name
 
 
+def test_softmax_symbolic_rows_keep_exp_in_the_output(softmax_vm):
+    """softmax over a symbolic row: exp(x - max) is stored in the output's row and divided in place (a row buffer
+    of symbolic length was a workspace allocated and freed per row); log_softmax has no such intermediate."""
+    text = softmax_vm[1]
+    smx = text[text.index("def softmax"):]
+    smx = smx[:smx.index("@T.prim_func")] if "@T.prim_func" in smx else smx
+    assert "T_exp = T.sblock_alloc_buffer" not in smx and "T_exp" not in smx.replace('T.sblock("T_exp")', "")
+    assert re.search(r"T_softmax\[[^\]]*\] = T_softmax\[", smx)
+
+
 @pytest.mark.parametrize("s", [0, 1, 5, 15, 16, 17, 33, 130])
 def test_softmax_symbolic_rows_results(softmax_vm, s):
     machine = softmax_vm[0]

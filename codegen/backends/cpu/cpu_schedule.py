@@ -191,8 +191,11 @@ def build_cpu(mod: tvm.IRModule, target=None, loops=(), tuned=None, program=None
 def _sched_reduction(func, target, parallel: bool) -> tirx.PrimFunc:
     """Rows (softmax, layer_norm, sum/max over trailing axes): all blocks computed per row, rows
     parallel, row-local elementwise work vectorized. A trailing reduction loop the vector width
-    divides is rfactor-ed into `lanes` partial results, vectorizing the sum/max itself."""
+    divides is rfactor-ed into `lanes` partial results, vectorizing the sum/max itself. An intermediate of
+    symbolic row length that the last block reads element by element (softmax's exp) is kept in the output's
+    row (`_row_in_output`)."""
     sch = s_tir.Schedule(func)
+    in_output = _row_in_output(sch, func)
     rf_names = set()
     for b in child_blocks(sch):
         loops, stmt = sch.get_loops(b), sch.get(b)
@@ -239,7 +242,52 @@ def _sched_reduction(func, target, parallel: bool) -> tirx.PrimFunc:
                 sch.decompose_reduction(b, inner[0])
         elif inner:
             vectorize_inner(sch, b, target)
+    if in_output is not None and n_lead:
+        return _alias_buffer(sch.mod["main"], *in_output)
     return sch.mod["main"]
+
+
+def _row_in_output(sch: s_tir.Schedule, func: tirx.PrimFunc):
+    """(intermediate, output) where the last block of a row kernel reads an intermediate of the output's shape
+    and dtype at the very index it writes (softmax: ``out[i] = exp[i] / sum[row]``), written by one spatial block,
+    over a symbolic row length; else None. Such a row, computed per row (`_sched_reduction`), is a workspace
+    of symbolic size allocated and freed on every row (TVMBackendAllocWorkspace inside the row loop); the
+    output's own row holds it instead, the last block updating it in place."""
+    blocks = child_blocks(sch)
+    last = sch.get(blocks[-1])
+    if len(blocks) < 2 or len(last.writes) != 1 or "R" in iter_kinds(sch, blocks[-1]):
+        return None
+    out = last.writes[0].source
+    if not any(out.same_as(p) for p in func.params) or isinstance(out.shape[-1], tirx.IntImm):
+        return None
+    ana, at = tvm.sym.Analyzer(), [str(r.min) for r in last.writes[0].region]
+    for rd in last.reads:
+        buf = rd.source
+        if (any(buf.same_as(p) for p in func.params) or buf.dtype != out.dtype or len(buf.shape) != len(out.shape)
+                or not all(ana.can_prove_equal(a, b) for a, b in zip(buf.shape, out.shape))
+                or [str(r.min) for r in rd.region] != at or not all(is_one(r.extent) for r in rd.region)):
+            continue
+        writers = [b for b in blocks if any(w.source.same_as(buf) for w in sch.get(b).writes)]
+        if len(writers) == 1 and "R" not in iter_kinds(sch, writers[0]):
+            return buf, out
+    return None
+
+
+def _alias_buffer(func: tirx.PrimFunc, buf, out) -> tirx.PrimFunc:
+    """`func` with the intermediate `buf` stored in `out` (same shape and dtype; `_row_in_output`)."""
+    import tvm_ffi
+    from tvm.s_tir import SBlock
+
+    def block(b, mutator):
+        b = mutator.default_mutate(b)
+        keep = [a for a in b.alloc_buffers if not a.same_as(out)]
+        if len(keep) == len(b.alloc_buffers):
+            return b
+        return SBlock(b.iter_vars, b.reads, b.writes, b.name_hint, b.body, b.init, keep, b.match_buffers,
+                      b.annotations)
+    return func.with_body(tvm_ffi.structural_mutate(func.body, [
+        (SBlock, block), (tirx.Buffer, lambda b, _m: out if b.same_as(buf) else b),
+        (tvm.ir.expr.Var, lambda v, _m: out.data if v.same_as(buf.data) else v)]))
 
 
 def _sched_column_reduction(func, target, parallel: bool) -> tirx.PrimFunc:
