@@ -51,6 +51,9 @@ from ...te_kernels import SERIAL_CHECK
 
 _LOG = logging.getLogger(__name__)
 
+#: Injective kernels with a symbolic dim fuse their loops for the parallel loop up to the last dim when it has at
+#: most this many elements (`_sched_injective`).
+INJECTIVE_ROW_MAX = 1024
 #: Merge matmul kernels with their epilogue matmuls and consumers (`cpu_schedule_fuse`); a switch for A/B.
 FUSE_CONTRACTIONS = True
 
@@ -339,6 +342,14 @@ def _sched_injective(func, target, parallel: bool) -> tirx.PrimFunc:
         rows = loops[:n_loops - 1] or loops[:1]
         if not sch.get_producers(block):
             rows = loops[:-1] if len(loops) > 1 else loops
+            inner = loop_extent(sch, loops[n_loops - 1])
+            if (len(loops) > n_loops > 1 and isinstance(inner, int) and inner <= INJECTIVE_ROW_MAX
+                    and any(not isinstance(loop_extent(sch, lp), int) for lp in loops[:n_loops - 1])):
+                # a symbolic dim among the fused loops: the vector loop's outer part stays out of the fusion,
+                # whose index is split by divisions by a symbolic extent, once per row instead of once per
+                # vector (the transformer's head split / transposes, [B, S, 128] -> [B, 4, S, 32]: 64-bit
+                # divisions per 8 floats)
+                rows = loops[:n_loops - 1]
         if parallel:
             fused = sch.fuse(*rows) if len(rows) > 1 else rows[0]
             sch.parallel(fused)
