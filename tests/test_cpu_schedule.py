@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import tvm
@@ -9,7 +11,7 @@ from tvm import relax, tirx
 from tvm.relax import op as R
 
 from dyntvm.codegen.backends.cpu import cpu_schedule
-from dyntvm.codegen.backends.cpu.cpu_schedule import build_cpu, cpu_target, schedule_module
+from dyntvm.codegen.backends.cpu.cpu_schedule import build_cpu, cpu_target, legalize_and_fuse, schedule_module
 
 RTOL, ATOL = 1e-4, 1e-5
 RNG = np.random.default_rng(42)
@@ -420,3 +422,19 @@ def test_integer_division_on_static_shapes_compiles(dtype):
         model = dt.compile(fn, dt.TensorSpec(shape, dtype), dt.TensorSpec(shape, dtype))
         got = model(x, d)
         np.testing.assert_array_equal(got, np.floor_divide(x * 3 + 1, d) + np.mod(x, d))
+
+
+def test_injective_symbolic_dims_fuse_rows_not_vectors():
+    """A copy with symbolic dims (attention's head transpose [B, S, 4, 32] -> [B, 4, S, 32]): the parallel loop
+    fuses the rows, its vector loop's outer part stays inside (fused, each 8-float vector paid divisions by a
+    symbolic extent); results at odd sizes."""
+    b, s = sym("B"), sym("S")
+    mod = make_module([("heads", [("x", (b, s, 4, 32), "float32")], lambda x: R.permute_dims(x, [0, 2, 1, 3]))])
+    target = tvm.target.Target({"kind": "llvm", "num-cores": 2, "mcpu": "znver3"})
+    text = schedule_module(legalize_and_fuse(target)(mod), target).script()
+    assert re.search(r"T\.parallel\(B \* S \* T\.int64\(4\)\)", text), text
+    assert "T.parallel(B * S * T.int64(16))" not in text
+    vm = relax.VirtualMachine(build_cpu(mod, cpu_target()), tvm.cpu())
+    for bs, ss in ((1, 0), (1, 1), (2, 7), (16, 128), (3, 33)):
+        x = rand(bs, ss, 4, 32)
+        check(run(vm, "heads", x), x.transpose(0, 2, 1, 3))

@@ -146,6 +146,16 @@ def test_softmax_symbolic_rows_reduce_in_vector_lanes(softmax_vm):
         assert "T.vectorized(" in text[text.rindex("for ", 0, block_at - 40) - 200:block_at], name
 
 
+def test_softmax_symbolic_rows_keep_exp_in_the_output(softmax_vm):
+    """softmax over a symbolic row: exp(x - max) is stored in the output's row and divided in place (a row buffer
+    of symbolic length was a workspace allocated and freed per row); log_softmax has no such intermediate."""
+    text = softmax_vm[1]
+    smx = text[text.index("def softmax"):]
+    smx = smx[:smx.index("@T.prim_func")] if "@T.prim_func" in smx else smx
+    assert "T_exp = T.sblock_alloc_buffer" not in smx and "T_exp" not in smx.replace('T.sblock("T_exp")', "")
+    assert re.search(r"T_softmax\[[^\]]*\] = T_softmax\[", smx)
+
+
 @pytest.mark.parametrize("s", [0, 1, 5, 15, 16, 17, 33, 130])
 def test_softmax_symbolic_rows_results(softmax_vm, s):
     machine = softmax_vm[0]
@@ -178,3 +188,58 @@ def test_contraction_group_packs_weight_panels_at_odd_batches():
     for bsz in (3, 4, 5, 17, 33):
         x, h = rand(bsz, 64), rand(bsz, 128)
         check(run(vm, "cell", x, h), np.tanh(x @ wx + h @ wh + b), rtol=1e-4, atol=1e-5)
+
+
+# --------------------------------------------------------------- symbolic M and N multiples of the tile (exact)
+
+
+def _attention_scores_module():
+    """q.k^T of attention with its scale and additive key mask: [B, 4, S, 32] @ [B, 4, 32, S], S symbolic for
+    both M and N; and probabilities @ v ([B, 4, S, S] @ [B, 4, S, 32]: a symbolic M and K)."""
+    b, s, b2, s2 = sym("B"), sym("S"), sym("B"), sym("S")
+    scale = const(np.array(32 ** -0.5, "float32"))
+    return make_module([
+        ("scores", [("q", (b, 4, s, 32), "float32"), ("kt", (b, 4, 32, s), "float32"),
+                    ("mask", (b, 1, 1, s), "float32")],
+         lambda q, kt, mask: R.add(R.multiply(R.matmul(q, kt), scale), mask)),
+        ("pv", [("p", (b2, 4, s2, s2), "float32"), ("v", (b2, 4, s2, 32), "float32")], R.matmul)])
+
+
+@pytest.mark.parametrize("isa", ["znver3", "znver4"])
+def test_symbolic_tile_multiples_get_an_exact_variant(isa):
+    """A symbolic M / N that the tile divides gets a variant without padding or predicates, with a column tile
+    over a symbolic N; its accumulator tile is a constant-size buffer once lowered (a symbolic one was a
+    workspace per call, every FMA a load and a store), in both kernels."""
+    target = ISAS[isa][0]
+    mod = schedule_module(legalize_and_fuse(target)(_attention_scores_module()), target)
+    prims = {gv.name_hint: f for gv, f in mod.functions_items() if isinstance(f, tirx.PrimFunc)}
+    assert len(prims) == 2      # the scale and mask stay fused with q.k^T
+    nr = 2 * vector_lanes(target, "float32") if isa == "znver3" else 4 * vector_lanes(target, "float32")
+    for name, func in prims.items():
+        text = func.script()
+        assert "S % T.int64(4) == T.int64(0)" in text, name
+        if "32), S), \"float32\")" in text.split("def main")[1].split("\n")[0]:   # q.k^T: N symbolic
+            assert f"S % T.int64({nr}) == T.int64(0)" in text, name
+        lowered = tvm.s_tir.transform.CompactBufferAllocation()(tvm.s_tir.transform.ConvertBlocksToOpaque()(
+            tvm.s_tir.transform.PlanAndUpdateBufferAllocationLocation()(tvm.s_tir.transform.LowerInitBlock()(
+                tvm.IRModule({"main": func})))))["main"].script()
+        shapes = [ln.split("sblock_alloc_buffer(")[1].split('), scope="local"')[0] for ln in lowered.splitlines()
+                  if "sblock_alloc_buffer(" in ln and 'scope="local"' in ln]
+        assert any("S" not in shp and "B" not in shp for shp in shapes), (name, shapes)
+
+
+@pytest.fixture(scope="module")
+def attention_vm():
+    return relax.VirtualMachine(build_cpu(_attention_scores_module(), cpu_target()), tvm.cpu())
+
+
+@pytest.mark.parametrize("batch, s", [(1, 0), (1, 1), (2, 3), (1, 4), (3, 7), (2, 12), (1, 16), (2, 17), (1, 24),
+                                      (2, 32), (1, 33), (2, 48), (1, 64), (2, 100), (1, 128)])
+def test_attention_matmuls_exact_and_ragged_sizes(attention_vm, batch, s):
+    """Multiples of 4 / 6 / 16 (the exact variants) and the sizes between them (padded tiles), vs numpy."""
+    q, kt, v = rand(batch, 4, s, 32), rand(batch, 4, 32, s), rand(batch, 4, s, 32)
+    mask = np.where(rand(batch, 1, 1, s) > 0.5, 0, -1e9).astype("float32")
+    want = np.einsum("bhsk,bhkt->bhst", q, kt) * np.float32(32 ** -0.5) + mask
+    check(run(attention_vm, "scores", q, kt, mask), want, rtol=1e-4, atol=1e-4)
+    p = rand(batch, 4, s, s) / np.float32(max(s, 1))
+    check(run(attention_vm, "pv", p, v), np.einsum("bhst,bhtk->bhsk", p, v), rtol=1e-4, atol=1e-4)

@@ -43,7 +43,7 @@ from .cpu_schedule_conv import conv_block_name, conv_select
 from .cpu_schedule_pool import pool_block_name, pool_select
 from .cpu_schedule_dispatch import _parallel_cands, _select
 from .cpu_schedule_fuse import CONTRACTION_GROUP, merge_contractions
-from .cpu_schedule_matmul import _MATMUL_MR, PACK_MIN_ROWS, _group_select, _sched_matmul, matmul_rows
+from .cpu_schedule_matmul import _MATMUL_MR, PACK_MIN_ROWS, _group_select, _sched_matmul, exact_tile, matmul_rows
 from .cpu_schedule_reduce import LANES_PREFIX, _lanes_select, _reduced_axis, _sched_axis_reduction
 from ...dims import is_one
 from .cpu_sched_helpers import (child_blocks, is_column_reduction, is_contraction, iter_kinds, loop_extent,
@@ -52,6 +52,9 @@ from ...te_kernels import SERIAL_CHECK
 
 _LOG = logging.getLogger(__name__)
 
+#: Injective kernels with a symbolic dim fuse their loops for the parallel loop up to the last dim when it has at
+#: most this many elements (`_sched_injective`).
+INJECTIVE_ROW_MAX = 1024
 #: Merge matmul kernels with their epilogue matmuls and consumers (`cpu_schedule_fuse`); a switch for A/B.
 FUSE_CONTRACTIONS = True
 
@@ -192,8 +195,11 @@ def build_cpu(mod: tvm.IRModule, target=None, loops=(), tuned=None, program=None
 def _sched_reduction(func, target, parallel: bool) -> tirx.PrimFunc:
     """Rows (softmax, layer_norm, sum/max over trailing axes): all blocks computed per row, rows
     parallel, row-local elementwise work vectorized. A trailing reduction loop the vector width
-    divides is rfactor-ed into `lanes` partial results, vectorizing the sum/max itself."""
+    divides is rfactor-ed into `lanes` partial results, vectorizing the sum/max itself. An intermediate of
+    symbolic row length that the last block reads element by element (softmax's exp) is kept in the output's
+    row (`_row_in_output`)."""
     sch = s_tir.Schedule(func)
+    in_output = _row_in_output(sch, func)
     rf_names = set()
     for b in child_blocks(sch):
         loops, stmt = sch.get_loops(b), sch.get(b)
@@ -240,7 +246,52 @@ def _sched_reduction(func, target, parallel: bool) -> tirx.PrimFunc:
                 sch.decompose_reduction(b, inner[0])
         elif inner:
             vectorize_inner(sch, b, target)
+    if in_output is not None and n_lead:
+        return _alias_buffer(sch.mod["main"], *in_output)
     return sch.mod["main"]
+
+
+def _row_in_output(sch: s_tir.Schedule, func: tirx.PrimFunc):
+    """(intermediate, output) where the last block of a row kernel reads an intermediate of the output's shape
+    and dtype at the very index it writes (softmax: ``out[i] = exp[i] / sum[row]``), written by one spatial block,
+    over a symbolic row length; else None. Such a row, computed per row (`_sched_reduction`), is a workspace
+    of symbolic size allocated and freed on every row (TVMBackendAllocWorkspace inside the row loop); the
+    output's own row holds it instead, the last block updating it in place."""
+    blocks = child_blocks(sch)
+    last = sch.get(blocks[-1])
+    if len(blocks) < 2 or len(last.writes) != 1 or "R" in iter_kinds(sch, blocks[-1]):
+        return None
+    out = last.writes[0].source
+    if not any(out.same_as(p) for p in func.params) or isinstance(out.shape[-1], tirx.IntImm):
+        return None
+    ana, at = tvm.sym.Analyzer(), [str(r.min) for r in last.writes[0].region]
+    for rd in last.reads:
+        buf = rd.source
+        if (any(buf.same_as(p) for p in func.params) or buf.dtype != out.dtype or len(buf.shape) != len(out.shape)
+                or not all(ana.can_prove_equal(a, b) for a, b in zip(buf.shape, out.shape))
+                or [str(r.min) for r in rd.region] != at or not all(is_one(r.extent) for r in rd.region)):
+            continue
+        writers = [b for b in blocks if any(w.source.same_as(buf) for w in sch.get(b).writes)]
+        if len(writers) == 1 and "R" not in iter_kinds(sch, writers[0]):
+            return buf, out
+    return None
+
+
+def _alias_buffer(func: tirx.PrimFunc, buf, out) -> tirx.PrimFunc:
+    """`func` with the intermediate `buf` stored in `out` (same shape and dtype; `_row_in_output`)."""
+    import tvm_ffi
+    from tvm.s_tir import SBlock
+
+    def block(b, mutator):
+        b = mutator.default_mutate(b)
+        keep = [a for a in b.alloc_buffers if not a.same_as(out)]
+        if len(keep) == len(b.alloc_buffers):
+            return b
+        return SBlock(b.iter_vars, b.reads, b.writes, b.name_hint, b.body, b.init, keep, b.match_buffers,
+                      b.annotations)
+    return func.with_body(tvm_ffi.structural_mutate(func.body, [
+        (SBlock, block), (tirx.Buffer, lambda b, _m: out if b.same_as(buf) else b),
+        (tvm.ir.expr.Var, lambda v, _m: out.data if v.same_as(buf.data) else v)]))
 
 
 def _sched_column_reduction(func, target, parallel: bool) -> tirx.PrimFunc:
@@ -292,6 +343,14 @@ def _sched_injective(func, target, parallel: bool) -> tirx.PrimFunc:
         rows = loops[:n_loops - 1] or loops[:1]
         if not sch.get_producers(block):
             rows = loops[:-1] if len(loops) > 1 else loops
+            inner = loop_extent(sch, loops[n_loops - 1])
+            if (len(loops) > n_loops > 1 and isinstance(inner, int) and inner <= INJECTIVE_ROW_MAX
+                    and any(not isinstance(loop_extent(sch, lp), int) for lp in loops[:n_loops - 1])):
+                # a symbolic dim among the fused loops: the vector loop's outer part stays out of the fusion,
+                # whose index is split by divisions by a symbolic extent, once per row instead of once per
+                # vector (the transformer's head split / transposes, [B, S, 128] -> [B, 4, S, 32]: 64-bit
+                # divisions per 8 floats)
+                rows = loops[:n_loops - 1]
         if parallel:
             fused = sch.fuse(*rows) if len(rows) > 1 else rows[0]
             sch.parallel(fused)
@@ -399,9 +458,19 @@ def _matmul_select(func, target, name: str, m_ext, work) -> tirx.PrimFunc:
         # 6-row tile pads (8 rows computed as 12: branchy's B=8 heads)
         mrs = [(m_ext < rows(_MATMUL_MR), 1, False), (m_ext < rows(PACK_MIN_ROWS), _MATMUL_MR, False),
                (true, mr, True)]
+    # Symbolic M / N that are multiples of a tile (attention's S, a batch x sequence row count) first get a
+    # variant without padding or predicates (`_sched_matmul`'s `exact`): the ISA's row tile, else 4 rows
+    variants = []
+    for m_cond, mr_, pack in mrs:
+        for t in dict.fromkeys((mr_, _MATMUL_MR)) if mr_ > 1 else ():
+            tile = exact_tile(func, name, t, target)
+            if tile is not None:
+                variants.append((tirx.And(m_cond, tile[0]), t, pack, True))
+        variants.append((m_cond, mr_, pack, False))
     cands = []
-    for m_cond, mr, pack in mrs:
+    for m_cond, mr, pack, exact in variants:
         for p_cond, make in _parallel_cands(
-                work, target, lambda par, mr=mr, pack=pack: _sched_matmul(func, target, name, mr, par, pack=pack)):
+                work, target, lambda par, mr=mr, pack=pack, exact=exact: _sched_matmul(
+                    func, target, name, mr, par, pack=pack, exact=exact)):
             cands.append((tirx.And(m_cond, p_cond), make))
     return _select(func, cands)

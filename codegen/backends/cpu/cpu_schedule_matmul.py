@@ -55,18 +55,76 @@ _K_SPLIT = 4
 TILE_OVERRIDE = None
 
 
+def exact_tile(func, name: str, mr: int, target):
+    """(condition, nr) of the `exact` variant of `_sched_matmul` for `func`'s matmul block `name` with `mr`-row
+    tiles: the run-time condition that its symbolic M and N are multiples of the tile (mr rows, nr columns; a
+    symbolic N gets a power-of-two number of vectors); None where neither is symbolic or no column tile fits."""
+    sch = s_tir.Schedule(func)
+    mm = sch.get_sblock(name)
+    *_, i, j, _k = sch.get_loops(mm)
+    m_ext, n_ext = loop_extent(sch, i), loop_extent(sch, j)
+    dtype = sch.get(mm).body.buffer.dtype
+    lanes = vector_lanes(target, dtype)
+    cols = tile_columns(mr, target, dtype)
+    if isinstance(n_ext, int):
+        nr = pick_tile(n_ext, cols, lanes, at_most=True)
+    else:  # 16 columns, not 24, with AVX2's 4-row tile: sequence lengths are mostly powers of two
+        nr = lanes * (1 << ((cols // lanes).bit_length() - 1))
+    conds = [tirx.EQ(tirx.floormod(ext, tirx.IntImm(str(ext.ty), t)), tirx.IntImm(str(ext.ty), 0))
+             for ext, t in ((m_ext, mr), (n_ext, nr)) if not isinstance(ext, int) and t > 1]
+    if nr is None or not conds or (isinstance(m_ext, int) and m_ext % mr):
+        return None
+    return (conds[0] if len(conds) == 1 else tirx.And(*conds)), nr
+
+
+def _pad_tile_buffer(func: tirx.PrimFunc, buf, mr: int, nr: int) -> tirx.PrimFunc:
+    """`buf` (the accumulator tile's buffer) declared with its last two dims rounded up to the tile: lowering's
+    CompactBufferAllocation clips a tile's region to the buffer's shape, and with a symbolic M / N [mr, nr]
+    became [min(M, mr), min(N, nr)], a workspace allocated per call with every FMA a load and a store of it
+    (attention's q.k^T with a column tile 1.2-1.8x slower than without); rounded up, the tile's region is a
+    constant (an alloca: registers)."""
+    *lead, m, n = buf.shape
+    up = lambda e, t: e if isinstance(e, tirx.IntImm) else (e + (t - 1)) // t * t  # noqa: E731
+    new = tirx.decl_buffer([*lead, up(m, mr), up(n, nr)], buf.dtype, name=buf.name, scope=buf.scope())
+    old_data, old_buf = buf.data, buf
+
+    def swap_buffer(b, _mutator):
+        return new if b.same_as(old_buf) else b
+
+    def swap_var(v, _mutator):
+        return new.data if v.same_as(old_data) else v
+    body = tvm_ffi.structural_mutate(func.body, [(tirx.Buffer, swap_buffer), (tvm.ir.expr.Var, swap_var)])
+    return func.with_body(body)
+
+
+def _strip_predicates(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """Every block's predicate made true: for the `exact` variant, whose predicates (the packed panel's and the
+    epilogue's, derived from the tile's bounds) hold whenever its dims are multiples of the tile; left in, they
+    scalarized the vectorized epilogue (per element a compare, a branch and a scalar store)."""
+    true = tirx.const(True, "bool")
+
+    def strip(realize, mutator):
+        realize = mutator.default_mutate(realize)
+        return SBlockRealize(realize.iter_values, true, realize.block)
+    return func.with_body(tvm_ffi.structural_mutate(func.body, (SBlockRealize, strip)))
+
+
 def _sched_matmul(func, target, name: str, mr: int, parallel: bool, attach: bool = True,
-                  pack: bool = False) -> tirx.PrimFunc:
+                  pack: bool = False, exact: bool = False) -> tirx.PrimFunc:
     """`attach=False`: the result stays a buffer of its own (no epilogue per tile), for kernels with
     several matmuls whose epilogues read all of them (`_sched_contraction_group`). `pack`: each column
     panel of the right operand (K x nr) is copied into a contiguous buffer once, before the row tiles
-    that read it (see `_pack_panel`); the parallel loop is then the column panels (and batch)."""
+    that read it (see `_pack_panel`); the parallel loop is then the column panels (and batch).
+    `exact`: a variant for symbolic M / N that are multiples of the tile (`exact_tile`; its caller checks that
+    at run time): no padding, no predicates, and a column tile over a symbolic N (attention's q.k^T: without
+    it the accumulators of a row were a buffer in memory, not registers)."""
     sch = s_tir.Schedule(func)
     mm = sch.get_sblock(name)
     lanes = vector_lanes(target, sch.get(mm).body.buffer.dtype)
     loops = sch.get_loops(mm)
     m_ext, pads = loop_extent(sch, loops[-3]), []
-    if mr > 1 and not (isinstance(m_ext, int) and m_ext % mr == 0):
+    exact_nr = exact_tile(func, name, mr, target)[1] if exact else None
+    if mr > 1 and not exact and not (isinstance(m_ext, int) and m_ext % mr == 0):
         # A ragged row tile puts an `i < M` test inside the k loop (1.8x slower at M = 16 than
         # padding): pad M to the tile instead.
         # Input rows are copied per tile (K floats per mr*nr*K MACs) and the padded result is
@@ -77,10 +135,11 @@ def _sched_matmul(func, target, name: str, mr: int, parallel: bool, attach: bool
             if not writes_param(func, sch, copy):
                 sch.compute_inline(copy)  # the epilogue reads the padded tile directly
     *batch, i, j, k = sch.get_loops(mm)
-    nr = pick_tile(loop_extent(sch, j), tile_columns(mr, target, sch.get(mm).body.buffer.dtype), lanes,
-                   at_most=True)
-    io, ii = (i, None) if mr == 1 else sch.split(i, [None, mr])
-    jo, ji = (None, j) if nr is None else sch.split(j, [None, nr])
+    nr = exact_nr or pick_tile(loop_extent(sch, j), tile_columns(mr, target, sch.get(mm).body.buffer.dtype),
+                               lanes, at_most=True)
+    # `exact`: M and N are multiples of the tile (checked by the caller), so no split needs a predicate
+    io, ii = (i, None) if mr == 1 else sch.split(i, [None, mr], disable_predication=exact)
+    jo, ji = (None, j) if nr is None else sch.split(j, [None, nr], disable_predication=exact)
     k_ext = loop_extent(sch, k)
     ko, ki = (sch.split(k, [None, _K_SPLIT]) if isinstance(k_ext, int)
               and k_ext % _K_SPLIT == 0 and k_ext > _K_SPLIT else (k, None))
@@ -139,7 +198,11 @@ def _sched_matmul(func, target, name: str, mr: int, parallel: bool, attach: bool
             if loop_extent(sch, inner) == nr:
                 vectorize_tile(sch, inner, nr, lanes, unroll=False)
     sch.decompose_reduction(mm, ko)  # only now: parallel/vectorize refuse a decomposed block
-    return sch.mod["main"]
+    if not exact:
+        return sch.mod["main"]
+    acc = sch.get(mm).writes[0].source
+    return _strip_predicates(_pad_tile_buffer(sch.mod["main"], acc, mr, nr) if acc.scope() == "local"
+                             else sch.mod["main"])
 
 
 def _pack_panel(sch: s_tir.Schedule, mm, jo, target) -> None:
