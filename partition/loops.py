@@ -27,6 +27,7 @@ from ..ir.dims import parse_dim
 from ..ir.graph import Graph, Node, Value
 from ..ir.ops import STATIC
 from ..ir.types import TensorType
+from .cond_select import drop_trivial_foreach, select_conds
 
 
 def rewrite_loops(g: Graph) -> Graph:
@@ -38,17 +39,25 @@ def rewrite_loops(g: Graph) -> Graph:
 
 
 def _rewrite(g: Graph, names: set) -> None:
-    nodes = []
+    nodes, replace = [], {}                 # replace: outputs of the foreach loops dropped -> their values
     for n in g.nodes:
+        _renamed(n, replace)
         for s in n.subgraphs:
             _rewrite(s, names)
         if n.op == "foreach":
+            select_conds(n.subgraphs[0], names, _fresh, _movable)
             nodes += _hoist_foreach(n, names)
+            same = drop_trivial_foreach(n)
+            if same is not None:
+                replace.update(same)
+                continue
         elif n.op == "while_loop":
+            select_conds(n.subgraphs[1], names, _fresh, _movable)
             nodes += _hoist_while(n, names)
             _condition_into_body(n, names)
         nodes.append(n)
     g.nodes = nodes
+    g.outputs = [replace.get(v, v) for v in g.outputs]
 
 
 def _all_names(g: Graph) -> set:
