@@ -150,6 +150,8 @@ class _Lowering(LoopLowering):
     def _view(self, seq: _Seq, value, shape: list, name: str = "v"):
         """`value` (shaped, contiguous, as every tensor of the VM) seen with `shape` of as many elements: a view
         (`vm.builtin.reshape`), not the copy kernel a legalized ``R.reshape`` outside a dataflow block becomes."""
+        if _same_shape(value.ty, shape):         # (a view of the same shape: an instruction for nothing)
+            return value
         ty = relax.TensorType(shape, value.ty.dtype)
         return seq.emit(relax.call_pure_packed("vm.builtin.reshape", value, relax.ShapeExpr(shape), ty_args=ty), name)
 
@@ -171,6 +173,15 @@ class _Lowering(LoopLowering):
         var = relax.Var("data", ty)
         seq.bindings.append(relax.MatchCast(var, value, ty))
         return var
+
+def _same_shape(ty, shape: list) -> bool:
+    """Whether tensor type `ty` has a known shape provably equal to `shape`."""
+    known = getattr(ty, "shape", None)
+    if not isinstance(known, relax.ShapeExpr) or len(known.values) != len(shape):
+        return False
+    ana = tvm.sym.Analyzer()
+    return all(ana.can_prove_equal(a, b) for a, b in zip(known.values, shape))
+
 
 def add_program(mod: tvm.IRModule, graph: Graph, prefix: str) -> tvm.IRModule:
     """`mod` with the VM program of `graph` (see the module doc); raises CompileError where it cannot be built."""
