@@ -28,6 +28,7 @@ from __future__ import annotations
 import numpy as np
 import tvm
 from tvm import relax
+from tvm.relax.utils import copy_with_new_vars
 
 from dyntvm.errors import CompileError
 
@@ -40,10 +41,14 @@ from .vm_seq import FALLBACK_CALLBACK, _i64, _ret_ty, _Seq, _ty, _TRUE  # noqa: 
 
 
 
+INLINE_REGIONS = True          # region functions' bodies copied into the program (`_Lowering._inline`)
+
+
 class _Lowering(LoopLowering):
     def __init__(self, mod: tvm.IRModule, graph: Graph, prefix: str):
         self.bb = relax.BlockBuilder(mod)
         self.funcs = {gv.name_hint: gv for gv in mod.get_global_vars()}
+        self.mod = mod
         self.keys = node_keys(graph, prefix)
         self.n_loops = 0
         self.recursive: list = []                # (GlobalVar, function) of the halving foreach loops
@@ -79,8 +84,31 @@ class _Lowering(LoopLowering):
             self._size_guard(seq, n, ins)
         if not n.outputs:               # all its results unused (an ONNX Dropout's mask): a region is pure, and the
             return []                   # VM cannot call a function whose result is the empty tuple (void register)
+        inlined = self._inline(seq, n.attrs.name, ins) if INLINE_REGIONS else None
+        if inlined is not None:
+            return inlined
         res = seq.emit(relax.Call(self.funcs[n.attrs.name], ins), n.attrs.name)
         return self._items(seq, res, len(n.outputs))
+
+    def _inline(self, seq, name: str, ins: list):
+        """The outputs of region function `name` on `ins`, its body copied into `seq` (fresh variables, its
+        dataflow block made plain): each parameter bound by a ``match_cast`` (the shape checks the call made),
+        then its kernels. A call costs ~12 VM instructions more (the callee's shape heap and argument checks,
+        the result tuple packed, checked against the declared shapes and unpacked). None where the function is
+        not a Relax function of one sequence."""
+        func = self.mod[self.funcs[name]]
+        if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
+            return None
+        func = copy_with_new_vars(func)
+        func = relax.transform.ToNonDataflow()(tvm.IRModule({"f": func}))["f"]
+        for p, a in zip(func.params, ins):
+            seq.bindings.append(relax.MatchCast(p, a, p.ty))
+        for block in func.body.blocks:
+            seq.bindings += list(block.bindings)
+        res = func.body.body
+        if isinstance(res, relax.Tuple):
+            return list(res.fields)
+        return self._items(seq, res, len(func.ret_ty.fields)) if isinstance(func.ret_ty, relax.TupleType) else [res]
 
     def _size_guard(self, seq, n, ins):
         def call(into: _Seq):
@@ -188,6 +216,7 @@ def add_program(mod: tvm.IRModule, graph: Graph, prefix: str) -> tvm.IRModule:
     bad = unsupported_nodes(graph)
     if bad:
         raise CompileError(f"no VM program: {bad[0][1]}")
+    mod = relax.transform.RewriteDataflowReshape()(mod)     # (the regions' reshapes: views, also when inlined)
     low = _Lowering(mod, graph, prefix)
     params = [relax.Var(f"in{i}", _ty(v.type)) for i, v in enumerate(graph.inputs)]
     seq = _Seq(low.bb)

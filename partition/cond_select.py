@@ -9,8 +9,9 @@ become two GEMMs over the batch and one ``where``), after which `drop_trivial_fo
 
 A cond becomes a select only when that cannot change an answer:
 
-* every node of both branches is a constant or an op that never raises on values (`loops._movable`: a lift
-  rule, no run-time dim check), and no integer division or power (`ir.ops.RAISE_ON_INTEGERS`: the numpy
+* every node of both branches is a constant, an op that never raises on values (`loops._movable`: a lift
+  rule, no run-time dim check) or moves elements by its static shapes (`SHAPE_OPS`: squeeze, reshape, ...),
+  and no integer division or power (`ir.ops.RAISE_ON_INTEGERS`: the numpy
   reference raises on a zero divisor); nested conds of a branch are selected first, or the outer one stays;
 * the branches' outputs have one static type each (same shape and dtype): ``where`` then gives exactly the
   taken branch's values, whatever the other branch computed on them (NaN, inf, overflow: values only,
@@ -27,6 +28,10 @@ from ..ir import attrs as A
 from ..ir.graph import Graph, Node, Value
 from ..ir.ops import RAISE_ON_INTEGERS
 from ..ir.types import TensorType
+
+#: ops that move or copy elements by their static shapes (a select's shapes are all static, `_work`): they raise
+#: on no value (loop hoisting does not move them: on a symbolic dim some check its size when they run)
+SHAPE_OPS = frozenset({"reshape", "squeeze", "transpose", "slice", "stack", "tile", "pad", "full", "full_like"})
 
 #: most work (multiply-adds of a matmul, elements of another op) one branch may do per step to be selected
 SELECT_WORK = 1 << 16
@@ -107,7 +112,8 @@ def _inline(g: Graph, env: dict, names: set, fresh, movable, prefix: str):
             if inner is None:
                 return None
             out += inner
-        elif n.op == "constant" or (movable(n) and not _raises_on_integers(n)):
+        elif n.op == "constant" or (movable(n) and not _raises_on_integers(n)) or \
+                (n.op in SHAPE_OPS and not n.checks):
             out.append(m)
         else:
             return None
