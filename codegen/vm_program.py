@@ -49,6 +49,7 @@ class _Lowering(LoopLowering):
         self.bb = relax.BlockBuilder(mod)
         self.funcs = {gv.name_hint: gv for gv in mod.get_global_vars()}
         self.mod = mod
+        self.top = None                         # the program function's own sequence (regions inlined there)
         self.keys = node_keys(graph, prefix)
         self.n_loops = 0
         self.recursive: list = []                # (GlobalVar, function) of the halving foreach loops
@@ -84,7 +85,7 @@ class _Lowering(LoopLowering):
             self._size_guard(seq, n, ins)
         if not n.outputs:               # all its results unused (an ONNX Dropout's mask): a region is pure, and the
             return []                   # VM cannot call a function whose result is the empty tuple (void register)
-        inlined = self._inline(seq, n.attrs.name, ins) if INLINE_REGIONS else None
+        inlined = self._inline(seq, n.attrs.name, ins) if INLINE_REGIONS and seq is self.top else None
         if inlined is not None:
             return inlined
         res = seq.emit(relax.Call(self.funcs[n.attrs.name], ins), n.attrs.name)
@@ -219,7 +220,7 @@ def add_program(mod: tvm.IRModule, graph: Graph, prefix: str) -> tvm.IRModule:
     mod = relax.transform.RewriteDataflowReshape()(mod)     # (the regions' reshapes: views, also when inlined)
     low = _Lowering(mod, graph, prefix)
     params = [relax.Var(f"in{i}", _ty(v.type)) for i, v in enumerate(graph.inputs)]
-    seq = _Seq(low.bb)
+    seq = low.top = _Seq(low.bb)
     outs = low.graph(seq, graph, params)
     func = relax.Function(params, seq.result(outs), _ret_ty([v.type for v in graph.outputs]), is_pure=False)
     low.bb.add_func(func.with_attr("global_symbol", PROGRAM), PROGRAM)
