@@ -1,4 +1,6 @@
 """Loop rewrites before partitioning: hoisting out of loop bodies, and while_loop's condition in its body.
+Before hoisting, a small `cond` of a loop body becomes a select (`cond_select.select_conds`); after it, a
+foreach whose body computes nothing is dropped (`cond_select.drop_trivial_foreach`).
 
 Both run on the partitioner's private copy of the graph (`partition.partition`), recursively (innermost
 loops first, so what leaves an inner loop may leave the outer one too).
