@@ -32,7 +32,7 @@ from .vm_topk import topk_check_primfunc, topk_primfunc
 
 _MASK_ROWS = '''# from tvm.script import tirx as T
 @T.prim_func
-def {name}(h_d: T.handle, h_m: T.handle, h_o: T.handle, h_c: T.handle):
+def {name}(h_d: T.handle, h_m: T.handle, h_o: T.handle):
     T.func_attr({{"tirx.noalias": True}})
     n = T.int64()
     r = T.int64()
@@ -40,7 +40,7 @@ def {name}(h_d: T.handle, h_m: T.handle, h_o: T.handle, h_c: T.handle):
     d = T.match_buffer(h_d, (n, r), "{dtype}")
     m = T.match_buffer(h_m, (n,), "bool")
     o = T.match_buffer(h_o, (k, r), "{dtype}")
-    c = T.match_buffer(h_c, (T.int64(1),), "int64")
+    c = T.alloc_buffer((T.int64(1),), "int64")
     c[0] = T.int64(0)
     for i in range(n):
         if m[i]:
@@ -51,13 +51,13 @@ def {name}(h_d: T.handle, h_m: T.handle, h_o: T.handle, h_c: T.handle):
 
 _NONZERO = '''# from tvm.script import tirx as T
 @T.prim_func
-def {name}(h_x: T.handle, h_o: T.handle, h_c: T.handle):
+def {name}(h_x: T.handle, h_o: T.handle):
     T.func_attr({{"tirx.noalias": True}})
     n = T.int64()
     k = T.int64()
     x = T.match_buffer(h_x, (n,), "{dtype}")
     o = T.match_buffer(h_o, (T.int64(1), k), "int64")
-    c = T.match_buffer(h_c, (T.int64(1),), "int64")
+    c = T.alloc_buffer((T.int64(1),), "int64")
     c[0] = T.int64(0)
     for i in range(n):
         if {test}:
@@ -87,6 +87,7 @@ class DynamicOps:
         self.low = low
         self.prims: dict = {}
         self.counts: dict = {}          # (sequence, value) -> its count of nonzero entries, bound in that sequence
+        self.masks: dict = {}           # (sequence, value) -> that mask matched to a shape in that sequence
 
     def lower(self, seq, n: Node, ins: list):
         """The outputs of `native` node `n`, or None where it cannot be lowered here (the caller calls back)."""
@@ -129,18 +130,21 @@ class DynamicOps:
 
     def boolean_mask(self, seq, n: Node, ins: list) -> list:
         low = self.low
-        data = low._shaped(seq, ins[0])
+        mask = self.masks.get((seq, ins[1]))     # a mask of several boolean_masks: matched (and counted) once
+        if mask is None:
+            mask = self.masks[(seq, ins[1])] = low._shaped(seq, ins[1])
+        t = n.inputs[0].type                      # the data: as many rows as the mask (else the match fails)
+        data = low._match(seq, ins[0], relax.TensorType(
+            [mask.ty.shape.values[0]] + [tvm.tirx.Var(f"s{j}", "int64") for j in range(1, t.ndim)], t.dtype))
         dims = list(data.ty.shape.values)
-        dtype = n.inputs[0].type.dtype
-        mask = low._match(seq, ins[1], relax.TensorType([dims[0]], "bool"))
+        dtype = t.dtype
         k = self._count(seq, mask, ins[1])
         row = tvm.tirx.IntImm("int64", 1)
         for d in dims[1:]:
             row = row * d
         flat = low._view(seq, data, [dims[0], row])
-        res = seq.emit(relax.call_tir(self._prim(_MASK_ROWS, "mask_rows", dtype), relax.Tuple([flat, mask]),
-                                      [relax.TensorType([k, row], dtype), relax.TensorType([1], "int64")]))
-        rows = seq.emit(relax.TupleGetItem(res, 0))
+        rows = seq.emit(relax.call_tir(self._prim(_MASK_ROWS, "mask_rows", dtype), relax.Tuple([flat, mask]),
+                                       relax.TensorType([k, row], dtype)))     # (the kernel's counter: a local)
         return [low._view(seq, rows, [k] + dims[1:], "boolean_mask")]
 
     def nonzero(self, seq, n: Node, ins: list) -> list:
@@ -148,9 +152,8 @@ class DynamicOps:
         x = low._shaped(seq, ins[0])
         k = self._count(seq, x, ins[0])
         dtype = n.inputs[0].type.dtype
-        res = seq.emit(relax.call_tir(self._prim(_NONZERO, "nonzero", dtype), relax.Tuple([x]),
-                                      [relax.TensorType([1, k], "int64"), relax.TensorType([1], "int64")]))
-        return [seq.emit(relax.TupleGetItem(res, 0), "nonzero")]
+        return [seq.emit(relax.call_tir(self._prim(_NONZERO, "nonzero", dtype), relax.Tuple([x]),
+                                        relax.TensorType([1, k], "int64")), "nonzero")]
 
     def topk_dyn(self, seq, n: Node, ins: list) -> list:
         low = self.low

@@ -6,7 +6,8 @@ loops added (`cpu_schedule.build_cpu`): it adds the public function `PROGRAM` an
 legalizes the few Relax ops they use (row slices, stacking). Values have rank and dtype only (no shapes): each
 region function checks its inputs' shapes when called, as it does when the executor calls it. Lowering:
 
-* region -> a call of its function; cond / case -> ``If`` (a case: nested, predicates in order);
+* region -> its function's body copied in (`_Lowering._inline`) in the program's own sequence, a call of its
+  function inside a branch or a loop function; cond / case -> ``If`` (a case: nested, predicates in order);
 * foreach -> a call of its compiled loop where codegen built one, else a recursive function over a range of
   steps (the loops' lowering: `vm_loops`). Where the per-step outputs have static shapes (`_inplace_foreach`),
   their stacks are allocated once per call and each step copies its rows into them; a range of more than
@@ -28,6 +29,7 @@ from __future__ import annotations
 import numpy as np
 import tvm
 from tvm import relax
+from tvm.relax.utils import copy_with_new_vars
 
 from dyntvm.errors import CompileError
 
@@ -40,10 +42,15 @@ from .vm_seq import FALLBACK_CALLBACK, _i64, _ret_ty, _Seq, _ty, _TRUE  # noqa: 
 
 
 
+INLINE_REGIONS = True          # region functions' bodies copied into the program (`_Lowering._inline`)
+
+
 class _Lowering(LoopLowering):
     def __init__(self, mod: tvm.IRModule, graph: Graph, prefix: str):
         self.bb = relax.BlockBuilder(mod)
         self.funcs = {gv.name_hint: gv for gv in mod.get_global_vars()}
+        self.mod = mod
+        self.top = None                         # the program function's own sequence (regions inlined there)
         self.keys = node_keys(graph, prefix)
         self.n_loops = 0
         self.recursive: list = []                # (GlobalVar, function) of the halving foreach loops
@@ -79,8 +86,31 @@ class _Lowering(LoopLowering):
             self._size_guard(seq, n, ins)
         if not n.outputs:               # all its results unused (an ONNX Dropout's mask): a region is pure, and the
             return []                   # VM cannot call a function whose result is the empty tuple (void register)
+        inlined = self._inline(seq, n.attrs.name, ins) if INLINE_REGIONS and seq is self.top else None
+        if inlined is not None:
+            return inlined
         res = seq.emit(relax.Call(self.funcs[n.attrs.name], ins), n.attrs.name)
         return self._items(seq, res, len(n.outputs))
+
+    def _inline(self, seq, name: str, ins: list):
+        """The outputs of region function `name` on `ins`, its body copied into `seq` (fresh variables, its
+        dataflow block made plain): each parameter bound by a ``match_cast`` (the shape checks the call made),
+        then its kernels. A call costs ~12 VM instructions more (the callee's shape heap and argument checks,
+        the result tuple packed, checked against the declared shapes and unpacked). None where the function is
+        not a Relax function of one sequence."""
+        func = self.mod[self.funcs[name]]
+        if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
+            return None
+        func = copy_with_new_vars(func)
+        func = relax.transform.ToNonDataflow()(tvm.IRModule({"f": func}))["f"]
+        for p, a in zip(func.params, ins):
+            seq.bindings.append(relax.MatchCast(p, a, p.ty))
+        for block in func.body.blocks:
+            seq.bindings += list(block.bindings)
+        res = func.body.body
+        if isinstance(res, relax.Tuple):
+            return list(res.fields)
+        return self._items(seq, res, len(func.ret_ty.fields)) if isinstance(func.ret_ty, relax.TupleType) else [res]
 
     def _size_guard(self, seq, n, ins):
         def call(into: _Seq):
@@ -150,6 +180,8 @@ class _Lowering(LoopLowering):
     def _view(self, seq: _Seq, value, shape: list, name: str = "v"):
         """`value` (shaped, contiguous, as every tensor of the VM) seen with `shape` of as many elements: a view
         (`vm.builtin.reshape`), not the copy kernel a legalized ``R.reshape`` outside a dataflow block becomes."""
+        if _same_shape(value.ty, shape):         # (a view of the same shape: an instruction for nothing)
+            return value
         ty = relax.TensorType(shape, value.ty.dtype)
         return seq.emit(relax.call_pure_packed("vm.builtin.reshape", value, relax.ShapeExpr(shape), ty_args=ty), name)
 
@@ -172,14 +204,24 @@ class _Lowering(LoopLowering):
         seq.bindings.append(relax.MatchCast(var, value, ty))
         return var
 
+def _same_shape(ty, shape: list) -> bool:
+    """Whether tensor type `ty` has a known shape provably equal to `shape`."""
+    known = getattr(ty, "shape", None)
+    if not isinstance(known, relax.ShapeExpr) or len(known.values) != len(shape):
+        return False
+    ana = tvm.sym.Analyzer()
+    return all(ana.can_prove_equal(a, b) for a, b in zip(known.values, shape))
+
+
 def add_program(mod: tvm.IRModule, graph: Graph, prefix: str) -> tvm.IRModule:
     """`mod` with the VM program of `graph` (see the module doc); raises CompileError where it cannot be built."""
     bad = unsupported_nodes(graph)
     if bad:
         raise CompileError(f"no VM program: {bad[0][1]}")
+    mod = relax.transform.RewriteDataflowReshape()(mod)     # (the regions' reshapes: views, also when inlined)
     low = _Lowering(mod, graph, prefix)
     params = [relax.Var(f"in{i}", _ty(v.type)) for i, v in enumerate(graph.inputs)]
-    seq = _Seq(low.bb)
+    seq = low.top = _Seq(low.bb)
     outs = low.graph(seq, graph, params)
     func = relax.Function(params, seq.result(outs), _ret_ty([v.type for v in graph.outputs]), is_pure=False)
     low.bb.add_func(func.with_attr("global_symbol", PROGRAM), PROGRAM)

@@ -1,5 +1,7 @@
 """Loop rewrites before partitioning: append-only while_loop vars as step outputs (`append_carry`), hoisting
-out of loop bodies, and while_loop's condition in its body.
+out of loop bodies, and while_loop's condition in its body. Before hoisting, a small `cond` of a loop body
+becomes a select (`cond_select.select_conds`); after it, a foreach whose body computes nothing is dropped
+(`cond_select.drop_trivial_foreach`).
 
 Both run on the partitioner's private copy of the graph (`partition.partition`), recursively (innermost
 loops first, so what leaves an inner loop may leave the outer one too).
@@ -29,6 +31,7 @@ from ..ir.graph import Graph, Node, Value
 from ..ir.ops import STATIC
 from ..ir.types import TensorType
 from .append_carry import append_only_carries
+from .cond_select import drop_trivial_foreach, select_conds
 
 
 def rewrite_loops(g: Graph) -> Graph:
@@ -46,15 +49,23 @@ def _rewrite(g: Graph, names: set, top: bool = False) -> None:
         if n.op == "while_loop":
             k = next(i for i, m in enumerate(g.nodes) if m is n)
             g.nodes[k:k] = append_only_carries(g, n, lambda base: _fresh(names, base), top)
-    nodes = []
+    nodes, replace = [], {}                 # replace: outputs of the foreach loops dropped -> their values
     for n in g.nodes:
+        _renamed(n, replace)
         if n.op == "foreach":
+            select_conds(n.subgraphs[0], names, _fresh, _movable)
             nodes += _hoist_foreach(n, names)
+            same = drop_trivial_foreach(n)
+            if same is not None:
+                replace.update(same)
+                continue
         elif n.op == "while_loop":
+            select_conds(n.subgraphs[1], names, _fresh, _movable)
             nodes += _hoist_while(n, names)
             _condition_into_body(n, names)
         nodes.append(n)
     g.nodes = nodes
+    g.outputs = [replace.get(v, v) for v in g.outputs]
 
 
 def _all_names(g: Graph) -> set:

@@ -36,6 +36,7 @@ from .tensors import InputStaging, to_numpy, to_tvm
 FALLBACK_CALLBACK = "dyntvm.vm_fallback"       # codegen/vm_program.py calls it under this name
 
 _item = ArrayGetItem
+_from_dlpack = np.from_dlpack                  # (the program's outputs are CPU tensors: `to_numpy`'s case)
 _kernels: dict = {}                            # node key -> (numpy kernel, attrs)
 _guards: dict = {}                             # node key -> a region's size check (`region_sizes.size_guard`)
 _users: dict = {}                              # node key -> how many live models registered it
@@ -179,11 +180,12 @@ class ProgramRunner:
     """Calls the program of one thread's VM on checked input arrays; the executor `fallback` (a callable on the
     same arrays) runs a call the program cannot finish."""
 
-    __slots__ = ("fn", "copy", "calls", "staging")
+    __slots__ = ("fn", "copy", "plain", "positions", "calls", "staging")
 
     def __init__(self, vm, graph: Graph):
         self.fn = vm[PROGRAM]
         self.copy = copied_outputs(graph)
+        self.plain, self.positions = not any(self.copy), range(len(self.copy))
         self.calls = 0                       # program calls (tests: one per model call)
         self.staging = InputStaging(len(graph.inputs))     # (one runner per thread, as its VM)
 
@@ -201,7 +203,11 @@ class ProgramRunner:
                           "executor runs the call; the result comes from the executor", RuntimeWarning, stacklevel=3)
             return outs
         self.calls += 1
-        outs = [np.array(to_numpy(_item(res, k))) if c else to_numpy(_item(res, k)) for k, c in enumerate(self.copy)]
+        if self.plain:                       # (no output to copy: the common case, without a call per output)
+            outs = [_from_dlpack(_item(res, k)) for k in self.positions]
+        else:
+            outs = [np.array(to_numpy(_item(res, k))) if c else to_numpy(_item(res, k))
+                    for k, c in enumerate(self.copy)]
         del res                              # (the input tensors went with the call's arguments)
         self.staging.release()
         return outs

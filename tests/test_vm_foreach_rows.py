@@ -9,6 +9,7 @@ import pytest
 import dyntvm as dt
 from dyntvm import F
 from dyntvm.codegen.vm_loops import _CHAIN
+from dyntvm.partition import cond_select
 from helpers import assert_same  # tests/ is on sys.path
 
 W = np.linspace(-1.0, 1.0, 12, dtype=np.float32).reshape(4, 3)
@@ -42,6 +43,7 @@ def _numpy(x, flags, scale):
 def model():
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("DYNTVM_VM_PROGRAM", "always")
+        mp.setattr(cond_select, "SELECT_WORK", -1)      # the cond stays in the body (not a select)
         m = dt.compile(_fn, dt.TensorSpec(("T", 4)), dt.TensorSpec(("T",), "bool"), dt.TensorSpec((), "float32"))
     assert m.vm_program, m.vm_program_fallback
     return m
@@ -96,15 +98,17 @@ def _vm_calls(model, args) -> int:
     return count[0]
 
 
-def test_vm_instructions_per_row_of_branchy():
-    """branchy's foreach over rows (a cond per row): at most 70 VM Call instructions per row, its two region
-    calls included (the halving lowering executed 100: a concatenation, tuple packing and a second call per
-    row)."""
+def test_vm_instructions_per_row_of_branchy(monkeypatch):
+    """branchy's foreach over rows with its cond per row kept (by default the cond is a select and the loop goes:
+    `partition/cond_select.py`): at most 70 VM Call instructions per row, its two region calls included (the
+    halving lowering executed 100: a concatenation, tuple packing and a second call per row)."""
     from dyntvm import examples
+    monkeypatch.setattr(cond_select, "SELECT_WORK", -1)
     ex = examples.get("branchy")
     model = dt.compile(ex.fn, *ex.specs)
     assert model.vm_program, model.vm_program_fallback
     b1, b16 = (ex.make_inputs(np.random.default_rng(0), B=b) for b in (1, 16))
+    assert "foreach" in [n.op for n in model.graph.walk()]
     per_row = (_vm_calls(model, b16) - _vm_calls(model, b1)) / 15
     assert per_row <= 70, per_row
 
