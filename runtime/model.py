@@ -76,68 +76,10 @@ def _convert_losslessly(x, a: np.ndarray, t, label: str) -> np.ndarray:
 
 def check_inputs(graph: Graph, args: tuple) -> list:
     """Flatten `args` like the traced signature and validate count, dtype, rank and dims."""
-    fast = _checked_fast(graph, args)
-    if fast is not None:
-        return fast
     try:
         return _check_inputs(graph, args)
     except InputError as e:     # types with unknown dims (TensorSpec None): named by their origin
         raise InputError(name_internal_dims(str(e), graph.dim_origins)) from None
-
-
-_PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # graph -> `_input_plan` (False: none)
-
-
-def _input_plan(graph: Graph):
-    """Per input ``(numpy dtype, rank, ((axis, size or None, symbol or None), ...))`` for a graph whose inputs
-    are a flat sequence of tensors with int and plain-symbol dims; None for any other graph."""
-    tree = graph.in_tree
-    if tree is not None and (tree == LEAF or tree[0] == "dict" or any(c != LEAF for c in tree[1])):
-        return None
-    plan = []
-    for v in graph.inputs:
-        t = v.type
-        if isinstance(t, ListType):
-            return None
-        dims = []
-        for ax, d in enumerate(t.shape):
-            if isinstance(d, int):
-                dims.append((ax, d, None))
-            elif not is_symbol(d):
-                return None                   # an expression dim: solved and checked by `_check_inputs`
-            elif not d.startswith("_"):       # (an unknown dim, "_...", takes any size)
-                dims.append((ax, None, d))
-        plan.append((_np_dtype(t.dtype), t.ndim, tuple(dims)))
-    return tuple(plan)
-
-
-def _checked_fast(graph: Graph, args: tuple):
-    """`args` as a list when they are numpy arrays that pass the checks of `_check_inputs` as they are (the
-    common call: no conversion, no error); None where the full check must run (it converts, or raises)."""
-    plan = _PLANS.get(graph)
-    if plan is None:
-        plan = _PLANS[graph] = _input_plan(graph) or False
-    if not plan or len(args) != len(plan):
-        return None
-    env: dict = {}
-    out = list(args)
-    for k, (x, (dtype, ndim, dims)) in enumerate(zip(args, plan)):
-        if type(x) is not np.ndarray:
-            if not (isinstance(x, np.generic) and x.dtype == dtype and not ndim):
-                return None
-            x = out[k] = np.asarray(x)        # a numpy scalar of the input's dtype
-        if x.dtype != dtype or x.ndim != ndim:
-            return None
-        shape = x.shape
-        for ax, size, sym in dims:
-            if size is not None:
-                if shape[ax] != size:
-                    return None
-            elif env.setdefault(sym, shape[ax]) != shape[ax]:
-                return None
-    if graph.dim_ranges and dim_range_error(graph, env):
-        return None
-    return out
 
 
 @functools.lru_cache(maxsize=64)
@@ -259,8 +201,13 @@ class InputChecker:
     def __call__(self, args: tuple) -> list:
         if self.flat and len(args) == self.n:
             env: dict = {}
-            for x, (dtype, nd, static, syms) in zip(args, self.sig):
-                if type(x) is not np.ndarray or x.dtype != dtype or x.ndim != nd:
+            out = list(args)
+            for k, (x, (dtype, nd, static, syms)) in enumerate(zip(args, self.sig)):
+                if type(x) is not np.ndarray:
+                    if nd or not isinstance(x, np.generic) or x.dtype != dtype:
+                        break
+                    x = out[k] = np.asarray(x)      # a numpy scalar of the input's dtype (np.int64(5))
+                if x.dtype != dtype or x.ndim != nd:
                     break
                 shape = x.shape
                 if any(shape[ax] != d for ax, d in static) or \
@@ -268,7 +215,7 @@ class InputChecker:
                     break
             else:
                 if not self.ranges or all(in_range(env.get(s, lo), lo, hi) for s, lo, hi in self.ranges):
-                    return list(args)
+                    return out
         return check_inputs(self.graph, args)
 
 
