@@ -128,3 +128,21 @@ def test_expression_dims_of_inputs_are_checked(tmp_path):
         with pytest.raises(dt.InputError, match=r"does not fit its dim \(2 \* N\)"):
             run(np.ones(5, "float32"))
         assert run(np.ones(6, "float32")).shape == (6,)
+
+
+def test_numpy_scalars_of_the_dtype_take_the_fast_check(cache_dir, monkeypatch):
+    """A numpy scalar of a 0-d input's dtype is that input as it is: the per-model check takes it without the
+    full conversion path (`check_inputs`, which a call on such inputs must not reach); other scalars still go
+    through it and convert or raise as before."""
+    from dyntvm.runtime import model as model_mod
+    m = dt.compile(lambda x, k: x * F.cast(k, "float32"), S(("N",)), S((), "int64"), cache_dir=cache_dir)
+    x = np.arange(4, dtype=np.float32)
+    slow = []
+    real = model_mod.check_inputs
+    monkeypatch.setattr(model_mod, "check_inputs", lambda g, a: slow.append(a) or real(g, a))
+    assert_same(m(x, np.int64(3)), x * 3)
+    assert slow == []
+    assert_same(m(x, 3), x * 3)                        # a Python int: converted by the full check
+    assert len(slow) == 1
+    with pytest.raises(dt.InputError, match="int64"):
+        m(x, np.float32(3))                            # a numpy scalar of another dtype: the full check's error
