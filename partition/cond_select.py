@@ -12,7 +12,8 @@ A cond becomes a select only when that cannot change an answer:
 * every node of both branches is a constant, an op that never raises on values (`loops._movable`: a lift
   rule, no run-time dim check) or moves elements by its static shapes (`SHAPE_OPS`: squeeze, reshape, ...),
   and no integer division or power (`ir.ops.RAISE_ON_INTEGERS`: the numpy
-  reference raises on a zero divisor); nested conds of a branch are selected first, or the outer one stays;
+  reference raises on a zero divisor) nor a division by a computed value (`DIVIDING`: TVM's simplifier fails
+  the build on a divisor it proves zero under the ``where``); nested conds of a branch are selected first, or the outer one stays;
 * the branches' outputs have one static type each (same shape and dtype): ``where`` then gives exactly the
   taken branch's values, whatever the other branch computed on them (NaN, inf, overflow: values only,
   no error and no trap);
@@ -112,12 +113,26 @@ def _inline(g: Graph, env: dict, names: set, fresh, movable, prefix: str):
             if inner is None:
                 return None
             out += inner
-        elif n.op == "constant" or (movable(n) and not _raises_on_integers(n)) or \
-                (n.op in SHAPE_OPS and not n.checks):
+        elif n.op == "constant" or (movable(n) and not _raises_on_integers(n) and not _divides_by_a_value(n)) \
+                or (n.op in SHAPE_OPS and not n.checks):
             out.append(m)
         else:
             return None
     return out
+
+
+#: ops whose second operand divides: a branch dividing by a computed value is not selected (below)
+DIVIDING = frozenset({"divide", "floor_divide", "mod", "fmod"})
+
+
+def _divides_by_a_value(n: Node) -> bool:
+    """A division whose divisor is computed (not a constant). Under the select's ``where``, TVM's simplifier
+    folds a divisor it can prove zero (``x - x``) and then fails the build on the float division by the constant
+    0 ("Divide by zero": an InternalError, the cond compiled before it was selected)."""
+    if n.op not in DIVIDING:
+        return False
+    d = n.inputs[1].producer
+    return d is None or d.op != "constant"
 
 
 def _raises_on_integers(n: Node) -> bool:

@@ -115,6 +115,32 @@ def test_integer_division_stays_a_cond(program):
     assert_same(model(a, b), np.where(b != 0, a // np.where(b != 0, b, 1), 0))
 
 
+def test_a_division_by_a_computed_value_stays_a_cond(program):
+    """Found by review 38: ``1 / (row - row)`` in the branch not taken. As a select, TVM's simplifier proved the
+    divisor zero under the ``where`` and failed the build ("Divide by zero", an InternalError); the cond compiles
+    and runs as before, and a division by a constant may still be selected."""
+    def fn(x):
+        def body(row, states):
+            return F.cond(F.sum(row) > 0, lambda: row * 2.0, lambda: 1.0 / (row - row)), []
+        return F.foreach(body, x, [])[0]
+
+    def by_constant(x):
+        def body(row, states):
+            return F.cond(F.sum(row) > 0, lambda: row * 2.0, lambda: row / 4.0), []
+        return F.foreach(body, x, [])[0]
+
+    model = dt.compile(fn, dt.TensorSpec(("T", 4)))
+    assert "cond" in _ops(model)
+    x = np.array([[1, 2, 3, 4], [-1, -2, -3, -4], [0, 0, 0, 0]], np.float32)
+    with np.errstate(all="ignore"):
+        want = np.where(x.sum(axis=1, keepdims=True) > 0, x * 2, 1.0 / (x - x))
+    assert_same(model(x), want)
+    assert_same(model(x[:0]), want[:0])
+    selected = dt.compile(by_constant, dt.TensorSpec(("T", 4)))
+    assert "cond" not in _ops(selected)
+    assert_same(selected(x), np.where(x.sum(axis=1, keepdims=True) > 0, x * 2, x / 4))
+
+
 def test_costly_or_unequal_branches_stay_conds(monkeypatch):
     """A branch over `SELECT_WORK` per step, and branches whose outputs differ in shape, keep their conds."""
     def fn(x):

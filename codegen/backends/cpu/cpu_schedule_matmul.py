@@ -201,8 +201,9 @@ def _sched_matmul(func, target, name: str, mr: int, parallel: bool, attach: bool
     if not exact:
         return sch.mod["main"]
     acc = sch.get(mm).writes[0].source
-    return _strip_predicates(_pad_tile_buffer(sch.mod["main"], acc, mr, nr) if acc.scope() == "local"
-                             else sch.mod["main"])
+    main = sch.mod["main"]
+    tile = not any(acc.same_as(p) for p in main.params)      # the tile (TILE_SCOPE), not the output itself
+    return _strip_predicates(_pad_tile_buffer(main, acc, mr, nr) if tile else main)
 
 
 def _pack_panel(sch: s_tir.Schedule, mm, jo, target) -> None:
