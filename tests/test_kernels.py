@@ -49,8 +49,11 @@ def region_module(fn, *specs):
 
 
 def kernel_calls(ex) -> list[str]:
-    """Names of the kernels a VM executable calls (builtins and VMShapeLower's shape_func left out)."""
-    return [m.group(1) for m in re.finditer(r"call\s+(\S+)\s+in:", ex.as_text())
+    """Names of the kernels the region functions of a VM executable call (builtins and VMShapeLower's shape_func
+    left out; the VM program, `ir.vm_program.PROGRAM`, holds copies of the region bodies: not counted twice)."""
+    from dyntvm.ir.vm_program import PROGRAM
+    text = "\n".join(f for f in ex.as_text().split("\n@") if not f.startswith((f"{PROGRAM}:", f"@{PROGRAM}:")))
+    return [m.group(1) for m in re.finditer(r"call\s+(\S+)\s+in:", text)
             if not m.group(1).startswith("vm.builtin") and m.group(1) != "shape_func"]
 
 
