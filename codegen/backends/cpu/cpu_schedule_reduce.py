@@ -137,3 +137,49 @@ def _lanes_select(func, target) -> tirx.PrimFunc:
     need = LANES_PARALLEL_MIN // (LANE_ROW * LANE_BLOCK)
     return _select(func, [(nblk < tirx.IntImm(str(nblk.ty), need), lambda: _sched_lanes(func, target, False)),
                           (true, lambda: _sched_lanes(func, target, True))])
+
+
+#: Rows reduced side by side by `_sched_interleaved_rows` (each its own accumulator): the largest of these that
+#: divides the row loop's extent.
+INTERLEAVED_ROWS = (8, 4, 2)
+
+
+def _sched_interleaved_rows(func, target, parallel: bool) -> tirx.PrimFunc:
+    """One reduction over trailing axes whose innermost is symbolic (a global average pool's sum over [H, W]):
+    `_sched_reduction` cannot rfactor it into vector lanes, and it was one dependent add per element (~1 ns, the
+    add's latency; mobilenet_v3_small's SE means at ~1 GFLOP/s). Here INTERLEAVED_ROWS rows (channels) are
+    reduced side by side, unrolled innermost, each into its own accumulator (a small stack tile LLVM keeps in
+    registers): independent adds, bound by the loads. Rows outside parallel."""
+    del target
+    sch = s_tir.Schedule(func)
+    blocks = child_blocks(sch)
+    if len(blocks) != 1:
+        raise ValueError("not a single reduction block")
+    block = blocks[0]
+    kinds = iter_kinds(sch, block)
+    n_s = len(kinds) - len(kinds.lstrip("S"))
+    loops = sch.get_loops(block)
+    if "R" not in kinds or kinds != "S" * n_s + "R" * (len(kinds) - n_s) or len(loops) != len(kinds):
+        raise ValueError("not spatial loops then reduction loops")
+    spatial, red = loops[:n_s], loops[n_s:]
+    if isinstance(loop_extent(sch, red[-1]), int):
+        raise ValueError("a static innermost reduction: the row rule vectorizes it")
+    rows = [i for i, lp in enumerate(spatial) if loop_extent(sch, lp) != 1]
+    if not rows or not isinstance(loop_extent(sch, spatial[rows[-1]]), int):
+        raise ValueError("no static row loop to interleave")
+    ext = loop_extent(sch, spatial[rows[-1]])
+    factor = next((f for f in INTERLEAVED_ROWS if ext % f == 0), None)
+    if factor is None:
+        raise ValueError("row loop not a multiple of an interleave factor")
+    outer, inner = sch.split(spatial[rows[-1]], [None, factor])
+    head = [*spatial[:rows[-1]], outer]
+    units = spatial[rows[-1] + 1:]
+    sch.reorder(*head, *units, *red, inner)
+    acc = sch.cache_write(block, 0, "global")
+    sch.reverse_compute_at(acc, units[-1] if units else head[-1], preserve_unit_loops=True)
+    if parallel:
+        sch.parallel(sch.fuse(*head) if len(head) > 1 else head[0])
+    sch.unroll(inner)
+    sch.unroll(next(lp for lp in sch.get_loops(acc) if loop_extent(sch, lp) == factor))
+    sch.decompose_reduction(block, red[0])
+    return sch.mod["main"]
