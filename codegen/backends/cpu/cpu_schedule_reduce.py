@@ -144,6 +144,36 @@ def _lanes_select(func, target) -> tirx.PrimFunc:
 INTERLEAVED_ROWS = (8, 4, 2)
 
 
+def interleaved_rows_fit(sch: s_tir.Schedule) -> bool:
+    """Whether `_sched_interleaved_rows` applies: one block, spatial loops then reduction loops, the innermost
+    reduction loop symbolic, the last non-unit spatial loop static and a multiple of an INTERLEAVED_ROWS factor."""
+    return _interleave_plan(sch) is not None
+
+
+def _interleave_plan(sch: s_tir.Schedule):
+    """(block, spatial loops, reduction loops, index of the row loop, factor) for `_sched_interleaved_rows`, or
+    None."""
+    blocks = child_blocks(sch)
+    if len(blocks) != 1:
+        return None
+    block = blocks[0]
+    kinds = iter_kinds(sch, block)
+    n_s = len(kinds) - len(kinds.lstrip("S"))
+    loops = sch.get_loops(block)
+    if ("R" not in kinds or kinds != "S" * n_s + "R" * (len(kinds) - n_s) or len(loops) != len(kinds)
+            or len(sch.get(block).writes) != 1):
+        return None
+    spatial, red = loops[:n_s], loops[n_s:]
+    if isinstance(loop_extent(sch, red[-1]), int):
+        return None     # a static innermost reduction: the row rule vectorizes it
+    rows = [i for i, lp in enumerate(spatial) if loop_extent(sch, lp) != 1]
+    if not rows or not isinstance(loop_extent(sch, spatial[rows[-1]]), int):
+        return None
+    ext = loop_extent(sch, spatial[rows[-1]])
+    factor = next((f for f in INTERLEAVED_ROWS if ext % f == 0), None)
+    return None if factor is None else (block, spatial, red, rows[-1], factor)
+
+
 def _sched_interleaved_rows(func, target, parallel: bool) -> tirx.PrimFunc:
     """One reduction over trailing axes whose innermost is symbolic (a global average pool's sum over [H, W]):
     `_sched_reduction` cannot rfactor it into vector lanes, and it was one dependent add per element (~1 ns, the
@@ -152,28 +182,13 @@ def _sched_interleaved_rows(func, target, parallel: bool) -> tirx.PrimFunc:
     registers): independent adds, bound by the loads. Rows outside parallel."""
     del target
     sch = s_tir.Schedule(func)
-    blocks = child_blocks(sch)
-    if len(blocks) != 1:
-        raise ValueError("not a single reduction block")
-    block = blocks[0]
-    kinds = iter_kinds(sch, block)
-    n_s = len(kinds) - len(kinds.lstrip("S"))
-    loops = sch.get_loops(block)
-    if "R" not in kinds or kinds != "S" * n_s + "R" * (len(kinds) - n_s) or len(loops) != len(kinds):
-        raise ValueError("not spatial loops then reduction loops")
-    spatial, red = loops[:n_s], loops[n_s:]
-    if isinstance(loop_extent(sch, red[-1]), int):
-        raise ValueError("a static innermost reduction: the row rule vectorizes it")
-    rows = [i for i, lp in enumerate(spatial) if loop_extent(sch, lp) != 1]
-    if not rows or not isinstance(loop_extent(sch, spatial[rows[-1]]), int):
-        raise ValueError("no static row loop to interleave")
-    ext = loop_extent(sch, spatial[rows[-1]])
-    factor = next((f for f in INTERLEAVED_ROWS if ext % f == 0), None)
-    if factor is None:
-        raise ValueError("row loop not a multiple of an interleave factor")
-    outer, inner = sch.split(spatial[rows[-1]], [None, factor])
-    head = [*spatial[:rows[-1]], outer]
-    units = spatial[rows[-1] + 1:]
+    plan = _interleave_plan(sch)
+    if plan is None:
+        raise ValueError("not a reduction of static rows over a symbolic trailing axis")
+    block, spatial, red, row, factor = plan
+    outer, inner = sch.split(spatial[row], [None, factor])
+    head = [*spatial[:row], outer]
+    units = spatial[row + 1:]
     sch.reorder(*head, *units, *red, inner)
     acc = sch.cache_write(block, 0, "global")
     sch.reverse_compute_at(acc, units[-1] if units else head[-1], preserve_unit_loops=True)
