@@ -1,6 +1,7 @@
 """CPU schedules of reductions the row rule (`cpu_schedule._sched_reduction`) does not fit: full reductions
 of a 1-d input (`te_kernels.te_lane_reduce`: `_lanes_select`) and row-like kernels over a non-trailing axis
-(softmax over axis 0: `_sched_axis_reduction`)."""
+(softmax over axis 0: `_sched_axis_reduction`) and reductions of static rows over a symbolic trailing axis (a global
+average pool's sum over [H, W]: `_sched_interleaved_rows`)."""
 
 from __future__ import annotations
 
