@@ -98,37 +98,54 @@ def test_spatial_sum_interleaves_channels():
     assert len(unrolled) >= 2, func          # init / update (and the write-back)
 
 
+def se_block(c, c4):
+    """(fn, numpy reference) of a squeeze-excitation over `c` channels, `c4` in the middle."""
+    rng = np.random.default_rng(c * 1000 + c4)
+    w1 = (rng.standard_normal((c4, c, 1, 1)) / np.sqrt(c)).astype("float32")
+    b1 = rng.standard_normal(c4).astype("float32")
+    w2 = (rng.standard_normal((c, c4, 1, 1)) / np.sqrt(c4)).astype("float32")
+    b2 = rng.standard_normal(c).astype("float32")
+
+    def fn(y):
+        s = F.mean(y, axis=(2, 3), keepdims=True)
+        s = F.relu(F.conv(s, w1, b1))
+        s = F.minimum(F.maximum(F.conv(s, w2, b2) / 6.0 + 0.5, 0.0), 1.0)
+        return y * s
+
+    def ref(y):
+        s = y.mean(axis=(2, 3))
+        s = np.maximum(s @ w1[:, :, 0, 0].T + b1, 0)
+        s = np.clip((s @ w2[:, :, 0, 0].T + b2) / 6 + 0.5, 0, 1)
+        return y * s[:, :, None, None]
+    return fn, ref
+
+
 C, C4 = 24, 8
-W1 = (RNG.standard_normal((C4, C, 1, 1)) / np.sqrt(C)).astype("float32")
-B1 = RNG.standard_normal(C4).astype("float32")
-W2 = (RNG.standard_normal((C, C4, 1, 1)) / np.sqrt(C4)).astype("float32")
-B2 = RNG.standard_normal(C).astype("float32")
+se, se_ref = se_block(C, C4)
 
 
-def se(y):
-    s = F.mean(y, axis=(2, 3), keepdims=True)
-    s = F.relu(F.conv(s, W1, B1))
-    s = F.minimum(F.maximum(F.conv(s, W2, B2) / 6.0 + 0.5, 0.0), 1.0)
-    return y * s
-
-
-def se_ref(y):
-    s = y.mean(axis=(2, 3))
-    s = np.maximum(s @ W1[:, :, 0, 0].T + B1, 0)
-    s = np.clip((s @ W2[:, :, 0, 0].T + B2) / 6 + 0.5, 0, 1)
-    return y * s[:, :, None, None]
-
-
-def test_squeeze_excitation_matches_numpy(rule_log):
-    m = dt.compile(se, S(("B", C, "H", "W")), use_cache=False)
-    for shape in [(1, C, 1, 1), (2, C, 7, 9), (1, C, 28, 28), (3, C, 5, 1), (0, C, 4, 4)]:
+# (channels, middle): the 1x1 convs' output-channel blocks (`te_conv.gemv_channel_block`) 8 / 8, 32 / 32, 64 / 64,
+# 16 (144) / 8 (40)
+@pytest.mark.parametrize("c,c4", [(24, 8), (96, 32), (128, 64), (144, 40)])
+def test_squeeze_excitation_matches_numpy(c, c4, rule_log):
+    fn, ref = se_block(c, c4)
+    m = dt.compile(fn, S(("B", c, "H", "W")), use_cache=False)
+    for shape in [(1, c, 1, 1), (2, c, 7, 9), (1, c, 28, 28), (3, c, 5, 1), (0, c, 4, 4)]:
         y = RNG.standard_normal(shape).astype("float32")
-        got, want = np.asarray(m(y)), se_ref(y)
+        got, want = np.asarray(m(y)), ref(y)
         assert got.shape == want.shape, shape
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=str(shape))
     applied, failed = rules(rule_log)
     assert not failed, failed
     assert applied.get("conv", 0) == 2 and applied.get("interleaved_rows", 0) == 1, applied
+
+
+def test_one_position_conv_packs_wide_channel_blocks():
+    """The 1x1 convs on [B, C, 1, 1] (GEMVs) pack their weight in blocks of 64 / 32 channels where those divide O
+    (a register tile of 8 / 4 AVX2 accumulators), not 16 as a conv over more positions."""
+    funcs = scheduled_funcs(se_block(128, 32)[0], S(("B", 128, "H", "W")))
+    blocks = sorted(int(p.shape[-1]) for f in funcs.values() for p in f.params if len(getattr(p, "shape", ())) == 5)
+    assert blocks == [32, 64], blocks
 
 
 def test_squeeze_excitation_multiply_iterates_positions_innermost():
