@@ -66,7 +66,8 @@ REDUCTIONS = [
 def test_spatial_reduction_matches_numpy(case, channels, rule_log):
     _, fn, ref = case
     m = dt.compile(fn, S(("B", channels, "H", "W")), use_cache=False)
-    sizes = [(1, channels, 1, 1), (2, channels, 7, 9), (1, channels, 56, 56), (3, channels, 13, 1), (1, channels, 2, 17)]
+    sizes = [(1, channels, 1, 1), (2, channels, 7, 9), (1, channels, 56, 56), (3, channels, 13, 1),
+             (1, channels, 2, 17)]
     if case[0] != "max_keepdims":        # numpy's max of nothing raises; mean of nothing is NaN with a warning
         sizes.append((0, channels, 5, 5))
     for shape in sizes:
