@@ -90,6 +90,18 @@ def out_channel_block(out_per_group: int, cin_per_group: int, groups: int) -> in
     return next((vb for vb in (16, 8) if out_per_group % vb == 0), 1)
 
 
+#: Output-channel blocks of a conv with one output position (a 1x1 conv on [N, C, 1, 1]: the squeeze-excitation's
+#: GEMVs), largest dividing O first: its register tile is one position x vb channels, so vb 16 was 2 AVX2 accumulators
+#: waiting on their FMAs' latency. () : `out_channel_block`'s 16 / 8 as for every conv (a switch for A/B).
+GEMV_BLOCKS = (64, 32, 16, 8)
+
+
+def gemv_channel_block(out_channels: int) -> int:
+    """vb of ``dt_conv_ocv`` for a dense conv with one output position: the largest of GEMV_BLOCKS dividing
+    `out_channels` (a multiple of 8: `out_channel_block` returned more than 1)."""
+    return next((b for b in GEMV_BLOCKS if out_channels % b == 0), out_channel_block(out_channels, 2, 1))
+
+
 def pack_axes(n_sp: int) -> list:
     """permute_dims axes from [O / vb, vb, Cg, *K] to [O / vb, Cg, *K, vb]."""
     return [0] + list(range(2, 3 + n_sp)) + [1]

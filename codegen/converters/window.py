@@ -16,8 +16,8 @@ from tvm import relax, tirx
 from tvm.relax import op as R
 
 from ...ir.ops_nn import window_out_size
-from ..dims import I64
-from ..te_conv import out_channel_block, pack_axes, te_conv
+from ..dims import I64, is_one
+from ..te_conv import gemv_channel_block, out_channel_block, pack_axes, te_conv
 from ..te_kernels import nonempty_primfunc
 from ..te_window import te_avg_pool, te_max_pool
 from .common import assert_dims, cast, checked, constant_of, dtype_of, emit, shape_of
@@ -70,6 +70,8 @@ def _conv(bb, node, args, ctx):
     if TE_CONV and not ctx.device_checks and sw[0] > 0 and sw[1] > 0:     # the CPU: our computes (`te_conv`)
         out = _out_sizes(ctx, x, sw[2:], a)
         vb = out_channel_block(sw[0] // groups, sw[1], groups)
+        if vb > 1 and groups == 1 and all(is_one(o) for o in out):
+            vb = gemv_channel_block(sw[0])
         w = _packed_weight(bb, w, sw, vb, work)
         # the size check on a 1-element tensor the kernel reads (through the weight, it copied every weight
         # at every call: 47 MB for resnet18)

@@ -44,7 +44,8 @@ from .cpu_schedule_pool import pool_block_name, pool_select
 from .cpu_schedule_dispatch import _parallel_cands, _select
 from .cpu_schedule_fuse import CONTRACTION_GROUP, merge_contractions
 from .cpu_schedule_matmul import _MATMUL_MR, PACK_MIN_ROWS, _group_select, _sched_matmul, exact_tile, matmul_rows
-from .cpu_schedule_reduce import LANES_PREFIX, _lanes_select, _reduced_axis, _sched_axis_reduction
+from .cpu_schedule_reduce import (LANES_PREFIX, _lanes_select, _reduced_axis, _sched_axis_reduction,
+                                  _sched_interleaved_rows, interleaved_rows_fit)
 from ...dims import is_one
 from .cpu_sched_helpers import (child_blocks, is_column_reduction, is_contraction, iter_kinds, loop_extent,
                                 loop_kinds, total_work, vector_lanes, vectorize_inner)
@@ -57,6 +58,8 @@ _LOG = logging.getLogger(__name__)
 INJECTIVE_ROW_MAX = 1024
 #: Merge matmul kernels with their epilogue matmuls and consumers (`cpu_schedule_fuse`); a switch for A/B.
 FUSE_CONTRACTIONS = True
+#: Reductions over a symbolic trailing axis: several rows side by side (`_sched_interleaved_rows`); a switch for A/B.
+INTERLEAVE_ROWS = True
 
 
 def _physical_cores() -> int:
@@ -424,6 +427,8 @@ def _schedule_func(func: tirx.PrimFunc, target, name: str = "") -> tirx.PrimFunc
         name = sch.get(reductions[0]).name_hint
         m_ext = sch.get(sch.get_loops(reductions[0])[-3]).extent
         rules.append(("matmul", lambda: _matmul_select(inlined, target, name, m_ext, work)))
+    if INTERLEAVE_ROWS and not lanes and interleaved_rows_fit(sch):
+        rules.append(("interleaved_rows", by_size(_sched_interleaved_rows)))
     if len(reductions) == 1 and is_column_reduction(sch, reductions[0]):
         rules.append(("column_reduction", by_size(_sched_column_reduction)))
     if reductions and not lanes and _reduced_axis(sch) is not None:

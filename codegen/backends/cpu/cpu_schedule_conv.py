@@ -25,6 +25,7 @@ from .cpu_inline import inline_spatial
 from . import cpu_sched_helpers
 from .cpu_sched_helpers import (child_blocks, loop_extent, tile_scope, total_work, vector_lanes, vectorize_tile,
                                 writes_param)
+from ...dims import is_one
 from ...te_conv import CROP_BLOCK, OCV_BLOCK, PAD_BLOCK, PHASES_BLOCK, ROW_TILE_ATTR, SPV_BLOCK
 
 
@@ -34,6 +35,11 @@ from ...te_conv import CROP_BLOCK, OCV_BLOCK, PAD_BLOCK, PHASES_BLOCK, ROW_TILE_
 #: the weight 8 taps apart: resnet18's conv layers summed 1.37x onnxruntime's time with 8, 1.19x with 2, 1.15x with
 #: 1 (`benchmarks/bench_conv_variants.py`, one thread; the 512-channel 3x3 layer at 7 x 7 1.71x -> 1.22x).
 CHANNEL_BLOCK = 1
+#: An epilogue of a one-position conv (1x1 on [N, C, 1, 1]) over more positions - the squeeze-excitation's broadcast
+#: multiply - iterates positions innermost (contiguous in NCHW, vectorized by LLVM), not channels-last: each of its
+#: stores was then a scalar one H x W floats from the last (~1 ns per element, the SE kernels at 1-3 GFLOP/s).
+#: False: channels-last as every other epilogue (a switch for A/B).
+BROADCAST_POSITIONS_INNER = True
 #: The taps of the kernel's last axis are unrolled up to this many (1.2x for resnet18's 7x7 stem, ~1.02x 3x3).
 _UNROLL_TAPS = 7
 
@@ -112,6 +118,14 @@ def _channels_last(sch: s_tir.Schedule, epi, n_sp: int) -> bool:
     return True
 
 
+def _over_positions(sch: s_tir.Schedule, epi, n_sp: int) -> bool:
+    """Whether the epilogue block `epi` of a conv with one output position (a 1x1 conv on [N, C, 1, 1]) iterates
+    over more positions than that: the squeeze-excitation's broadcast multiply ``x * hardsigmoid(conv(s))`` over
+    x's [N, C, H, W]."""
+    ivs = sch.get(epi).iter_vars
+    return len(ivs) == 2 + n_sp and not all(is_one(iv.dom.extent) for iv in ivs[2:])
+
+
 def _sched_conv(func, target, name: str, exact: bool, parallel: bool) -> tirx.PrimFunc:
     """`exact`: the row tile divides the output rows (else `te_conv` computed whole tiles and the epilogue
     keeps the first W positions, under a predicate)."""
@@ -139,9 +153,10 @@ def _sched_conv(func, target, name: str, exact: bool, parallel: bool) -> tirx.Pr
         tasks = [oo, *spatial[:-1]]
         sch.reorder(n, *tasks, wo, *red, oi, wi)
     epi_channels_last = {}
+    one_position = all(is_one(iv.dom.extent) for iv in sch.get(conv).iter_vars[2:2 + n_sp])
 
     def relayout(epi):
-        if ocv:
+        if ocv and not (BROADCAST_POSITIONS_INNER and one_position and _over_positions(sch, epi, n_sp)):
             epi_channels_last[sch.get(epi).name_hint] = _channels_last(sch, epi, n_sp)
     attached = _attach_epilogue(sch, func, conv, wo, relayout)
     if ocv:  # the accumulator tile [tw, vb]: each register one output position's vb channels

@@ -1,6 +1,7 @@
 """CPU schedules of reductions the row rule (`cpu_schedule._sched_reduction`) does not fit: full reductions
 of a 1-d input (`te_kernels.te_lane_reduce`: `_lanes_select`) and row-like kernels over a non-trailing axis
-(softmax over axis 0: `_sched_axis_reduction`)."""
+(softmax over axis 0: `_sched_axis_reduction`) and reductions of static rows over a symbolic trailing axis (a global
+average pool's sum over [H, W]: `_sched_interleaved_rows`)."""
 
 from __future__ import annotations
 
@@ -137,3 +138,64 @@ def _lanes_select(func, target) -> tirx.PrimFunc:
     need = LANES_PARALLEL_MIN // (LANE_ROW * LANE_BLOCK)
     return _select(func, [(nblk < tirx.IntImm(str(nblk.ty), need), lambda: _sched_lanes(func, target, False)),
                           (true, lambda: _sched_lanes(func, target, True))])
+
+
+#: Rows reduced side by side by `_sched_interleaved_rows` (each its own accumulator): the largest of these that
+#: divides the row loop's extent.
+INTERLEAVED_ROWS = (8, 4, 2)
+
+
+def interleaved_rows_fit(sch: s_tir.Schedule) -> bool:
+    """Whether `_sched_interleaved_rows` applies: one block, spatial loops then reduction loops, the innermost
+    reduction loop symbolic, the last non-unit spatial loop static and a multiple of an INTERLEAVED_ROWS factor."""
+    return _interleave_plan(sch) is not None
+
+
+def _interleave_plan(sch: s_tir.Schedule):
+    """(block, spatial loops, reduction loops, index of the row loop, factor) for `_sched_interleaved_rows`, or
+    None."""
+    blocks = child_blocks(sch)
+    if len(blocks) != 1:
+        return None
+    block = blocks[0]
+    kinds = iter_kinds(sch, block)
+    n_s = len(kinds) - len(kinds.lstrip("S"))
+    loops = sch.get_loops(block)
+    if ("R" not in kinds or kinds != "S" * n_s + "R" * (len(kinds) - n_s) or len(loops) != len(kinds)
+            or len(sch.get(block).writes) != 1):
+        return None
+    spatial, red = loops[:n_s], loops[n_s:]
+    if isinstance(loop_extent(sch, red[-1]), int):
+        return None     # a static innermost reduction: the row rule vectorizes it
+    rows = [i for i, lp in enumerate(spatial) if loop_extent(sch, lp) != 1]
+    if not rows or not isinstance(loop_extent(sch, spatial[rows[-1]]), int):
+        return None
+    ext = loop_extent(sch, spatial[rows[-1]])
+    factor = next((f for f in INTERLEAVED_ROWS if ext % f == 0), None)
+    return None if factor is None else (block, spatial, red, rows[-1], factor)
+
+
+def _sched_interleaved_rows(func, target, parallel: bool) -> tirx.PrimFunc:
+    """One reduction over trailing axes whose innermost is symbolic (a global average pool's sum over [H, W]):
+    `_sched_reduction` cannot rfactor it into vector lanes, and it was one dependent add per element (~1 ns, the
+    add's latency; mobilenet_v3_small's SE means at ~1 GFLOP/s). Here INTERLEAVED_ROWS rows (channels) are
+    reduced side by side, unrolled innermost, each into its own accumulator (a small stack tile LLVM keeps in
+    registers): independent adds, bound by the loads. Rows outside parallel."""
+    del target
+    sch = s_tir.Schedule(func)
+    plan = _interleave_plan(sch)
+    if plan is None:
+        raise ValueError("not a reduction of static rows over a symbolic trailing axis")
+    block, spatial, red, row, factor = plan
+    outer, inner = sch.split(spatial[row], [None, factor])
+    head = [*spatial[:row], outer]
+    units = spatial[row + 1:]
+    sch.reorder(*head, *units, *red, inner)
+    acc = sch.cache_write(block, 0, "global")
+    sch.reverse_compute_at(acc, units[-1] if units else head[-1], preserve_unit_loops=True)
+    if parallel:
+        sch.parallel(sch.fuse(*head) if len(head) > 1 else head[0])
+    sch.unroll(inner)
+    sch.unroll(next(lp for lp in sch.get_loops(acc) if loop_extent(sch, lp) == factor))
+    sch.decompose_reduction(block, red[0])
+    return sch.mod["main"]
