@@ -56,3 +56,19 @@ def assert_trace_matches_eager(fn, specs, inputs_list, rtol=1e-5, atol=1e-6):
 def ops_in(graph) -> set:
     """Op names used anywhere in `graph` (subgraphs included)."""
     return {n.op for n in graph.walk()}
+
+
+def vm_calls(model, args) -> int:
+    """VM Call instructions (builtins, kernels, functions) one model call executes (the VM's instrument hook)."""
+    vm = model._thread_executor().vm
+    count = [0]
+
+    def hook(func, symbol, before, ret, *a):
+        count[0] += bool(before)
+        return 0
+    vm.set_instrument(hook)
+    try:
+        model(*args)
+    finally:
+        vm.set_instrument(None)
+    return count[0]

@@ -12,7 +12,7 @@ from dyntvm.examples.plain_numpy import BY_EXAMPLE
 from dyntvm.ir.compiled_loop import compiled_loop_name, while_loop_plan
 from dyntvm.partition import cond_select
 from dyntvm.partition.partitioner import partition
-from helpers import assert_same  # tests/ is on sys.path
+from helpers import assert_same, vm_calls  # tests/ is on sys.path
 
 W = np.linspace(-1.0, 1.0, 12, dtype=np.float32).reshape(4, 3)
 
@@ -31,22 +31,6 @@ def _ops(model) -> list:
     return [n.op for n in model.graph.walk()]
 
 
-def _vm_calls(model, args) -> int:
-    """VM Call instructions one model call executes (the VM's instrument hook)."""
-    vm = model._thread_executor().vm
-    count = [0]
-
-    def hook(func, symbol, before, ret, *a):
-        count[0] += bool(before)
-        return 0
-    vm.set_instrument(hook)
-    try:
-        model(*args)
-    finally:
-        vm.set_instrument(None)
-    return count[0]
-
-
 def test_branchy_rows_are_a_select_without_a_loop(monkeypatch):
     """branchy's per-row cond: no foreach and no per-row cond left (the heads' case stays); the VM executes as
     many instructions at B=16 as at B=1 (before: 210 and 1185); results equal plain numpy."""
@@ -57,7 +41,7 @@ def test_branchy_rows_are_a_select_without_a_loop(monkeypatch):
     ops = _ops(model)
     assert "foreach" not in ops and "where" in ops and "case" in ops, ops
     b1, b16 = (ex.make_inputs(np.random.default_rng(0), B=b) for b in (1, 16))
-    assert _vm_calls(model, b16) == _vm_calls(model, b1) <= 150
+    assert vm_calls(model, b16) == vm_calls(model, b1) <= 150
     for i, sizes in enumerate(ex.test_sizes + ({"B": 7, "shift": 0.3},)):
         inputs = ex.make_inputs(np.random.default_rng(i), **sizes)
         assert_same(model(*inputs), BY_EXAMPLE["branchy"](*inputs), rtol=1e-4, atol=1e-4, what=str(sizes))

@@ -10,7 +10,7 @@ import dyntvm as dt
 from dyntvm import F
 from dyntvm.codegen.vm_loops import _CHAIN
 from dyntvm.partition import cond_select
-from helpers import assert_same  # tests/ is on sys.path
+from helpers import assert_same, vm_calls  # tests/ is on sys.path
 
 W = np.linspace(-1.0, 1.0, 12, dtype=np.float32).reshape(4, 3)
 
@@ -82,22 +82,6 @@ def test_program_stacks_rows_without_concatenation(model):
     assert funcs[name].count("call  runtime.TVMTensorCopyFromTo") == 2, funcs[name]
 
 
-def _vm_calls(model, args) -> int:
-    """VM Call instructions (builtins, kernels, functions) one model call executes (the VM's instrument hook)."""
-    vm = model._thread_executor().vm
-    count = [0]
-
-    def hook(func, symbol, before, ret, *a):
-        count[0] += bool(before)
-        return 0
-    vm.set_instrument(hook)
-    try:
-        model(*args)
-    finally:
-        vm.set_instrument(None)
-    return count[0]
-
-
 def test_vm_instructions_per_row_of_branchy(monkeypatch):
     """branchy's foreach over rows with its cond per row kept (by default the cond is a select and the loop goes:
     `partition/cond_select.py`): at most 70 VM Call instructions per row, its two region calls included (the
@@ -109,7 +93,7 @@ def test_vm_instructions_per_row_of_branchy(monkeypatch):
     assert model.vm_program, model.vm_program_fallback
     b1, b16 = (ex.make_inputs(np.random.default_rng(0), B=b) for b in (1, 16))
     assert "foreach" in [n.op for n in model.graph.walk()]
-    per_row = (_vm_calls(model, b16) - _vm_calls(model, b1)) / 15
+    per_row = (vm_calls(model, b16) - vm_calls(model, b1)) / 15
     assert per_row <= 70, per_row
 
 

@@ -9,7 +9,7 @@ from dyntvm import F, examples
 from dyntvm.errors import ExecutionError
 from dyntvm.examples.plain_numpy import BY_EXAMPLE
 from dyntvm.ir.vm_program import python_callbacks
-from helpers import assert_same  # tests/ is on sys.path
+from helpers import assert_same, vm_calls  # tests/ is on sys.path
 
 
 @pytest.fixture
@@ -108,22 +108,6 @@ def test_kept_input_buffers_never_leak_into_results(monkeypatch):
     assert staging.bufs[1].ctypes.data == y_address  # reused: nothing outside held it
 
 
-def _vm_calls(model, args) -> int:
-    """VM Call instructions one model call executes (the VM's instrument hook)."""
-    vm = model._thread_executor().vm
-    count = [0]
-
-    def hook(func, symbol, before, ret, *a):
-        count[0] += bool(before)
-        return 0
-    vm.set_instrument(hook)
-    try:
-        model(*args)
-    finally:
-        vm.set_instrument(None)
-    return count[0]
-
-
 def test_region_bodies_are_copied_into_the_program(monkeypatch):
     """The program's own sequence holds its regions' bodies, not calls of their functions (the executor still
     calls those; regions inside a branch or a loop function stay calls): detection N=200 executes at most 175
@@ -138,6 +122,6 @@ def test_region_bodies_are_copied_into_the_program(monkeypatch):
         main = [f for f in model.lib.as_text().split("\n@") if f.startswith("dyntvm_main:")][0]
         assert f"call  {name}_r0 " not in main, main
         inputs = ex.make_inputs(np.random.default_rng(1), **sizes)
-        assert _vm_calls(model, inputs) <= most
+        assert vm_calls(model, inputs) <= most
         assert_same(model(*inputs), BY_EXAMPLE[name](*inputs), rtol=1e-4, atol=1e-4, what=f"{name} {sizes}")
         assert model.regions and model.vm[model.regions[0]]      # the executor's functions are still there
