@@ -82,7 +82,9 @@ def compile(fn_or_graph, *specs, target: str = "cpu", selector=None, cache_dir: 
         graph = trace(convert(fn_or_graph) if autograph else fn_or_graph, *specs)
     else:
         raise CompileError(f"compile: expected a function or a dt.Graph, got {type(fn_or_graph).__name__}")
-    pg = partition_graph(graph, selector)
+    from .partition import cond_select
+    with (cond_select.off() if backend.device != "cpu" else contextlib.nullcontext()):
+        pg = partition_graph(graph, selector)
     # the kernels carry a digest of the regions they implement; `dt.load` checks it against graph.json
     binding = kernel_binding(pg) if any(n.op == "region" for n in pg.walk()) else None
     tuning = _tuning_for(pg, graph.name, binding, target, backend, tuning_log) if binding else None
@@ -218,7 +220,9 @@ def tune(fn_or_graph, *specs, target: str = "cpu", trials: int = 64, shape_hints
     from .ir.list_type import value_dims
     symbols = sorted({d for v in graph.inputs for d in value_dims(v.type) if isinstance(d, str) and d.isidentifier()})
     hints = _check_hints(shape_hints, symbols)
-    pg = partition_graph(graph, selector)
+    from .partition import cond_select
+    with (cond_select.off() if resolve(target).device != "cpu" else contextlib.nullcontext()):
+        pg = partition_graph(graph, selector)     # as `compile` partitions it for this target
     if not any(n.op == "region" for n in pg.walk()):
         raise CompileError("tune: the model has no compiled region: nothing to tune")
     binding = kernel_binding(pg)

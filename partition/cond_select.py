@@ -23,6 +23,9 @@ A cond becomes a select only when that cannot change an answer:
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
+
 import numpy as np
 
 from ..ir import attrs as A
@@ -38,10 +41,27 @@ SHAPE_OPS = frozenset({"reshape", "squeeze", "transpose", "slice", "stack", "til
 SELECT_WORK = 1 << 16
 
 
+#: off while a CUDA model is partitioned (`off`): a select's ``where`` over a bool mask broadcast to the rows made
+#: TVM's CUDA codegen emit a ushort2 -> float2 conversion nvcc rejects (branchy for CUDA did not build)
+_ON = contextvars.ContextVar("dyntvm_cond_select", default=True)
+
+
+@contextlib.contextmanager
+def off():
+    """Conds stay conds while partitioning in this block."""
+    token = _ON.set(False)
+    try:
+        yield
+    finally:
+        _ON.reset(token)
+
+
 def select_conds(body: Graph, names: set, fresh, movable) -> bool:
     """Replace the selectable conds of loop body `body` (in place) by their branches' nodes and ``where``s
     (see the module doc); `fresh(names, base)` makes a new value name, `movable(node)` says an op never
     raises. Returns whether any was replaced."""
+    if not _ON.get():
+        return False
     nodes, changed = [], False
     for n in body.nodes:
         inlined = _as_select(n, names, fresh, movable) if n.op == "cond" else None
