@@ -6,8 +6,8 @@ loops added (`cpu_schedule.build_cpu`): it adds the public function `PROGRAM` an
 legalizes the few Relax ops they use (row slices, stacking). Values have rank and dtype only (no shapes): each
 region function checks its inputs' shapes when called, as it does when the executor calls it. Lowering:
 
-* region -> its function's body copied in (`_Lowering._inline`) in the program's own sequence, a call of its
-  function inside a branch or a loop function; cond / case -> ``If`` (a case: nested, predicates in order);
+* region -> a call of its function (with `INLINE_REGIONS`, off by default: its body copied in, `_Lowering._inline`,
+  in the program's own sequence; a call inside a branch or a loop function); cond / case -> ``If`` (a case: nested, predicates in order);
 * foreach -> a call of its compiled loop where codegen built one, else a recursive function over a range of
   steps (the loops' lowering: `vm_loops`). Where the per-step outputs have static shapes (`_inplace_foreach`),
   their stacks are allocated once per call and each step copies its rows into them; a range of more than
