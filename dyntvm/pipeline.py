@@ -83,7 +83,7 @@ def compile(fn_or_graph, *specs, target: str = "cpu", selector=None, cache_dir: 
     else:
         raise CompileError(f"compile: expected a function or a dt.Graph, got {type(fn_or_graph).__name__}")
     from .partition import cond_select
-    with (cond_select.off() if backend.device != "cpu" else contextlib.nullcontext()):
+    with (cond_select.off() if not backend.selects_conds else contextlib.nullcontext()):
         pg = partition_graph(graph, selector)
     # the kernels carry a digest of the regions they implement; `dt.load` checks it against graph.json
     binding = kernel_binding(pg) if any(n.op == "region" for n in pg.walk()) else None
@@ -221,7 +221,7 @@ def tune(fn_or_graph, *specs, target: str = "cpu", trials: int = 64, shape_hints
     symbols = sorted({d for v in graph.inputs for d in value_dims(v.type) if isinstance(d, str) and d.isidentifier()})
     hints = _check_hints(shape_hints, symbols)
     from .partition import cond_select
-    with (cond_select.off() if resolve(target).device != "cpu" else contextlib.nullcontext()):
+    with (cond_select.off() if not resolve(target).selects_conds else contextlib.nullcontext()):
         pg = partition_graph(graph, selector)     # as `compile` partitions it for this target
     if not any(n.op == "region" for n in pg.walk()):
         raise CompileError("tune: the model has no compiled region: nothing to tune")

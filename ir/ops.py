@@ -74,6 +74,10 @@ GROUPS: dict[Group, tuple] = {
 #: may not run on values a branch was chosen to avoid (`frontend/torch_cond.py`)
 RAISE_ON_INTEGERS = frozenset({"floor_divide", "mod", "fmod", "power"})
 
+#: arithmetic whose second operand divides (`partition/cond_select.py` selects no branch dividing by a computed
+#: value)
+DIVIDING = frozenset({"divide", "floor_divide", "mod", "fmod"})
+
 
 def ops_in(group: Group) -> tuple:
     return GROUPS[group]

@@ -30,7 +30,7 @@ import numpy as np
 
 from ..ir import attrs as A
 from ..ir.graph import Graph, Node, Value
-from ..ir.ops import RAISE_ON_INTEGERS
+from ..ir.ops import DIVIDING, RAISE_ON_INTEGERS
 from ..ir.types import TensorType
 
 #: ops that move or copy elements by their static shapes (a select's shapes are all static, `_work`): they raise
@@ -41,7 +41,7 @@ SHAPE_OPS = frozenset({"reshape", "squeeze", "transpose", "slice", "stack", "til
 SELECT_WORK = 1 << 16
 
 
-#: off while a CUDA model is partitioned (`off`): a select's ``where`` over a bool mask broadcast to the rows made
+#: off while a model is partitioned for a backend without `selects_conds` (`off`; CUDA): a select's ``where`` over a bool mask broadcast to the rows made
 #: TVM's CUDA codegen emit a ushort2 -> float2 conversion nvcc rejects (branchy for CUDA did not build)
 _ON = contextvars.ContextVar("dyntvm_cond_select", default=True)
 
@@ -139,10 +139,6 @@ def _inline(g: Graph, env: dict, names: set, fresh, movable, prefix: str):
         else:
             return None
     return out
-
-
-#: ops whose second operand divides: a branch dividing by a computed value is not selected (below)
-DIVIDING = frozenset({"divide", "floor_divide", "mod", "fmod"})
 
 
 def _divides_by_a_value(n: Node) -> bool:

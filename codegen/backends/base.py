@@ -25,6 +25,7 @@ class Backend:
     rpc_tuning = False          # `dt.tune(rpc=...)`: its kernels can be measured on a tracker's servers
     region_timing = False       # a tuned kernel may be judged in its region, timed in this process
     isa_matched_logs = False    # tuning logs match by ISA features and core class (`tuning_keys`), not by key
+    selects_conds = False       # small conds in loop bodies become both branches + where (`partition.cond_select`)
     tensor_intrinsics: tuple | None = None   # tvm.s_tir.tensor_intrin submodules a tune needs; None: all
 
     # ------------------------------------------------------------------ parsing

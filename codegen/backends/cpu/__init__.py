@@ -35,6 +35,7 @@ class CPUBackend(Backend):
     rpc_tuning = True
     region_timing = True
     isa_matched_logs = True
+    selects_conds = True
     tensor_intrinsics = ("x86", "arm_cpu")
 
     def concrete_target(self, target: str):
