@@ -6,17 +6,22 @@ frames (a SIGSEGV, or a TVM error with an empty message), or left a builder's pr
 the garbage collector then shut down from one of the pool's own threads ("cannot join current thread").
 
 So while kernels are tuned, SIGINT only sets a flag (`deferred_interrupt`). MetaSchedule sees it through
-the objects it is given here: the builder stops starting builds, the runner stops measuring, the task
-scheduler hands out no further batch, and only the candidates actually measured are committed to the
-database. Between kernels the tune checks the flag itself, and raises KeyboardInterrupt with the manifest
+the objects it is given here: the builder drops its builds (kills their processes), the runner measures no
+further candidate, the task scheduler hands out no further batch, and only the candidates actually measured
+are committed to the database. Between kernels the tune checks the flag itself, and raises KeyboardInterrupt with the manifest
 and database as the last finished step left them.
+
+A build or measuring process that does not answer is killed `HUNG_GRACE_S` after its own timeout could have
+fired: that timeout is a timer thread in the process, which never runs while a hung call holds the GIL.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import os
 import signal
 import threading
+import time
 
 from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule import measure_callback
@@ -26,12 +31,40 @@ from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
 from tvm.s_tir.meta_schedule.runner import LocalRunner
 from tvm.s_tir.meta_schedule.utils import get_global_func_with_default_on_worker
 from tvm.s_tir.meta_schedule.runner.local_runner import LocalRunnerFuture
+from tvm.s_tir.meta_schedule.runner.local_runner import _worker_func as _runner_worker_func
 from tvm.s_tir.meta_schedule.task_scheduler import PyTaskScheduler
-from tvm.support.popen_pool import PopenPoolExecutor, StatusKind
+from tvm.support.popen_pool import PopenPoolExecutor
 
 INTERRUPTED = "dyntvm: not measured: the tune was interrupted (Ctrl-C)"
-NOTICE = (b"\ndyntvm tune: interrupted: stopping once the candidates being built or measured are done "
+NOTICE = (b"\ndyntvm tune: interrupted: stopping once the candidate being measured is done "
           b"(what was tuned is kept; Ctrl-\\ quits at once, keeping less)\n")
+
+
+#: seconds past a build's / measurement's timeout after which a process that has not answered is killed (the
+#: wait can include the process's start: imports, ~25 s on a loaded machine)
+HUNG_GRACE_S = 120.0
+
+
+def _kill_workers(pool: PopenPoolExecutor) -> None:
+    """Kill the processes of `pool`'s workers (not `PopenWorker.kill`: closing a worker's reader would wait for
+    the pool thread reading it, i.e. for the answer). The reading thread then sees the end of the pipe: its job
+    fails with ChildProcessError, and the pool starts a new process for the next job."""
+    for worker in list(pool._worker_map.values()):     # noqa: SLF001 - the pool has no API for it
+        proc = worker._proc                             # noqa: SLF001
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(OSError):
+                proc.kill()
+
+
+def _close(pool: PopenPoolExecutor, jobs: list) -> None:
+    """Shut `pool` down once `jobs` are done, killing its worker processes until they are (PopenPoolExecutor's
+    shutdown closes a worker's pipes, which waits for a thread blocked on them: for a worker's answer)."""
+    for job in jobs:
+        job.cancel()
+    while not all(job.done() for job in jobs):
+        _kill_workers(pool)
+        concurrent.futures.wait(jobs, timeout=0.1)
+    pool.shutdown()
 
 
 class StopRequest:
@@ -101,39 +134,54 @@ class StoppableBuilder(LocalBuilder._cls):
         """LocalBuilder's (its builder functions can be found in a worker), with its one-use pool always shut
         down (LocalBuilder's is left to the garbage collector when the check fails)."""
         pool = PopenPoolExecutor(max_workers=self.max_workers, timeout=self.timeout_sec, initializer=self.initializer)
+        job = pool.submit(_check_builder, self.f_build, self.f_export)
         try:
-            _checked(lambda: pool.submit(_check_builder, self.f_build, self.f_export).result(), self.stop)
+            _checked(job.result, self.stop)
         finally:
-            pool.shutdown()
+            _close(pool, [job])
 
     def build(self, build_inputs: list) -> list:
+        """LocalBuilder.build, waited for here: once a stop is requested the builds are abandoned (their worker
+        processes killed: the runner measures nothing more anyway), and workers that have not answered
+        `timeout_sec` + `HUNG_GRACE_S` after their last job could have started are killed."""
         if self.stop.requested:
             return [BuilderResult(None, INTERRUPTED)] * len(build_inputs)
         pool = PopenPoolExecutor(max_workers=self.max_workers, timeout=self.timeout_sec,
                                  initializer=self.initializer)  # one per call, as LocalBuilder (its workers leak)
-        results = []
+        jobs = [pool.submit(_worker_func, self.f_build, self.f_export, b.mod, b.target, _serialize_params(b.params))
+                for b in build_inputs]
+        rounds = -(-len(jobs) // max(1, self.max_workers or 1))
+        deadline = time.monotonic() + rounds * self.timeout_sec + HUNG_GRACE_S
+        hung = False
         try:
-            outcomes = pool.map_with_error_catching(
-                lambda args: _worker_func(*args),
-                [(self.f_build, self.f_export, b.mod, b.target, _serialize_params(b.params)) for b in build_inputs])
-            for outcome in outcomes:
-                results.append(self._result(outcome))
+            while not all(job.done() for job in jobs):
+                concurrent.futures.wait(jobs, timeout=0.1)
                 if self.stop.requested:
-                    break
-            outcomes.close()                # cancels the builds not started yet
+                    for job in jobs:
+                        job.cancel()
+                    _kill_workers(pool)
+                elif time.monotonic() > deadline:
+                    hung = True
+                    _kill_workers(pool)
         finally:
-            pool.shutdown()
-        return results + [BuilderResult(None, INTERRUPTED)] * (len(build_inputs) - len(results))
+            _close(pool, jobs)
+        return [self._result(job, hung) for job in jobs]
 
-    def _result(self, outcome) -> BuilderResult:
+    def _result(self, job, hung: bool) -> BuilderResult:
         """As LocalBuilder.build reads a pool's outcome."""
-        if outcome.status == StatusKind.COMPLETE:
-            return BuilderResult(outcome.value, None)
+        if job.cancelled():
+            return BuilderResult(None, INTERRUPTED)
+        error = job.exception()
+        if error is None:
+            return BuilderResult(job.result(), None)
         if self.stop.requested:
             return BuilderResult(None, INTERRUPTED)
-        if outcome.status == StatusKind.TIMEOUT:
+        if hung:
+            return BuilderResult(None, f"LocalBuilder: no answer from the build process in time (killed after "
+                                       f"{self.timeout_sec + HUNG_GRACE_S:.0f} s or more)")
+        if isinstance(error, TimeoutError):
             return BuilderResult(None, f"LocalBuilder: Timeout, killed after {self.timeout_sec} seconds")
-        return BuilderResult(None, "LocalBuilder: An exception occurred\n" + str(outcome.value))
+        return BuilderResult(None, "LocalBuilder: An exception occurred\n" + str(error))
 
 
 @derived_object
@@ -153,20 +201,43 @@ class StoppableRunner(LocalRunner._cls):
             raise
 
     def run(self, runner_inputs: list) -> list:
-        futures = []
-        for one in runner_inputs:
-            if not self.stop.requested:
-                (future,) = super().run([one])
-                if future.error_message is None or not self.stop.requested:
-                    futures.append(future)
-                    continue
-            futures.append(LocalRunnerFuture(error_message=INTERRUPTED))
-        return futures
+        return [self._measure(one) if not self.stop.requested else LocalRunnerFuture(error_message=INTERRUPTED)
+                for one in runner_inputs]
+
+    def _measure(self, one) -> LocalRunnerFuture:
+        """LocalRunner.run of one candidate, waited for here: when the worker has not answered `timeout_sec` +
+        `HUNG_GRACE_S` after the job was sent, its process is killed. The worker's own timeout is a Python timer
+        thread, which never runs when the measurement hangs holding the GIL: a tune under load once waited on such
+        a worker for good."""
+        job = self.pool.submit(_runner_worker_func, self.f_alloc_argument, self.f_run_evaluator, self.f_cleanup,
+                               self.evaluator_config, self.alloc_repeat, str(one.artifact_path),
+                               str(one.device_type), tuple(info.as_json() for info in one.args_info))
+        deadline = time.monotonic() + self.timeout_sec + HUNG_GRACE_S
+        hung = False
+        while not job.done():
+            try:
+                job.exception(timeout=0.1)
+            except concurrent.futures.TimeoutError:
+                if time.monotonic() > deadline:
+                    hung = True
+                    _kill_workers(self.pool)            # its reader then ends: the job fails, the pool restarts it
+        if self.stop.requested and (hung or job.exception() is not None):
+            return LocalRunnerFuture(error_message=INTERRUPTED)
+        if hung:
+            return LocalRunnerFuture(error_message=f"LocalRunner: no answer from the measuring process "
+                                                   f"{self.timeout_sec + HUNG_GRACE_S:.0f} s after the job was "
+                                                   f"sent (killed)\n")
+        error = job.exception()
+        if error is None:
+            return LocalRunnerFuture(res=job.result(), error_message=None)
+        if isinstance(error, TimeoutError):
+            return LocalRunnerFuture(error_message=f"LocalRunner: Timeout, killed after {self.timeout_sec} seconds\n")
+        return LocalRunnerFuture(error_message="LocalRunner: An exception occurred\n" + str(error))
 
     def close(self) -> None:
         """Ends the measuring process now, not whenever the garbage collector gets to it (maybe in one of the
         pool's own threads: "cannot join current thread")."""
-        self.pool.shutdown()
+        _close(self.pool, [])
 
 
 @derived_object

@@ -137,3 +137,41 @@ def test_ctrl_c_while_the_builder_or_runner_is_made(part):
     stop.requested = True
     with pytest.raises(KeyboardInterrupt):
         make(stop)
+
+
+@pytest.mark.parametrize("part", ["builder", "runner"])
+def test_a_worker_hung_holding_the_gil_is_killed(part, monkeypatch):
+    """A build or measuring process hung in a call that keeps the GIL never answers: its own timeout is a timer
+    thread in it, which then never runs (a tune under load once waited on such a measuring process for good).
+    It is killed HUNG_GRACE_S after that timeout could have fired; the candidate fails saying so, and the pool
+    shuts down."""
+    import threading
+
+    import tvm
+    from tvm.s_tir.meta_schedule.builder import BuilderInput
+    from tvm.s_tir.meta_schedule.runner import RunnerInput
+
+    from dyntvm.codegen import tuning_interrupt as ti
+    monkeypatch.setattr(ti, "HUNG_GRACE_S", 2.0)
+
+    def hang(*_args):                       # nested: pickled by value into the worker process
+        import ctypes
+        ctypes.PyDLL(None).sleep(3600)      # a C call made holding the GIL
+
+    stop, got = ti.StopRequest(), []
+
+    def tune_step():
+        if part == "builder":
+            builder = ti.StoppableBuilder(stop, max_workers=1, timeout_sec=1, f_build=hang)
+            got.append(builder.build([BuilderInput(tvm.IRModule(), tvm.target.Target("llvm"))])[0].error_msg)
+        else:
+            runner = ti.StoppableRunner(stop, timeout_sec=1, f_cleanup=hang)   # cleanup runs after the load fails
+            try:
+                got.append(runner.run([RunnerInput("/nonexistent/candidate.so", "cpu", [])])[0].result().error_msg)
+            finally:
+                runner.close()
+    step = threading.Thread(target=tune_step, daemon=True)
+    step.start()
+    step.join(timeout=300)
+    assert not step.is_alive(), f"the {part} still waits on its hung process after 300 s"
+    assert len(got) == 1 and "no answer" in str(got[0]) and "killed" in str(got[0]), got
