@@ -44,13 +44,15 @@ def _finished(log: str) -> list:
     return [k for k in log_files.read_json(os.path.join(log, tuning.MANIFEST))["kernels"] if k["status"] == "done"]
 
 
-# when to press Ctrl-C: a test of the log folder, given the scheduler log's text written by this run
+# when to press Ctrl-C: a test of the log folder, given the scheduler log's text written by this run and the
+# kernels finished before it
 MOMENTS = {
     "at the start (default timing, MetaSchedule's imports)":
-        lambda log, new: os.path.exists(os.path.join(log, tuning.MANIFEST)),
-    "while the first batch is built": lambda log, new: "to builder" in new,
-    "while the first batch is measured": lambda log, new: "to runner" in new,
-    "in the second kernel": lambda log, new: bool(_finished(log)),
+        lambda log, new, done: os.path.exists(os.path.join(log, tuning.MANIFEST)),
+    "while the first batch is built": lambda log, new, done: "to builder" in new,
+    "while the first batch is measured": lambda log, new, done: "to runner" in new,
+    "in the second kernel":             # the first finished in this run, or before it (then: once it builds)
+        lambda log, new, done: len(_finished(log)) > done or (done > 0 and "to builder" in new),
 }
 
 
@@ -66,11 +68,12 @@ def _tune(script: str, log: str, moment=None) -> subprocess.CompletedProcess:
     to files, not pipes: a worker outliving the tune would hold a pipe open, and is checked for by name here.
     A tune that does not end is diagnosed: its threads' stacks (faulthandler) and its processes."""
     before = len(_read(os.path.join(log, SCHEDULER_LOG)))
+    done = len(_finished(log)) if os.path.exists(os.path.join(log, tuning.MANIFEST)) else 0
     out_path, err_path = log + ".stdout", log + ".stderr"
     with open(out_path, "w") as out, open(err_path, "w") as err:
         proc = subprocess.Popen([sys.executable, script, log], stdout=out, stderr=err, start_new_session=True)
     try:
-        while moment is not None and not moment(log, _read(os.path.join(log, SCHEDULER_LOG))[before:]):
+        while moment is not None and not moment(log, _read(os.path.join(log, SCHEDULER_LOG))[before:], done):
             assert proc.poll() is None, "the tune ended before the moment to interrupt it"
             time.sleep(0.1)
         if moment is not None:
