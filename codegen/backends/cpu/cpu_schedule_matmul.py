@@ -14,8 +14,8 @@ from tvm.s_tir import SBlock, SBlockRealize
 from . import cpu_sched_helpers
 from .cpu_inline import inline_spatial
 from .cpu_schedule_dispatch import _parallel_cands, _select
-from .cpu_sched_helpers import (child_blocks, is_contraction, iter_kinds, loop_extent, pick_tile, tile_scope,
-                                total_work, vector_lanes, vector_registers, vectorize_inner, vectorize_tile,
+from .cpu_sched_helpers import (PREPACKED, child_blocks, is_contraction, iter_kinds, loop_extent, pick_tile,
+                                prepacked_columns, tile_scope, total_work, vector_lanes, vector_registers, vectorize_inner, vectorize_tile,
                                 writes_param)
 
 _LOG = logging.getLogger("dyntvm.codegen.cpu_schedule")
@@ -134,6 +134,8 @@ def _sched_matmul(func, target, name: str, mr: int, parallel: bool, attach: bool
         for copy in sch.get_consumers(mm):
             if not writes_param(func, sch, copy):
                 sch.compute_inline(copy)  # the epilogue reads the padded tile directly
+    prepacked = bool(_unpack_blocks(sch, func))
+    _inline_unpack(sch, func)       # after pad_einsum (it needs the plain W[k, j])
     *batch, i, j, k = sch.get_loops(mm)
     nr = exact_nr or pick_tile(loop_extent(sch, j), tile_columns(mr, target, sch.get(mm).body.buffer.dtype),
                                lanes, at_most=True)
@@ -148,7 +150,7 @@ def _sched_matmul(func, target, name: str, mr: int, parallel: bool, attach: bool
     outer = [*batch] + ([jo] if jo is not None else []) + [io]
     sch.reorder(*outer, ko, *[lp for lp in (ki, ii) if lp is not None], ji)
     pack = pack and jo is not None
-    if pack:
+    if pack and not prepacked:      # prepacked: the panels are the parameter
         _pack_panel(sch, mm, jo, target)
     # Epilogue per tile: the accumulator tile (thread-local scratch) stays in registers and the
     # intermediate buffer shrinks to the tile (CompactBufferAllocation); a matmul writing the
@@ -206,6 +208,17 @@ def _sched_matmul(func, target, name: str, mr: int, parallel: bool, attach: bool
     return _strip_predicates(_pad_tile_buffer(main, acc, mr, nr) if tile else main)
 
 
+def _unpack_blocks(sch: s_tir.Schedule, func: tirx.PrimFunc) -> list:
+    """The blocks of `func` that read a weight packed at compile time (`PREPACKED`)."""
+    return [b for b in child_blocks(sch) if prepacked_columns(func, sch.get(b)) is not None]
+
+
+def _inline_unpack(sch: s_tir.Schedule, func: tirx.PrimFunc) -> None:
+    """Inlines the prepacked weights' reading blocks into the matmuls: they read the panels directly."""
+    for b in _unpack_blocks(sch, func):
+        sch.compute_inline(b)
+
+
 def _pack_panel(sch: s_tir.Schedule, mm, jo, target) -> None:
     """Copies the right operand's K x nr column panel of each `jo` tile into a contiguous buffer (the
     panel of packed BLAS): unpacked, the micro-kernel reads nr columns from K rows N floats apart, and
@@ -224,7 +237,8 @@ def _group_parts(sch: s_tir.Schedule):
     2-d matmul ``C[i, j] += A[i, k] * W[k, j]`` with the same (M, N), every other block spatial over
     (M, S), S dividing N: the epilogue reads columns ``g * S + s`` of the matmuls (a split into N / S
     gates, or S == N)."""
-    blocks = child_blocks(sch)
+    func = sch.mod["main"]
+    blocks = [b for b in child_blocks(sch) if prepacked_columns(func, sch.get(b)) is None]
     cons = [b for b in blocks if "R" in iter_kinds(sch, b)]
     epis = [b for b in blocks if "R" not in iter_kinds(sch, b)]
     if not cons or not epis or not all(is_contraction(sch, c) and len(sch.get_loops(c)) == 3 for c in cons):
@@ -259,6 +273,12 @@ def _sched_group_tiles(func, target, parallel: bool) -> tirx.PrimFunc:
     # 32: longer contiguous weight rows); 128 columns for one gate, as the GEMV tile
     want = TILE_OVERRIDE or (tile_columns(1, target, sch.get(cons[0]).writes[0].source.dtype) if gates == 1
                              else 256 // gates)
+    panels = {prepacked_columns(func, sch.get(b)) for b in _unpack_blocks(sch, func)}
+    _inline_unpack(sch, func)
+    if panels and not TILE_OVERRIDE:
+        # weights packed at compile time: one panel per gate, each gate's weights one contiguous stream over k
+        # (64 columns per gate read four panels, 16 streams)
+        want = min(panels)
     t = next((c for c in (want, 64, 32, 16) if c >= lanes and s_ext % c == 0 and c % lanes == 0), None)
     if t is None:
         raise ValueError("no column tile")
