@@ -111,11 +111,12 @@ def _call_sites(mod) -> dict:
 
 @relax.expr_functor.mutator
 class _SwapConstants(relax.PyExprMutator):
-    """Replaces the constant arguments of call_tir calls of the packed kernels ({name: {index: nr}})."""
+    """Replaces the constant arguments of call_tir calls of the packed kernels ({name: {index: nr}}), and their
+    GlobalVars (`gvars`: {name: the packed kernel's})."""
 
-    def __init__(self, mod, packed: dict):
+    def __init__(self, mod, packed: dict, gvars: dict):
         super().__init__(mod)
-        self.packed = packed
+        self.packed, self.gvars = packed, gvars
         self.cache: dict = {}
 
     def visit_call_(self, call):  # pylint: disable=arguments-renamed
@@ -130,7 +131,8 @@ class _SwapConstants(relax.PyExprMutator):
             if key not in self.cache:
                 self.cache[key] = relax.const(packed_value(args[n].value.numpy(), nr), args[n].value.dtype)
             args[n] = self.cache[key]
-        return relax.Call(call.op, [call.args[0], relax.Tuple(args), *call.args[2:]], call.attrs, call.ty_args)
+        return relax.Call(call.op, [self.gvars[call.args[0].name_hint], relax.Tuple(args), *call.args[2:]],
+                          call.attrs, call.ty_args)
 
 
 def prepack_weights(target) -> tvm.transform.Pass:
@@ -140,7 +142,7 @@ def prepack_weights(target) -> tvm.transform.Pass:
         if not PREPACK_WEIGHTS:
             return mod
         sites = _call_sites(mod)
-        packed = {}
+        packed, funcs = {}, {}
         for name, calls in sites.items():
             func = mod[name]
             if not isinstance(func, tirx.PrimFunc):
@@ -156,16 +158,23 @@ def prepack_weights(target) -> tvm.transform.Pass:
             if not params:
                 continue
             try:
-                mod[name] = _pack_func(func, params)
+                funcs[name] = _pack_func(func, params)
             except Exception as err:  # pylint: disable=broad-except
                 _LOG.debug("prepack_weights: %s keeps its layout: %s", name, err)
                 continue
             packed[name] = {n: nr for n, (_, nr) in params.items()}
         if not packed:
             return mod
-        swap = _SwapConstants(mod, packed)
-        for gv, func in list(mod.functions_items()):
+        # the packed kernels under new GlobalVars: a GlobalVar carries its function's type (the old parameter
+        # shapes: CallTIRRewrite checked the packed constant against them)
+        out = tvm.IRModule({gv: f for gv, f in mod.functions_items() if gv.name_hint not in funcs},
+                           attrs=mod.attrs, global_infos=mod.global_infos)
+        bb = relax.BlockBuilder(out)
+        gvars = {name: bb.add_func(f, name) for name, f in funcs.items()}
+        out = bb.get()
+        swap = _SwapConstants(out, packed, gvars)
+        for gv, func in list(out.functions_items()):
             if isinstance(func, relax.Function):
-                mod[gv] = swap.visit_expr(func)
-        return mod
+                out[gv] = swap.visit_expr(func)
+        return out
     return tvm.transform.module_pass(run, opt_level=0, name="DyntvmPrepackWeights")
