@@ -86,7 +86,8 @@ def _pack_func(func: tirx.PrimFunc, params: dict) -> tirx.PrimFunc:
         unpack = sch.cache_read(block, idx, "global")  # W[k, j] = P[j // nr, k, j % nr], inlined when scheduled
         sch.transform_layout(unpack, ("read", 0), _panel_map(nr))
     out = sch.mod["main"]
-    return out.with_attr(PREPACKED, {tirx.IntImm("int64", n): tirx.IntImm("int64", nr) for n, (_, nr) in params.items()})
+    i64 = lambda v: tirx.IntImm("int64", v)  # noqa: E731
+    return out.with_attr(PREPACKED, {i64(n): i64(nr) for n, (_, nr) in params.items()})
 
 
 def packed_value(value: np.ndarray, nr: int) -> np.ndarray:

@@ -14,9 +14,9 @@ from tvm.s_tir import SBlock, SBlockRealize
 from . import cpu_sched_helpers
 from .cpu_inline import inline_spatial
 from .cpu_schedule_dispatch import _parallel_cands, _select
-from .cpu_sched_helpers import (PREPACKED, child_blocks, is_contraction, iter_kinds, loop_extent, pick_tile,
-                                prepacked_columns, tile_scope, total_work, vector_lanes, vector_registers, vectorize_inner, vectorize_tile,
-                                writes_param)
+from .cpu_sched_helpers import (child_blocks, is_contraction, iter_kinds, loop_extent, pick_tile,
+                                prepacked_columns, tile_scope, total_work, vector_lanes, vector_registers,
+                                vectorize_inner, vectorize_tile, writes_param)
 
 _LOG = logging.getLogger("dyntvm.codegen.cpu_schedule")
 
