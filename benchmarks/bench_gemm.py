@@ -95,7 +95,8 @@ CLOCK = time.perf_counter
 def _model_cases():
     """The examples whose speed issue 24 names: transformer B1 / B16 at S 128 vs onnxruntime, lstm B16 T64 vs
     torch.nn.LSTM, lstm B1 T256 vs onnxruntime's LSTM op; [(label, {variant: callable}, inputs)]: dyntvm
-    after / before, the peer."""
+    after / before, (transformer) its matmul epilogues unfused, (lstm) its recurrent weight packed per call
+    instead of once at compile time, the peer."""
     import torch
     from dyntvm import examples
     from peers import lstm as peer_lstm
@@ -118,6 +119,12 @@ def _model_cases():
         np.testing.assert_allclose(np.asarray(tf_models["after"](x, mask)), ort(x, mask), rtol=1e-3, atol=1e-3)
         rows.append((f"transformer B{b} S128", {**tf_models, "onnxruntime": ort}, (x, mask)))
     lstm_models = {v: _compile(v == "before", lstm.fn, *lstm.specs) for v in ("after", "before")}
+    from dyntvm.codegen.backends.cpu import cpu_prepack
+    cpu_prepack.PREPACK_WEIGHTS = False     # U copied into its panels per call, as before it was packed once
+    try:
+        lstm_models["unpacked-U"] = _compile(False, lstm.fn, *lstm.specs)
+    finally:
+        cpu_prepack.PREPACK_WEIGHTS = True
     inputs = lstm.make_inputs(np.random.default_rng(0), T=64, B=16)
     nn_lstm, targs = peer_lstm.torch_nn_lstm(inputs)
 
@@ -151,9 +158,10 @@ def _run_models(rounds):
           f"interleaved, load average before {load0[0]:.2f} after {os.getloadavg()[0]:.2f}; ms")
     for label, fns, _ in rows:
         med = {v: statistics.median(t) * 1e3 for v, t in times[label].items()}
-        peer = [v for v in med if v not in ("after", "before", "unfused-epi")][0]
+        peer = [v for v in med if v not in ("after", "before", "unfused-epi", "unpacked-U")][0]
         print(f"{label:<22} " + "  ".join(f"{v} {t:.3f}" for v, t in med.items())
-              + f"  after/{peer} {med['after'] / med[peer]:.2f}x  after/before {med['after'] / med['before']:.2f}x")
+              + f"  after/{peer} {med['after'] / med[peer]:.2f}x  after/before {med['after'] / med['before']:.2f}x"
+              + (f"  unpacked-U/{peer} {med['unpacked-U'] / med[peer]:.2f}x" if "unpacked-U" in med else ""))
 
 
 def _median_call(fn, args, min_time=0.15, min_calls=5):

@@ -64,15 +64,20 @@ def main():
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--number", type=int, default=200, help="kernel calls per timed block")
     args = p.parse_args()
+    from dyntvm.codegen.backends.cpu.cpu_prepack import packed_value
+    from dyntvm.codegen.backends.cpu.cpu_schedule_matmul import PREPACKED
     func, target = step_kernel()
+    packed = dict(func.attrs.get(PREPACKED) or {})
+    nr = int(packed[1]) if 1 in packed else None      # U (parameter 1) packed at compile time: its panels
+    U_arg = U if nr is None else packed_value(U, nr)
     lib = tvm.tirx.build(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=target)
     dev = tvm.cpu(0)
     rng = np.random.default_rng(0)
     print(f"# lstm step kernel vs numpy h @ U, 1 thread, thread CPU time, {args.rounds} rounds; load "
-          f"{os.getloadavg()[0]:.1f}")
+          f"{os.getloadavg()[0]:.1f}; U {'packed at compile time, panels of %d columns' % nr if nr else 'as given'}")
     for B in (int(x) for x in args.batch.split(",")):
         h, xw, c = (rng.standard_normal(s).astype("float32") for s in ((B, 256), (B, 1024), (B, 256)))
-        arrays = [tvm.runtime.tensor(x, dev) for x in (h, U, xw, b, c, np.zeros((B, 256), "float32"),
+        arrays = [tvm.runtime.tensor(x, dev) for x in (h, U_arg, xw, b, c, np.zeros((B, 256), "float32"),
                                                            np.zeros((B, 256), "float32"))]
         lib["main"](*arrays)
         want_c, want_h = reference(h, U, xw, b, c)

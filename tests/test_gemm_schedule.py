@@ -12,7 +12,8 @@ from tvm import relax, tirx
 from tvm.relax import op as R
 
 from dyntvm.codegen.backends.cpu import cpu_schedule
-from dyntvm.codegen.backends.cpu.cpu_sched_helpers import vector_lanes, vector_registers
+from dyntvm.codegen.backends.cpu.cpu_prepack import packed_value, panel_columns
+from dyntvm.codegen.backends.cpu.cpu_sched_helpers import PREPACKED, vector_lanes, vector_registers
 from dyntvm.codegen.backends.cpu.cpu_schedule import build_cpu, cpu_target, legalize_and_fuse, schedule_module
 from dyntvm.codegen.backends.cpu.cpu_schedule_matmul import PACK_MIN_ROWS, matmul_rows, tile_columns
 from test_cpu_schedule import check, const, make_module, rand, run, scaled, sym
@@ -171,23 +172,110 @@ def test_softmax_symbolic_rows_results(softmax_vm, s):
         check(run(machine, "logsmx", y), want, rtol=1e-5, atol=1e-5)
 
 
-def test_contraction_group_packs_weight_panels_at_odd_batches():
-    """An LSTM-like cell (x @ Wx + h @ Wh + b, gate math) merged into one kernel: from 4 rows each matmul reads
-    packed panels of its weight (rows 4H floats apart); results at batches around the 4-row tile."""
+def _contraction_kernel(text: str) -> str:
+    """The fused_contraction PrimFunc of a module's script."""
+    start = text.index("def fused_contraction")
+    end = text.find("\n    @", start + 1)
+    return text[start:end if end > 0 else len(text)]
+
+
+def test_contraction_group_reads_weights_packed_at_compile_time_at_odd_batches():
+    """An LSTM-like cell (x @ Wx + h @ Wh + b, gate math) merged into one kernel: its constant weights are packed
+    once, at compile time, into panels [N / nr, K, nr] (rows 4H floats apart evicted each other), and the kernel
+    reads them without a per-call copy; where the weight is an input, from 4 rows each call copies its panels.
+    Results at batches around the 4-row tile."""
     wx, wh, b = scaled(64, 512, k=64), scaled(128, 512, k=128), rand(512)
-    bv = sym("B")
+    bv, bw = sym("B"), sym("B")
     mod = make_module([("cell", [("x", (bv, 64), "float32"), ("h", (bv, 128), "float32")],
                         lambda x, h: R.tanh(R.add(R.add(R.matmul(x, const(wx)), R.matmul(h, const(wh))),
-                                                  const(b))))])
+                                                  const(b)))),
+                       ("cell_w", [("x", (bw, 64), "float32"), ("h", (bw, 128), "float32"),
+                                   ("wh", (128, 512), "float32")],
+                        lambda x, h, w: R.sigmoid(R.add(R.add(R.matmul(x, const(wx)), R.matmul(h, w)), const(b))))])
     for isa in ("znver3", "znver4"):   # AVX2 and AVX-512 tiles: scheduled by the group rule, and they build
-        text = schedule_module(legalize_and_fuse(ISAS[isa][0])(mod), ISAS[isa][0]).script()
-        assert "fused_contraction" in text and text.count("_global\")") >= 2, isa   # a panel per matmul
+        target = ISAS[isa][0]
+        fused = legalize_and_fuse(target)(mod)
+        nr = panel_columns(512, target, "float32")
+        kernels = {gv.name_hint: f for gv, f in fused.functions_items() if gv.name_hint.startswith("fused_contr")}
+        assert len(kernels) == 2, isa
+        packed = {name: {int(k): int(v) for k, v in f.attrs[PREPACKED].items()} for name, f in kernels.items()}
+        assert sorted(len(p) for p in packed.values()) == [1, 2], (isa, packed)   # wh as an input: not packed
+        for name, f in kernels.items():
+            for n, width in packed[name].items():
+                assert width == nr and [int(d) for d in f.params[n].shape] in ([512 // nr, 64, nr],
+                                                                             [512 // nr, 128, nr]), isa
+        scheduled = schedule_module(fused, target)
+        for name, f in kernels.items():
+            text = scheduled[name].script()
+            # a panel copy per call: a `_global` block; prepacked weights have none
+            assert text.count('_global")') == 2 - len(packed[name]), (isa, name)
     build_cpu(mod, ISAS["znver4"][0])
     target = cpu_target()
     vm = relax.VirtualMachine(build_cpu(mod, target), tvm.cpu())
-    for bsz in (3, 4, 5, 17, 33):
+    for bsz in (0, 1, 3, 4, 5, 17, 33):
         x, h = rand(bsz, 64), rand(bsz, 128)
         check(run(vm, "cell", x, h), np.tanh(x @ wx + h @ wh + b), rtol=1e-4, atol=1e-5)
+        check(run(vm, "cell_w", x, h, wh), 1 / (1 + np.exp(-(x @ wx + h @ wh + b))), rtol=1e-4, atol=1e-5)
+
+
+def test_packed_value_is_the_panel_layout():
+    w = rand(3, 8)
+    p = packed_value(w, 4)
+    assert p.shape == (2, 3, 4) and p.flags["C_CONTIGUOUS"]
+    for k in range(3):
+        for j in range(8):
+            assert p[j // 4, k, j % 4] == w[k, j]
+
+
+def _numpy_lstm(xs, h, c):
+    """The lstm example in numpy, step by step (gates i, f, g, o)."""
+    from dyntvm.examples.lstm import U, W, b
+    sig = lambda v: 1 / (1 + np.exp(-v))  # noqa: E731
+    hs = []
+    for x in xs:
+        i, f, g, o = np.split(x @ W + h @ U + b, 4, axis=-1)
+        c = sig(f) * c + sig(i) * np.tanh(g)
+        h = sig(o) * np.tanh(c)
+        hs.append(h)
+    return np.stack(hs) if hs else np.zeros((0,) + h.shape, "float32"), h
+
+
+def test_lstm_step_kernel_reads_prepacked_recurrent_weight(tmp_path, monkeypatch):
+    """The lstm example (one build, batch symbolic): its step kernel (the merged contraction group) takes U in
+    the panel layout, packed once at compile time, and neither of its variants (the B < 4 GEMV tiles, the
+    packed B >= 4 tiles) copies a panel per call; results equal a numpy LSTM at B 0, 1, 3, 16, 17."""
+    import dyntvm as dt
+    from dyntvm import examples
+    from dyntvm.examples.lstm import HIDDEN
+    got = {}
+    orig = cpu_schedule._schedule_func
+
+    def capture(func, target, name=""):
+        new = orig(func, target, name)
+        if name.startswith("fused_contraction"):
+            got[name] = (func, new, target)
+        return new
+    monkeypatch.setattr(cpu_schedule, "_schedule_func", capture)
+    lstm = examples.get("lstm")
+    model = dt.compile(lstm.fn, *lstm.specs, cache_dir=str(tmp_path))
+    assert len(got) == 1, sorted(got)
+    (func, new, target), = got.values()
+    packed = {int(k): int(v) for k, v in new.attrs[PREPACKED].items()}
+    nr = panel_columns(4 * HIDDEN, target, "float32")
+    assert packed == {1: nr}
+    assert [int(d) for d in new.params[1].shape] == [4 * HIDDEN // nr, HIDDEN, nr]
+    text = new.script()
+    assert "_global" not in text                               # no per-call panel copy
+    assert not re.search(rf"alloc_buffer\(\(T\.int64\({HIDDEN}\), T\.int64\({4 * HIDDEN}\)\)", text)
+    assert text.count("T.sblock_alloc_buffer") < str(func).count("T.sblock_alloc_buffer")
+    rng = np.random.default_rng(3)
+    for bsz in (0, 1, 3, 16, 17):
+        xs, h0, c0 = lstm.make_inputs(rng, T=5, B=bsz)
+        h0, c0 = rng.standard_normal(h0.shape).astype("float32"), rng.standard_normal(c0.shape).astype("float32")
+        hs, h = model(xs, h0, c0)
+        want_hs, want_h = _numpy_lstm(xs, h0, c0)
+        np.testing.assert_allclose(np.asarray(hs), want_hs, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(np.asarray(h), want_h, rtol=1e-4, atol=1e-5)
 
 
 # --------------------------------------------------------------- symbolic M and N multiples of the tile (exact)

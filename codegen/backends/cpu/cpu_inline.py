@@ -27,7 +27,7 @@ import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.ir.expr import TensorLoad
 
-from .cpu_sched_helpers import child_blocks, iter_kinds, op_count, writes_param
+from .cpu_sched_helpers import child_blocks, iter_kinds, op_count, prepacked_columns, writes_param
 
 __all__ = ["INLINE_BUDGET", "bind_repeated_loads", "expanded_size", "inline_spatial"]
 
@@ -235,7 +235,7 @@ def inline_spatial(func: tirx.PrimFunc, sch: s_tir.Schedule, keep: tuple = ()) -
     def try_inline(block) -> bool:
         stmt = sch.get(block)
         if (any(iv.iter_type != tirx.IterVar.DataPar for iv in stmt.iter_vars) or writes_param(func, sch, block)
-                or (keep and stmt.name_hint.startswith(keep))):
+                or (keep and stmt.name_hint.startswith(keep)) or prepacked_columns(func, stmt) is not None):
             return False
         consumers = sch.get_consumers(block)
         if not consumers or (len(consumers) > 1 and (shared_done or op_count(sch, block) > _INLINE_MAX_OPS)):

@@ -181,3 +181,21 @@ def vectorize_inner(sch: s_tir.Schedule, block, target) -> None:
     if lanes > 1 and isinstance(ext, int) and ext >= lanes and ext % lanes == 0 and \
             not binds_an_integer(sch.get(block).body):
         sch.vectorize(sch.split(inner, [None, lanes])[1])
+
+
+#: PrimFunc attribute of a kernel whose constant right operands were packed at compile time (`cpu_prepack`):
+#: {parameter index: panel columns nr}, the parameter in the layout [N / nr, K, nr], read by one block of its own
+#: (``W[k, j] = P[j // nr, k, j % nr]``) that the schedules inline into the matmul (`inline_spatial` keeps it).
+PREPACKED = "dyntvm.prepacked_panels"
+
+
+def prepacked_columns(func: tirx.PrimFunc, block) -> int | None:
+    """The panel width nr of the prepacked parameter (`PREPACKED`) that `block` (a `tirx.SBlock`) of `func`
+    reads, else None."""
+    packed = func.attrs.get(PREPACKED) if func.attrs else None
+    if not packed:
+        return None
+    for n, nr in packed.items():
+        if any(r.source.same_as(func.params[int(n)]) for r in block.reads):
+            return int(nr)
+    return None

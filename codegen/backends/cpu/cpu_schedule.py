@@ -42,6 +42,7 @@ from .cpu_inline import inline_spatial
 from .cpu_schedule_conv import conv_block_name, conv_select
 from .cpu_schedule_pool import pool_block_name, pool_select
 from .cpu_schedule_dispatch import _parallel_cands, _select
+from .cpu_prepack import prepack_weights
 from .cpu_schedule_fuse import CONTRACTION_GROUP, merge_contractions
 from .cpu_schedule_matmul import _MATMUL_MR, PACK_MIN_ROWS, _group_select, _sched_matmul, exact_tile, matmul_rows
 from .cpu_schedule_reduce import (LANES_PREFIX, _lanes_select, _reduced_axis, _sched_axis_reduction,
@@ -148,7 +149,7 @@ def legalize_and_fuse(target=None) -> tvm.transform.Pass:
         relax.transform.AnnotateTIROpPattern(), opaque_shape_scalar_kernels, relax.transform.FoldConstant(),
         relax.transform.FuseOps()]
         + ([merge_contractions(target)] if FUSE_CONTRACTIONS else [])
-        + [relax.transform.FuseTIR()])
+        + [relax.transform.FuseTIR(), prepack_weights(target)])
 
 
 def fuse_passes(target) -> list:

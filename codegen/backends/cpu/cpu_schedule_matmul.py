@@ -14,9 +14,9 @@ from tvm.s_tir import SBlock, SBlockRealize
 from . import cpu_sched_helpers
 from .cpu_inline import inline_spatial
 from .cpu_schedule_dispatch import _parallel_cands, _select
-from .cpu_sched_helpers import (child_blocks, is_contraction, iter_kinds, loop_extent, pick_tile, tile_scope,
-                                total_work, vector_lanes, vector_registers, vectorize_inner, vectorize_tile,
-                                writes_param)
+from .cpu_sched_helpers import (child_blocks, is_contraction, iter_kinds, loop_extent, pick_tile,
+                                prepacked_columns, tile_scope, total_work, vector_lanes, vector_registers,
+                                vectorize_inner, vectorize_tile, writes_param)
 
 _LOG = logging.getLogger("dyntvm.codegen.cpu_schedule")
 
@@ -134,6 +134,7 @@ def _sched_matmul(func, target, name: str, mr: int, parallel: bool, attach: bool
         for copy in sch.get_consumers(mm):
             if not writes_param(func, sch, copy):
                 sch.compute_inline(copy)  # the epilogue reads the padded tile directly
+    prepacked = _inline_unpack(sch, func, mm)      # after pad_einsum (it needs the plain W[k, j])
     *batch, i, j, k = sch.get_loops(mm)
     nr = exact_nr or pick_tile(loop_extent(sch, j), tile_columns(mr, target, sch.get(mm).body.buffer.dtype),
                                lanes, at_most=True)
@@ -148,7 +149,7 @@ def _sched_matmul(func, target, name: str, mr: int, parallel: bool, attach: bool
     outer = [*batch] + ([jo] if jo is not None else []) + [io]
     sch.reorder(*outer, ko, *[lp for lp in (ki, ii) if lp is not None], ji)
     pack = pack and jo is not None
-    if pack:
+    if pack and not prepacked:      # prepacked: the panels are the parameter
         _pack_panel(sch, mm, jo, target)
     # Epilogue per tile: the accumulator tile (thread-local scratch) stays in registers and the
     # intermediate buffer shrinks to the tile (CompactBufferAllocation); a matmul writing the
@@ -206,6 +207,23 @@ def _sched_matmul(func, target, name: str, mr: int, parallel: bool, attach: bool
     return _strip_predicates(_pad_tile_buffer(main, acc, mr, nr) if tile else main)
 
 
+def _unpack_blocks(sch: s_tir.Schedule, func: tirx.PrimFunc) -> list:
+    """The blocks of `func` that read a weight packed at compile time (`PREPACKED`)."""
+    return [b for b in child_blocks(sch) if prepacked_columns(func, sch.get(b)) is not None]
+
+
+def _inline_unpack(sch: s_tir.Schedule, func: tirx.PrimFunc, mm=None) -> bool:
+    """Inlines the prepacked weights' reading blocks (those `mm` reads; None: all) into the matmuls: they read
+    the panels directly. True if there was one."""
+    blocks = _unpack_blocks(sch, func)
+    if mm is not None:
+        producers = sch.get_producers(mm)
+        blocks = [b for b in blocks if any(sch.get(p).same_as(sch.get(b)) for p in producers)]
+    for b in blocks:
+        sch.compute_inline(b)
+    return bool(blocks)
+
+
 def _pack_panel(sch: s_tir.Schedule, mm, jo, target) -> None:
     """Copies the right operand's K x nr column panel of each `jo` tile into a contiguous buffer (the
     panel of packed BLAS): unpacked, the micro-kernel reads nr columns from K rows N floats apart, and
@@ -224,7 +242,8 @@ def _group_parts(sch: s_tir.Schedule):
     2-d matmul ``C[i, j] += A[i, k] * W[k, j]`` with the same (M, N), every other block spatial over
     (M, S), S dividing N: the epilogue reads columns ``g * S + s`` of the matmuls (a split into N / S
     gates, or S == N)."""
-    blocks = child_blocks(sch)
+    func = sch.mod["main"]
+    blocks = [b for b in child_blocks(sch) if prepacked_columns(func, sch.get(b)) is None]
     cons = [b for b in blocks if "R" in iter_kinds(sch, b)]
     epis = [b for b in blocks if "R" not in iter_kinds(sch, b)]
     if not cons or not epis or not all(is_contraction(sch, c) and len(sch.get_loops(c)) == 3 for c in cons):
@@ -259,6 +278,15 @@ def _sched_group_tiles(func, target, parallel: bool) -> tirx.PrimFunc:
     # 32: longer contiguous weight rows); 128 columns for one gate, as the GEMV tile
     want = TILE_OVERRIDE or (tile_columns(1, target, sch.get(cons[0]).writes[0].source.dtype) if gates == 1
                              else 256 // gates)
+    panels = {prepacked_columns(func, sch.get(b)) for b in _unpack_blocks(sch, func)}
+    _inline_unpack(sch, func)
+    if panels and not TILE_OVERRIDE:
+        # weights packed at compile time (panels of nr columns): whole panels, as many accumulators as the
+        # one-gate GEMV tile where that is at least a panel per gate; an LSTM on AVX2: 16 columns per gate, each
+        # gate's weights one contiguous stream over k (step kernel 1.4x -> 0.87x numpy's sgemv at B1; 64 columns
+        # per gate read 16 streams of 64 bytes and spill)
+        nr = min(panels)
+        want = max(nr, tile_columns(1, target, sch.get(cons[0]).writes[0].source.dtype) // gates // nr * nr)
     t = next((c for c in (want, 64, 32, 16) if c >= lanes and s_ext % c == 0 and c % lanes == 0), None)
     if t is None:
         raise ValueError("no column tile")
