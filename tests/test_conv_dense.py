@@ -186,7 +186,8 @@ def test_padded_copy_reads_the_guard_in_its_condition(monkeypatch):
         monkeypatch.setattr(te_conv, "GUARD_IN_CONDITION", on)
         seen.clear()
         m = dt.compile(lambda x: F.relu(F.conv(x, w, stride=2, padding=1)), S(("N", 3, "H", "W")), use_cache=False)
-        pads = [line for text in seen for line in text.splitlines() if "dt_conv_pad[" in line and "if_then_else" in line]
+        pads = [line for text in seen for line in text.splitlines()
+                if "dt_conv_pad[" in line and "if_then_else" in line]
         assert pads and all(("T.float32(0.0))" in line) == on for line in pads)
         assert all(("== T.int64(0)" in line) == on for line in pads)
         for shape in [(1, 3, 1, 1), (2, 3, 9, 13), (1, 3, 30, 31)]:
