@@ -13,7 +13,8 @@ instrument hook (`VirtualMachine.set_instrument`, before every Call instruction)
 calling it with the call's own arguments, and the VM then skips its own call (the result is the same). So the
 figures exclude the VM's own work (allocation, shape checks) and the executor's; `--rounds` model calls are made
 and each kernel's median time per call is reported. A compiled loop (`compiled_loops`) is one kernel here, its
-body's kernels inside it, without a FLOP count. The TVM runtime's own profiler is not in this TVM build.
+body's kernels inside it, without a FLOP count. The TVM runtime's own profiler is not in this TVM build. With
+`--threads 1` each kernel's time is the thread's CPU time (other processes on a busy machine do not count in it).
 """
 from __future__ import annotations
 
@@ -37,6 +38,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 SKIP_RUN = 1      # tvm.runtime.vm.VMInstrumentReturnKind.SKIP_RUN: the VM does not make the call itself
 MODEL_CALL: list = []   # [median seconds of a plain model call], set by `profile_model`
+#: The clock of each kernel's time: with one thread (`--threads 1`: TVM runs a parallel loop in the calling thread)
+#: the thread's CPU time, which other processes' slices on a busy machine do not inflate; else the wall time.
+CLOCK = [time.perf_counter]
 SKIPPED: dict = {}   # kernel -> calls not made while profiling (`profile_model`)
 
 
@@ -156,9 +160,10 @@ def profile_model(model, args: tuple, observed: Observed, rounds: int = 5) -> di
             # VM's own call after the hook then fails too: skipped (a run-time size check), and counted
             skipped[symbol] = skipped.get(symbol, 0) + 1
             return SKIP_RUN
-        t0 = time.perf_counter()
+        clock = CLOCK[0]
+        t0 = clock()
         func(*call_args)
-        dt = time.perf_counter() - t0
+        dt = clock() - t0
         st = stats.get(symbol)
         if st is None:
             st = stats[symbol] = KernelStats(symbol, unscheduled=symbol in observed.unscheduled, shapes=tuple(
@@ -253,6 +258,7 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--shapes", action="store_true", help="also each kernel's argument shapes (first call)")
     args = parser.parse_args(argv)
+    CLOCK[:] = [time.thread_time if args.threads == 1 else time.perf_counter]
     import dyntvm as dt
     with tempfile.TemporaryDirectory() as tmp:
         graph, inputs = load_model(args, tmp)

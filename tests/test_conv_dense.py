@@ -166,3 +166,31 @@ def test_unpadded_conv_too_small_input_is_an_error():
                                atol=1e-4)
     with pytest.raises(ExecutionError, match="smaller than the dilated kernel"):
         m(np.ones((1, 8, 3, 2), "float32"))
+
+
+def test_padded_copy_reads_the_guard_in_its_condition(monkeypatch):
+    """mobilenet_v3_small's stem form (3 -> 16 channels, 3 x 3 / 2, padding 1, symbolic N, H, W, behind a run-time
+    size check): the padded copy pads with the constant 0 and reads the check's guard in its condition
+    (`te_conv._guarded`; read as the padding value, a load in the padding branch only, the copy stayed a scalar
+    loop); results equal numpy at odd sizes, 1 x 1 included, with the switch on and off."""
+    seen = []
+    schedule_func = cpu_schedule._schedule_func
+
+    def observe(func, target, name=""):
+        new = schedule_func(func, target, name)
+        seen.append(new.script())
+        return new
+    monkeypatch.setattr(cpu_schedule, "_schedule_func", observe)
+    w = RNG.standard_normal((16, 3, 3, 3)).astype("float32")
+    for on in (True, False):
+        monkeypatch.setattr(te_conv, "GUARD_IN_CONDITION", on)
+        seen.clear()
+        m = dt.compile(lambda x: F.relu(F.conv(x, w, stride=2, padding=1)), S(("N", 3, "H", "W")), use_cache=False)
+        pads = [line for text in seen for line in text.splitlines()
+                if "dt_conv_pad[" in line and "if_then_else" in line]
+        assert pads and all(("T.float32(0.0))" in line) == on for line in pads)
+        assert all(("== T.int64(0)" in line) == on for line in pads)
+        for shape in [(1, 3, 1, 1), (2, 3, 9, 13), (1, 3, 30, 31)]:
+            x = RNG.standard_normal(shape).astype("float32")
+            ref = np.maximum(ref_conv(x.astype("float64"), w, (2, 2), (1, 1), [(1, 1), (1, 1)], 1), 0)
+            np.testing.assert_allclose(m(x), ref, rtol=1e-4, atol=1e-4)
