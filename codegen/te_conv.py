@@ -55,6 +55,10 @@ PHASED_STRIDES = True
 #: the row tile, the last cut): a symbolic 7 x 7 plane is then 52 positions (13 tiles of 4), not 7 rows of 8 (56),
 #: and 14 x 14 is 196, not 224. False: per row (a switch for A/B).
 FLAT_POSITIONS = True
+#: ... for convs of at least this many multiply-adds per output (input channels of a group x kernel taps): each tile
+#: of flattened positions computes its positions' rows and columns (divisions) and keeps one input pointer per
+#: position and kernel row, a cost per tile that a short reduction does not amortize.
+FLAT_MIN_REDUCTION = 2048
 
 
 @functools.lru_cache(maxsize=None)
@@ -141,9 +145,11 @@ def row_tile(width, tiles: tuple) -> tuple[int, bool]:
     return ragged, False
 
 
-def flat_positions(out, vb: int, dtype: str) -> bool:
-    """Whether `te_conv` computes a conv of output sizes `out` over flattened positions (`FLAT_POSITIONS`)."""
-    return FLAT_POSITIONS and vb > 1 and len(out) >= 2 and not row_tile(out[-1], _ocv_tiles(vb, dtype))[1]
+def flat_positions(out, vb: int, dtype: str, reduction: int) -> bool:
+    """Whether `te_conv` computes a conv of output sizes `out` and `reduction` multiply-adds per output over
+    flattened positions (`FLAT_POSITIONS`)."""
+    return (FLAT_POSITIONS and vb > 1 and len(out) >= 2 and reduction >= FLAT_MIN_REDUCTION
+            and not row_tile(out[-1], _ocv_tiles(vb, dtype))[1])
 
 
 #: op_pattern (Relax's AnnotateTIROpPattern, which keeps one already set) of a flat conv's kernel: kOutEWiseFusable,
@@ -197,7 +203,7 @@ def te_conv(x, w, strides, dilations, pads, out, groups: int, vb: int, guard=Non
     else:
         o_total, cg, kernel = int(w.shape[0]), int(w.shape[1]), [int(k) for k in w.shape[2:]]
     tile, exact = row_tile(out[-1], _ocv_tiles(vb, str(x.dtype)) if vb > 1 else _SPV_TILES)
-    if flat_positions(out, vb, str(x.dtype)):
+    if flat_positions(out, vb, str(x.dtype), cg * functools.reduce(lambda a, b: a * b, kernel, 1)):
         return _te_conv_flat(x, w, strides, dilations, pads, out, groups, vb, tile, guard)
     full = list(out)
     last_span = None
@@ -257,10 +263,14 @@ def _te_conv_flat(x, w, strides, dilations, pads, out, groups: int, vb: int, til
     span two rows."""
     n_sp = len(strides)
     o_total, cg, kernel = int(w.shape[0]) * vb, int(w.shape[1]), [int(k) for k in w.shape[2:2 + n_sp]]
-    xp = _padded(x, pads, None, guard)
-    og = o_total // groups
     height, width = out[-2], out[-1]
     plane = height * width
+    # no padding: the input read as it is, no copy (a strided 1x1 conv), the size check's guard (0) read in the clamp
+    # of the position (`te_conv`'s unpadded form)
+    unpadded = not any(lo or hi for lo, hi in pads)
+    xp = x if unpadded else _padded(x, pads, None, guard)
+    last_position = plane - _i64(1) + (guard[0] if unpadded and guard is not None else _i64(0))
+    og = o_total // groups
     flat = tirx.floordiv(plane + _i64(tile - 1), _i64(tile)) * _i64(tile)
     rc = [te.reduce_axis((_i64(0), _i64(cg)), name="rc")] if cg > 1 else []
     rk = [te.reduce_axis((_i64(0), _i64(k)), name=f"rk{i}") for i, k in enumerate(kernel)]
@@ -269,7 +279,7 @@ def _te_conv_flat(x, w, strides, dilations, pads, out, groups: int, vb: int, til
         c_in = rc[0] if rc else _i64(0)
         if groups > 1:
             c_in = tirx.floordiv(tirx.floordiv(o, _i64(vb)), _i64(og // vb)) * _i64(cg) + c_in
-        last = tirx.min(s[-1], plane - _i64(1))
+        last = tirx.min(s[-1], last_position)
         sp = list(s[:-1]) + [tirx.floordiv(last, width), tirx.floormod(last, width)]
         pos = [sp[i] * _i64(st) + rk[i] * _i64(d) for i, (st, d) in enumerate(zip(strides, dilations))]
         w_c = rc[0] if rc else _i64(0)
