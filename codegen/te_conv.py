@@ -13,7 +13,9 @@
   inside the kernel, once per batch element; the reduction then reads it without a bounds test. Whole ragged
   tiles without padding read the row's last input instead in ``dt_conv_ocv`` (the index clamped, no copy).
 * ``dt_conv_crop``: where no register tile divides the output rows (a symbolic width, a prime), the convolution
-  is computed over whole tiles (the padded input extended with zeros) and this stage keeps the first W.
+  is computed over whole tiles (the padded input extended with zeros) and this stage keeps the first W. A dense
+  conv of 2+ spatial axes and a long reduction is computed over the flattened positions of each plane instead
+  (`FLAT_POSITIONS`, `_te_conv_flat`), and this stage reads [N, O, H, W] back from [N, O, ceil(H * W / t) * t].
 
 Data and result stay NCHW (NCW, NCDHW): no layout change crosses the kernel's boundary, so symbolic batch and
 spatial dims, fusion with the epilogue (bias, activation, residual) and the rest of the graph are as before.

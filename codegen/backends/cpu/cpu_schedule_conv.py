@@ -5,7 +5,8 @@ the epilogue that fusion gives them (bias, batch norm, activation, residual add)
   channels (vector lanes) x `tw` output positions of a row (`te_conv.row_tile`: up to 14 accumulators); the
   reduction over input channels x kernel taps loads one weight vector per tap and FMAs it with `tw`
   broadcast input values (TVM's x86 ``conv2d_NCHWc`` / NeoCPU micro-kernel, without the NCHWc data
-  layout: the tile is written back to NCHW, once per output). Parallel over output-channel blocks x rows.
+  layout: the tile is written back to NCHW, once per output). Parallel over output-channel blocks x rows; over
+  flattened positions (`te_conv.FLAT_POSITIONS`: the tile `tw` positions of h * W + w) over blocks x tiles.
 * ``dt_conv_spv`` (depthwise, small groups): the register tile is a vector run of output positions along
   the row, the reduction over kernel taps (and the group's input channels) outside it; parallel over
   channels x rows.
