@@ -16,6 +16,7 @@ Variants (module constants set while the layer compiles, restored after):
   tile7   AVX2 register tile of 16 channels x 7 positions (14 accumulators; shipped: 4)
   vb8     output channels packed in blocks of 8 (one AVX2 register) x 8 positions
   vb8t14  blocks of 8 x up to 14 positions
+  rows    a symbolic row computed in whole row tiles (`te_conv.FLAT_POSITIONS` False; shipped: flattened positions)
 """
 from __future__ import annotations
 
@@ -50,6 +51,7 @@ def variants() -> dict:
         "tile7": {(tc, "_ACC_REGISTERS"): {512: 14, 256: 14}},
         "vb8": {(win, "out_channel_block"): _vb8},
         "vb8t14": {(win, "out_channel_block"): _vb8, (tc, "_ACC_REGISTERS"): {512: 14, 256: 14}},
+        "rows": {(tc, "FLAT_POSITIONS"): False},
     }
 
 

@@ -13,7 +13,9 @@
   inside the kernel, once per batch element; the reduction then reads it without a bounds test. Whole ragged
   tiles without padding read the row's last input instead in ``dt_conv_ocv`` (the index clamped, no copy).
 * ``dt_conv_crop``: where no register tile divides the output rows (a symbolic width, a prime), the convolution
-  is computed over whole tiles (the padded input extended with zeros) and this stage keeps the first W.
+  is computed over whole tiles (the padded input extended with zeros) and this stage keeps the first W. A dense
+  conv of 2+ spatial axes and a long reduction is computed over the flattened positions of each plane instead
+  (`FLAT_POSITIONS`, `_te_conv_flat`), and this stage reads [N, O, H, W] back from [N, O, ceil(H * W / t) * t].
 
 Data and result stay NCHW (NCW, NCDHW): no layout change crosses the kernel's boundary, so symbolic batch and
 spatial dims, fusion with the epilogue (bias, activation, residual) and the rest of the graph are as before.
@@ -34,6 +36,9 @@ PHASES_BLOCK = "dt_conv_pad_phases"
 CROP_BLOCK = "dt_conv_crop"
 #: Annotation of the conv block: the register tile's output positions along a row (`row_tile`).
 ROW_TILE_ATTR = "dt_conv_row_tile"
+#: Annotation of a ``dt_conv_ocv`` block computed over the flattened positions of its last two output axes
+#: (`FLAT_POSITIONS`): its last axis is then h * W + w, whole tiles of ROW_TILE_ATTR positions.
+FLAT_ATTR = "dt_conv_flat"
 
 # Register tiles. ocv: vb channels x `tw` output positions of a row. AVX-512 (32 registers, 16 fp32 lanes: vb = 16
 # is one register): 14 positions (14 accumulators, as TVM's x86 conv2d picks reg_n). AVX2 (16 registers: vb = 16 is
@@ -49,6 +54,15 @@ _SPV_TILES = (64, 32, 8)      # (the last: the ragged tile of a symbolic width)
 PHASED_STRIDES = True
 #: A padded copy reads the size check's guard in its condition (`_guarded`); False: as its padding value, as before.
 GUARD_IN_CONDITION = True
+#: A dense (``dt_conv_ocv``) convolution of 2+ spatial dims whose row the register tile does not divide (a symbolic
+#: width, a 7- or 14-wide row) is computed over the flattened positions of each plane (h * W + w, whole tiles of
+#: the row tile, the last cut): a symbolic 7 x 7 plane is then 52 positions (13 tiles of 4), not 7 rows of 8 (56),
+#: and 14 x 14 is 196, not 224. False: per row (a switch for A/B).
+FLAT_POSITIONS = True
+#: ... for convs of at least this many multiply-adds per output (input channels of a group x kernel taps): each tile
+#: of flattened positions computes its positions' rows and columns (divisions) and keeps one input pointer per
+#: position and kernel row, a cost per tile that a short reduction does not amortize.
+FLAT_MIN_REDUCTION = 2048
 
 
 @functools.lru_cache(maxsize=None)
@@ -135,6 +149,19 @@ def row_tile(width, tiles: tuple) -> tuple[int, bool]:
     return ragged, False
 
 
+def flat_positions(out, vb: int, dtype: str, reduction: int) -> bool:
+    """Whether `te_conv` computes a conv of output sizes `out` and `reduction` multiply-adds per output over
+    flattened positions (`FLAT_POSITIONS`)."""
+    return (FLAT_POSITIONS and vb > 1 and len(out) >= 2 and reduction >= FLAT_MIN_REDUCTION
+            and not row_tile(out[-1], _ocv_tiles(vb, dtype))[1])
+
+
+#: op_pattern (Relax's AnnotateTIROpPattern, which keeps one already set) of a flat conv's kernel: kOutEWiseFusable,
+#: as the per-row form is found to be. The analysis finds the flat form opaque (its crop stage reads the result at
+#: h * W + w, not elementwise), which kept the bias / activation / residual add out of the kernel.
+OUT_EWISE_FUSABLE = 4
+
+
 def _padded(x, pads, last_span=None, guard=None):
     """x zero-padded; `last_span`: the extent of the last axis instead of its padded size (whole ragged tiles);
     `guard`: a 1-element int64 tensor (always 0) of a run-time size check, read in the copy's condition
@@ -188,6 +215,8 @@ def te_conv(x, w, strides, dilations, pads, out, groups: int, vb: int, guard=Non
     else:
         o_total, cg, kernel = int(w.shape[0]), int(w.shape[1]), [int(k) for k in w.shape[2:]]
     tile, exact = row_tile(out[-1], _ocv_tiles(vb, str(x.dtype)) if vb > 1 else _SPV_TILES)
+    if flat_positions(out, vb, str(x.dtype), cg * functools.reduce(lambda a, b: a * b, kernel, 1)):
+        return _te_conv_flat(x, w, strides, dilations, pads, out, groups, vb, tile, guard)
     full = list(out)
     last_span = None
     if not exact:   # whole tiles: ceil(W / tile) * tile positions, the input read past its end as zeros
@@ -236,3 +265,39 @@ def te_conv(x, w, strides, dilations, pads, out, groups: int, vb: int, guard=Non
     if exact:
         return res
     return te.compute([x.shape[0], _i64(o_total)] + list(out), lambda *i: res(*i), name=CROP_BLOCK)
+
+
+def _te_conv_flat(x, w, strides, dilations, pads, out, groups: int, vb: int, tile: int, guard=None):
+    """``dt_conv_ocv`` over the flattened positions of the last two output axes (`FLAT_POSITIONS`): the block is
+    [N, O, *out[:-2], ceil(H * W / tile) * tile], position p at row p // W, column p % W of the plane; the positions
+    past H * W read the last one's inputs (the index clamped: no extended copy of the input), and the crop stage
+    reads the result back as [N, O, *out]. Every position of a tile is one broadcast input value, so a tile may
+    span two rows."""
+    n_sp = len(strides)
+    o_total, cg, kernel = int(w.shape[0]) * vb, int(w.shape[1]), [int(k) for k in w.shape[2:2 + n_sp]]
+    height, width = out[-2], out[-1]
+    plane = height * width
+    # no padding: the input read as it is, no copy (a strided 1x1 conv), the size check's guard (0) read in the clamp
+    # of the position (`te_conv`'s unpadded form)
+    unpadded = not any(lo or hi for lo, hi in pads)
+    xp = x if unpadded else _padded(x, pads, None, guard)
+    last_position = plane - _i64(1) + (guard[0] if unpadded and guard is not None else _i64(0))
+    og = o_total // groups
+    flat = tirx.floordiv(plane + _i64(tile - 1), _i64(tile)) * _i64(tile)
+    rc = [te.reduce_axis((_i64(0), _i64(cg)), name="rc")] if cg > 1 else []
+    rk = [te.reduce_axis((_i64(0), _i64(k)), name=f"rk{i}") for i, k in enumerate(kernel)]
+
+    def value(n, o, *s):
+        c_in = rc[0] if rc else _i64(0)
+        if groups > 1:
+            c_in = tirx.floordiv(tirx.floordiv(o, _i64(vb)), _i64(og // vb)) * _i64(cg) + c_in
+        last = tirx.min(s[-1], last_position)
+        sp = list(s[:-1]) + [tirx.floordiv(last, width), tirx.floormod(last, width)]
+        pos = [sp[i] * _i64(st) + rk[i] * _i64(d) for i, (st, d) in enumerate(zip(strides, dilations))]
+        w_c = rc[0] if rc else _i64(0)
+        wv = w[tirx.floordiv(o, _i64(vb)), w_c, *rk, tirx.floormod(o, _i64(vb))]
+        return te.sum(xp(n, c_in, *pos) * wv, axis=rc + rk)
+    res = te.compute([x.shape[0], _i64(o_total)] + list(out[:-2]) + [flat], value, name=OCV_BLOCK,
+                     attrs={ROW_TILE_ATTR: tile, FLAT_ATTR: 1})
+    return te.compute([x.shape[0], _i64(o_total)] + list(out),
+                      lambda n, o, *s: res(n, o, *s[:-2], s[-2] * width + s[-1]), name=CROP_BLOCK)

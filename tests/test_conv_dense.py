@@ -137,14 +137,78 @@ def test_register_tile_and_loop_order_from_isa_features(isa, bits, lanes, tile, 
     # the reduction in the packed weight's order: the 32 input channels, then the 3 x 3 taps, the tile inside
     assert CHANNEL_BLOCK == 1
     assert re.search(r"for rc, rk0, rk1 in T\.grid\(T\.int64\(32\), T\.int64\(3\), T\.int64\(3\)\):\s+"
-                     rf"for i1_1 in T\.unroll\(T\.int64\({tile}\)\)", text), text
+                     rf"for i\d_1 in T\.unroll\(T\.int64\({tile}\)\)", text), text
     # the fused epilogue (bias, residual, relu) under the tile: positions unrolled, channels vectorized, the
     # accumulator tile read [position, channel]
     assert re.search(rf"for ax\d in T\.unroll\(T\.int64\({tile}\)\):"
                      r"(\s+for ax\d_0 in T\.unroll\(T\.int64\(\d+\)\):)?"
                      rf"\s+for ax\d(_1)? in T\.vectorized\(T\.int64\({lanes}\)\):\s+with T\.sblock\(\"relu\"\)",
                      text), text
+    # (32 x 9 multiply-adds an output: a tile of a row, not of flattened positions - `te_conv.FLAT_MIN_REDUCTION`)
     assert re.search(r"dt_conv_ocv\w*\[v0, v1, v2, v3\]", text[text.index('T.sblock("relu")'):])
+    assert te_conv.FLAT_ATTR not in text
+
+
+# (id, C, O, kernel, stride, dilation, pad, groups, residual, spec dims, sizes (N, C, *S)) of convs whose row the
+# register tile does not divide: computed over the flattened positions of each plane (`te_conv.FLAT_POSITIONS`)
+FLAT_CASES = [
+    ("3x3_res", 16, 16, (3, 3), (1, 1), (1, 1), 1, 1, True, ("N", 16, "H", "W"),
+     [(0, 16, 7, 7), (1, 16, 1, 1), (3, 16, 7, 7), (1, 16, 13, 14), (2, 16, 14, 15), (1, 16, 15, 1)]),
+    ("3x3_stride2_dil2", 8, 32, (3, 3), (2, 2), (2, 2), 2, 1, False, ("N", 8, "H", "W"),
+     [(1, 8, 1, 1), (3, 8, 13, 7), (1, 8, 14, 15), (1, 8, 15, 14)]),
+    ("3x3_groups2", 16, 32, (3, 3), (1, 1), (1, 1), 1, 2, False, ("N", 16, "H", "W"),
+     [(1, 16, 7, 13), (3, 16, 14, 1)]),
+    ("1x1_stride2_nopad", 24, 32, (1, 1), (2, 2), (1, 1), 0, 1, False, ("N", 24, "H", "W"),
+     [(1, 24, 1, 1), (3, 24, 13, 15), (1, 24, 14, 7)]),
+    ("3d_3x3x3", 16, 16, (3, 3, 3), (1, 1, 1), (1, 1, 1), 1, 1, True, ("N", 16, "D", "H", "W"),
+     [(1, 16, 1, 1, 1), (2, 16, 3, 7, 13), (1, 16, 2, 14, 15)]),
+    # a static 14-wide row: flattened too (196 positions, no ragged tile per row)
+    ("static_14", 16, 16, (3, 3), (1, 1), (1, 1), 1, 1, False, ("N", 16, 14, 14), [(0, 16, 14, 14), (3, 16, 14, 14)]),
+]
+
+
+@pytest.mark.parametrize("flat", [True, False], ids=["flat", "rows"])
+@pytest.mark.parametrize("case", FLAT_CASES, ids=[c[0] for c in FLAT_CASES])
+def test_flat_positions_match_numpy(case, flat, conv_log, monkeypatch):
+    """A plane of a symbolic (or 7-, 14-wide) row as flattened positions h * W + w in whole tiles (a tile may span
+    two rows; the positions past H * W read the last one's inputs and are cut), and the per-row form it replaced
+    (FLAT_POSITIONS False): stride, dilation, groups, no padding, 3 spatial axes, batch 0 / 1 / 3, against numpy;
+    the bias / residual add / relu fused into the conv's kernel either way (one kernel the conv rule scheduled)."""
+    monkeypatch.setattr(te_conv, "FLAT_POSITIONS", flat)
+    monkeypatch.setattr(te_conv, "FLAT_MIN_REDUCTION", 0)     # (these have few channels)
+    _, c, o, kernel, stride, dilation, pad, groups, residual, dims, sizes = case
+    w = (RNG.standard_normal((o, c // groups, *kernel)) / np.sqrt(c * np.prod(kernel))).astype("float32")
+    b = RNG.standard_normal(o).astype("float32")
+
+    def model(x):
+        y = F.conv(x, w, b, stride=stride, padding=pad, dilation=dilation, groups=groups)
+        if residual:
+            y = y + x
+        return F.relu(y)
+    m = dt.compile(model, S(dims), use_cache=False)
+    for shape in sizes:
+        x = RNG.standard_normal(shape).astype("float32")
+        want = (ref_conv(x, w, stride, dilation, [(pad, pad)] * len(kernel), groups)
+                + b.reshape((1, o) + (1,) * len(kernel)))
+        want = np.maximum(want + x if residual else want, 0)
+        got = m(x)
+        assert got.shape == want.shape, shape
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=str(shape))
+    assert conv_rules(conv_log) == (1, [])
+
+
+def test_flat_positions_kernel_form(conv_log, monkeypatch):
+    """The flat form's kernel (symbolic N, H, W; AVX2 tile; 256 input channels x 9 taps: above FLAT_MIN_REDUCTION):
+    the conv block over ceil(H * W / 4) * 4 positions, the padded input a loop nest of its own before it, the
+    epilogue (bias, residual, relu) under the tile, in the conv's kernel."""
+    monkeypatch.setattr(te_conv, "_host_vector_bits", lambda: 256)
+    text = _scheduled_conv(tvm.target.Target({"kind": "llvm", "mcpu": "znver3", "num-cores": 2}), c=256, o=256)
+    assert f'"{te_conv.FLAT_ATTR}": 1' in text
+    assert "(H * W + T.int64(3)) // T.int64(4) * T.int64(4)" in text
+    assert text.index('T.sblock("dt_conv_pad")') < text.index("for n in range(N)")
+    assert text.index('T.sblock("relu")') > text.index('T.sblock("dt_conv_ocv_update")')
+    assert "T.sblock(\"T_add" not in text
+    assert conv_rules(conv_log) == (1, [])
 
 
 def test_unpadded_conv_reads_the_input_without_a_padded_copy(conv_log):

@@ -5,7 +5,8 @@ the epilogue that fusion gives them (bias, batch norm, activation, residual add)
   channels (vector lanes) x `tw` output positions of a row (`te_conv.row_tile`: up to 14 accumulators); the
   reduction over input channels x kernel taps loads one weight vector per tap and FMAs it with `tw`
   broadcast input values (TVM's x86 ``conv2d_NCHWc`` / NeoCPU micro-kernel, without the NCHWc data
-  layout: the tile is written back to NCHW, once per output). Parallel over output-channel blocks x rows.
+  layout: the tile is written back to NCHW, once per output). Parallel over output-channel blocks x rows; over
+  flattened positions (`te_conv.FLAT_POSITIONS`: the tile `tw` positions of h * W + w) over blocks x tiles.
 * ``dt_conv_spv`` (depthwise, small groups): the register tile is a vector run of output positions along
   the row, the reduction over kernel taps (and the group's input channels) outside it; parallel over
   channels x rows.
@@ -26,7 +27,7 @@ from . import cpu_sched_helpers
 from .cpu_sched_helpers import (child_blocks, loop_extent, tile_scope, total_work, vector_lanes, vectorize_tile,
                                 writes_param)
 from ...dims import is_one
-from ...te_conv import CROP_BLOCK, OCV_BLOCK, PAD_BLOCK, PHASES_BLOCK, ROW_TILE_ATTR, SPV_BLOCK
+from ...te_conv import CROP_BLOCK, FLAT_ATTR, OCV_BLOCK, PAD_BLOCK, PHASES_BLOCK, ROW_TILE_ATTR, SPV_BLOCK
 
 
 #: Input channels unrolled inside the kernel taps per step of the dense conv's reduction (`_channels_inside_taps`);
@@ -75,10 +76,18 @@ def _attach_epilogue(sch: s_tir.Schedule, func, conv, loop, relayout=None) -> li
     return attached
 
 
-def _pad_per_batch(sch: s_tir.Schedule, n_loop, parallel: bool) -> None:
-    """The padded input computed under the batch loop (one pass over each batch element's input)."""
+def _pad_per_batch(sch: s_tir.Schedule, n_loop, parallel: bool, at_root: bool = False) -> None:
+    """The padded input computed under the batch loop (one pass over each batch element's input); `at_root`: as
+    a loop nest of its own before the convolution (over flattened positions, `te_conv.FLAT_POSITIONS`: the region
+    of one batch element that compute_at inferred from h = p // W, w = p % W spanned 2 W + 1 columns, a predicate
+    skipping W - 1 of them: the 64-channel 3x3 layer at 56 x 56 took 1.85x its time)."""
     pads = [b for b in child_blocks(sch) if sch.get(b).name_hint.startswith(PAD_BLOCK)]
     for pad in pads:
+        if at_root:
+            loops = sch.get_loops(pad)[:-1]
+            if parallel:
+                sch.parallel(sch.fuse(*loops))
+            continue
         sch.compute_at(pad, n_loop, preserve_unit_loops=True)
         loops = sch.get_loops(pad)[1:]     # c, rows..., columns (phases: c, rows..., phase, columns)
         # (the phase stays out of the fused loop: fused with symbolic rows, TVM's iter-map rewrite failed)
@@ -118,6 +127,22 @@ def _channels_last(sch: s_tir.Schedule, epi, n_sp: int) -> bool:
     return True
 
 
+def _flat_channels_last(sch: s_tir.Schedule, epi, n_sp: int) -> bool:
+    """`_channels_last` for the epilogue of a conv computed over flattened positions (`te_conv.FLAT_POSITIONS`):
+    [n, o, *rows, h, w] iterated [n, *rows, h * W + w, o], so that it attaches under the conv's tile of flattened
+    positions (its read of the conv, ``conv[n, o, *rows, h * W + w]``, becomes ``conv[n, o, *rows, p]``)."""
+    ivs = sch.get(epi).iter_vars
+    if len(ivs) != 2 + n_sp:
+        return False
+    width = ivs[-1].dom.extent
+    try:
+        sch.transform_block_layout(epi, tirx.IndexMap.from_func(
+            lambda n, o, *sp: (n, *sp[:-2], sp[-2] * width + sp[-1], o), ndim=2 + n_sp))
+    except Exception:  # pylint: disable=broad-except
+        return False
+    return True
+
+
 def _over_positions(sch: s_tir.Schedule, epi, n_sp: int) -> bool:
     """Whether the epilogue block `epi` of a conv with one output position (a 1x1 conv on [N, C, 1, 1]) iterates
     over more positions than that: the squeeze-excitation's broadcast multiply ``x * hardsigmoid(conv(s))`` over
@@ -135,34 +160,40 @@ def _sched_conv(func, target, name: str, exact: bool, parallel: bool) -> tirx.Pr
     if ROW_TILE_ATTR not in sch.get(conv).annotations:
         raise ValueError("conv block without its row tile")
     tw = int(sch.get(conv).annotations[ROW_TILE_ATTR])
+    # over flattened positions (`te_conv.FLAT_POSITIONS`): the block's last axis is h * W + w of the output
+    flat = ocv and FLAT_ATTR in sch.get(conv).annotations
     n_red = sum(1 for iv in sch.get(conv).iter_vars if iv.iter_type == tirx.IterVar.CommReduce)
     loops = sch.get_loops(conv)
-    n_sp = len(loops) - 2 - n_red
-    n, o, spatial, red = loops[0], loops[1], loops[2:2 + n_sp], loops[2 + n_sp:]
+    n_loop_sp = len(loops) - 2 - n_red          # the block's spatial axes
+    n_sp = n_loop_sp + (1 if flat else 0)       # the convolution's
+    n, o, spatial, red = loops[0], loops[1], loops[2:2 + n_loop_sp], loops[2 + n_loop_sp:]
     lanes = vector_lanes(target, sch.get(conv).writes[0].source.dtype)
     wo, wi = sch.split(spatial[-1], [None, tw])
     if ocv:
         # the packed weight [O / vb, Cg, *K, vb]: the only operand with one axis more than the data
         vb = next(int(r.source.shape[-1]) for r in sch.get(conv).reads if len(r.source.shape) == 3 + n_sp)
         oo, oi = sch.split(o, [None, vb])
-        tasks = [oo, *spatial[:-1]]
+        # flat: the tiles are the tasks too (a 7 x 7 plane is 13 tiles; its rows were 7 tasks of 2 tiles)
+        tasks = [oo, *spatial[:-1]] + ([wo] if flat else [])
         red, unrolled = _channels_inside_taps(sch, red, n_sp)
-        sch.reorder(n, *tasks, wo, *red, wi, oi)
+        sch.reorder(n, oo, *spatial[:-1], wo, *red, wi, oi)
     else:
         oo, oi = sch.split(o, [None, spv_channel_block(loop_extent(sch, o), tw, lanes)])
         tasks = [oo, *spatial[:-1]]
         sch.reorder(n, *tasks, wo, *red, oi, wi)
     epi_channels_last = {}
-    one_position = all(is_one(iv.dom.extent) for iv in sch.get(conv).iter_vars[2:2 + n_sp])
+    one_position = all(is_one(iv.dom.extent) for iv in sch.get(conv).iter_vars[2:2 + n_loop_sp])
 
     def relayout(epi):
-        if ocv and not (BROADCAST_POSITIONS_INNER and one_position and _over_positions(sch, epi, n_sp)):
+        if flat:
+            epi_channels_last[sch.get(epi).name_hint] = _flat_channels_last(sch, epi, n_sp)
+        elif ocv and not (BROADCAST_POSITIONS_INNER and one_position and _over_positions(sch, epi, n_sp)):
             epi_channels_last[sch.get(epi).name_hint] = _channels_last(sch, epi, n_sp)
     attached = _attach_epilogue(sch, func, conv, wo, relayout)
     if ocv:  # the accumulator tile [tw, vb]: each register one output position's vb channels
         sch.transform_layout(conv, ("write", 0), tirx.IndexMap.from_func(
-            lambda *i: (i[0], *i[2:], i[1]), ndim=2 + n_sp))
-    _pad_per_batch(sch, n, parallel)
+            lambda *i: (i[0], *i[2:], i[1]), ndim=2 + n_loop_sp))
+    _pad_per_batch(sch, n, parallel, at_root=flat)
     if parallel:
         sch.parallel(sch.fuse(*tasks) if len(tasks) > 1 else tasks[0])
     if ocv:
