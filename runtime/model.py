@@ -202,16 +202,26 @@ class InputChecker:
         if self.flat and len(args) == self.n:
             env: dict = {}
             out = list(args)
-            for k, (x, (dtype, nd, static, syms)) in enumerate(zip(args, self.sig)):
+            k = 0
+            for dtype, nd, static, syms in self.sig:    # (plain loops: a generator per input cost ~0.3 us)
+                x = args[k]
                 if type(x) is not np.ndarray:
                     if nd or not isinstance(x, np.generic) or x.dtype != dtype:
                         break
                     x = out[k] = np.asarray(x)      # a numpy scalar of the input's dtype (np.int64(5))
-                if x.dtype != dtype or x.ndim != nd:
+                k += 1
+                xd = x.dtype
+                if (xd is not dtype and xd != dtype) or x.ndim != nd:
                     break
                 shape = x.shape
-                if any(shape[ax] != d for ax, d in static) or \
-                        any(env.setdefault(s, shape[ax]) != shape[ax] for ax, s in syms):
+                bad = False
+                for ax, d in static:
+                    if shape[ax] != d:
+                        bad = True
+                for ax, sym in syms:
+                    if env.setdefault(sym, shape[ax]) != shape[ax]:
+                        bad = True
+                if bad:
                     break
             else:
                 if not self.ranges or all(in_range(env.get(s, lo), lo, hi) for s, lo, hi in self.ranges):
