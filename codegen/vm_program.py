@@ -6,8 +6,9 @@ loops added (`cpu_schedule.build_cpu`): it adds the public function `PROGRAM` an
 legalizes the few Relax ops they use (row slices, stacking). Values have rank and dtype only (no shapes): each
 region function checks its inputs' shapes when called, as it does when the executor calls it. Lowering:
 
-* region -> a call of its function (with `INLINE_REGIONS`, off by default: its body copied in, `_Lowering._inline`,
-  in the program's own sequence; a call inside a branch or a loop function); cond / case -> ``If`` (a case: nested, predicates in order);
+* region -> its body copied into the program's own sequence (`INLINE_REGIONS`, `_Lowering._inline`; where such a
+  program fails to build, `build_with_program` builds it again with calls), else (inside a branch or a loop
+  function) a call of its function; cond / case -> ``If`` (a case: nested, predicates in order);
 * foreach -> a call of its compiled loop where codegen built one, else a recursive function over a range of
   steps (the loops' lowering: `vm_loops`). Where the per-step outputs have static shapes (`_inplace_foreach`),
   their stacks are allocated once per call and each step copies its rows into them; a range of more than
@@ -42,15 +43,17 @@ from .vm_seq import FALLBACK_CALLBACK, _i64, _ret_ty, _Seq, _ty, _TRUE  # noqa: 
 
 
 
-# region functions' bodies copied into the program (`_Lowering._inline`): off, a program with a copied body whose
-# symbolic vars are bound by the region's parameters failed to build ("PrimExpr T_1 ... has not been computed" in
-# VMShapeLower: a jvp of a foreach, three torchvision detectors; found by the full suite after the merge)
-INLINE_REGIONS = False
+# region functions' bodies copied into the program (`_Lowering._inline`). Some programs with a copied body whose
+# symbolic vars are bound by the region's parameters fail to build ("PrimExpr T_1 ... has not been computed" in
+# VMShapeLower: a jvp of a foreach, three torchvision detectors): `build_with_program` builds those again with the
+# regions called (`inline=False`). False: regions are always called.
+INLINE_REGIONS = True
 
 
 class _Lowering(LoopLowering):
-    def __init__(self, mod: tvm.IRModule, graph: Graph, prefix: str):
+    def __init__(self, mod: tvm.IRModule, graph: Graph, prefix: str, inline: bool = False):
         self.bb = relax.BlockBuilder(mod)
+        self.inline = inline                    # region bodies copied into the program's own sequence
         self.funcs = {gv.name_hint: gv for gv in mod.get_global_vars()}
         self.mod = mod
         self.top = None                         # the program function's own sequence (regions inlined there)
@@ -89,7 +92,7 @@ class _Lowering(LoopLowering):
             self._size_guard(seq, n, ins)
         if not n.outputs:               # all its results unused (an ONNX Dropout's mask): a region is pure, and the
             return []                   # VM cannot call a function whose result is the empty tuple (void register)
-        inlined = self._inline(seq, n.attrs.name, ins) if INLINE_REGIONS and seq is self.top else None
+        inlined = self._inline(seq, n.attrs.name, ins) if self.inline and seq is self.top else None
         if inlined is not None:
             return inlined
         res = seq.emit(relax.Call(self.funcs[n.attrs.name], ins), n.attrs.name)
@@ -216,13 +219,14 @@ def _same_shape(ty, shape: list) -> bool:
     return all(ana.can_prove_equal(a, b) for a, b in zip(known.values, shape))
 
 
-def add_program(mod: tvm.IRModule, graph: Graph, prefix: str) -> tvm.IRModule:
-    """`mod` with the VM program of `graph` (see the module doc); raises CompileError where it cannot be built."""
+def add_program(mod: tvm.IRModule, graph: Graph, prefix: str, inline: bool = False) -> tvm.IRModule:
+    """`mod` with the VM program of `graph` (see the module doc; `inline`: the regions' bodies copied in, else
+    called); raises CompileError where it cannot be built."""
     bad = unsupported_nodes(graph)
     if bad:
         raise CompileError(f"no VM program: {bad[0][1]}")
     mod = relax.transform.RewriteDataflowReshape()(mod)     # (the regions' reshapes: views, also when inlined)
-    low = _Lowering(mod, graph, prefix)
+    low = _Lowering(mod, graph, prefix, inline)
     params = [relax.Var(f"in{i}", _ty(v.type)) for i, v in enumerate(graph.inputs)]
     seq = low.top = _Seq(low.bb)
     outs = low.graph(seq, graph, params)
@@ -255,13 +259,13 @@ def _as_view(op_name: str):
     return legalize
 
 
-def program_pass(graph: Graph, prefix: str, declined: list):
+def program_pass(graph: Graph, prefix: str, declined: list, inline: bool = False):
     """Module pass adding the VM program (`add_program`); where it cannot, the module is left as it was and the
     reason appended to `declined`."""
     @tvm.transform.module_pass(opt_level=0, name="dyntvm.VMProgram")
     def add_vm_program(mod: tvm.IRModule, ctx) -> tvm.IRModule:
         try:
-            return add_program(mod, graph, prefix)
+            return add_program(mod, graph, prefix, inline)
         except Exception as e:  # noqa: BLE001 - the program is an optimization: the executor runs the model
             declined.append(f"{type(e).__name__}: {str(e).strip()[:300]}")
             return mod
@@ -272,6 +276,7 @@ class _Stats:
     def __init__(self):
         self.built = 0                          # libraries built with a VM program
         self.declined: list = []                # why a program was not added (tests and debugging)
+        self.inline_retries: list = []          # why a program with the region bodies copied in failed to build
 
 
 stats = _Stats()
@@ -279,19 +284,26 @@ stats = _Stats()
 
 def build_with_program(build_cpu, mod, tvm_target, loops, tuned, program):
     """`build_cpu` with the VM program of ``program = (graph, key prefix)``; None where that build fails
-    (warned: the caller builds the library without the program, and the executor runs the model)."""
+    (warned: the caller builds the library without the program, and the executor runs the model). With
+    `INLINE_REGIONS` the regions' bodies are copied into the program first; where that build fails, it is built
+    again with the regions called (counted in `stats.inline_retries`)."""
     import warnings
     graph, prefix = program
-    declined: list = []
-    try:
-        ex = build_cpu(mod, tvm_target, loops, tuned=tuned, program=program_pass(graph, prefix, declined))
-    except Exception as e:  # noqa: BLE001 - the program is an optimization: never the reason a build fails
-        warnings.warn(f"dyntvm: building the VM program failed ({type(e).__name__}: {str(e).strip()[:200]}); "
-                      "the model runs in the executor", RuntimeWarning, stacklevel=3)
-        stats.declined.append(f"{type(e).__name__}: {str(e).strip()[:300]}")
-        return None
-    if declined:
-        stats.declined += declined
-    else:
-        stats.built += 1
-    return ex
+    for inline in ((True, False) if INLINE_REGIONS else (False,)):
+        declined: list = []
+        try:
+            ex = build_cpu(mod, tvm_target, loops, tuned=tuned, program=program_pass(graph, prefix, declined, inline))
+        except Exception as e:  # noqa: BLE001 - the program is an optimization: never the reason a build fails
+            if inline:
+                stats.inline_retries.append(f"{type(e).__name__}: {str(e).strip()[:300]}")
+                continue
+            warnings.warn(f"dyntvm: building the VM program failed ({type(e).__name__}: {str(e).strip()[:200]}); "
+                          "the model runs in the executor", RuntimeWarning, stacklevel=3)
+            stats.declined.append(f"{type(e).__name__}: {str(e).strip()[:300]}")
+            return None
+        if declined:
+            stats.declined += declined
+        else:
+            stats.built += 1
+        return ex
+    return None

@@ -70,20 +70,21 @@ class InputStaging:
         out = []
         bufs = self.bufs
         for k, x in enumerate(arrays):
-            if type(x) is np.ndarray and x.size and x.flags.c_contiguous and x.flags.writeable:
+            if type(x) is not np.ndarray or not x.size:
+                out.append(to_tvm(x))
+                continue
+            flags = x.flags                  # (one flags object: each `x.flags` makes a new one)
+            if flags.c_contiguous and flags.writeable:
                 t = _ffi_from_dlpack(x, require_alignment=0, require_contiguous=True)
                 if not t.data_ptr() % ALIGN:
                     out.append(t)
                     continue
-            if type(x) is not np.ndarray or not x.size:
-                out.append(to_tvm(x))
-                continue
             buf = bufs[k]
             if buf is None or buf.shape != x.shape or buf.dtype != x.dtype:
                 bufs[k] = aligned_empty(x.shape, x.dtype)
                 self.unshared[k] = _getrefcount(bufs[k])     # (measured: interpreters count differently)
                 buf = bufs[k]
-            np.copyto(buf, x)
+            buf[...] = x                     # (same shape and dtype: half the time of `np.copyto`'s argument parsing)
             out.append(_ffi_from_dlpack(buf, require_alignment=ALIGN, require_contiguous=True))
         return out
 

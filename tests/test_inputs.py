@@ -146,3 +146,22 @@ def test_numpy_scalars_of_the_dtype_take_the_fast_check(cache_dir, monkeypatch):
     assert len(slow) == 1
     with pytest.raises(dt.InputError, match="int64"):
         m(x, np.float32(3))                            # a numpy scalar of another dtype: the full check's error
+
+
+def test_the_fast_input_check_passes_only_arguments_that_fit():
+    """`runtime/model._fast_check` (the function written out for a model's signature) gives the arguments back only
+    where each is a numpy array of its input's dtype and rank, static dims equal, a repeated symbol the same size
+    and within its range; anything else is None (the general check then runs and writes the error)."""
+    from dyntvm.runtime.model import _fast_check
+    f32, i64 = np.dtype("float32"), np.dtype("int64")
+    check = _fast_check([(f32, 2, ((1, 3),), ((0, "N"),)), (i64, 1, (), ((0, "N"),))], (("N", 1, 8),))
+    x, k = np.zeros((5, 3), np.float32), np.zeros(5, np.int64)
+    out = check((x, k))
+    assert len(out) == 2 and out[0] is x and out[1] is k
+    for bad in ((x,), (x, k, k), (x.astype(np.float64), k), (x, k.astype(np.int32)), (np.zeros((5, 2), np.float32), k),
+                (x, np.zeros(4, np.int64)), (np.zeros((9, 3), np.float32), np.zeros(9, np.int64)),
+                (np.zeros((0, 3), np.float32), np.zeros(0, np.int64)), (x.tolist(), k), (x[None], k)):
+        assert check(bad) is None
+    assert _fast_check([(f32, 1, (), ((0, "N"),))], (("M", 0, None),)) is None    # a range no input binds
+    unbounded = _fast_check([(f32, 1, (), ((0, "N"),))], (("N", 0, None),))
+    assert unbounded((np.zeros(0, np.float32),)) is not None and unbounded((np.zeros(10**6, np.float32),)) is not None

@@ -113,10 +113,10 @@ def test_region_bodies_are_copied_into_the_program(monkeypatch):
     calls those; regions inside a branch or a loop function stay calls): detection N=200 executes at most 175
     VM instructions per call (245 with calls, a counter output per mask kernel and views to the same shape),
     branchy at most 125 at B=1 and B=16 (1185 at B=16 with a foreach over rows); results equal plain numpy.
-    The copying is off by default (`vm_program.INLINE_REGIONS`: some programs failed to build with it); here on,
-    in a build of its own (the switch is not part of the cache key)."""
+    The copying is on by default (`vm_program.INLINE_REGIONS`; detection executed 213 instructions per call with
+    its two regions called); built here with use_cache=False (the switch is not part of the cache key)."""
     from dyntvm.codegen import vm_program
-    monkeypatch.setattr(vm_program, "INLINE_REGIONS", True)
+    assert vm_program.INLINE_REGIONS
     monkeypatch.setenv("DYNTVM_VM_PROGRAM", "always")
     for name, sizes, most in (("detection", {"N": 200}, 175), ("branchy", {"B": 1}, 125),
                               ("branchy", {"B": 16}, 125)):
@@ -129,3 +129,35 @@ def test_region_bodies_are_copied_into_the_program(monkeypatch):
         assert vm_calls(model, inputs) <= most
         assert_same(model(*inputs), BY_EXAMPLE[name](*inputs), rtol=1e-4, atol=1e-4, what=f"{name} {sizes}")
         assert model.regions and model.vm[model.regions[0]]      # the executor's functions are still there
+
+
+def test_a_program_that_fails_to_build_with_copied_bodies_is_built_with_calls(monkeypatch):
+    """Where the program with the regions' bodies copied in fails to build (as VMShapeLower did for a jvp of a
+    foreach and three torchvision detectors), it is built again with the regions called: the model still runs as
+    one VM call, equal to plain numpy, its program calling `detection_r0`."""
+    from dyntvm.codegen import vm_program
+    from dyntvm.codegen.backends.cpu import cpu_schedule
+    real_add, real_build = vm_program.add_program, cpu_schedule.build_cpu
+    tried: list = []
+
+    def add_program(mod, graph, prefix, inline=False):
+        tried.append(inline)
+        return real_add(mod, graph, prefix, inline)
+
+    def build_cpu(mod, target=None, loops=(), tuned=None, program=None):
+        ex = real_build(mod, target, loops, tuned=tuned, program=program)
+        if program is not None and tried and tried[-1]:
+            raise RuntimeError("PrimExpr T_1 has not been computed (simulated)")
+        return ex
+    monkeypatch.setattr(vm_program, "add_program", add_program)
+    monkeypatch.setattr(cpu_schedule, "build_cpu", build_cpu)
+    retries = len(vm_program.stats.inline_retries)
+    ex = examples.get("detection")
+    model = dt.compile(ex.fn, *ex.specs, use_cache=False)
+    assert tried == [True, False] and len(vm_program.stats.inline_retries) == retries + 1
+    assert model.vm_program, model.vm_program_fallback
+    main = [f for f in model.lib.as_text().split("\n@") if f.startswith("dyntvm_main:")][0]
+    assert "call  detection_r0 " in main, main
+    inputs = ex.make_inputs(np.random.default_rng(2), N=37)
+    assert_same(model(*inputs), BY_EXAMPLE["detection"](*inputs), rtol=1e-4, atol=1e-4, what="detection N=37")
+    assert model.vm_program_calls == 1
