@@ -41,6 +41,20 @@ def codegen_digest() -> str:
     return _code_digest
 
 
+#: the switches kept in the code for A/B comparisons (module of this package, name): their values are part of the
+#: cache key, so that a build with one flipped is not served the library built with it as committed
+SWITCHES = (("te_conv", "PHASED_STRIDES"), ("te_conv", "GUARD_IN_CONDITION"), ("te_conv", "FLAT_POSITIONS"),
+            ("te_conv", "FLAT_MIN_REDUCTION"), ("vm_program", "INLINE_REGIONS"),
+            ("backends.cpu.cpu_prepack", "PREPACK_WEIGHTS"))
+
+
+def switches_digest() -> str:
+    """The values of `SWITCHES`, as text."""
+    import importlib
+    package = __name__.rsplit(".", 1)[0]
+    return ",".join(f"{m}.{k}={getattr(importlib.import_module(f'{package}.{m}'), k)!r}" for m, k in SWITCHES)
+
+
 def default_cache_dir() -> str:
     """$DYNTVM_CACHE_DIR, else this user's cache folder (platformdirs: ~/.cache/dyntvm on Linux)."""
     env = os.environ.get("DYNTVM_CACHE_DIR")
@@ -107,13 +121,14 @@ def is_uncached(path: str) -> bool:
 
 
 def cache_key(regions: list, target_desc: str, extra: str = "") -> str:
-    """sha256 over each region's structure and constant bytes, the target and library versions."""
+    """sha256 over each region's structure and constant bytes, the target and library versions, the code
+    (`codegen_digest`) and its switches (`SWITCHES`)."""
     import tvm
 
     import dyntvm
     h = hashlib.sha256()
-    h.update(f"{_VERSION_SALT}|{dyntvm.__version__}|{codegen_digest()}|{tvm.__version__}|{target_desc}|{extra}"
-             .encode())
+    h.update(f"{_VERSION_SALT}|{dyntvm.__version__}|{codegen_digest()}|{switches_digest()}|{tvm.__version__}|"
+             f"{target_desc}|{extra}".encode())
     for name, g in regions:
         d, params = graph_to_dict(g)
         _strip_names(d["graph"])

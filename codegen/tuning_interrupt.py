@@ -151,8 +151,9 @@ class StoppableBuilder(LocalBuilder._cls):
         jobs = [pool.submit(_worker_func, self.f_build, self.f_export, b.mod, b.target, _serialize_params(b.params))
                 for b in build_inputs]
         rounds = -(-len(jobs) // max(1, self.max_workers or 1))
-        deadline = time.monotonic() + rounds * self.timeout_sec + HUNG_GRACE_S
-        hung = False
+        wait_s = rounds * self.timeout_sec + HUNG_GRACE_S
+        deadline = time.monotonic() + wait_s
+        hung: set = set()                   # the jobs not done at the deadline
         try:
             while not all(job.done() for job in jobs):
                 concurrent.futures.wait(jobs, timeout=0.1)
@@ -161,13 +162,13 @@ class StoppableBuilder(LocalBuilder._cls):
                         job.cancel()
                     _kill_workers(pool)
                 elif time.monotonic() > deadline:
-                    hung = True
+                    hung |= {i for i, job in enumerate(jobs) if not job.done()}
                     _kill_workers(pool)
         finally:
             _close(pool, jobs)
-        return [self._result(job, hung) for job in jobs]
+        return [self._result(job, wait_s if i in hung else None) for i, job in enumerate(jobs)]
 
-    def _result(self, job, hung: bool) -> BuilderResult:
+    def _result(self, job, hung_after: float | None) -> BuilderResult:
         """As LocalBuilder.build reads a pool's outcome."""
         if job.cancelled():
             return BuilderResult(None, INTERRUPTED)
@@ -176,9 +177,9 @@ class StoppableBuilder(LocalBuilder._cls):
             return BuilderResult(job.result(), None)
         if self.stop.requested:
             return BuilderResult(None, INTERRUPTED)
-        if hung:
-            return BuilderResult(None, f"LocalBuilder: no answer from the build process in time (killed after "
-                                       f"{self.timeout_sec + HUNG_GRACE_S:.0f} s or more)")
+        if hung_after is not None:
+            return BuilderResult(None, f"LocalBuilder: no answer from the build process {hung_after:.0f} s after "
+                                       "the batch's builds were started (killed)")
         if isinstance(error, TimeoutError):
             return BuilderResult(None, f"LocalBuilder: Timeout, killed after {self.timeout_sec} seconds")
         return BuilderResult(None, "LocalBuilder: An exception occurred\n" + str(error))

@@ -21,6 +21,8 @@ lands on the same op registry, type rules and control-flow builders as a traced 
 """
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from dyntvm.errors import DyntvmError, InputError, TraceError, UnsupportedOpError
@@ -377,7 +379,9 @@ def export(module_or_fn, example_args, dynamic_shapes=None):
     module, args = _check_program(module_or_fn, example_args)
     try:
         ep = torch.export.export(module, args, dynamic_shapes=_dims_from_strings(dynamic_shapes), strict=False)
-        return ep.run_decompositions(), module
+        with warnings.catch_warnings():     # torch 2.13's own code uses its deprecated LeafSpec check: not the user's
+            warnings.filterwarnings("ignore", message=r".*LeafSpec.*", category=FutureWarning)
+            return ep.run_decompositions(), module
     except DyntvmError:
         raise
     except Exception as e:      # torch's many refusals (UserError, constraint violations, guards on data)

@@ -263,3 +263,22 @@ def test_an_entry_that_cannot_be_removed_says_so(tmp_path, monkeypatch):
     monkeypatch.setattr(c.os, "rename", lambda *a: (_ for _ in ()).throw(PermissionError("no")))
     with pytest.warns(CacheWarning, match=r"it cannot be removed \(no permission\?\); rebuilding"):
         assert c.lookup(str(tmp_path), "k", "b2") is None
+
+
+def test_each_switch_is_in_the_key(monkeypatch):
+    """A switch kept for A/B (`cache.SWITCHES`) flipped in the process is a different key: a build with it is not
+    served the library built with the committed value (review 39 found `FLAT_POSITIONS = False` a cache hit)."""
+    import importlib
+
+    from dyntvm.codegen import cache
+    graph = dt.trace(model_fn, SPEC)
+    base = cache.cache_key([("r", graph)], "llvm")
+    keys = {base}
+    for module, name in cache.SWITCHES:
+        mod = importlib.import_module(f"dyntvm.codegen.{module}")
+        value = getattr(mod, name)
+        with monkeypatch.context() as m:
+            m.setattr(mod, name, (not value) if isinstance(value, bool) else value + 1)
+            keys.add(cache.cache_key([("r", graph)], "llvm"))
+        assert cache.cache_key([("r", graph)], "llvm") == base, name      # restored: the key as before
+    assert len(keys) == len(cache.SWITCHES) + 1
