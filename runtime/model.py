@@ -406,6 +406,14 @@ class CompiledModel:
                                       "host_to_device_bytes": pl.h2d_bytes, "device_to_host_bytes": pl.d2h_bytes}
 
     @property
+    def device_allocations(self) -> int:
+        """Device buffers this thread's plain calls allocated for values the executor fills itself (inputs
+        copied from the host, loop rows and stacked outputs), for kernels on a device; 0 on the CPU. They are
+        pooled (`placement.BufferPool`): a repeated call with the same sizes allocates none."""
+        ex = getattr(self._threads, "executor", None)
+        return ex.pl.pool.allocs if ex is not None and ex.pl is not None else 0
+
+    @property
     def kernel_calls(self) -> int:
         """Region calls made so far by plain calls of this model, from all threads."""
         with self._lock:

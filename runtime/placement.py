@@ -9,23 +9,87 @@ a loop or branch condition (one scalar), a `max_iterations` tensor, the inputs o
 that run in numpy, and the model's outputs. Each crossing is counted (`h2d`, `d2h`), reported by
 ``model(..., profile=True)`` in `model.last_profile` and asserted on by tests. The same class runs on
 `tvm.cpu()` too (with explicit copies): tests check the device path's results and counts without a GPU.
+
+Device buffers the executor fills itself (inputs copied from the host, a `foreach`'s row buffer and stacked
+outputs, a `while_loop`'s joined chunks) come from a pool kept per placement (one per thread's executor):
+`tvm.runtime.empty` on a GPU is a cudaMalloc, and dropping the tensor a cudaFree, which waits for the whole
+device - one region call from numpy measured 108 us on an H200, most of it that pair. A pooled buffer is handed
+out again only when nothing else holds it: no Python reference but the pool's, and no reference on the TVM side
+(a view of it, a region output that is the same tensor, a list). Kernels' own outputs come from the Relax VM's
+pooled allocator already.
 """
 from __future__ import annotations
 
+import ctypes
 import sys
+from collections import OrderedDict
 
 import numpy as np
 import tvm
 
 _Tensor = tvm.runtime.Tensor
+POOL_BYTES = 1 << 30          # free buffers kept per placement (least recently used dropped first)
+POOL_PER_SHAPE = 8            # buffers kept per shape and dtype
+_STRONG = 0xFFFFFFFF          # tvm-ffi's object header: strong references in the low 32 bits of its first word
+
+
+def _held_elsewhere(t: _Tensor) -> bool:
+    """Whether anything but the pool's list holds tensor `t`: a Python reference (the list's, this call's
+    argument and the caller's loop variable are the 3 expected) or a TVM one (a view, a VM register, an
+    array: tvm-ffi's strong count, 1 for the one Python wrapper)."""
+    return sys.getrefcount(t) > 4 or ctypes.c_uint64.from_address(t.__chandle__()).value & _STRONG != 1
+
+
+class BufferPool:
+    """Device buffers by (shape, dtype), each handed out again once nothing else holds it (see the module's
+    docstring). `allocs`: buffers allocated so far (tests: a repeated call with the same sizes allocates none)."""
+
+    def __init__(self, device, max_bytes: int = POOL_BYTES, per_shape: int = POOL_PER_SHAPE):
+        self.device, self.max_bytes, self.per_shape = device, max_bytes, per_shape
+        self.buffers: OrderedDict = OrderedDict()      # (shape, dtype) -> [tensor], least recently used first
+        self.bytes = 0
+        self.allocs = 0
+
+    def empty(self, shape: tuple, dtype: str) -> _Tensor:
+        key = (shape, dtype)
+        kept = self.buffers.get(key)
+        if kept is not None:
+            self.buffers.move_to_end(key)
+            for t in kept:
+                if not _held_elsewhere(t):
+                    return t
+        t = tvm.runtime.empty(shape, dtype, self.device)
+        self.allocs += 1
+        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        if nbytes > self.max_bytes or (kept is not None and len(kept) >= self.per_shape):
+            return t                                  # not kept: freed when dropped
+        if kept is None:
+            kept = self.buffers[key] = []
+        kept.append(t)
+        self.bytes += nbytes
+        self._trim(key)
+        return t
+
+    def _trim(self, keep) -> None:
+        """Drop the least recently used shapes' buffers until the pool is within `max_bytes` (a buffer still in
+        use stays alive with its holder and is freed when it drops it)."""
+        while self.bytes > self.max_bytes and len(self.buffers) > 1:
+            key = next(iter(self.buffers))
+            if key == keep:
+                self.buffers.move_to_end(key)
+                continue
+            shape, dtype = key
+            self.bytes -= len(self.buffers.pop(key)) * int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
 
 
 class DevicePlacement:
-    """Values on TVM device `device`; `h2d` / `d2h`: host<->device copies made so far (bytes in `*_bytes`)."""
+    """Values on TVM device `device`; `h2d` / `d2h`: host<->device copies made so far (bytes in `*_bytes`);
+    `pool`: the device buffers it fills itself."""
 
     def __init__(self, device):
         self.device = device
         self.h2d = self.d2h = self.h2d_bytes = self.d2h_bytes = 0
+        self.pool = BufferPool(device)
 
     def on_device(self, x) -> bool:
         return type(x) is _Tensor and x.device == self.device
@@ -39,7 +103,7 @@ class DevicePlacement:
         a = np.asarray(x, order="C")        # not ascontiguousarray: it makes a 0-d array 1-d
         if not a.flags.c_contiguous:
             a = a.copy()
-        t = tvm.runtime.empty(a.shape, a.dtype.name, self.device)
+        t = self.pool.empty(a.shape, a.dtype.name)
         if a.size:
             t.copyfrom(a)
             self.h2d += 1
@@ -77,10 +141,10 @@ class DevicePlacement:
     def rows(self, x):
         """Row t of device tensor `x` (axis 0), each a fresh device tensor (device-to-device copy; kernels
         may assume aligned data, which a view at an arbitrary row offset is not)."""
-        return _Rows(self.to_device(x), self.device)
+        return _Rows(self.to_device(x), self.pool)
 
     def alloc(self, shape, dtype) -> "DeviceStack":
-        return DeviceStack(shape, str(dtype), self.device)
+        return DeviceStack(shape, str(dtype), self.pool)
 
     def stacked(self, bufs: list) -> list:
         return [b.tensor if isinstance(b, DeviceStack) else b for b in bufs]
@@ -89,7 +153,7 @@ class DevicePlacement:
         """While-loop outputs: the list of per-step device tensors of each output -> one device tensor each."""
         out = []
         for acc, (shape, dtype) in zip(rows, kinds):
-            buf = DeviceStack((len(acc),) + tuple(shape), str(dtype), self.device)
+            buf = DeviceStack((len(acc),) + tuple(shape), str(dtype), self.pool)
             for t, r in enumerate(acc):
                 buf[t] = r
             out.append(buf.tensor)
@@ -104,7 +168,7 @@ class DevicePlacement:
         if len(chunks) == 1:
             count = chunks[0][1]
             return first if count == first.shape[0] else first._create_view((count,) + row_shape, dtype, 0)
-        out = tvm.runtime.empty((sum(c for _, c in chunks),) + row_shape, dtype, self.device)
+        out = self.pool.empty((sum(c for _, c in chunks),) + row_shape, dtype)
         done = 0
         for t, count in chunks:
             if count and row_bytes:
@@ -115,25 +179,23 @@ class DevicePlacement:
 
 
 class _Rows:
-    """Rows of a device tensor, copied into one reused device buffer: a fresh allocation per step measured
-    26 us on an H100 (cudaMalloc + cudaFree), more than the LSTM step's kernels. The buffer is reused only
-    when nothing but this object holds it (the previous step's body may have kept the row as a state or
-    returned it); the copy into it is ordered after the previous step's kernels on the same stream."""
-    __slots__ = ("x", "device", "row_shape", "row_bytes", "buf")
+    """Rows of a device tensor, each copied into a pooled device buffer: a fresh allocation per step measured
+    26 us on an H100 (cudaMalloc + cudaFree), more than the LSTM step's kernels. A buffer is taken again only
+    when nothing holds it (the previous step's body may have kept its row as a state or returned it), so a
+    loop alternates between two; the copy into it is ordered after the previous step's kernels on the same
+    stream."""
+    __slots__ = ("x", "pool", "row_shape", "row_bytes", "dtype")
 
-    def __init__(self, x: _Tensor, device):
-        self.x, self.device = x, device
+    def __init__(self, x: _Tensor, pool: BufferPool):
+        self.x, self.pool = x, pool
         self.row_shape = tuple(x.shape)[1:]
-        self.row_bytes = int(np.prod(self.row_shape, dtype=np.int64)) * np.dtype(str(x.dtype)).itemsize
-        self.buf = None
+        self.dtype = str(x.dtype)
+        self.row_bytes = int(np.prod(self.row_shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
 
     def __getitem__(self, t: int) -> _Tensor:
-        dtype = str(self.x.dtype)
-        if self.buf is None or sys.getrefcount(self.buf) > 2:      # self.buf + getrefcount's argument
-            self.buf = tvm.runtime.empty(self.row_shape, dtype, self.device)
-        row = self.buf
+        row = self.pool.empty(self.row_shape, self.dtype)
         if self.row_bytes:
-            row.copyfrom(self.x._create_view(self.row_shape, dtype, t * self.row_bytes))
+            row.copyfrom(self.x._create_view(self.row_shape, self.dtype, t * self.row_bytes))
         return row
 
 
@@ -141,8 +203,8 @@ class DeviceStack:
     """A device buffer of stacked rows; ``buf[t] = r`` copies device tensor `r` into row t on the device."""
     __slots__ = ("tensor", "shape", "dtype", "row_shape", "row_bytes")
 
-    def __init__(self, shape, dtype: str, device):
-        self.tensor = tvm.runtime.empty(tuple(shape), dtype, device)
+    def __init__(self, shape, dtype: str, pool: BufferPool):
+        self.tensor = pool.empty(tuple(shape), dtype)
         self.shape, self.dtype = tuple(shape), dtype
         self.row_shape = self.shape[1:]
         self.row_bytes = int(np.prod(self.row_shape, dtype=np.int64)) * np.dtype(dtype).itemsize

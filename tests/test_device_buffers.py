@@ -1,0 +1,96 @@
+"""Device buffers the executor fills itself come from a pool (`runtime/placement.BufferPool`): on a GPU each fresh
+buffer is a cudaMalloc and each dropped one a cudaFree that waits for the device. Run on the CPU's device path
+(`CompiledModel._use_device_path(tvm.cpu())`, as a GPU runs it): a repeated call with the same sizes allocates
+nothing, and a buffer anything still holds (a Python name, a view, the same tensor returned by a kernel) is
+never handed out again. Results are checked against independent numpy expressions."""
+import numpy as np
+import pytest
+import tvm
+
+import dyntvm as dt
+from dyntvm import F, examples
+from dyntvm.runtime.placement import BufferPool
+from helpers import assert_same
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("device-buffers-cache"))
+
+
+def _device_path(model):
+    model._use_device_path(tvm.cpu())
+    return model
+
+
+def test_a_buffer_is_handed_out_again_only_when_nothing_holds_it():
+    pool = BufferPool(tvm.cpu())
+    a = pool.empty((4,), "float32")
+    assert pool.empty((4,), "float32") is not a          # `a` is held here
+    assert pool.allocs == 2
+    a_id = a.data_ptr()
+    view = a._create_view((2,), "float32", 8)             # a TVM reference: the view keeps `a`'s memory
+    del a
+    b = pool.empty((4,), "float32")
+    assert b.data_ptr() != a_id and pool.allocs == 2        # the second buffer (free again), not the viewed one
+    del b
+    c = pool.empty((4,), "float32")
+    d = pool.empty((4,), "float32")
+    assert a_id not in (c.data_ptr(), d.data_ptr()) and pool.allocs == 3
+    del view, c, d
+    assert pool.empty((4,), "float32").data_ptr() == a_id     # free once the view is gone (the first kept)
+    assert pool.allocs == 3
+    assert pool.empty((4,), "int32").dtype == "int32" and pool.allocs == 4   # dtype is part of the key
+
+
+def test_the_pool_keeps_at_most_its_byte_budget():
+    pool = BufferPool(tvm.cpu(), max_bytes=64, per_shape=2)
+    pool.empty((8,), "float32")                            # 32 bytes, kept
+    pool.empty((4,), "float32")                            # 16, kept
+    pool.empty((8,), "int32")                              # 32: over 64, the least recently used shape goes
+    assert pool.bytes <= 64 and ((8,), "float32") not in pool.buffers
+    big = pool.empty((100,), "float32")                    # larger than the budget: not kept at all
+    assert all(t is not big for kept in pool.buffers.values() for t in kept)
+    for _ in range(4):                                     # held ones: at most `per_shape` are kept
+        held = [pool.empty((2,), "float32") for _ in range(3)]
+    assert len(pool.buffers[((2,), "float32")]) == 2 and len(held) == 3
+
+
+def test_repeated_calls_allocate_no_device_buffers(cache_dir):
+    ex = examples.get("lstm")
+    lstm = _device_path(dt.compile(ex.fn, *ex.specs, cache_dir=cache_dir))
+    for t, b in ((7, 2), (7, 2), (7, 2), (3, 1), (7, 2)):
+        inputs = ex.make_inputs(np.random.default_rng(t * 10 + b), T=t, B=b)
+        before = lstm.device_allocations
+        assert_same(lstm(*inputs), ex.fn(*inputs))
+        if (t, b) == (7, 2) and before:                   # sizes seen before: every buffer comes from the pool
+            assert lstm.device_allocations == before, (t, b)
+    assert lstm.device_allocations > 0
+
+
+def test_two_inputs_of_one_shape_get_two_buffers(cache_dir):
+    model = _device_path(dt.compile(lambda x, y: (x - y) * 2.0, dt.TensorSpec(("N",)), dt.TensorSpec(("N",)),
+                                    cache_dir=cache_dir))
+    rng = np.random.default_rng(0)
+    for n in (5, 5, 1, 0, 5):
+        x, y = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+        np.testing.assert_allclose(model(x, y), (x - y) * 2.0, rtol=1e-6)
+
+
+def _carry_rows(xs):
+    """Each row becomes the next step's state (the step returns its row input as a state: the same tensor)."""
+    def step(row, prev):
+        return prev + row, row
+    ys, last = F.foreach(step, xs, F.zeros((3,)))
+    return ys, last
+
+
+@pytest.mark.parametrize("profile", [False, True], ids=["plain", "step-by-step"])
+def test_a_loop_row_kept_as_a_state_is_not_overwritten(cache_dir, profile):
+    model = _device_path(dt.compile(_carry_rows, dt.TensorSpec(("T", 3)), cache_dir=cache_dir))
+    for t in (0, 1, 2, 6, 6):
+        xs = np.random.default_rng(t).standard_normal((t, 3)).astype(np.float32)
+        prev = np.vstack([np.zeros((1, 3), np.float32), xs[:-1]]) if t else np.zeros((0, 3), np.float32)
+        ys, last = model(xs, profile=profile)
+        np.testing.assert_allclose(ys, prev + xs, rtol=1e-6)
+        np.testing.assert_array_equal(last, xs[-1] if t else np.zeros(3, np.float32))
