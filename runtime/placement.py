@@ -44,8 +44,9 @@ class BufferPool:
     """Device buffers by (shape, dtype), each handed out again once nothing else holds it (see the module's
     docstring). `allocs`: buffers allocated so far (tests: a repeated call with the same sizes allocates none)."""
 
-    def __init__(self, device, max_bytes: int = POOL_BYTES, per_shape: int = POOL_PER_SHAPE):
-        self.device, self.max_bytes, self.per_shape = device, max_bytes, per_shape
+    def __init__(self, device, max_bytes: int | None = None, per_shape: int = POOL_PER_SHAPE):
+        self.device, self.per_shape = device, per_shape
+        self.max_bytes = POOL_BYTES if max_bytes is None else max_bytes      # 0: nothing kept (A/B runs)
         self.buffers: OrderedDict = OrderedDict()      # (shape, dtype) -> [tensor], least recently used first
         self.bytes = 0
         self.allocs = 0
