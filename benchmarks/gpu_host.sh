@@ -7,6 +7,10 @@
 # It installs, into /tmp/site, what was prepared on the build machine (paths ignored by git):
 #   .whl/          apache-tvm-ffi==0.1.14.post1 for the host's Python (a cp312 wheel there) and platformdirs:
 #                  pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 ...
+#                  (to fit the 64 MiB a call carries, the ffi wheel may travel unpacked, less its 3rdparty/ and
+#                  testing library, as .whl/*.tar.xz: unpacked into /tmp/site as it is)
+#   .gpu/cuda_logs.tar.xz        tuning_logs/*/cuda-*/ when tuning_logs/ is moved aside for the call (its CPU
+#                                logs do not fit): unpacked into tuning_logs/ first
 #   .gpu/tvm-py.tar.xz           site-packages/tvm without 3rdparty/, src/, web/, include/ and
 #                                lib/libtvm_compiler.so (2.7 MB)
 #   .gpu/libtvm_compiler.so.xz   xz --x86 --lzma2=preset=9e,dict=256MiB of the compiler library (58 MB: the
@@ -14,15 +18,19 @@
 #   .whl2/         xgboost-cpu (MetaSchedule's cost model; stages tunetests, tune): it does not fit in the same
 #                  call as .gpu, so a second call on the still-warm machine carries it (installed into /tmp/site2)
 # then dyntvm itself (`pip install --target`), and runs the stages named on the command line:
-#   cudatests  tests/test_cuda.py, test_cuda_loops.py, test_gpu_reduction.py, test_artifact.py, test_deploy.py (from a copy of the
+#   cudatests  tests/test_cuda.py, test_cuda_loops.py, test_gpu_reduction.py, test_device_buffers.py, test_artifact.py,
+#              test_deploy.py (from a copy of the
 #              tests: a `python -c` child started in the repository root would import the source folder dyntvm/
 #              instead)
 #   bench      benchmarks/bench_peers.py --gpu (numpy, torch, nn.LSTM and dyntvm on the CPU; PyTorch CUDA,
 #              nn.LSTM CUDA and dyntvm CUDA); results in $OUT
+#   calls      benchmarks/gpu_calls.py: small models' calls with the device buffer pool on / off, and a cProfile of
+#              one call; $OUT/calls.log
 #   loops      benchmarks/gpu_loops.py: the loop workloads with and without device loops (region calls, copies,
 #              ms per call); $OUT/loops.log
 # On the GPU host: install the carried TVM (compiler included) + dyntvm into /tmp/site, then run stages.
 export PYTHONUNBUFFERED=1
+[ -f .gpu/cuda_logs.tar.xz ] && [ ! -d tuning_logs ] && tar xJf .gpu/cuda_logs.tar.xz
 export OUT=${OUT:-/tmp/gpu-out}; mkdir -p $OUT
 S=/tmp/site
 T0=$(date +%s)
@@ -31,6 +39,7 @@ if [ ! -f $S/.ready ]; then
   stamp setup
   mkdir -p $S
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target $S .whl/*.whl || exit 1
+  for t in .whl/*.tar.xz; do [ -f "$t" ] && { tar xJf "$t" -C $S || exit 1; }; done
   tar xJf .gpu/tvm-py.tar.xz -C $S || exit 1
   xz -T0 -dc .gpu/libtvm_compiler.so.xz > $S/tvm/lib/libtvm_compiler.so || exit 1
   touch $S/.ready
@@ -57,7 +66,7 @@ for stage in "$@"; do
     cudatests)
       # from a copy without the source folder dyntvm/: `python -c` / `-m` children put the cwd first on sys.path
       rm -rf /tmp/w && mkdir -p /tmp/w && cp -r tests benchmarks examples pyproject.toml README.md /tmp/w/ && cd /tmp/w && \
-      timeout ${TEST_LIMIT:-300} python3 -P -m pytest -p no:cacheprovider -p no:benchmark -q -n 8 tests/test_cuda.py tests/test_cuda_loops.py tests/test_gpu_reduction.py tests/test_artifact.py tests/test_deploy.py \
+      timeout ${TEST_LIMIT:-300} python3 -P -m pytest -p no:cacheprovider -p no:benchmark -q -n 8 tests/test_cuda.py tests/test_cuda_loops.py tests/test_gpu_reduction.py tests/test_device_buffers.py tests/test_artifact.py tests/test_deploy.py \
         --junitxml=$OUT/junit_cuda.xml 2>&1 | tee $OUT/cudatests.log | tail -60; cd - >/dev/null ;;
     tunetests)
       rm -rf /tmp/w && mkdir -p /tmp/w && cp -r tests benchmarks examples pyproject.toml README.md /tmp/w/ && cd /tmp/w && \
@@ -71,8 +80,10 @@ for stage in "$@"; do
       tar czf $OUT/cuda_logs.tgz $(ls -d tuning_logs/*/cuda-*/manifest.json tuning_logs/*/cuda-*/database_*.json); cd - >/dev/null ;;
     loops)
       timeout ${LOOPS_LIMIT:-240} python3 -P benchmarks/gpu_loops.py ${LOOP_CALLS:-50} 2>&1 | tee $OUT/loops.log | tail -40 ;;
+    calls)
+      timeout ${CALLS_LIMIT:-120} python3 -P benchmarks/gpu_calls.py ${CALL_ROUNDS:-5} 2>&1 | tee $OUT/calls.log | tail -45 ;;
     diag)
-      python3 -P benchmarks/gpu_diag.py ${DIAG:-empties kernel_source profiles} 2>&1 | tee $OUT/diag.log | tail -120 ;;
+      timeout ${DIAG_LIMIT:-300} python3 -P benchmarks/gpu_diag.py ${DIAG:-empties kernel_source profiles} 2>&1 | tee $OUT/diag.log | tail -120 ;;
     alltests)
       timeout ${TEST_LIMIT:-300} python3 -P -m pytest -p no:cacheprovider -p no:benchmark -q -n 14 --dist loadfile tests \
         --junitxml=$OUT/junit_all.xml 2>&1 | tee $OUT/alltests.log | tail -40 ;;

@@ -41,8 +41,9 @@ SHAPE_OPS = frozenset({"reshape", "squeeze", "transpose", "slice", "stack", "til
 SELECT_WORK = 1 << 16
 
 
-#: off while a model is partitioned for a backend without `selects_conds` (`off`; CUDA): a select's ``where`` over a bool mask broadcast to the rows made
-#: TVM's CUDA codegen emit a ushort2 -> float2 conversion nvcc rejects (branchy for CUDA did not build)
+#: off while a model is partitioned for a backend without `selects_conds` (`off`). CUDA selects too: its wheres are
+#: kernels of their own there (`codegen/backends/cuda/gpu_select.py`: TVM's CUDA codegen cannot print a vectorized
+#: select with a vector condition)
 _ON = contextvars.ContextVar("dyntvm_cond_select", default=True)
 
 

@@ -86,6 +86,32 @@ def test_cuda_build_is_cached(tmp_path, cache_dir):
     assert c.info["cache"] == "miss"
 
 
+def _rowwise_select(x, w1, w2):
+    """A loop body's cond between two matmul branches (branchy's per-row sub-networks): selected on CUDA too."""
+    def step(row, acc):
+        y = F.cond(F.sum(row) > 0, lambda: F.relu(F.matmul(row, w1)), lambda: F.tanh(F.matmul(row, w2)))
+        return y, acc + y
+    ys, total = F.foreach(step, x, F.zeros((8,)))
+    return ys, total
+
+
+@needs_nvcc
+def test_a_loop_bodys_cond_becomes_a_select_on_cuda(cache_dir):
+    """The cond becomes both branches and a ``where`` (no per-row host read); the ``where`` fused after
+    a vectorized matmul epilogue made TVM's CUDA codegen print code nvcc rejects (``gpu_select``): it builds."""
+    specs = (dt.TensorSpec(("N", 8)), dt.TensorSpec((8, 8)), dt.TensorSpec((8, 8)))
+    model = dt.compile(_rowwise_select, *specs, target="cuda", cache_dir=cache_dir)
+    assert "cond" not in [n.op for n in model.graph.walk()]
+    if HAS_GPU:
+        rng = np.random.default_rng(0)
+        w1, w2 = rng.standard_normal((2, 8, 8)).astype(np.float32)
+        for n in (0, 1, 5, 33):
+            x = rng.standard_normal((n, 8)).astype(np.float32)
+            pick = (x.sum(axis=1) > 0)[:, None]
+            ys = np.where(pick, np.maximum(x @ w1, 0), np.tanh(x @ w2))
+            _same(model(x, w1, w2), (ys, ys.sum(axis=0)))
+
+
 def test_bad_cuda_targets_are_clear_errors():
     for target, message in (("cuda:80", r"the CUDA arch must look like sm_90"), ("gpu", "unknown target 'gpu'"),
                             ("cpu:sm_90", "unknown target")):
@@ -267,7 +293,7 @@ def test_only_inputs_outputs_and_conditions_cross_to_the_host(cache_dir):
         ys, total = F.foreach(step, x, F.zeros((4,)))
         return ys, total
     from dyntvm.partition import cond_select
-    with cond_select.off():         # as a CUDA model partitions it: the per-row cond stays (no select)
+    with cond_select.off():         # the per-row cond stays a cond (as one too large to select would)
         fe = _on_device_path(dt.compile(rowwise, dt.TensorSpec(("N", 4)), cache_dir=cache_dir))
     for n in (0, 1, 9):
         x = np.random.default_rng(n).standard_normal((n, 4)).astype(np.float32)

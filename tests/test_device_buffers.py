@@ -9,8 +9,12 @@ import tvm
 
 import dyntvm as dt
 from dyntvm import F, examples
+from dyntvm.codegen.backends.cuda import gpu
 from dyntvm.runtime.placement import BufferPool
 from helpers import assert_same
+
+DEVICES = [pytest.param("cpu", id="cpu"),
+           pytest.param("cuda", id="cuda", marks=pytest.mark.skipif(not gpu.gpu_present(), reason="needs a CUDA GPU"))]
 
 
 @pytest.fixture(scope="module")
@@ -23,8 +27,9 @@ def _device_path(model):
     return model
 
 
-def test_a_buffer_is_handed_out_again_only_when_nothing_holds_it():
-    pool = BufferPool(tvm.cpu())
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_buffer_is_handed_out_again_only_when_nothing_holds_it(device):
+    pool = BufferPool(tvm.device(device))
     a = pool.empty((4,), "float32")
     assert pool.empty((4,), "float32") is not a          # `a` is held here
     assert pool.allocs == 2
@@ -66,6 +71,20 @@ def test_repeated_calls_allocate_no_device_buffers(cache_dir):
         if (t, b) == (7, 2) and before:                   # sizes seen before: every buffer comes from the pool
             assert lstm.device_allocations == before, (t, b)
     assert lstm.device_allocations > 0
+
+
+@pytest.mark.skipif(not gpu.gpu_present(), reason="needs a CUDA GPU")
+def test_repeated_calls_on_a_gpu_allocate_no_device_buffers(cache_dir):
+    masked = dt.compile(lambda x: F.boolean_mask(F.tanh(x), F.sum(x, axis=1) > 0) * 2.0, dt.TensorSpec(("N", 8)),
+                        target="cuda", cache_dir=cache_dir)
+    rng = np.random.default_rng(0)
+    xs = {n: rng.standard_normal((n, 8)).astype(np.float32) for n in (1, 9)}
+    for n in (9, 9, 9, 1, 9):                               # the same data: the same kept rows, the same sizes
+        x = xs[n]
+        before = masked.device_allocations
+        np.testing.assert_allclose(masked(x), np.tanh(x[x.sum(axis=1) > 0]) * 2.0, rtol=1e-5, atol=1e-6)
+        if n == 9 and before:
+            assert masked.device_allocations == before
 
 
 def test_two_inputs_of_one_shape_get_two_buffers(cache_dir):

@@ -15,6 +15,7 @@ class CUDABackend(Backend):
     tvm_kinds = ("cuda",)
     forms = ("cuda", "cuda:sm_XX")
     device_checks = True
+    selects_conds = True        # the selects' wheres are kernels of their own (`gpu_select`: nvcc and vector selects)
 
     def parse(self, target: str):
         """``cuda`` (the local GPU's arch, else the default) or ``cuda:sm_XX``: the arch, or None."""

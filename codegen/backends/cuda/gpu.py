@@ -129,8 +129,11 @@ def fuse_passes(target) -> list:
     """Relax's CUDA pipeline up to its schedules: library dispatch, legalization and fusion (the kernels that
     dlight schedules, and what CUDA tuning tasks come from)."""
     from tvm.relax.backend.cuda import pipeline as cuda_pipeline
+    from .gpu_select import opaque_wheres
     legalize = cuda_pipeline.legalize_passes(target)
-    return cuda_pipeline.library_dispatch_passes(target) + legalize[:-1]   # the last one is dlight's
+    assert legalize[1].info.name == "AnnotateTIROpPattern", legalize      # the wheres are marked after it
+    return (cuda_pipeline.library_dispatch_passes(target) + legalize[:2] + [opaque_wheres]
+            + legalize[2:-1])    # the last one is dlight's
 
 
 def dlight_pass():
