@@ -254,7 +254,7 @@ class Executor:
             step = self._device_boolean_mask(n, kern, ins, outs)
             if step is not None:
                 return step
-        host = self.pl.to_host if self.pl else to_numpy      # dynamic-shape ops run in numpy, on the host
+        host = self.pl.read if self.pl else to_numpy         # dynamic-shape ops run in numpy, on the host
         if self.pl is not None and n.opdef.shape_only:
             host = self.pl.shape_stub                        # e.g. shape_of: no copy at all
         if n.op in LIST_OPS:                                 # lists hold tensors: each element to the host
@@ -292,13 +292,14 @@ class Executor:
         out = outs[0]
 
         def run(slots):
-            data, mask = slots[ins[0]], pl.to_host(slots[ins[1]])
+            data, mask_t = slots[ins[0]], slots[ins[1]]
+            mask = pl.read(mask_t)
             if mask.ndim != 1 or tuple(data.shape)[axis] != mask.shape[0]:     # the kernel's error, as eager
-                slots[out] = kern(attrs, pl.to_host(data), mask)[0]
+                slots[out] = kern(attrs, pl.read(data), mask)[0]
                 return
             if not pl.on_device(data):
                 data = slots[ins[0]] = pl.to_device(data)
-            slots[out] = gather(data, pl.to_device(np.flatnonzero(mask).astype(np.int64)))[0]
+            slots[out] = gather(data, pl.gather_indices(mask_t, mask))[0]
         return run
 
     # ------------------------------------------------------- control flow (the shared runner)

@@ -272,6 +272,15 @@ def _fast_check(sig: list, ranges: tuple):
     return glob["check"]
 
 
+def _owned(to_host):
+    """`to_host`, copying an array the caller may not write to (a view of a device tensor's remembered host copy,
+    `DevicePlacement.read`, made by a dynamic-shape op whose result is an output)."""
+    def host(o):
+        a = to_host(o)
+        return a if a.flags.writeable else np.array(a)
+    return host
+
+
 class CompiledModel:
     """A compiled model: call it on numpy arrays; outputs come back nested like the traced function's.
 
@@ -374,7 +383,12 @@ class CompiledModel:
     def _run_executor(self, ex: Executor, arrays: list, profile: bool) -> list:
         """The outputs of one call run by the executor `ex`, as host arrays."""
         if ex.pl is not None:                 # values on a device: the outputs are copied to the host
-            outs = [host_list(o, ex.pl.to_host) if isinstance(o, list) else ex.pl.to_host(o) for o in ex.run(arrays)]
+            ex.pl.new_call()
+            try:
+                outs = [host_list(o, _owned(ex.pl.to_host)) if isinstance(o, list) else _owned(ex.pl.to_host)(o)
+                        for o in ex.run(arrays)]
+            finally:
+                ex.pl.new_call()
         else:
             consts = ex.constant_ids
             outs = [np.array(to_numpy(o)) if id(o) in consts else host_list(o, _host_copy(consts)) if

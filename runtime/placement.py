@@ -30,6 +30,7 @@ import tvm
 _Tensor = tvm.runtime.Tensor
 POOL_BYTES = 1 << 30          # free buffers kept per placement (least recently used dropped first)
 POOL_PER_SHAPE = 8            # buffers kept per shape and dtype
+READS_KEPT = 8                # host copies (and gather indices) of device tensors remembered within one call
 _STRONG = 0xFFFFFFFF          # tvm-ffi's object header: strong references in the low 32 bits of its first word
 
 
@@ -91,6 +92,42 @@ class DevicePlacement:
         self.device = device
         self.h2d = self.d2h = self.h2d_bytes = self.d2h_bytes = 0
         self.pool = BufferPool(device)
+        self._reads: list = []      # [(device tensor, its host copy)] of this call, for kernels that only read
+        self._gathers: list = []    # [(mask tensor, its indices on the device)] of this call (boolean_mask)
+
+    def new_call(self) -> None:
+        """Forget the copies remembered for the last call (they hold its tensors, which the pool then reuses)."""
+        self._reads.clear()
+        self._gathers.clear()
+
+    def read(self, x) -> np.ndarray:
+        """`x` on the host for a kernel that only reads it (a dynamic-shape op): a device tensor is copied once per
+        call (detection's mask feeds three boolean_masks and a nonzero: one copy, not four). The copy is
+        read-only; the last `READS_KEPT` are remembered (they keep their tensors, hence those buffers, alive)."""
+        if type(x) is not _Tensor:
+            return np.asarray(x)
+        for t, a in self._reads:
+            if t is x:
+                return a
+        a = self.to_host(x)
+        a.flags.writeable = False
+        self._reads.append((x, a))
+        if len(self._reads) > READS_KEPT:
+            del self._reads[0]
+        return a
+
+    def gather_indices(self, mask: _Tensor, host_mask: np.ndarray) -> _Tensor:
+        """The positions of `mask`'s true elements as an int64 tensor on the device, copied once per call and
+        mask tensor (detection's three boolean_masks share one mask)."""
+        for t, idx in self._gathers:
+            if t is mask:
+                return idx
+        idx = self.to_device(np.flatnonzero(host_mask).astype(np.int64))
+        if type(mask) is _Tensor:
+            self._gathers.append((mask, idx))
+            if len(self._gathers) > READS_KEPT:
+                del self._gathers[0]
+        return idx
 
     def on_device(self, x) -> bool:
         return type(x) is _Tensor and x.device == self.device

@@ -113,3 +113,27 @@ def test_a_loop_row_kept_as_a_state_is_not_overwritten(cache_dir, profile):
         ys, last = model(xs, profile=profile)
         np.testing.assert_allclose(ys, prev + xs, rtol=1e-6)
         np.testing.assert_array_equal(last, xs[-1] if t else np.zeros(3, np.float32))
+
+
+def test_a_mask_shared_by_dynamic_ops_crosses_once_per_call(cache_dir):
+    """Three boolean_masks and a nonzero read one mask: it goes to the host once per call and its indices come
+    back once (a host copy is remembered for the call only: the next call, with other data, reads again)."""
+    def shared(x, y):
+        keep = F.sum(x, axis=1) > 0
+        a, b = F.boolean_mask(x, keep), F.boolean_mask(y, keep)
+        return a * 2.0, F.tanh(b), F.boolean_mask(x + y, keep), F.nonzero(keep)
+    model = _device_path(dt.compile(shared, dt.TensorSpec(("N", 4)), dt.TensorSpec(("N", 4)), cache_dir=cache_dir))
+    rng = np.random.default_rng(3)
+    for n in (7, 7, 1, 0, 12):
+        x, y = rng.standard_normal((2, n, 4)).astype(np.float32)
+        keep = x.sum(axis=1) > 0
+        got = model(x, y, profile=True)
+        want = (x[keep] * 2.0, np.tanh(y[keep]), (x + y)[keep], np.stack(np.nonzero(keep), axis=1))
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w.reshape(g.shape) if g.size == w.size else w, rtol=1e-6)
+            assert g.flags.writeable
+        c, kept = model.last_copies, int(keep.sum())
+        # in: x, y, and the indices once (none when nothing is kept); out: the mask once, and the 3 device outputs
+        # (empty tensors are not copied: nothing at all for N = 0)
+        assert c["host_to_device"] == (2 + (kept > 0) if n else 0), (n, c)
+        assert c["device_to_host"] == (1 + 3 * (kept > 0) if n else 0), (n, c)     # nonzero runs on the host
