@@ -71,7 +71,7 @@ def _fused(fn, *specs):
     target = gpu.cuda_target("sm_90")
     _graph, mod = _regions_module(fn, *specs)
     with target:
-        return tvm.transform.Sequential(gpu.fuse_passes(target))(mod), target
+        return tvm.transform.Sequential(gpu.fuse_passes(target) + [gpu_gemv.mark_pass()])(mod), target
 
 
 def test_the_small_m_rule_takes_the_step_matmul_only():
@@ -88,6 +88,7 @@ def test_the_small_m_rule_takes_the_step_matmul_only():
         assert sch is not None
         text = sch.mod["main"].script()
         assert 'thread="threadIdx.y"' in text and 'thread="blockIdx.y"' in text and "T.vectorized" in text
+        assert not (mod["matmul1"].attrs or {}).get(gpu_gemv.ATTR, False)
         with target:
             assert rule.apply(mod["matmul1"], target, False) is None
     with switches(small_m=False), target:
@@ -132,6 +133,21 @@ def _matmul_program(k, n):
     w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
     bias = rng.standard_normal(n).astype(np.float32)
     return (lambda x: F.tanh(F.matmul(x, w) + bias)), w, bias
+
+
+def test_the_small_m_rule_takes_a_static_m_up_to_16():
+    """A static batch of 2..16 rows too (a model specialized for B = 16 by a tuning log's hints); one row is
+    dlight's GEMV's, 17 Matmul's."""
+    fn, _w, _b = _matmul_program(64, 96)
+    taken = {}
+    for m in (1, 4, 16, 17):
+        with switches():
+            mod, target = _fused(fn, dt.TensorSpec((m, 64)))
+            funcs = [f for _gv, f in mod.functions_items() if getattr(f, "attrs", None) is not None
+                     and f.attrs.get(gpu_gemv.ATTR, False)]
+            with target:
+                taken[m] = any(gpu_gemv.small_m_rule().apply(f, target, False) is not None for f in funcs)
+    assert taken == {1: False, 4: True, 16: True, 17: False}
 
 
 @needs_nvcc
@@ -189,4 +205,10 @@ def test_small_m_matmuls_equal_numpy(k, n, small_m):
     for m in (0, 1, 3, 16):
         x = rng.standard_normal((m, k)).astype(np.float32)
         np.testing.assert_allclose(np.asarray(model(x)), np.tanh(x.astype(np.float64) @ w + bias),
+                                   rtol=1e-4, atol=1e-4)
+    for m in (3, 16):                        # a static M (the rule's other case)
+        with switches(small_m=small_m):
+            fixed = dt.compile(fn, dt.TensorSpec((m, k)), target="cuda", use_cache=False)
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        np.testing.assert_allclose(np.asarray(fixed(x)), np.tanh(x.astype(np.float64) @ w + bias),
                                    rtol=1e-4, atol=1e-4)

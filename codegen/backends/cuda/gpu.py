@@ -128,15 +128,13 @@ def prepare_nvcc() -> None:
 def fuse_passes(target) -> list:
     """Relax's CUDA pipeline up to its schedules: library dispatch, legalization and fusion (the kernels that
     dlight schedules, and what CUDA tuning tasks come from), with elementwise groups that FuseOps leaves apart
-    merged before FuseTIR (`gpu_fuse`) and the kernels called with a one-var batch marked (`gpu_gemv`)."""
+    merged before FuseTIR (`gpu_fuse`)."""
     from tvm.relax.backend.cuda import pipeline as cuda_pipeline
 
     from .gpu_fuse import merge_pass
-    from .gpu_gemv import mark_pass
     legalize = cuda_pipeline.legalize_passes(target)
     # legalize[-2:]: FuseTIR, then dlight's schedules (dyntvm's own `dlight_pass` replaces them)
-    return (cuda_pipeline.library_dispatch_passes(target) + legalize[:-2] + [merge_pass(), legalize[-2],
-                                                                              mark_pass()])
+    return cuda_pipeline.library_dispatch_passes(target) + legalize[:-2] + [merge_pass(), legalize[-2]]
 
 
 def dlight_pass():
@@ -190,7 +188,10 @@ def build_cuda(mod, target=None, tuned=None, loops=()):
     prepare_nvcc()
     from ...launch_guard import with_launch_guards
     from ...compiled_loops import loop_pass
-    passes = (fuse_passes(target) + ([tuned_pass(tuned)] if tuned is not None else []) + [dlight_pass()]
+    from .gpu_gemv import mark_pass
+    # the small-M marks after the tuned schedules: a mark is a PrimFunc attribute, which would change the
+    # kernels' workload keys (their structural hash) that tuning logs are looked up by
+    passes = (fuse_passes(target) + ([tuned_pass(tuned)] if tuned is not None else []) + [mark_pass(), dlight_pass()]
               + ([loop_pass(list(loops))] if loops else [])
               + cuda_pipeline.dataflow_lower_passes(target) + cuda_pipeline.finalize_passes(target))
     with target, with_launch_guards():

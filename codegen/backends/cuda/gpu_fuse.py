@@ -247,6 +247,8 @@ def _element_rule_cls():
             if any(len(d) != len(doms[0]) or not all(tvm_ffi.structural_equal(x, y) for x, y in zip(d, doms[0]))
                    for d in doms[1:]):
                 return None
+            if not _pointwise_chain(sch, infos):
+                return None
             try:
                 loop = sch.fuse(*sch.get_loops(infos[0].block_rv))
                 bx, tx = sch.split(loop, factors=[None, THREADS])
@@ -257,6 +259,27 @@ def _element_rule_cls():
             except (s_tir.ScheduleError, ValueError, AssertionError):
                 return None
             return sch
+
+    def _identity(block, region) -> bool:
+        """Whether `region` is the element at the block's own iter vars, in order (x[v0, v1, ...])."""
+        dims = list(region.region)
+        return len(dims) == len(block.iter_vars) and all(
+            d.min.same_as(iv.var) and isinstance(d.extent, (int, tirx.IntImm)) and int(d.extent) == 1
+            for d, iv in zip(dims, block.iter_vars))
+
+    def _pointwise_chain(sch, infos) -> bool:
+        """Every block writes its element, and reads what an earlier one wrote at that same element: a thread
+        computing all the blocks at one index reads only what it wrote itself (no other thread's output)."""
+        written = set()
+        for info in infos:
+            block = sch.get(info.block_rv)
+            if len(block.writes) != 1 or not _identity(block, block.writes[0]):
+                return False
+            for r in block.reads:
+                if r.source.name in written and not _identity(block, r):
+                    return False
+            written.add(block.writes[0].source.name)
+        return True
 
     return ElementwiseGroup
 

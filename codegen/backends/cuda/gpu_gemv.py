@@ -24,6 +24,8 @@ from __future__ import annotations
 SMALL_M_GEMV = True
 #: threads over the columns (a warp), over K
 TX, TY = 32, 8
+#: the largest static M the rule takes (M = 1 is dlight's `GEMV`'s; a symbolic one-var M is always taken)
+SMALL_M_MAX = 16
 #: the rule declines K or N shorter than this (a tiny product: dlight's rules are as good)
 MIN_EXTENT = 32
 #: column tiles wanted per row before V > 1 is chosen (V = 4 or 2 only where N still gives this many blocks)
@@ -36,8 +38,9 @@ ATTR = "dyntvm.small_m"
 
 
 def mark_pass():
-    """A Relax module pass (after FuseTIR): marks with `ATTR` each PrimFunc whose every call_tir has an output
-    whose one symbolic dim is a single var (a batch such as B, not T * B)."""
+    """A Relax module pass (after FuseTIR and the tuned schedules): marks with `ATTR` each PrimFunc whose every
+    call_tir has an output with static dims only, or whose one symbolic dim is a single var (a batch such as B,
+    not T * B)."""
     import tvm
     from tvm import relax, tirx
 
@@ -48,7 +51,7 @@ def mark_pass():
         if shape is None:
             return False
         dynamic = [d for d in shape if not isinstance(d, (int, tirx.IntImm))]
-        return len(dynamic) == 1 and isinstance(dynamic[0], tirx.Var)
+        return not dynamic or (len(dynamic) == 1 and isinstance(dynamic[0], tirx.Var))
 
     def apply(mod, _ctx):
         if not SMALL_M_GEMV:
@@ -77,6 +80,13 @@ def _vector(n: int) -> int:
         if n % (TX * v) == 0 and n // (TX * v) >= MIN_COLUMN_BLOCKS:
             return v
     return 1
+
+
+def _product(iters) -> int:
+    out = 1
+    for it in iters:
+        out *= int(it.dom)
+    return out
 
 
 def _vars_in(expr) -> set:
@@ -112,22 +122,34 @@ def _rule_cls():
         r_iters = [it for it in red.iters if it.kind == "R"]
         if len(red.iters) != len(s_iters) + len(r_iters) or not r_iters:
             return None
-        dynamic = [it for it in s_iters if not _is_static(it.dom)]
-        if len(dynamic) != 1 or len(_vars_in(dynamic[0].dom)) != 1:      # one symbolic batch, not T * B
-            return None
         if not all(_is_static(it.dom) for it in r_iters):
             return None
         block_vars = {iv.var: iv for iv in block.iter_vars}
         iter_of_loop = {}
         for iv, it in zip(block.iter_vars, red.iters):
             iter_of_loop[iv.var] = it
-        m_var = next(v for v, it in iter_of_loop.items() if it is dynamic[0])
         reads = [r for r in block.reads if not r.source.same_as(store.buffer)]
-        weights = [r for r in reads if m_var not in _vars_in([d.min for d in r.region])]
-        if len(reads) != 2 or len(weights) != 1:
+        if len(reads) != 2:
             return None
-        w = weights[0]
-        last = _vars_in(w.region[-1].min) & set(block_vars)
+        # the rows M: S iters only A reads; the columns N: S iters only W reads (a static extent >= MIN_EXTENT)
+        used = [{v for v in _vars_in([d.min for d in r.region]) if v in iter_of_loop} for r in reads]
+        own = [[iter_of_loop[v] for v in used[i] - used[1 - i] if iter_of_loop[v].kind == "S"] for i in range(2)]
+        if len(block_vars) != len(iter_of_loop) or not own[0] or not own[1]:
+            return None
+        wide = [all(_is_static(it.dom) for it in o) and _product(o) >= MIN_EXTENT for o in own]
+        if wide[0] == wide[1]:
+            return None
+        w_side = 0 if wide[0] else 1
+        w, dynamic = reads[w_side], own[1 - w_side]
+        if len(dynamic) != 1:
+            return None
+        m = dynamic[0].dom
+        if _is_static(m):                                  # a static M: 2..SMALL_M_MAX (1: dlight's `GEMV`)
+            if not 2 <= int(m) <= SMALL_M_MAX:
+                return None
+        elif len(_vars_in(m)) != 1:                        # one symbolic batch, not T * B
+            return None
+        last = {v for v in _vars_in(w.region[-1].min) if v in iter_of_loop}
         if not last or any(iter_of_loop[v].kind != "S" for v in last):      # W[k, n]: n innermost
             return None
         n_iters = [it for it in s_iters if it is not dynamic[0]]
