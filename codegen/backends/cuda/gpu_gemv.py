@@ -222,15 +222,17 @@ def _rule_cls():
             r_in = next(lp for lp in loops if int(sch.get(lp).extent) == TY)
             rest = [lp for lp in loops if not lp.same_as(r_in)]
             n_in = sch.fuse(*rest) if len(rest) > 1 else rest[0]
-            n_vo, n_tx = sch.split(n_in, factors=[None, TX])
-            sch.reorder(n_vo, n_tx, r_in)       # the reduced loop innermost (TVM's cross-thread reduction)
+            # thread tx combines the columns tx * V + v whose partial sums it holds in registers (the mapping of
+            # the rfactor block), the reduced loop innermost (TVM's cross-thread reduction needs it there)
+            n_tx, n_v = sch.split(n_in, factors=[TX, None])
+            sch.reorder(n_v, n_tx, r_in)
             sch.bind(r_in, "threadIdx.y")
             sch.bind(n_tx, "threadIdx.x")
             if epilogue is not None:
                 sch.reverse_compute_at(epilogue.block_rv, bn_rf, preserve_unit_loops=True)
                 e_loops = sch.get_loops(epilogue.block_rv)[2:]
                 e = sch.fuse(*e_loops) if len(e_loops) > 1 else e_loops[0]
-                e_tx, _ = sch.split(e, factors=[TX, None])
+                e_tx, _ = sch.split(e, factors=[TX, None])   # thread tx: columns tx * V + v, as above
                 sch.bind(e_tx, "threadIdx.x")
                 sch.set_scope(block, 0, "local")
 
