@@ -212,3 +212,18 @@ def test_small_m_matmuls_equal_numpy(k, n, small_m):
         x = rng.standard_normal((m, k)).astype(np.float32)
         np.testing.assert_allclose(np.asarray(fixed(x)), np.tanh(x.astype(np.float64) @ w + bias),
                                    rtol=1e-4, atol=1e-4)
+
+
+@needs_nvcc
+@pytest.mark.skipif(HAS_GPU, reason="the build child runs only where there is no GPU")
+def test_the_build_child_gets_the_switches(tmp_path):
+    """Without a GPU the CUDA build runs in a child process: it is given this process's switches (and the
+    compile cache keys them), so a flipped switch builds the other kernels."""
+    ex = examples.get("lstm")
+    found = {}
+    for merge in (True, False):
+        with switches(merge=merge):
+            model = dt.compile(ex.fn, *ex.specs, target="cuda:sm_90", cache_dir=str(tmp_path / "cache"))
+        model.save(str(tmp_path / f"m{merge}.dtvm"))
+        found[merge] = b"fused_merged" in open(tmp_path / f"m{merge}.dtvm" / "kernels.so", "rb").read()
+    assert found == {True: True, False: False}
