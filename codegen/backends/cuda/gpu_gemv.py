@@ -1,5 +1,5 @@
-"""A CUDA schedule for matmuls whose row count M is a symbolic batch: ``C[m, n] = sum_k A[m, k] * W[k, n]``
-(+ an elementwise epilogue), M one symbolic var, K and N static, W laid out [K, N] (what ``F.matmul(x, W)``
+"""A CUDA schedule for matmuls whose row count M is a small batch: ``C[m, n] = sum_k A[m, k] * W[k, n]``
+(+ an elementwise epilogue), M one symbolic var (or a static 2..16), K and N static, W laid out [K, N] (what ``F.matmul(x, W)``
 with a weight gives: an LSTM step, an MLP on a batch of rows).
 
 dlight's `Matmul` rule takes such a kernel (its M is not a constant, so `GEMV` declines it) and tiles it for a
@@ -15,8 +15,12 @@ slice in registers, then the TY partial sums are added across the block), the ep
 Any M is correct (a row per blockIdx.y; M = 0 is an empty grid, skipped on the host by `launch_guard`), as are
 K and N that the tile does not divide (predicated loops).
 
-The rule takes a matmul only when M is one symbolic var (a batch, presumed small); a product of vars such as
-the ``T * B`` rows of an input projection hoisted out of a loop stays with `Matmul`, as does a static M.
+The rule takes a matmul only when M is one symbolic var (a batch, presumed small) or a static 2..SMALL_M_MAX (a
+region specialized for B = 16 by a tuning log's hints; M = 1 is dlight's `GEMV`'s). Inside a kernel a flattened
+``T * B`` (the rows of an input projection hoisted out of a loop) is one var too, so `mark_pass` looks at the
+callers first: it marks (`ATTR`) a kernel whose every call has static dims or one single-var symbolic dim, and
+the rule takes marked kernels only. The marks are added after a tuning log's schedules (an attribute would
+change the kernels' workload keys); a kernel a log scheduled keeps its tuned schedule.
 `SMALL_M_GEMV = False` turns the rule off (A/B comparisons; in `codegen.cache.SWITCHES`).
 """
 from __future__ import annotations
