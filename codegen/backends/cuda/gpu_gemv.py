@@ -1,6 +1,6 @@
 """A CUDA schedule for matmuls whose row count M is a small batch: ``C[m, n] = sum_k A[m, k] * W[k, n]``
-(+ an elementwise epilogue), M one symbolic var (or a static 2..16), K and N static, W laid out [K, N] (what ``F.matmul(x, W)``
-with a weight gives: an LSTM step, an MLP on a batch of rows).
+(+ an elementwise epilogue), M one symbolic var (or a static 2..16), K and N static, W laid out [K, N] (what
+``F.matmul(x, W)`` with a weight gives: an LSTM step, an MLP on a batch of rows).
 
 dlight's `Matmul` rule takes such a kernel (its M is not a constant, so `GEMV` declines it) and tiles it for a
 large M: at the LSTM step's M = batch = 1 its 32x32-ish tiles leave most threads idle, ~11 us of device time
