@@ -225,7 +225,10 @@ def lstm_ab():
     a small-M GEMV) on and off, in one process: each variant checked against numpy, then timed interleaved
     (median ms per call, numpy in and out, as bench_peers) with torch's nn.LSTM (cuDNN) in the same rounds; then
     the step kernels' device time (torch.profiler). `--cpu` (no GPU): builds each variant for CUDA (device code
-    from nvcc in the stub child) and lists the loop body's kernels; nothing runs."""
+    from nvcc in the stub child) and lists the loop body's kernels; nothing runs. `--no-log`: without the
+    shipped tuning log, which specializes the step for B = 1 (a static M = 1: dlight's GEMV) and B = 16 (a tuned
+    matmul), so that the small-M schedule runs at every B; by default the models are built as bench_peers
+    builds them (with the log), where only the merged elementwise kernel differs at B1 / B16."""
     import dyntvm as dt
     from dyntvm.codegen.backends.cuda import gpu_fuse, gpu_gemv
     from dyntvm.examples import lstm as ex
@@ -233,6 +236,10 @@ def lstm_ab():
     saved = gpu_fuse.MERGE_ELEMENTWISE, gpu_gemv.SMALL_M_GEMV
     dry = "--cpu" in sys.argv
     t_start = time.perf_counter()
+    if "--no-log" in sys.argv:     # no shipped tuning log: B stays symbolic (the log specializes B = 1 and 16)
+        import tempfile
+        os.environ["DYNTVM_TUNING_LOGS"] = tempfile.mkdtemp(prefix="no-logs-")
+        print("lstm_ab: without the shipped tuning logs", flush=True)
     try:
         models = {}
         for name, flags in LSTM_VARIANTS.items():
