@@ -226,7 +226,7 @@ def lstm_ab():
     (median ms per call, numpy in and out, as bench_peers) with torch's nn.LSTM (cuDNN) in the same rounds; then
     the step kernels' device time (torch.profiler). `--cpu` (no GPU): builds each variant for CUDA (device code
     from nvcc in the stub child) and lists the loop body's kernels; nothing runs. `--no-log`: without the
-    shipped tuning log, which specializes the step for B = 1 (a static M = 1: dlight's GEMV) and B = 16 (a tuned
+    shipped tuning log, which specializes the step for B = 1 (a static M = 1: dlight's schedule) and B = 16 (a tuned
     matmul), so that the small-M schedule runs at every B; by default the models are built as bench_peers
     builds them (with the log), where only the merged elementwise kernel differs at B1 / B16."""
     import dyntvm as dt
