@@ -1,5 +1,6 @@
 """GPU diagnostics for benchmarks/gpu_host.sh: empty-input launches (one child each, CUDA_LAUNCH_BLOCKING=1), a kernel's CUDA
-source, per-node profiles and cProfile of the LSTM and decode loops on CUDA. `python3 -P benchmarks/gpu_diag.py STAGE...`"""
+source, per-node profiles and cProfile of the LSTM and decode loops on CUDA, the LSTM step's kernels A/B (`lstm_ab`; with
+`--cpu`: builds only, no GPU needed). `python3 -P benchmarks/gpu_diag.py STAGE... [--cpu]`"""
 import os, subprocess, sys, time
 import numpy as np
 
@@ -180,7 +181,135 @@ def launches():
         print(f"dyntvm device loop, body {label}: {per(lambda: mm(xs), 2000):.2f} us per step", flush=True)
 
 
-for stage in sys.argv[1:]:
+LSTM_SIZES = ((1, 64), (16, 64), (1, 256))           # (B, T): bench_peers' LSTM rows
+#: variant -> (gpu_fuse.MERGE_ELEMENTWISE, gpu_gemv.SMALL_M_GEMV)
+LSTM_VARIANTS = {"new": (True, True), "merge only": (True, False), "old": (False, False)}
+
+
+def _lstm_switches(merge, small_m):
+    from dyntvm.codegen.backends.cuda import gpu_fuse, gpu_gemv
+    gpu_fuse.MERGE_ELEMENTWISE, gpu_gemv.SMALL_M_GEMV = merge, small_m
+
+
+def _lstm_body_kernels() -> dict:
+    """variant -> the device loop body's kernels, from a CUDA build in this process (CUDA source without a GPU)."""
+    import re
+    import dyntvm as dt
+    from dyntvm.codegen.backends.cuda import gpu
+    from dyntvm.codegen.build import collect_regions
+    from dyntvm.codegen.compiled_loops import loop_specs
+    from dyntvm.codegen.relax_builder import build_module
+    from dyntvm.examples import lstm as ex
+    from dyntvm.pipeline import partition_graph
+    out = {}
+    for name, flags in LSTM_VARIANTS.items():
+        _lstm_switches(*flags)
+        graph = partition_graph(dt.trace(ex.lstm, *ex.EXAMPLE.specs))
+        built = gpu.build_cuda(build_module(collect_regions(graph), device_checks=True), gpu.cuda_target("sm_90"),
+                               None, loop_specs(graph, "cuda"))
+
+        def sources(m):
+            try:
+                text = m.inspect_source()
+            except Exception:  # noqa: BLE001 - a module without source (device code)
+                text = ""
+            return text + "".join(sources(i) for i in m.imports)
+        kernels = re.findall(r"__global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(", sources(built.mod))
+        out[name] = sorted({k for k in kernels if "__loop__" in k})
+    return out
+
+
+def lstm_ab():
+    """The LSTM of bench_peers (B1 T64, B16 T64, B1 T256) compiled for CUDA with the step's new kernels
+    (`gpu_fuse.MERGE_ELEMENTWISE`: gates + cell + h in one kernel; `gpu_gemv.SMALL_M_GEMV`: the step's matmul as
+    a small-M GEMV) on and off, in one process: each variant checked against numpy, then timed interleaved
+    (median ms per call, numpy in and out, as bench_peers) with torch's nn.LSTM (cuDNN) in the same rounds; then
+    the step kernels' device time (torch.profiler). `--cpu` (no GPU): builds each variant for CUDA (device code
+    from nvcc in the stub child) and lists the loop body's kernels; nothing runs. `--no-log`: without the
+    shipped tuning log, which specializes the step for B = 1 (a static M = 1: dlight's schedule) and B = 16 (a tuned
+    matmul), so that the small-M schedule runs at every B; by default the models are built as bench_peers
+    builds them (with the log), where only the merged elementwise kernel differs at B1 / B16."""
+    import dyntvm as dt
+    from dyntvm.codegen.backends.cuda import gpu_fuse, gpu_gemv
+    from dyntvm.examples import lstm as ex
+    from dyntvm.examples.plain_numpy import numpy_lstm
+    saved = gpu_fuse.MERGE_ELEMENTWISE, gpu_gemv.SMALL_M_GEMV
+    dry = "--cpu" in sys.argv
+    t_start = time.perf_counter()
+    if "--no-log" in sys.argv:     # no shipped tuning log: B stays symbolic (the log specializes B = 1 and 16)
+        import tempfile
+        os.environ["DYNTVM_TUNING_LOGS"] = tempfile.mkdtemp(prefix="no-logs-")
+        print("lstm_ab: without the shipped tuning logs", flush=True)
+    try:
+        models = {}
+        for name, flags in LSTM_VARIANTS.items():
+            _lstm_switches(*flags)
+            t0 = time.perf_counter()
+            models[name] = dt.compile(ex.lstm, *ex.EXAMPLE.specs, target="cuda:sm_90" if dry else "cuda",
+                                      use_cache=False)
+            print(f"built {name!r} (merge {flags[0]}, small-M {flags[1]}) in {time.perf_counter() - t0:.1f} s",
+                  flush=True)
+        if dry:
+            for name, kernels in _lstm_body_kernels().items():
+                print(f"{name}: loop body kernels per step: {len(kernels)}: {', '.join(kernels)}")
+            return
+        _lstm_ab_time(models, numpy_lstm, ex)
+    finally:
+        _lstm_switches(*saved)
+        print(f"lstm_ab: {time.perf_counter() - t_start:.1f} s", flush=True)
+
+
+def _lstm_ab_time(models, numpy_lstm, ex, rounds=30):
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from peers import BuildContext
+    from peers.common import torch_builder
+    from peers.lstm import torch_nn_lstm
+    rows = []
+    for B, T in LSTM_SIZES:
+        inputs = ex.make_inputs(np.random.default_rng(0), T=T, B=B)
+        want = numpy_lstm(*inputs)
+        runs = {name: (lambda m=m: m(*inputs)) for name, m in models.items()}
+        cudnn = torch_builder(torch_nn_lstm, inputs)(BuildContext(device="cuda"))
+        runs["nn.LSTM (cuDNN)"] = lambda p=cudnn: p.fn(*p.args)
+        for name, run in runs.items():
+            got = run()
+            got = [g.detach().cpu().numpy() if hasattr(g, "detach") else np.asarray(g) for g in got]
+            ok = all(np.allclose(g, w, rtol=1e-3, atol=1e-4) for g, w in zip(got, want))
+            print(f"B{B} T{T} {name}: matches numpy: {ok}", flush=True)
+            for _ in range(3):
+                run()
+        times = {name: [] for name in runs}
+        names = list(runs)
+        for r in range(rounds):                    # interleaved, the order rotated each round
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                t0 = time.perf_counter()
+                runs[name]()
+                times[name].append(time.perf_counter() - t0)
+        med = {name: 1e3 * float(np.median(v)) for name, v in times.items()}
+        rows.append((f"LSTM B{B} T{T}", med))
+        print(f"B{B} T{T}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in med.items()), flush=True)
+    names = list(rows[0][1])
+    print("\n| workload | " + " | ".join(f"{n} ms" for n in names) + " | new / old | new / cuDNN |")
+    print("|---|" + "---:|" * (len(names) + 2))
+    for label, med in rows:
+        print(f"| {label} | " + " | ".join(f"{med[n]:.3f}" for n in names)
+              + f" | {med['new'] / med['old']:.2f} | {med['new'] / med['nn.LSTM (cuDNN)']:.2f} |")
+    B, T = LSTM_SIZES[0]
+    inputs = ex.make_inputs(np.random.default_rng(0), T=T, B=B)
+    for name in ("new", "old"):
+        m = models[name]
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(3):
+                m(*inputs)
+            torch.cuda.synchronize()
+        print(f"== kernel times, {name}, B{B} T{T}, 3 calls ({3 * T} steps)")
+        print(prof.key_averages().table(sort_by="device_time_total", row_limit=8, max_name_column_width=70))
+
+
+for stage in [a for a in sys.argv[1:] if not a.startswith("--")]:
     print("#####", stage, flush=True)
     try:
         globals()[stage]()

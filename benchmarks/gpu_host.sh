@@ -18,9 +18,9 @@
 #   .whl2/         xgboost-cpu (MetaSchedule's cost model; stages tunetests, tune): it does not fit in the same
 #                  call as .gpu, so a second call on the still-warm machine carries it (installed into /tmp/site2)
 # then dyntvm itself (`pip install --target`), and runs the stages named on the command line:
-#   cudatests  tests/test_cuda.py, test_cuda_loops.py, test_gpu_reduction.py, test_device_buffers.py, test_artifact.py,
-#              test_deploy.py (from a copy of the
-#              tests: a `python -c` child started in the repository root would import the source folder dyntvm/
+#   cudatests  tests/test_cuda.py, test_cuda_loops.py, test_gpu_reduction.py, test_gpu_lstm.py, test_device_buffers.py,
+#              test_artifact.py, test_deploy.py (from a copy of the tests: a `python -c` child started in the repository
+#              root would import the source folder dyntvm/
 #              instead)
 #   bench      benchmarks/bench_peers.py --gpu (numpy, torch, nn.LSTM and dyntvm on the CPU; PyTorch CUDA,
 #              nn.LSTM CUDA and dyntvm CUDA); results in $OUT
@@ -66,7 +66,7 @@ for stage in "$@"; do
     cudatests)
       # from a copy without the source folder dyntvm/: `python -c` / `-m` children put the cwd first on sys.path
       rm -rf /tmp/w && mkdir -p /tmp/w && cp -r tests benchmarks examples pyproject.toml README.md /tmp/w/ && cd /tmp/w && \
-      timeout ${TEST_LIMIT:-300} python3 -P -m pytest -p no:cacheprovider -p no:benchmark -q -n 8 tests/test_cuda.py tests/test_cuda_loops.py tests/test_gpu_reduction.py tests/test_device_buffers.py tests/test_artifact.py tests/test_deploy.py \
+      timeout ${TEST_LIMIT:-300} python3 -P -m pytest -p no:cacheprovider -p no:benchmark -q -n 8 tests/test_cuda.py tests/test_cuda_loops.py tests/test_gpu_reduction.py tests/test_gpu_lstm.py tests/test_device_buffers.py tests/test_artifact.py tests/test_deploy.py \
         --junitxml=$OUT/junit_cuda.xml 2>&1 | tee $OUT/cudatests.log | tail -60; cd - >/dev/null ;;
     tunetests)
       rm -rf /tmp/w && mkdir -p /tmp/w && cp -r tests benchmarks examples pyproject.toml README.md /tmp/w/ && cd /tmp/w && \

@@ -11,7 +11,7 @@ import sys
 from ....ir.serialize import graph_from_dict
 from ....native import export_library
 from ...build import build_executable, stats
-from .gpu import cuda_target, gpu_present
+from .gpu import cuda_target, gpu_present, set_switches
 
 
 def main(work: str) -> None:
@@ -24,6 +24,7 @@ def main(work: str) -> None:
     if not gpu_present() and not cuda_runtime_loaded():
         raise SystemExit("dyntvm: TVM's CUDA runtime did not load in the build process (the stub libcuda.so.1 "
                          "was not picked up?)")
+    set_switches(job.get("switches", {}))          # the parent's A/B switches, e.g. one flipped by a test
     regions = [(name, graph_from_dict(d, params)) for name, d in job["regions"]]
     target = cuda_target(job["arch"])
     tuning = None

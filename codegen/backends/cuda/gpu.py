@@ -127,23 +127,31 @@ def prepare_nvcc() -> None:
 
 def fuse_passes(target) -> list:
     """Relax's CUDA pipeline up to its schedules: library dispatch, legalization and fusion (the kernels that
-    dlight schedules, and what CUDA tuning tasks come from)."""
+    dlight schedules, and what CUDA tuning tasks come from), with elementwise groups that FuseOps leaves apart
+    merged before FuseTIR (`gpu_fuse`)."""
     from tvm.relax.backend.cuda import pipeline as cuda_pipeline
+    from .gpu_fuse import merge_pass
     from .gpu_select import opaque_wheres
     legalize = cuda_pipeline.legalize_passes(target)
     assert legalize[1].info.name == "AnnotateTIROpPattern", legalize      # the wheres are marked after it
-    return (cuda_pipeline.library_dispatch_passes(target) + legalize[:2] + [opaque_wheres]
-            + legalize[2:-1])    # the last one is dlight's
+    # legalize[-2:]: FuseTIR, then dlight's schedules (dyntvm's own `dlight_pass` replaces them)
+    return (cuda_pipeline.library_dispatch_passes(target) + legalize[:2] + [opaque_wheres] + legalize[2:-2]
+            + [merge_pass(), legalize[-2]])
 
 
 def dlight_pass():
     """dlight's default GPU schedules, the rules of Relax's CUDA pipeline (kernels already scheduled kept), with
-    `InnerReduction` before the fallback (the max / min / argmax reductions dlight's rules do not take)."""
+    `InnerReduction` before the fallback (the max / min / argmax reductions dlight's rules do not take), and
+    first dyntvm's `ElementwiseGroup` (a merged multi-output elementwise kernel) and `SmallMMatmul` (a matmul
+    over a one-var batch of rows)."""
     from tvm.s_tir import dlight as dl
 
+    from .gpu_fuse import elementwise_group_rule
+    from .gpu_gemv import small_m_rule
     from .gpu_reduction import InnerReduction
-    return dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(),
-                                   InnerReduction(), dl.gpu.Fallback())
+    return dl.ApplyDefaultSchedule(elementwise_group_rule(), small_m_rule(), dl.gpu.Matmul(), dl.gpu.GEMV(),
+                                   dl.gpu.Reduction(), dl.gpu.GeneralReduction(), InnerReduction(),
+                                   dl.gpu.Fallback())
 
 
 def default_schedule(func, target):
@@ -182,7 +190,10 @@ def build_cuda(mod, target=None, tuned=None, loops=()):
     prepare_nvcc()
     from ...launch_guard import with_launch_guards
     from ...compiled_loops import loop_pass
-    passes = (fuse_passes(target) + ([tuned_pass(tuned)] if tuned is not None else []) + [dlight_pass()]
+    from .gpu_gemv import mark_pass
+    # the small-M marks after the tuned schedules: a mark is a PrimFunc attribute, which would change the
+    # kernels' workload keys (their structural hash) that tuning logs are looked up by
+    passes = (fuse_passes(target) + ([tuned_pass(tuned)] if tuned is not None else []) + [mark_pass(), dlight_pass()]
               + ([loop_pass(list(loops))] if loops else [])
               + cuda_pipeline.dataflow_lower_passes(target) + cuda_pipeline.finalize_passes(target))
     with target, with_launch_guards():
@@ -229,7 +240,8 @@ def _build_in_child(regions: list, arch: str, binding: str | None, tuning=None, 
     try:
         params: dict = {}
         graphs = [[name, graph_to_dict(g, params)[0]] for name, g in regions]
-        job = {"regions": graphs, "arch": arch, "binding": binding, "loops": list(loops)}
+        job = {"regions": graphs, "arch": arch, "binding": binding, "loops": list(loops),
+               "switches": switch_values()}
         if tuning is not None:          # the child reads the log again (checked here: same files, same target)
             log, table = tuning
             job["tuning"] = {"log": os.path.abspath(log.path),
@@ -269,6 +281,24 @@ def _build_in_child(regions: list, arch: str, binding: str | None, tuning=None, 
             print(f"dyntvm: CUDA build folder kept: {work}", file=sys.stderr)
         else:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def switch_values() -> dict:
+    """The A/B switches (`codegen.cache.SWITCHES`) as this process has them: the build child sets the same."""
+    import importlib
+
+    from ...cache import SWITCHES
+    package = __name__.rsplit(".", 3)[0]
+    return {f"{m}.{k}": getattr(importlib.import_module(f"{package}.{m}"), k) for m, k in SWITCHES}
+
+
+def set_switches(values: dict) -> None:
+    """Set the switches `switch_values` gave (in the build child)."""
+    import importlib
+    package = __name__.rsplit(".", 3)[0]
+    for name, value in values.items():
+        module, key = name.rsplit(".", 1)
+        setattr(importlib.import_module(f"{package}.{module}"), key, value)
 
 
 def build_timeout() -> float:
