@@ -19,3 +19,37 @@ def spv_channel_block(channels, row_tile: int, lanes: int) -> int:
         return 1
     vectors = max(1, -(-row_tile // max(1, lanes)))
     return next((cb for cb in (4, 3, 2) if channels % cb == 0 and cb * vectors <= SPV_ACCUMULATORS), 1)
+
+
+def phases_sources(sch, pads: list) -> tuple[list, list]:
+    """(the padded-input blocks `pads` less the phases blocks copied from a padded source and their sources,
+    [(source, phases)]): a strided spv conv's phases copied from the zero-padded input
+    (`te_conv.PHASES_FROM_PADDED`), scheduled by `attach_phases_sources`."""
+    from ...te_conv import PHASES_BLOCK
+    sources = []
+    for pad in pads:
+        consumers = sch.get_consumers(pad)
+        if len(consumers) == 1 and sch.get(consumers[0]).name_hint.startswith(PHASES_BLOCK):
+            sources.append((pad, consumers[0]))
+    taken = [sch.get(b) for pair in sources for b in pair]
+    return [p for p in pads if not any(sch.get(p).same_as(t) for t in taken)], sources
+
+
+def attach_phases_sources(sch, sources: list, n_loop, parallel: bool) -> None:
+    """Each phases block computed under the batch loop `n_loop`, parallel over its channels when `parallel`, and
+    its padded source per channel, just before (its plane in L1 / L2: one workspace per channel). Channels, not
+    channels x rows, are the tasks: the fused loop's index (three 64-bit divisions per row of ~60 floats) took
+    ~20% of the layer's time. (Per row of the phases, the padded row - of a symbolic width - was a workspace
+    allocated and freed per row: ~10%.)"""
+    for source, phases in sources:
+        sch.compute_at(phases, n_loop, preserve_unit_loops=True)
+        loops = sch.get_loops(phases)      # ..., c, rows..., phase, columns: one loop per axis but the batch's
+        channel = loops[len(loops) - len(sch.get(phases).iter_vars) + 1]
+        if parallel:
+            sch.parallel(channel)
+        sch.compute_at(source, channel, preserve_unit_loops=True)
+        # (phase, column) iterated (column, phase), the phase unrolled: each step reads `stride` contiguous padded
+        # values, which LLVM loads as vectors and deinterleaves with shuffles (phase outermost: a gather of lanes)
+        phase, column = sch.get_loops(phases)[-2:]
+        sch.reorder(column, phase)
+        sch.unroll(phase)
