@@ -52,13 +52,13 @@ _ACC_REGISTERS = {512: 14, 256: 8}
 _SPV_TILES = (64, 32, 8)      # (the last: the ragged tile of a symbolic width)
 #: A strided spv convolution reads its padded input stored as phases (`_padded_phases`); False: as before.
 PHASED_STRIDES = True
-#: A strided spv convolution's phases (`_padded_phases`) are copied from the zero-padded input (`_padded`, a stride-1
-#: copy LLVM vectorizes with masked loads), each phase an unconditional strided read of it; False: read from the input
-#: under a bounds test per element (a scalar loop with a branch per element: most of mobilenet_v3_small's stride-2
-#: depthwise layers' time).
-PHASES_FROM_PADDED = True
-#: ... that copy's column loop split into its padding and interior (`_padded`'s `split_columns`); False: one loop.
-SPLIT_COLUMNS = True
+#: A strided spv convolution's phases copy (`_padded_phases`) marks its column bounds ``likely``: TIR's LoopPartition
+#: pass then splits the column loop into its padding and its interior (symbolic bounds too), and the interior, iterated
+#: (column, phase) with the phases unrolled (`cpu_schedule_depthwise.schedule_phases`), is an unconditional read of
+#: `stride` contiguous inputs per step that LLVM loads as vectors and deinterleaves with shuffles. False: one loop,
+#: phase outermost, a bounds test per element (a scalar loop with a branch per element: most of mobilenet_v3_small's
+#: stride-2 depthwise layers' time).
+SPLIT_PHASES = True
 #: A padded copy reads the size check's guard in its condition (`_guarded`); False: as its padding value, as before.
 GUARD_IN_CONDITION = True
 #: A dense (``dt_conv_ocv``) convolution of 2+ spatial dims whose row the register tile does not divide (a symbolic
@@ -169,13 +169,10 @@ def flat_positions(out, vb: int, dtype: str, reduction: int) -> bool:
 OUT_EWISE_FUSABLE = 4
 
 
-def _padded(x, pads, last_span=None, guard=None, split_columns=False):
+def _padded(x, pads, last_span=None, guard=None):
     """x zero-padded; `last_span`: the extent of the last axis instead of its padded size (whole ragged tiles);
     `guard`: a 1-element int64 tensor (always 0) of a run-time size check, read in the copy's condition
-    (`_guarded`) so that the check runs first. `split_columns`: the column bounds marked ``likely``, so that TIR's
-    LoopPartition pass splits the column loop into its left padding, interior and right padding (symbolic
-    bounds included): the interior a plain vector copy, without the masked loads whose masks LLVM computed
-    from 64-bit indices per vector."""
+    (`_guarded`) so that the check runs first."""
     if not any(lo or hi for lo, hi in pads) and last_span is None and guard is None:
         return x
     zero = tirx.const(0, x.dtype) if guard is None or GUARD_IN_CONDITION else tirx.Cast(x.dtype, guard[0])
@@ -185,10 +182,7 @@ def _padded(x, pads, last_span=None, guard=None, split_columns=False):
 
     def value(n, c, *p):
         src = [p[i] - _i64(lo) for i, (lo, _) in enumerate(pads)]
-        bounds = [tirx.all(s >= _i64(0), s < x.shape[2 + i]) for i, s in enumerate(src)]
-        if split_columns:
-            bounds[-1] = tirx.all(tirx.likely(src[-1] >= _i64(0)), tirx.likely(src[-1] < x.shape[-1]))
-        inside = tirx.all(*bounds, *_guarded(guard))
+        inside = tirx.all(*[tirx.all(s >= _i64(0), s < x.shape[2 + i]) for i, s in enumerate(src)], *_guarded(guard))
         return tirx.if_then_else(inside, x(n, c, *src), zero)
     return te.compute(shape, value, name=PAD_BLOCK)
 
@@ -209,17 +203,15 @@ def _padded_phases(x, pads, stride: int, last_span=None, guard=None):
     zero = tirx.const(0, x.dtype) if guard is None or GUARD_IN_CONDITION else tirx.Cast(x.dtype, guard[0])
     rows = [x.shape[2 + i] + _i64(lo + hi) for i, (lo, hi) in enumerate(pads[:-1])]
     span = x.shape[-1] + _i64(pads[-1][0] + pads[-1][1]) if last_span is None else last_span
-    columns = tirx.floordiv(span + _i64(stride - 1), _i64(stride))
-    shape = list(x.shape[:2]) + rows + [_i64(stride), columns]
-    if PHASES_FROM_PADDED:
-        padded = _padded(x, pads, columns * _i64(stride), guard, split_columns=SPLIT_COLUMNS)
-        return te.compute(shape, lambda n, c, *p: padded(n, c, *p[:-2], p[-1] * _i64(stride) + p[-2]),
-                          name=PHASES_BLOCK)
+    shape = list(x.shape[:2]) + rows + [_i64(stride), tirx.floordiv(span + _i64(stride - 1), _i64(stride))]
 
     def value(n, c, *p):
         src = [p[i] - _i64(lo) for i, (lo, _) in enumerate(pads[:-1])]
         src.append(p[-1] * _i64(stride) + p[-2] - _i64(pads[-1][0]))
-        inside = tirx.all(*[tirx.all(s >= _i64(0), s < x.shape[2 + i]) for i, s in enumerate(src)], *_guarded(guard))
+        bounds = [tirx.all(s >= _i64(0), s < x.shape[2 + i]) for i, s in enumerate(src)]
+        if SPLIT_PHASES:
+            bounds[-1] = tirx.all(tirx.likely(src[-1] >= _i64(0)), tirx.likely(src[-1] < x.shape[-1]))
+        inside = tirx.all(*bounds, *_guarded(guard))
         return tirx.if_then_else(inside, x(n, c, *src), zero)
     return te.compute(shape, value, name=PHASES_BLOCK)
 

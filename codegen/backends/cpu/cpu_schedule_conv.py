@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from tvm import s_tir, tirx
 
-from .cpu_schedule_depthwise import attach_phases_sources, phases_sources, spv_channel_block
+from .cpu_schedule_depthwise import schedule_phases, spv_channel_block
 from .cpu_schedule_dispatch import _parallel_cands, _select
 from .cpu_inline import inline_spatial
 from . import cpu_sched_helpers
@@ -82,12 +82,13 @@ def _pad_per_batch(sch: s_tir.Schedule, n_loop, parallel: bool, at_root: bool = 
     of one batch element that compute_at inferred from h = p // W, w = p % W spanned 2 W + 1 columns, a predicate
     skipping W - 1 of them: the 64-channel 3x3 layer at 56 x 56 took 1.85x its time)."""
     pads = [b for b in child_blocks(sch) if sch.get(b).name_hint.startswith(PAD_BLOCK)]
-    pads, sources = phases_sources(sch, pads)
     for pad in pads:
         if at_root:
             loops = sch.get_loops(pad)[:-1]
             if parallel:
                 sch.parallel(sch.fuse(*loops))
+            continue
+        if schedule_phases(sch, pad, n_loop, parallel):
             continue
         sch.compute_at(pad, n_loop, preserve_unit_loops=True)
         loops = sch.get_loops(pad)[1:]     # c, rows..., columns (phases: c, rows..., phase, columns)
@@ -95,7 +96,6 @@ def _pad_per_batch(sch: s_tir.Schedule, n_loop, parallel: bool, at_root: bool = 
         tasks = loops[:-2] if sch.get(pad).name_hint.startswith(PHASES_BLOCK) else loops[:-1]
         if parallel and tasks:
             sch.parallel(sch.fuse(*tasks) if len(tasks) > 1 else tasks[0])
-    attach_phases_sources(sch, sources, n_loop, parallel)
 
 
 def _channels_inside_taps(sch: s_tir.Schedule, red: list, n_sp: int) -> tuple[list, object]:
