@@ -56,19 +56,23 @@ def attach_phases_sources(sch, sources: list, n_loop, parallel: bool) -> None:
 
 
 def schedule_phases(sch, block, n_loop, parallel: bool) -> bool:
-    """A strided spv conv's phases copy (`te_conv._padded_phases`, with `te_conv.SPLIT_PHASES`) computed under the
+    """A strided spv conv's phases copy (`te_conv._padded_phases`, with `te_conv.SPLIT_PHASES`) or an unstrided one's
+    padded copy with its columns split (`te_conv.SPLIT_SPV_PADDING`) computed under the
     batch loop `n_loop`: parallel over its channels when `parallel` (channels, not channels x rows: the fused
     loop's index took three 64-bit divisions per row of ~60 floats), iterated (column, phase) with the phase
     unrolled, so that each step of the column loop's interior (split off by LoopPartition) reads `stride`
     contiguous inputs, which LLVM loads as vectors and deinterleaves (phase outermost: a gather of lanes).
     Returns False (nothing done) for any other block."""
-    from ...te_conv import PHASES_BLOCK, SPLIT_PHASES
-    if not SPLIT_PHASES or not sch.get(block).name_hint.startswith(PHASES_BLOCK):
+    from ...te_conv import PAD_BLOCK, PHASES_BLOCK, SPLIT_PHASES, SPLIT_SUFFIX
+    name = sch.get(block).name_hint
+    phases = SPLIT_PHASES and name.startswith(PHASES_BLOCK)
+    if not phases and not name.startswith(PAD_BLOCK + SPLIT_SUFFIX):
         return False
     sch.compute_at(block, n_loop, preserve_unit_loops=True)
-    loops = sch.get_loops(block)      # ..., c, rows..., phase, columns: one loop per axis but the batch's
+    loops = sch.get_loops(block)      # ..., c, rows..., [phase,] columns: one loop per axis but the batch's
     if parallel:
         sch.parallel(loops[len(loops) - len(sch.get(block).iter_vars) + 1])
-    sch.reorder(loops[-1], loops[-2])
-    sch.unroll(loops[-2])
+    if phases:
+        sch.reorder(loops[-1], loops[-2])
+        sch.unroll(loops[-2])
     return True
