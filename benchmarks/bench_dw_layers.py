@@ -4,12 +4,13 @@ against onnxruntime's Conv (group = C) + Relu / HardSwish at batch 1 (or --batch
 the same process in alternating blocks in this thread's CPU time (one thread on both sides); results checked
 against onnxruntime first. (`bench_conv_layers.py` does the same for resnet18's dense layers.)
 
-    .venv/bin/python benchmarks/bench_dw_layers.py [--batch 1] [--rounds 5] [--only 5x5] [--ab te_conv.SWITCH]
+    .venv/bin/python benchmarks/bench_dw_layers.py [--batch 1] [--rounds 5] [--only 5x5] [--ab MODULE.NAME] [--kernel]
 
-`--ab MODULE.NAME` (a switch of `codegen/cache.SWITCHES`, a bool): each layer is also built with the switch flipped
-(the "before" column, e.g. `--ab te_conv.PHASES_FROM_PADDED`), timed interleaved with the others. `--kernel`: dyntvm's
-side is its conv kernel alone (called with the arguments the VM passed it: without the VM's per-call work, shape
-checks and allocation) and onnxruntime's the summed durations of its nodes in its own profile (wall time, us).
+`--ab MODULE.NAME[,...]` (bool switches of `codegen/cache.SWITCHES`): each layer is also built with them flipped
+(the "before" column, e.g. `--ab te_conv.SPLIT_PHASES,te_conv.SPLIT_SPV_PADDING`), timed interleaved.
+`--kernel`: dyntvm's side is its conv kernel alone (called with the arguments the VM passed it: without the VM's
+per-call work, shape checks and allocation) and onnxruntime's the summed durations of its nodes in its own profile
+(wall time, us).
 """
 from __future__ import annotations
 
@@ -101,7 +102,8 @@ def main(argv=None) -> int:
     parser.add_argument("--only", default="", help="layers whose label contains this")
     parser.add_argument("--block", type=float, default=0.2, help="seconds per timing block")
     parser.add_argument("--kernel", action="store_true", help="time the kernels alone (see the module's doc)")
-    parser.add_argument("--ab", default="", help="MODULE.NAME of a bool switch in dyntvm.codegen: also built flipped")
+    parser.add_argument("--ab", default="", help="MODULE.NAME[,...]: bool switches in dyntvm.codegen, also built "
+                        "flipped")
     args = parser.parse_args(argv)
     import tvm
     from tvm import relax
@@ -114,11 +116,12 @@ def main(argv=None) -> int:
     target = cpu_target()
     print(f"target {target}; one thread; load {os.getloadavg()[0]:.2f}", flush=True)
     total = {"dyntvm": 0.0, "onnxruntime": 0.0, "before": 0.0}
-    switch = None
+    switches = []     # [(module, name)]
     if args.ab:
         import importlib
-        mod_name, _, key = args.ab.rpartition(".")
-        switch = (importlib.import_module(f"dyntvm.codegen.{mod_name}"), key)
+        for item in args.ab.split(","):
+            mod_name, _, key = item.rpartition(".")
+            switches.append((importlib.import_module(f"dyntvm.codegen.{mod_name}"), key))
     for label, c, k, stride, hw, hs, count in LAYERS:
         if args.only and args.only not in label:
             continue
@@ -137,15 +140,17 @@ def main(argv=None) -> int:
         vm = relax.VirtualMachine(build_cpu(mod, target), tvm.cpu())
         compile_s = time.perf_counter() - t0
         vm_before = None
-        if switch is not None:
-            value = getattr(*switch)
-            setattr(*switch, not value)
+        if switches:
+            values = [getattr(*sw) for sw in switches]
+            for sw, value in zip(switches, values):
+                setattr(*sw, not value)
             try:
                 # (the converters write the TE computes when the Relax module is made: both are redone flipped)
                 mod_b, _ = _region(layer, dt.TensorSpec(("N", c, "H", "W")))
                 vm_before = relax.VirtualMachine(build_cpu(mod_b, target), tvm.cpu())
             finally:
-                setattr(*switch, value)
+                for sw, value in zip(switches, values):
+                    setattr(*sw, value)
         targs = [tvm.runtime.tensor(x)]
         sess = _ort(w, b, stride, pad, hs, list(x.shape))
         want = sess.run(None, {"x": x})[0]
@@ -180,7 +185,7 @@ def main(argv=None) -> int:
     print(f"sum over mobilenet_v3_small's depthwise layers (x count): dyntvm {total['dyntvm']:.3f} ms, onnxruntime "
           f"{total['onnxruntime']:.3f} ms, ratio {total['dyntvm'] / max(total['onnxruntime'], 1e-9):.2f}"
           + (f"; before ({args.ab} flipped) {total['before']:.3f} ms, ratio "
-             f"{total['before'] / max(total['onnxruntime'], 1e-9):.2f}" if switch is not None else ""))
+             f"{total['before'] / max(total['onnxruntime'], 1e-9):.2f}" if switches else ""))
     return 0
 
 
