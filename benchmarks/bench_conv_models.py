@@ -5,10 +5,13 @@ difference from onnxruntime; torch eager (and with `--torch-compile` torch.compi
 threads are timed alongside. `--before` also compiles and times the convolutions as they were before issue 24
 (Relax's conv2d under the generic schedule: `converters.window.TE_CONV = False`); `--expr-dims` also compiles
 and times the model with the window outputs' expression dims (`converters.window_dims.PLAIN_SIZES = False`: the
-kernels after a strided layer unfused, as before the plain dim vars).
+kernels after a strided layer unfused, as before the plain dim vars); `--ab MODULE.NAME` also compiles and times it with
+those bool switches of `codegen/cache.SWITCHES` flipped (label "flipped"; comma-separated, e.g.
+`--ab te_conv.SPLIT_PHASES,te_conv.SPLIT_SPV_PADDING`).
 
     .venv/bin/python benchmarks/bench_conv_models.py [--models resnet18,mobilenet_v3_small] [--batch 1]
                                                     [--before] [--expr-dims] [--rounds 7] [--torch-compile]
+                                                    [--ab MODULE.NAME[,MODULE.NAME]]
 """
 from __future__ import annotations
 
@@ -70,6 +73,7 @@ def main(argv=None) -> int:
     parser.add_argument("--before", action="store_true", help="also the convolutions before issue 24")
     parser.add_argument("--expr-dims", action="store_true", help="also the window outputs' expression dims")
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--ab", default="", help="MODULE.NAME[,...]: bool switches in dyntvm.codegen, also flipped")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--torch-compile", action="store_true", help="also time torch.compile (inductor)")
     args = parser.parse_args(argv)
@@ -79,6 +83,13 @@ def main(argv=None) -> int:
     from dyntvm.codegen.converters import window, window_dims
     import tvm
     threads = args.threads or tvm.runtime.num_threads()
+    switches = []     # [(module, name, committed value)]
+    if args.ab:
+        import importlib
+        for item in args.ab.split(","):
+            module, _, key = item.rpartition(".")
+            mod = importlib.import_module(f"dyntvm.codegen.{module}")
+            switches.append((mod, key, getattr(mod, key)))
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
@@ -89,8 +100,11 @@ def main(argv=None) -> int:
             runs = {"onnxruntime": types.SimpleNamespace(fn=lambda s=session: s.run(None, {"x": x}), args=())}
             runs.update(torch_runs(torch_model, x, threads, want, args.torch_compile))
             for label, te_conv, plain in ((("before", False, True),) if args.before else ()) + \
-                    ((("expr-dims", True, False),) if args.expr_dims else ()) + (("dyntvm", True, True),):
+                    ((("expr-dims", True, False),) if args.expr_dims else ()) + \
+                    ((("flipped", True, True),) if switches else ()) + (("dyntvm", True, True),):
                 window.TE_CONV, window_dims.PLAIN_SIZES = te_conv, plain
+                for mod, key, value in switches:
+                    setattr(mod, key, (not value) if label == "flipped" else value)
                 t0 = time.perf_counter()
                 model = dt.compile(dt.from_onnx(path), use_cache=False)
                 compile_s = time.perf_counter() - t0
@@ -99,7 +113,7 @@ def main(argv=None) -> int:
                 runs[label] = types.SimpleNamespace(fn=lambda m=model: m(x), args=())
             window.TE_CONV, window_dims.PLAIN_SIZES = True, True
             timing = measure(runs, args.rounds, 0.5, 0.2)
-            best = min((k for k in timing if k not in ("dyntvm", "before", "expr-dims")),
+            best = min((k for k in timing if k not in ("dyntvm", "before", "expr-dims", "flipped")),
                        key=lambda k: timing[k]["median_ms"])
             best_ms = timing[best]["median_ms"]
             print(f"{name} B{args.batch} 224x224 (median ms; / best peer = {best}): " + ", ".join(

@@ -4,7 +4,13 @@ against onnxruntime's Conv (group = C) + Relu / HardSwish at batch 1 (or --batch
 the same process in alternating blocks in this thread's CPU time (one thread on both sides); results checked
 against onnxruntime first. (`bench_conv_layers.py` does the same for resnet18's dense layers.)
 
-    .venv/bin/python benchmarks/bench_dw_layers.py [--batch 1] [--rounds 5] [--only 5x5]
+    .venv/bin/python benchmarks/bench_dw_layers.py [--batch 1] [--rounds 5] [--only 5x5] [--ab MODULE.NAME] [--kernel]
+
+`--ab MODULE.NAME[,...]` (bool switches of `codegen/cache.SWITCHES`): each layer is also built with them flipped
+(the "before" column, e.g. `--ab te_conv.SPLIT_PHASES,te_conv.SPLIT_SPV_PADDING`), timed interleaved.
+`--kernel`: dyntvm's side is its conv kernel alone (called with the arguments the VM passed it: without the VM's
+per-call work, shape checks and allocation) and onnxruntime's the summed durations of its nodes in its own profile
+(wall time, us).
 """
 from __future__ import annotations
 
@@ -35,7 +41,7 @@ LAYERS = [
 ]
 
 
-def _ort(w, b, stride, pad, hs, x_shape):
+def _ort(w, b, stride, pad, hs, x_shape, profile=False):
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
     c = x_shape[1]
@@ -48,7 +54,44 @@ def _ort(w, b, stride, pad, hs, x_shape):
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 1
     opts.inter_op_num_threads = 1
+    if profile:
+        import tempfile
+        opts.enable_profiling = True
+        opts.profile_file_prefix = os.path.join(tempfile.mkdtemp(), "ort")
     return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
+def _kernel_call(vm, fname, targs):
+    """A no-argument function calling `vm[fname]`'s conv kernel (its one fused ``dt_conv`` PrimFunc call) with the
+    arguments the VM passed it."""
+    found = []
+
+    def instrument(func, symbol, before, _ret, *call_args):
+        if before and "dt_conv" in str(symbol) and not found:
+            found.append((func, call_args))
+        return 0
+    vm.set_instrument(instrument)
+    try:
+        vm[fname](*targs)
+    finally:
+        vm.set_instrument(None)
+    func, call_args = found[0]
+    return lambda: func(*call_args)
+
+
+def _ort_node_us(sess_factory, x, calls: int = 200) -> float:
+    """Median over `calls` runs (the last three quarters) of the summed node durations (us) in onnxruntime's own
+    profile (a session made by `sess_factory(True)`, profiling on)."""
+    import json
+    sess = sess_factory(True)
+    for _ in range(calls):
+        sess.run(None, {"x": x})
+    with open(sess.end_profiling()) as fh:
+        events = json.load(fh)
+    runs = [(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("name") == "model_run"]
+    nodes = [e for e in events if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time")]
+    sums = [sum(e["dur"] for e in nodes if lo <= e["ts"] <= hi) for lo, hi in runs]
+    return float(np.median(sums[len(sums) // 4:]))
 
 
 def main(argv=None) -> int:
@@ -58,6 +101,9 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)   # always 1
     parser.add_argument("--only", default="", help="layers whose label contains this")
     parser.add_argument("--block", type=float, default=0.2, help="seconds per timing block")
+    parser.add_argument("--kernel", action="store_true", help="time the kernels alone (see the module's doc)")
+    parser.add_argument("--ab", default="", help="MODULE.NAME[,...]: bool switches in dyntvm.codegen, also built "
+                        "flipped")
     args = parser.parse_args(argv)
     import tvm
     from tvm import relax
@@ -69,7 +115,13 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(0)
     target = cpu_target()
     print(f"target {target}; one thread; load {os.getloadavg()[0]:.2f}", flush=True)
-    total = {"dyntvm": 0.0, "onnxruntime": 0.0}
+    total = {"dyntvm": 0.0, "onnxruntime": 0.0, "before": 0.0}
+    switches = []     # [(module, name)]
+    if args.ab:
+        import importlib
+        for item in args.ab.split(","):
+            mod_name, _, key = item.rpartition(".")
+            switches.append((importlib.import_module(f"dyntvm.codegen.{mod_name}"), key))
     for label, c, k, stride, hw, hs, count in LAYERS:
         if args.only and args.only not in label:
             continue
@@ -87,6 +139,18 @@ def main(argv=None) -> int:
         mod, fname = _region(layer, dt.TensorSpec(("N", c, "H", "W")))
         vm = relax.VirtualMachine(build_cpu(mod, target), tvm.cpu())
         compile_s = time.perf_counter() - t0
+        vm_before = None
+        if switches:
+            values = [getattr(*sw) for sw in switches]
+            for sw, value in zip(switches, values):
+                setattr(*sw, not value)
+            try:
+                # (the converters write the TE computes when the Relax module is made: both are redone flipped)
+                mod_b, _ = _region(layer, dt.TensorSpec(("N", c, "H", "W")))
+                vm_before = relax.VirtualMachine(build_cpu(mod_b, target), tvm.cpu())
+            finally:
+                for sw, value in zip(switches, values):
+                    setattr(*sw, value)
         targs = [tvm.runtime.tensor(x)]
         sess = _ort(w, b, stride, pad, hs, list(x.shape))
         want = sess.run(None, {"x": x})[0]
@@ -96,16 +160,32 @@ def main(argv=None) -> int:
         f = vm[fname]
         runs = {"dyntvm": types.SimpleNamespace(fn=lambda: f(*targs), args=()),
                 "onnxruntime": types.SimpleNamespace(fn=lambda: sess.run(None, {"x": x}), args=())}
+        if args.kernel:
+            runs["dyntvm"].fn = _kernel_call(vm, fname, targs)
+            ort_us = _ort_node_us(lambda p: _ort(w, b, stride, pad, hs, list(x.shape), p), x)
+            runs["onnxruntime"].fn = lambda: time.sleep(0)
+        if vm_before is not None:
+            fb = vm_before[fname]
+            got_b = fb(*targs)
+            err = max(err, float(np.max(np.abs((got_b if hasattr(got_b, "numpy") else got_b[0]).numpy() - want))))
+            runs["before"] = types.SimpleNamespace(
+                fn=_kernel_call(vm_before, fname, targs) if args.kernel else lambda: fb(*targs), args=())
         timing = _cpu_times(runs, args.rounds, args.block)
         ms = {s: timing[s]["median_ms"] for s in runs}
+        if args.kernel:
+            ms["onnxruntime"] = ort_us / 1e3
         for s in runs:
             total[s] += ms[s] * count
         gb = (x.nbytes + got.nbytes) / 1e9
         print(f"{label:24s} x{count} dyntvm {ms['dyntvm'] * 1e3:7.1f} us {gb / ms['dyntvm'] * 1e3:5.1f} GB/s | ort "
               f"{ms['onnxruntime'] * 1e3:7.1f} us {gb / ms['onnxruntime'] * 1e3:5.1f} GB/s | ratio "
-              f"{ms['dyntvm'] / ms['onnxruntime']:5.2f} | err {err:.1e} | compile {compile_s:.1f} s", flush=True)
+              f"{ms['dyntvm'] / ms['onnxruntime']:5.2f} | err {err:.1e} | compile {compile_s:.1f} s"
+              + (f" | before {ms['before'] * 1e3:7.1f} us ratio {ms['before'] / ms['onnxruntime']:5.2f}"
+                 if "before" in ms else ""), flush=True)
     print(f"sum over mobilenet_v3_small's depthwise layers (x count): dyntvm {total['dyntvm']:.3f} ms, onnxruntime "
-          f"{total['onnxruntime']:.3f} ms, ratio {total['dyntvm'] / max(total['onnxruntime'], 1e-9):.2f}")
+          f"{total['onnxruntime']:.3f} ms, ratio {total['dyntvm'] / max(total['onnxruntime'], 1e-9):.2f}"
+          + (f"; before ({args.ab} flipped) {total['before']:.3f} ms, ratio "
+             f"{total['before'] / max(total['onnxruntime'], 1e-9):.2f}" if switches else ""))
     return 0
 
 

@@ -34,6 +34,8 @@ PAD_BLOCK = "dt_conv_pad"
 #: The padded input stored as phases (`_padded_phases`): a ``PAD_BLOCK`` whose last two axes are (phase, column).
 PHASES_BLOCK = "dt_conv_pad_phases"
 CROP_BLOCK = "dt_conv_crop"
+#: Suffix of a ``PAD_BLOCK`` whose column loop is split into padding and interior (`_padded`'s `split_columns`).
+SPLIT_SUFFIX = "_split"
 #: Annotation of the conv block: the register tile's output positions along a row (`row_tile`).
 ROW_TILE_ATTR = "dt_conv_row_tile"
 #: Annotation of a ``dt_conv_ocv`` block computed over the flattened positions of its last two output axes
@@ -52,6 +54,17 @@ _ACC_REGISTERS = {512: 14, 256: 8}
 _SPV_TILES = (64, 32, 8)      # (the last: the ragged tile of a symbolic width)
 #: A strided spv convolution reads its padded input stored as phases (`_padded_phases`); False: as before.
 PHASED_STRIDES = True
+#: A strided spv convolution's phases copy (`_padded_phases`) marks its column bounds ``likely``: TIR's LoopPartition
+#: pass then splits the column loop into its padding and its interior (symbolic bounds too), and the interior, iterated
+#: (column, phase) with the phases unrolled (`cpu_schedule_depthwise.schedule_phases`), is an unconditional read of
+#: `stride` contiguous inputs per step that LLVM loads as vectors and deinterleaves with shuffles. False: one loop,
+#: phase outermost, a bounds test per element (a scalar loop with a branch per element: most of mobilenet_v3_small's
+#: stride-2 depthwise layers' time).
+SPLIT_PHASES = True
+#: ... and the padded copy of an unstrided spv convolution (depthwise, small groups: `_padded`'s `split_columns`),
+#: parallel over channels (`cpu_schedule_depthwise.schedule_phases`); False: masked loads per element (LLVM's mask
+#: from 64-bit indices per vector), parallel over channels x rows.
+SPLIT_SPV_PADDING = True
 #: A padded copy reads the size check's guard in its condition (`_guarded`); False: as its padding value, as before.
 GUARD_IN_CONDITION = True
 #: A dense (``dt_conv_ocv``) convolution of 2+ spatial dims whose row the register tile does not divide (a symbolic
@@ -162,10 +175,12 @@ def flat_positions(out, vb: int, dtype: str, reduction: int) -> bool:
 OUT_EWISE_FUSABLE = 4
 
 
-def _padded(x, pads, last_span=None, guard=None):
+def _padded(x, pads, last_span=None, guard=None, split_columns=False):
     """x zero-padded; `last_span`: the extent of the last axis instead of its padded size (whole ragged tiles);
     `guard`: a 1-element int64 tensor (always 0) of a run-time size check, read in the copy's condition
-    (`_guarded`) so that the check runs first."""
+    (`_guarded`) so that the check runs first. `split_columns`: the column bounds marked ``likely`` (TIR's
+    LoopPartition splits the column loop into padding and interior, as `SPLIT_PHASES`), the block named
+    ``PAD_BLOCK + SPLIT_SUFFIX`` (`cpu_schedule_depthwise.schedule_phases` schedules it)."""
     if not any(lo or hi for lo, hi in pads) and last_span is None and guard is None:
         return x
     zero = tirx.const(0, x.dtype) if guard is None or GUARD_IN_CONDITION else tirx.Cast(x.dtype, guard[0])
@@ -175,9 +190,12 @@ def _padded(x, pads, last_span=None, guard=None):
 
     def value(n, c, *p):
         src = [p[i] - _i64(lo) for i, (lo, _) in enumerate(pads)]
-        inside = tirx.all(*[tirx.all(s >= _i64(0), s < x.shape[2 + i]) for i, s in enumerate(src)], *_guarded(guard))
+        bounds = [tirx.all(s >= _i64(0), s < x.shape[2 + i]) for i, s in enumerate(src)]
+        if split_columns:
+            bounds[-1] = tirx.all(tirx.likely(src[-1] >= _i64(0)), tirx.likely(src[-1] < x.shape[-1]))
+        inside = tirx.all(*bounds, *_guarded(guard))
         return tirx.if_then_else(inside, x(n, c, *src), zero)
-    return te.compute(shape, value, name=PAD_BLOCK)
+    return te.compute(shape, value, name=PAD_BLOCK + (SPLIT_SUFFIX if split_columns else ""))
 
 
 def _guarded(guard) -> list:
@@ -201,7 +219,10 @@ def _padded_phases(x, pads, stride: int, last_span=None, guard=None):
     def value(n, c, *p):
         src = [p[i] - _i64(lo) for i, (lo, _) in enumerate(pads[:-1])]
         src.append(p[-1] * _i64(stride) + p[-2] - _i64(pads[-1][0]))
-        inside = tirx.all(*[tirx.all(s >= _i64(0), s < x.shape[2 + i]) for i, s in enumerate(src)], *_guarded(guard))
+        bounds = [tirx.all(s >= _i64(0), s < x.shape[2 + i]) for i, s in enumerate(src)]
+        if SPLIT_PHASES:
+            bounds[-1] = tirx.all(tirx.likely(src[-1] >= _i64(0)), tirx.likely(src[-1] < x.shape[-1]))
+        inside = tirx.all(*bounds, *_guarded(guard))
         return tirx.if_then_else(inside, x(n, c, *src), zero)
     return te.compute(shape, value, name=PHASES_BLOCK)
 
@@ -240,7 +261,7 @@ def te_conv(x, w, strides, dilations, pads, out, groups: int, vb: int, guard=Non
             w_out, tap = pos[-1]
             return phases(n, c, *pos[:-1], tirx.floormod(tap, _i64(st)), w_out + tirx.floordiv(tap, _i64(st)))
     else:
-        xp = _padded(x, pads, last_span, guard)
+        xp = _padded(x, pads, last_span, guard, split_columns=vb == 1 and SPLIT_SPV_PADDING)
     phased = vb == 1 and strides[-1] > 1 and PHASED_STRIDES
     og = o_total // groups
     rc = [te.reduce_axis((_i64(0), _i64(cg)), name="rc")] if cg > 1 else []

@@ -72,6 +72,25 @@ CASES = [
      (2, 32, 15, 9), [(2, 32, 15, 9)]),
     ("depthwise_3x3_stride2", 24, 24, (3, 3), (2, 2), (1, 1), ((1, 1), (1, 1)), 24, "bias_relu",
      ("N", 24, "H", "W"), [(1, 24, 17, 17), (2, 24, 8, 13), (1, 24, 112, 112)]),
+    # strided depthwise: the phases copy's column loop split into padding and interior (`te_conv.SPLIT_PHASES`)
+    ("depthwise_3x3_stride2_sym_small", 16, 16, (3, 3), (2, 2), (1, 1), ((1, 1), (1, 1)), 16, "bias_relu",
+     ("N", 16, "H", "W"), [(1, 16, 1, 1), (1, 16, 2, 3), (2, 16, 3, 1), (1, 16, 5, 4), (1, 16, 9, 31),
+                           (0, 16, 6, 6), (1, 16, 56, 57)]),
+    ("depthwise_5x5_stride2_sym", 24, 24, (5, 5), (2, 2), (1, 1), ((2, 2), (2, 2)), 24, "bias",
+     ("N", 24, "H", "W"), [(1, 24, 1, 2), (1, 24, 4, 3), (2, 24, 14, 14), (1, 24, 13, 29)]),
+    ("depthwise_3x3_stride2_asym_pad", 8, 8, (3, 3), (2, 2), (1, 1), ((0, 1), (2, 0)), 8, "none",
+     (1, 8, "H", "W"), [(1, 8, 2, 1), (1, 8, 6, 7), (1, 8, 11, 20)]),
+    ("depthwise_3x3_stride2_unpadded", 8, 8, (3, 3), (2, 2), (1, 1), ((0, 0), (0, 0)), 8, "bias_relu",
+     ("N", 8, "H", "W"), [(1, 8, 3, 3), (2, 8, 8, 17), (1, 8, 5, 40)]),
+    ("depthwise_3x3_stride3_dil2", 8, 8, (3, 3), (3, 3), (2, 2), ((2, 1), (3, 2)), 8, "bias",
+     (1, 8, "H", "W"), [(1, 8, 2, 1), (1, 8, 10, 26), (1, 8, 7, 64)]),
+    ("depthwise_3d_stride2", 4, 4, (3, 3, 3), (1, 2, 2), (1, 1, 1), ((1, 1), (1, 1), (1, 1)), 4, "bias_relu",
+     (1, 4, "D", "H", "W"), [(1, 4, 1, 1, 1), (1, 4, 3, 5, 9)]),
+    # unstrided depthwise: the padded copy's column loop split (`te_conv.SPLIT_SPV_PADDING`)
+    ("depthwise_5x5_sym_small", 12, 12, (5, 5), (1, 1), (1, 1), ((2, 2), (2, 2)), 12, "bias_relu",
+     ("N", 12, "H", "W"), [(1, 12, 1, 1), (1, 12, 2, 3), (2, 12, 7, 7), (1, 12, 14, 15), (0, 12, 4, 4)]),
+    ("depthwise_3x3_asym_pad_sym", 8, 8, (3, 3), (1, 1), (1, 1), ((2, 0), (0, 2)), 8, "bias",
+     ("N", 8, "H", "W"), [(1, 8, 1, 1), (1, 8, 3, 2), (1, 8, 9, 33)]),
     ("depthwise_5x5_multiplier2", 8, 16, (5, 5), (1, 1), (1, 1), ((2, 2), (2, 2)), 8, "none",
      (1, 8, 9, 70), [(1, 8, 9, 70)]),
     ("grouped_2_ocv", 32, 64, (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1)), 2, "bias",
@@ -184,3 +203,24 @@ def test_row_tile_takes_the_fewest_latency_bound_tiles(tiles, widths):
     assert {w: row_tile(w, tiles) for w in widths} == widths
     assert row_tile(tvm.tirx.Var("W", "int64"), tiles) == (tiles[2], False)
     assert row_tile(112, _SPV_TILES) == (56, True) and row_tile(14, _SPV_TILES) == (14, True)
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+@pytest.mark.parametrize("split", [False, True])
+def test_depthwise_split_copy_switches(split, stride, monkeypatch, conv_log):
+    """`te_conv.SPLIT_PHASES` / `SPLIT_SPV_PADDING` (a depthwise conv's phases / padded copy, its column loop split
+    into padding and interior) off and on: both equal numpy at a symbolic odd width, width 1 and 2, and one conv
+    kernel."""
+    from dyntvm.codegen import te_conv
+    monkeypatch.setattr(te_conv, "SPLIT_PHASES", split)
+    monkeypatch.setattr(te_conv, "SPLIT_SPV_PADDING", split)
+    w = RNG.standard_normal((12, 1, 3, 3)).astype("float32")
+    m = dt.compile(lambda x: F.conv(x, w, None, stride=stride, padding=1, groups=12), S(("N", 12, "H", "W")),
+                   use_cache=False)
+    for shape in [(1, 12, 7, 1), (2, 12, 5, 2), (1, 12, 10, 23)]:
+        x = RNG.standard_normal(shape).astype("float32")
+        want = ref_conv(x, w, (stride,) * 2, (1, 1), ((1, 1), (1, 1)), 12)
+        np.testing.assert_allclose(m(x), want, rtol=1e-4, atol=1e-4)
+    applied, failed = conv_rules(conv_log)
+    assert not failed, failed
+    assert applied == 1

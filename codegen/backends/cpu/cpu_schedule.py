@@ -190,7 +190,26 @@ def build_cpu(mod: tvm.IRModule, target=None, loops=(), tuned=None, program=None
         if (isinstance(func, tirx.PrimFunc) and len(func.params) <= 1
                 and not func.attrs.get("tirx.noalias", False)):
             mod[gvar] = func.with_attr("tirx.noalias", True)
-    return tvm.compile(mod, target=target, relax_pipeline=None)
+    with _lowering_context():
+        return tvm.compile(mod, target=target, relax_pipeline=None)
+
+
+#: TIR's LoopPartition config for CPU builds: a partition of one iteration stays a loop. Unrolled, TVM 0.27
+#: substituted an int32 0 for the int64 loop variable after NarrowDataType, and the build failed (mismatched types)
+#: for the column loops of the padded copies `te_conv._padded(split_columns=True)` marks ``likely``.
+_LOOP_PARTITION = {"no_unroll_loop_with_extent_one": True}
+
+
+def _lowering_context():
+    """The current PassContext with `_LOOP_PARTITION` added (unless it sets its own)."""
+    cur = tvm.transform.PassContext.current()
+    if "s_tir.LoopPartition" in cur.config:
+        return cur
+    config = dict(cur.config.items())
+    config["s_tir.LoopPartition"] = _LOOP_PARTITION
+    return tvm.transform.PassContext(opt_level=cur.opt_level, required_pass=list(cur.required_pass),
+                                     disabled_pass=list(cur.disabled_pass), instruments=list(cur.instruments),
+                                     config=config)
 
 
 # ---------------------------------------------------------------- rules (one variant each)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from tvm import s_tir, tirx
 
-from .cpu_schedule_depthwise import spv_channel_block
+from .cpu_schedule_depthwise import schedule_phases, spv_channel_block
 from .cpu_schedule_dispatch import _parallel_cands, _select
 from .cpu_inline import inline_spatial
 from . import cpu_sched_helpers
@@ -87,6 +87,8 @@ def _pad_per_batch(sch: s_tir.Schedule, n_loop, parallel: bool, at_root: bool = 
             loops = sch.get_loops(pad)[:-1]
             if parallel:
                 sch.parallel(sch.fuse(*loops))
+            continue
+        if schedule_phases(sch, pad, n_loop, parallel):
             continue
         sch.compute_at(pad, n_loop, preserve_unit_loops=True)
         loops = sch.get_loops(pad)[1:]     # c, rows..., columns (phases: c, rows..., phase, columns)

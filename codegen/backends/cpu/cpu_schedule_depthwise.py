@@ -19,3 +19,60 @@ def spv_channel_block(channels, row_tile: int, lanes: int) -> int:
         return 1
     vectors = max(1, -(-row_tile // max(1, lanes)))
     return next((cb for cb in (4, 3, 2) if channels % cb == 0 and cb * vectors <= SPV_ACCUMULATORS), 1)
+
+
+def phases_sources(sch, pads: list) -> tuple[list, list]:
+    """(the padded-input blocks `pads` less the phases blocks copied from a padded source and their sources,
+    [(source, phases)]): a strided spv conv's phases copied from the zero-padded input
+    (`te_conv.PHASES_FROM_PADDED`), scheduled by `attach_phases_sources`."""
+    from ...te_conv import PHASES_BLOCK
+    sources = []
+    for pad in pads:
+        consumers = sch.get_consumers(pad)
+        if len(consumers) == 1 and sch.get(consumers[0]).name_hint.startswith(PHASES_BLOCK):
+            sources.append((pad, consumers[0]))
+    taken = [sch.get(b) for pair in sources for b in pair]
+    return [p for p in pads if not any(sch.get(p).same_as(t) for t in taken)], sources
+
+
+def attach_phases_sources(sch, sources: list, n_loop, parallel: bool) -> None:
+    """Each phases block computed under the batch loop `n_loop`, parallel over its channels when `parallel`, and
+    its padded source per channel, just before (its plane in L1 / L2: one workspace per channel). Channels, not
+    channels x rows, are the tasks: the fused loop's index (three 64-bit divisions per row of ~60 floats) took
+    ~20% of the layer's time. (Per row of the phases, the padded row - of a symbolic width - was a workspace
+    allocated and freed per row: ~10%.)"""
+    for source, phases in sources:
+        sch.compute_at(phases, n_loop, preserve_unit_loops=True)
+        loops = sch.get_loops(phases)      # ..., c, rows..., phase, columns: one loop per axis but the batch's
+        channel = loops[len(loops) - len(sch.get(phases).iter_vars) + 1]
+        if parallel:
+            sch.parallel(channel)
+        sch.compute_at(source, channel, preserve_unit_loops=True)
+        # (phase, column) iterated (column, phase), the phase unrolled: each step reads `stride` contiguous padded
+        # values, which LLVM loads as vectors and deinterleaves with shuffles (phase outermost: a gather of lanes)
+        phase, column = sch.get_loops(phases)[-2:]
+        sch.reorder(column, phase)
+        sch.unroll(phase)
+
+
+def schedule_phases(sch, block, n_loop, parallel: bool) -> bool:
+    """A strided spv conv's phases copy (`te_conv._padded_phases`, with `te_conv.SPLIT_PHASES`) or an unstrided one's
+    padded copy with its columns split (`te_conv.SPLIT_SPV_PADDING`) computed under the
+    batch loop `n_loop`: parallel over its channels when `parallel` (channels, not channels x rows: the fused
+    loop's index took three 64-bit divisions per row of ~60 floats), iterated (column, phase) with the phase
+    unrolled, so that each step of the column loop's interior (split off by LoopPartition) reads `stride`
+    contiguous inputs, which LLVM loads as vectors and deinterleaves (phase outermost: a gather of lanes).
+    Returns False (nothing done) for any other block."""
+    from ...te_conv import PAD_BLOCK, PHASES_BLOCK, SPLIT_PHASES, SPLIT_SUFFIX
+    name = sch.get(block).name_hint
+    phases = SPLIT_PHASES and name.startswith(PHASES_BLOCK)
+    if not phases and not name.startswith(PAD_BLOCK + SPLIT_SUFFIX):
+        return False
+    sch.compute_at(block, n_loop, preserve_unit_loops=True)
+    loops = sch.get_loops(block)      # ..., c, rows..., [phase,] columns: one loop per axis but the batch's
+    if parallel:
+        sch.parallel(loops[len(loops) - len(sch.get(block).iter_vars) + 1])
+    if phases:
+        sch.reorder(loops[-1], loops[-2])
+        sch.unroll(loops[-2])
+    return True
