@@ -5,10 +5,13 @@ difference from onnxruntime; torch eager (and with `--torch-compile` torch.compi
 threads are timed alongside. `--before` also compiles and times the convolutions as they were before issue 24
 (Relax's conv2d under the generic schedule: `converters.window.TE_CONV = False`); `--expr-dims` also compiles
 and times the model with the window outputs' expression dims (`converters.window_dims.PLAIN_SIZES = False`: the
-kernels after a strided layer unfused, as before the plain dim vars).
+kernels after a strided layer unfused, as before the plain dim vars). `--ab MODULE.NAME=VALUE` also compiles and
+times the model with that A/B switch of `codegen/cache.SWITCHES` set (MODULE as there, e.g.
+`backends.cpu.cpu_schedule_conv.BATCH_IN_PARALLEL=False`), labelled "ab".
 
     .venv/bin/python benchmarks/bench_conv_models.py [--models resnet18,mobilenet_v3_small] [--batch 1]
                                                     [--before] [--expr-dims] [--rounds 7] [--torch-compile]
+                                                    [--ab MODULE.NAME=VALUE]
 """
 from __future__ import annotations
 
@@ -63,12 +66,28 @@ def torch_runs(model, x, threads: int, want, compiled: bool) -> dict:
     return runs
 
 
+def ab_switch(spec: str):
+    """(module, name, value) of `--ab MODULE.NAME=VALUE`: a switch listed in `codegen/cache.SWITCHES`, the value a
+    Python literal."""
+    import ast
+    import importlib
+    from dyntvm.codegen.cache import SWITCHES
+    target, _, text = spec.partition("=")
+    module_name, _, key = target.rpartition(".")
+    if (module_name, key) not in SWITCHES:
+        raise SystemExit(f"--ab {spec}: not one of codegen/cache.SWITCHES: "
+                         + ", ".join(f"{m}.{k}" for m, k in SWITCHES))
+    return importlib.import_module(f"dyntvm.codegen.{module_name}"), key, ast.literal_eval(text)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--models", default="resnet18,mobilenet_v3_small")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--before", action="store_true", help="also the convolutions before issue 24")
     parser.add_argument("--expr-dims", action="store_true", help="also the window outputs' expression dims")
+    parser.add_argument("--ab", default=None, metavar="MODULE.NAME=VALUE",
+                        help="also the model compiled with this switch of codegen/cache.SWITCHES set")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--torch-compile", action="store_true", help="also time torch.compile (inductor)")
@@ -79,6 +98,7 @@ def main(argv=None) -> int:
     from dyntvm.codegen.converters import window, window_dims
     import tvm
     threads = args.threads or tvm.runtime.num_threads()
+    ab = ab_switch(args.ab) if args.ab else None
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
@@ -89,17 +109,27 @@ def main(argv=None) -> int:
             runs = {"onnxruntime": types.SimpleNamespace(fn=lambda s=session: s.run(None, {"x": x}), args=())}
             runs.update(torch_runs(torch_model, x, threads, want, args.torch_compile))
             for label, te_conv, plain in ((("before", False, True),) if args.before else ()) + \
-                    ((("expr-dims", True, False),) if args.expr_dims else ()) + (("dyntvm", True, True),):
+                    ((("expr-dims", True, False),) if args.expr_dims else ()) + \
+                    ((("ab", True, True),) if ab else ()) + (("dyntvm", True, True),):
                 window.TE_CONV, window_dims.PLAIN_SIZES = te_conv, plain
                 t0 = time.perf_counter()
-                model = dt.compile(dt.from_onnx(path), use_cache=False)
+                if label == "ab":
+                    module, key, value = ab
+                    committed = getattr(module, key)
+                    setattr(module, key, value)
+                    try:
+                        model = dt.compile(dt.from_onnx(path), use_cache=False)
+                    finally:
+                        setattr(module, key, committed)
+                else:
+                    model = dt.compile(dt.from_onnx(path), use_cache=False)
                 compile_s = time.perf_counter() - t0
                 err = float(np.max(np.abs(np.asarray(model(x)) - want)))
                 print(f"{name} {label}: compile {compile_s:.1f} s, max |dyntvm - onnxruntime| {err:.2e}", flush=True)
                 runs[label] = types.SimpleNamespace(fn=lambda m=model: m(x), args=())
             window.TE_CONV, window_dims.PLAIN_SIZES = True, True
             timing = measure(runs, args.rounds, 0.5, 0.2)
-            best = min((k for k in timing if k not in ("dyntvm", "before", "expr-dims")),
+            best = min((k for k in timing if k not in ("dyntvm", "before", "expr-dims", "ab")),
                        key=lambda k: timing[k]["median_ms"])
             best_ms = timing[best]["median_ms"]
             print(f"{name} B{args.batch} 224x224 (median ms; / best peer = {best}): " + ", ".join(

@@ -41,6 +41,12 @@ CHANNEL_BLOCK = 1
 #: stores was then a scalar one H x W floats from the last (~1 ns per element, the SE kernels at 1-3 GFLOP/s).
 #: False: channels-last as every other epilogue (a switch for A/B).
 BROADCAST_POSITIONS_INNER = True
+#: The batch is part of the parallel loop (the parallel variant): the convolution's tasks are batch x output-channel
+#: blocks x rows (or tiles), one fork per call, and the padded input a loop nest of its own before it, parallel over
+#: batch x channels x rows (computed under the batch loop, it would be computed again by every task of an image).
+#: False: the batch loop serial outside, the padded copy and the convolution each forking once per image (at batch 8,
+#: 8-16 fork / joins per kernel over one image's few tasks) - a switch for A/B.
+BATCH_IN_PARALLEL = True
 #: The taps of the kernel's last axis are unrolled up to this many (1.2x for resnet18's 7x7 stem, ~1.02x 3x3).
 _UNROLL_TAPS = 7
 
@@ -83,10 +89,10 @@ def _pad_per_batch(sch: s_tir.Schedule, n_loop, parallel: bool, at_root: bool = 
     skipping W - 1 of them: the 64-channel 3x3 layer at 56 x 56 took 1.85x its time)."""
     pads = [b for b in child_blocks(sch) if sch.get(b).name_hint.startswith(PAD_BLOCK)]
     for pad in pads:
-        if at_root:
-            loops = sch.get_loops(pad)[:-1]
+        if at_root:     # n, c, rows... (phases: the phase and the columns stay inside, as below)
+            loops = sch.get_loops(pad)[:-2 if sch.get(pad).name_hint.startswith(PHASES_BLOCK) else -1]
             if parallel:
-                sch.parallel(sch.fuse(*loops))
+                sch.parallel(sch.fuse(*loops) if len(loops) > 1 else loops[0])
             continue
         sch.compute_at(pad, n_loop, preserve_unit_loops=True)
         loops = sch.get_loops(pad)[1:]     # c, rows..., columns (phases: c, rows..., phase, columns)
@@ -193,7 +199,10 @@ def _sched_conv(func, target, name: str, exact: bool, parallel: bool) -> tirx.Pr
     if ocv:  # the accumulator tile [tw, vb]: each register one output position's vb channels
         sch.transform_layout(conv, ("write", 0), tirx.IndexMap.from_func(
             lambda *i: (i[0], *i[2:], i[1]), ndim=2 + n_loop_sp))
-    _pad_per_batch(sch, n, parallel, at_root=flat)
+    batch_tasks = parallel and BATCH_IN_PARALLEL
+    _pad_per_batch(sch, n, parallel, at_root=flat or batch_tasks)
+    if batch_tasks:     # one parallel loop over the batch too (`BATCH_IN_PARALLEL`)
+        tasks = [n, *tasks]
     if parallel:
         sch.parallel(sch.fuse(*tasks) if len(tasks) > 1 else tasks[0])
     if ocv:
