@@ -7,11 +7,11 @@ threads are timed alongside. `--before` also compiles and times the convolutions
 and times the model with the window outputs' expression dims (`converters.window_dims.PLAIN_SIZES = False`: the
 kernels after a strided layer unfused, as before the plain dim vars). `--ab MODULE.NAME=VALUE` also compiles and
 times the model with that A/B switch of `codegen/cache.SWITCHES` set (MODULE as there, e.g.
-`backends.cpu.cpu_schedule_conv.BATCH_IN_PARALLEL=False`), labelled "ab".
+`backends.cpu.cpu_schedule_conv.BATCH_IN_PARALLEL=True`), labelled "ab".
 
     .venv/bin/python benchmarks/bench_conv_models.py [--models resnet18,mobilenet_v3_small] [--batch 1]
                                                     [--before] [--expr-dims] [--rounds 7] [--torch-compile]
-                                                    [--ab MODULE.NAME=VALUE]
+                                                    [--ab MODULE.NAME=VALUE] [--no-torch]
 """
 from __future__ import annotations
 
@@ -91,6 +91,7 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--torch-compile", action="store_true", help="also time torch.compile (inductor)")
+    parser.add_argument("--no-torch", action="store_true", help="onnxruntime the only peer (faster A/B runs)")
     args = parser.parse_args(argv)
     import dyntvm as dt
     from bench_onnx_models import ort_session
@@ -107,7 +108,8 @@ def main(argv=None) -> int:
             session = ort_session(path, threads)
             want = session.run(None, {"x": x})[0]
             runs = {"onnxruntime": types.SimpleNamespace(fn=lambda s=session: s.run(None, {"x": x}), args=())}
-            runs.update(torch_runs(torch_model, x, threads, want, args.torch_compile))
+            if not args.no_torch:
+                runs.update(torch_runs(torch_model, x, threads, want, args.torch_compile))
             for label, te_conv, plain in ((("before", False, True),) if args.before else ()) + \
                     ((("expr-dims", True, False),) if args.expr_dims else ()) + \
                     ((("ab", True, True),) if ab else ()) + (("dyntvm", True, True),):

@@ -5,7 +5,8 @@ convolution. Results against `test_conv_schedules.ref_conv` (numpy's sliding win
 0, 1, 3 and 8 of a symbolic N, odd sizes, with the switch on and off, for every form: dense 3x3 (per row and over
 flattened positions), 1x1, strided without padding, grouped (dense and small groups), depthwise strided (the padded
 input stored as phases) and the fused bias / relu / residual epilogue. The parallel variant alone is built
-(`PARALLEL_MIN_WORK` 0), so the small sizes run it too."""
+(`PARALLEL_MIN_WORK` 0), so the small sizes run it too; at batch 8 (2 cores) the variant parallel over the images
+alone (`IMAGES_PER_CORE`), each image's padded copy in a buffer of the thread's own."""
 from __future__ import annotations
 
 import logging
@@ -54,6 +55,7 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_conv_matches_numpy_at_every_batch(case, on, conv_log, monkeypatch):
     monkeypatch.setattr(cpu_schedule_conv, "BATCH_IN_PARALLEL", on)
+    monkeypatch.setattr(cpu_schedule_conv, "IMAGES_PER_CORE", 2)
     monkeypatch.setattr(cpu_schedule_dispatch, "PARALLEL_MIN_WORK", 0)
     monkeypatch.setattr(te_conv, "FLAT_MIN_REDUCTION", 0)
     _, c, o, kernel, stride, pads, groups, residual, dims, sizes = case
@@ -78,10 +80,12 @@ def test_conv_matches_numpy_at_every_batch(case, on, conv_log, monkeypatch):
 @pytest.mark.parametrize("kernel,stride", [(3, 1), (1, 1), (1, 2)], ids=["3x3", "1x1", "1x1_stride2"])
 def test_one_parallel_loop_over_the_batch(kernel, stride, monkeypatch, conv_log):
     """The parallel kernel (symbolic N, H, W) has no serial batch loop: its parallel loops (the padded copy's, the
-    convolution's) start with N; with the switch off the batch is a serial loop around them."""
+    convolution's) start with N; with the switch off the batch is a serial loop around them. With IMAGES_PER_CORE
+    (2 cores: N >= 4 and even) a variant chosen at run time is parallel over the images alone."""
     target = tvm.target.Target({"kind": "llvm", "mcpu": "znver3", "num-cores": 2})
     monkeypatch.setattr(te_conv, "_host_vector_bits", lambda: 256)
     monkeypatch.setattr(cpu_schedule_dispatch, "PARALLEL_MIN_WORK", 0)
+    monkeypatch.setattr(cpu_schedule_conv, "IMAGES_PER_CORE", 0)
     for on in (True, False):
         monkeypatch.setattr(cpu_schedule_conv, "BATCH_IN_PARALLEL", on)
         text = _scheduled_conv(target, c=32, o=64, residual=False, kernel=kernel, stride=stride)
@@ -89,12 +93,19 @@ def test_one_parallel_loop_over_the_batch(kernel, stride, monkeypatch, conv_log)
         assert parallel and all(("T.parallel(N *" in line) == on for line in parallel), parallel
         assert ("for n in range(N)" in text) != on
         assert ("dt_conv_pad" in text) == (kernel == 3)
-    assert conv_rules(conv_log) == (2, [])
+    monkeypatch.setattr(cpu_schedule_conv, "IMAGES_PER_CORE", 2)
+    monkeypatch.setattr(cpu_schedule_conv, "BATCH_IN_PARALLEL", True)
+    text = _scheduled_conv(target, c=32, o=64, residual=False, kernel=kernel, stride=stride)
+    assert "if T.int64(4) <= N and N % T.int64(2) == T.int64(0):" in text
+    parallel = [line.strip() for line in text.splitlines() if "T.parallel(" in line]
+    assert parallel[0] == "for n in T.parallel(N):" and all("T.parallel(N *" in line for line in parallel[1:])
+    assert conv_rules(conv_log) == (3, [])
 
 
-def test_switch_is_in_the_cache_key(monkeypatch):
-    """A build with the switch flipped is not served the library built with it as committed."""
-    assert ("backends.cpu.cpu_schedule_conv", "BATCH_IN_PARALLEL") in cache.SWITCHES
-    before = cache.switches_digest()
-    monkeypatch.setattr(cpu_schedule_conv, "BATCH_IN_PARALLEL", False)
-    assert cache.switches_digest() != before
+def test_switches_are_in_the_cache_key(monkeypatch):
+    """A build with a switch flipped is not served the library built with it as committed."""
+    for name, value in (("BATCH_IN_PARALLEL", not cpu_schedule_conv.BATCH_IN_PARALLEL), ("IMAGES_PER_CORE", 7)):
+        assert ("backends.cpu.cpu_schedule_conv", name) in cache.SWITCHES
+        before = cache.switches_digest()
+        monkeypatch.setattr(cpu_schedule_conv, name, value)
+        assert cache.switches_digest() != before
