@@ -55,9 +55,9 @@ BROADCAST_POSITIONS_INNER = True
 BATCH_IN_PARALLEL = False
 #: With BATCH_IN_PARALLEL, where the batch is a multiple of the cores and at least this many images a core, a third
 #: variant (chosen at run time; not for flattened positions) is parallel over the images alone, each image's padded
-#: copy and convolution computed by one thread in turn (the copy read back from that core's cache). One run each
-#: (2 threads, load 4-6): mobilenet_v3_small B8 0.84x the per-image form's time, resnet18 B8 1.24x; with it for the
-#: depthwise / small-group kernels only, mobilenet_v3_small B8 1.20x. 0: none (a switch for A/B).
+#: copy and convolution computed by one thread in turn (the copy read back from that core's cache). 2 threads, load
+#: 4-6: mobilenet_v3_small B8 0.84x and 0.65x the per-image form's time (two runs), resnet18 B8 1.24x (one); with it
+#: for the depthwise / small-group kernels only, mobilenet_v3_small B8 1.20x (one). 0: none (a switch for A/B).
 IMAGES_PER_CORE = 2
 #: The taps of the kernel's last axis are unrolled up to this many (1.2x for resnet18's 7x7 stem, ~1.02x 3x3).
 _UNROLL_TAPS = 7
