@@ -51,7 +51,8 @@ BROADCAST_POSITIONS_INNER = True
 #: 8-16 fork / joins per kernel over one image's few tasks). Off by default: measured under a load of 3-7 on the
 #: 2-core machine (2 threads, interleaved with onnxruntime in one process, `bench_conv_models.py --ab`) resnet18 B8
 #: took 0.70-0.95x the per-image form's time in 3 of 4 runs (1.03x in one), mobilenet_v3_small B8
-#: 1.08-1.31x in 4 of 6 (0.92x and 0.78x in two): the whole batch's padded copy is read back from memory, not from the core's cache.
+#: 1.08-1.31x in 4 of 6 (0.92x and 0.78x in two): the whole batch's padded copy is read back from memory, not from the
+#: core's cache.
 BATCH_IN_PARALLEL = False
 #: With BATCH_IN_PARALLEL, where the batch is a multiple of the cores and at least this many images a core, a third
 #: variant (chosen at run time; not for flattened positions) is parallel over the images alone, each image's padded
