@@ -5,13 +5,14 @@ difference from onnxruntime; torch eager (and with `--torch-compile` torch.compi
 threads are timed alongside. `--before` also compiles and times the convolutions as they were before issue 24
 (Relax's conv2d under the generic schedule: `converters.window.TE_CONV = False`); `--expr-dims` also compiles
 and times the model with the window outputs' expression dims (`converters.window_dims.PLAIN_SIZES = False`: the
-kernels after a strided layer unfused, as before the plain dim vars); `--ab MODULE.NAME` also compiles and times it with
-those bool switches of `codegen/cache.SWITCHES` flipped (label "flipped"; comma-separated, e.g.
-`--ab te_conv.SPLIT_PHASES,te_conv.SPLIT_SPV_PADDING`).
+kernels after a strided layer unfused, as before the plain dim vars). `--ab MODULE.NAME=VALUE[,...]` also compiles
+and times the model with those A/B switches of `codegen/cache.SWITCHES` set (MODULE as there, e.g.
+`backends.cpu.cpu_schedule_conv.BATCH_IN_PARALLEL=True`; a bool switch named without `=VALUE` is flipped, e.g.
+`--ab te_conv.SPLIT_PHASES,te_conv.SPLIT_SPV_PADDING`), labelled "ab".
 
     .venv/bin/python benchmarks/bench_conv_models.py [--models resnet18,mobilenet_v3_small] [--batch 1]
                                                     [--before] [--expr-dims] [--rounds 7] [--torch-compile]
-                                                    [--ab MODULE.NAME[,MODULE.NAME]]
+                                                    [--ab MODULE.NAME[=VALUE][,...]] [--no-torch]
 """
 from __future__ import annotations
 
@@ -66,16 +67,36 @@ def torch_runs(model, x, threads: int, want, compiled: bool) -> dict:
     return runs
 
 
+def ab_switches(specs: str) -> list:
+    """[(module, name, value)] of `--ab MODULE.NAME[=VALUE][,...]`: switches listed in `codegen/cache.SWITCHES`,
+    each value a Python literal (none: the committed bool flipped)."""
+    import ast
+    import importlib
+    from dyntvm.codegen.cache import SWITCHES
+    out = []
+    for spec in specs.split(","):
+        target, eq, text = spec.partition("=")
+        module_name, _, key = target.rpartition(".")
+        if (module_name, key) not in SWITCHES:
+            raise SystemExit(f"--ab {spec}: not one of codegen/cache.SWITCHES: "
+                             + ", ".join(f"{m}.{k}" for m, k in SWITCHES))
+        module = importlib.import_module(f"dyntvm.codegen.{module_name}")
+        out.append((module, key, ast.literal_eval(text) if eq else not getattr(module, key)))
+    return out
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--models", default="resnet18,mobilenet_v3_small")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--before", action="store_true", help="also the convolutions before issue 24")
     parser.add_argument("--expr-dims", action="store_true", help="also the window outputs' expression dims")
+    parser.add_argument("--ab", default=None, metavar="MODULE.NAME[=VALUE][,...]",
+                        help="also the model compiled with these switches of codegen/cache.SWITCHES set (or flipped)")
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--ab", default="", help="MODULE.NAME[,...]: bool switches in dyntvm.codegen, also flipped")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--torch-compile", action="store_true", help="also time torch.compile (inductor)")
+    parser.add_argument("--no-torch", action="store_true", help="onnxruntime the only peer (faster A/B runs)")
     args = parser.parse_args(argv)
     import dyntvm as dt
     from bench_onnx_models import ort_session
@@ -83,13 +104,7 @@ def main(argv=None) -> int:
     from dyntvm.codegen.converters import window, window_dims
     import tvm
     threads = args.threads or tvm.runtime.num_threads()
-    switches = []     # [(module, name, committed value)]
-    if args.ab:
-        import importlib
-        for item in args.ab.split(","):
-            module, _, key = item.rpartition(".")
-            mod = importlib.import_module(f"dyntvm.codegen.{module}")
-            switches.append((mod, key, getattr(mod, key)))
+    ab = ab_switches(args.ab) if args.ab else None
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
@@ -98,22 +113,31 @@ def main(argv=None) -> int:
             session = ort_session(path, threads)
             want = session.run(None, {"x": x})[0]
             runs = {"onnxruntime": types.SimpleNamespace(fn=lambda s=session: s.run(None, {"x": x}), args=())}
-            runs.update(torch_runs(torch_model, x, threads, want, args.torch_compile))
+            if not args.no_torch:
+                runs.update(torch_runs(torch_model, x, threads, want, args.torch_compile))
             for label, te_conv, plain in ((("before", False, True),) if args.before else ()) + \
                     ((("expr-dims", True, False),) if args.expr_dims else ()) + \
-                    ((("flipped", True, True),) if switches else ()) + (("dyntvm", True, True),):
+                    ((("ab", True, True),) if ab else ()) + (("dyntvm", True, True),):
                 window.TE_CONV, window_dims.PLAIN_SIZES = te_conv, plain
-                for mod, key, value in switches:
-                    setattr(mod, key, (not value) if label == "flipped" else value)
                 t0 = time.perf_counter()
-                model = dt.compile(dt.from_onnx(path), use_cache=False)
+                if label == "ab":
+                    committed = [(module, key, getattr(module, key)) for module, key, _ in ab]
+                    for module, key, value in ab:
+                        setattr(module, key, value)
+                    try:
+                        model = dt.compile(dt.from_onnx(path), use_cache=False)
+                    finally:
+                        for module, key, value in committed:
+                            setattr(module, key, value)
+                else:
+                    model = dt.compile(dt.from_onnx(path), use_cache=False)
                 compile_s = time.perf_counter() - t0
                 err = float(np.max(np.abs(np.asarray(model(x)) - want)))
                 print(f"{name} {label}: compile {compile_s:.1f} s, max |dyntvm - onnxruntime| {err:.2e}", flush=True)
                 runs[label] = types.SimpleNamespace(fn=lambda m=model: m(x), args=())
             window.TE_CONV, window_dims.PLAIN_SIZES = True, True
             timing = measure(runs, args.rounds, 0.5, 0.2)
-            best = min((k for k in timing if k not in ("dyntvm", "before", "expr-dims", "flipped")),
+            best = min((k for k in timing if k not in ("dyntvm", "before", "expr-dims", "ab")),
                        key=lambda k: timing[k]["median_ms"])
             best_ms = timing[best]["median_ms"]
             print(f"{name} B{args.batch} 224x224 (median ms; / best peer = {best}): " + ", ".join(

@@ -5,15 +5,18 @@ the epilogue that fusion gives them (bias, batch norm, activation, residual add)
   channels (vector lanes) x `tw` output positions of a row (`te_conv.row_tile`: up to 14 accumulators); the
   reduction over input channels x kernel taps loads one weight vector per tap and FMAs it with `tw`
   broadcast input values (TVM's x86 ``conv2d_NCHWc`` / NeoCPU micro-kernel, without the NCHWc data
-  layout: the tile is written back to NCHW, once per output). Parallel over output-channel blocks x rows; over
-  flattened positions (`te_conv.FLAT_POSITIONS`: the tile `tw` positions of h * W + w) over blocks x tiles.
+  layout: the tile is written back to NCHW, once per output). Parallel over output-channel blocks x rows (with
+  `BATCH_IN_PARALLEL`: batch x blocks x rows); over flattened positions (`te_conv.FLAT_POSITIONS`: the tile `tw`
+  positions of h * W + w) over blocks x tiles.
 * ``dt_conv_spv`` (depthwise, small groups): the register tile is a vector run of output positions along
   the row, the reduction over kernel taps (and the group's input channels) outside it; parallel over
-  channels x rows.
+  channels x rows (batch x channels x rows).
 
-The padded input (``dt_conv_pad``) is computed inside the kernel once per batch element (one pass over the
-input), so the reduction reads it without a bounds test. A row the tile does not divide (symbolic, prime) was
-computed by `te_conv` over whole tiles: only the epilogue, once per output, tests ``w < W``.
+The padded input (``dt_conv_pad``) is computed inside the kernel (one pass over the input), so the reduction reads
+it without a bounds test: under the batch loop, once per image (with `BATCH_IN_PARALLEL`, in the parallel variant:
+a loop nest of its own before the convolution, parallel over batch x channels x rows, one fork per call).
+A row the tile does not divide (symbolic, prime) was computed by `te_conv` over whole tiles: only the epilogue,
+once per output, tests ``w < W``.
 """
 
 from __future__ import annotations
@@ -41,6 +44,22 @@ CHANNEL_BLOCK = 1
 #: stores was then a scalar one H x W floats from the last (~1 ns per element, the SE kernels at 1-3 GFLOP/s).
 #: False: channels-last as every other epilogue (a switch for A/B).
 BROADCAST_POSITIONS_INNER = True
+#: The batch is part of the parallel loop (the parallel variant): the convolution's tasks are batch x output-channel
+#: blocks x rows (or tiles), one fork per call, and the padded input a loop nest of its own before it, parallel over
+#: batch x channels x rows (computed under the batch loop, it would be computed again by every task of an image).
+#: False: the batch loop serial outside, the padded copy and the convolution each forking once per image (at batch 8,
+#: 8-16 fork / joins per kernel over one image's few tasks). Off by default: measured under a load of 3-7 on the
+#: 2-core machine (2 threads, interleaved with onnxruntime in one process, `bench_conv_models.py --ab`) resnet18 B8
+#: took 0.70-0.95x the per-image form's time in 3 of 4 runs (1.03x in one), mobilenet_v3_small B8
+#: 1.08-1.31x in 4 of 6 (0.92x and 0.78x in two): the whole batch's padded copy is read back from memory, not from the
+#: core's cache.
+BATCH_IN_PARALLEL = False
+#: With BATCH_IN_PARALLEL, where the batch is a multiple of the cores and at least this many images a core, a third
+#: variant (chosen at run time; not for flattened positions) is parallel over the images alone, each image's padded
+#: copy and convolution computed by one thread in turn (the copy read back from that core's cache). 2 threads, load
+#: 4-6: mobilenet_v3_small B8 0.84x and 0.65x the per-image form's time (two runs), resnet18 B8 1.24x (one); with it
+#: for the depthwise / small-group kernels only, mobilenet_v3_small B8 1.20x (one). 0: none (a switch for A/B).
+IMAGES_PER_CORE = 2
 #: The taps of the kernel's last axis are unrolled up to this many (1.2x for resnet18's 7x7 stem, ~1.02x 3x3).
 _UNROLL_TAPS = 7
 
@@ -78,15 +97,16 @@ def _attach_epilogue(sch: s_tir.Schedule, func, conv, loop, relayout=None) -> li
 
 def _pad_per_batch(sch: s_tir.Schedule, n_loop, parallel: bool, at_root: bool = False) -> None:
     """The padded input computed under the batch loop (one pass over each batch element's input); `at_root`: as
-    a loop nest of its own before the convolution (over flattened positions, `te_conv.FLAT_POSITIONS`: the region
+    a loop nest of its own before the convolution (the parallel variant with `BATCH_IN_PARALLEL`; over flattened
+    positions, `te_conv.FLAT_POSITIONS`: the region
     of one batch element that compute_at inferred from h = p // W, w = p % W spanned 2 W + 1 columns, a predicate
     skipping W - 1 of them: the 64-channel 3x3 layer at 56 x 56 took 1.85x its time)."""
     pads = [b for b in child_blocks(sch) if sch.get(b).name_hint.startswith(PAD_BLOCK)]
     for pad in pads:
-        if at_root:
-            loops = sch.get_loops(pad)[:-1]
+        if at_root:     # n, c, rows... (phases: the phase and the columns stay inside, as below)
+            loops = sch.get_loops(pad)[:-2 if sch.get(pad).name_hint.startswith(PHASES_BLOCK) else -1]
             if parallel:
-                sch.parallel(sch.fuse(*loops))
+                sch.parallel(sch.fuse(*loops) if len(loops) > 1 else loops[0])
             continue
         if schedule_phases(sch, pad, n_loop, parallel):
             continue
@@ -153,9 +173,10 @@ def _over_positions(sch: s_tir.Schedule, epi, n_sp: int) -> bool:
     return len(ivs) == 2 + n_sp and not all(is_one(iv.dom.extent) for iv in ivs[2:])
 
 
-def _sched_conv(func, target, name: str, exact: bool, parallel: bool) -> tirx.PrimFunc:
+def _sched_conv(func, target, name: str, exact: bool, parallel: bool, images: bool = False) -> tirx.PrimFunc:
     """`exact`: the row tile divides the output rows (else `te_conv` computed whole tiles and the epilogue
-    keeps the first W positions, under a predicate)."""
+    keeps the first W positions, under a predicate). `images`: parallel over the batch alone, each image's padded
+    copy and convolution serial inside (`IMAGES_PER_CORE`)."""
     sch = s_tir.Schedule(func)
     conv = sch.get_sblock(name)
     ocv = name.startswith(OCV_BLOCK)
@@ -195,7 +216,15 @@ def _sched_conv(func, target, name: str, exact: bool, parallel: bool) -> tirx.Pr
     if ocv:  # the accumulator tile [tw, vb]: each register one output position's vb channels
         sch.transform_layout(conv, ("write", 0), tirx.IndexMap.from_func(
             lambda *i: (i[0], *i[2:], i[1]), ndim=2 + n_loop_sp))
-    _pad_per_batch(sch, n, parallel, at_root=flat)
+    if images:
+        _pad_per_batch(sch, n, False, at_root=flat)
+        sch.parallel(n)
+        parallel = False
+    batch_tasks = parallel and BATCH_IN_PARALLEL
+    if not images:
+        _pad_per_batch(sch, n, parallel, at_root=flat or batch_tasks)
+    if batch_tasks:     # one parallel loop over the batch too (`BATCH_IN_PARALLEL`)
+        tasks = [n, *tasks]
     if parallel:
         sch.parallel(sch.fuse(*tasks) if len(tasks) > 1 else tasks[0])
     if ocv:
@@ -233,4 +262,12 @@ def conv_select(func, target, name: str) -> tirx.PrimFunc:
     inline_spatial(func, sch, keep=(PAD_BLOCK,))
     inlined = sch.mod["main"]
     work = total_work(sch, child_blocks(sch))
-    return _select(inlined, _parallel_cands(work, target, lambda par: _sched_conv(inlined, target, name, exact, par)))
+    cands = _parallel_cands(work, target, lambda par: _sched_conv(inlined, target, name, exact, par))
+    cores = int(target.attrs.get("num-cores", 1))
+    conv = sch.get(sch.get_sblock(name))
+    if BATCH_IN_PARALLEL and IMAGES_PER_CORE and len(cands) > 1 and FLAT_ATTR not in conv.annotations:
+        batch = tirx.Cast("int64", conv.iter_vars[0].dom.extent)
+        images = tirx.all(batch >= tirx.IntImm("int64", cores * IMAGES_PER_CORE),
+                          tirx.floormod(batch, tirx.IntImm("int64", cores)) == tirx.IntImm("int64", 0))
+        cands.insert(len(cands) - 1, (images, lambda: _sched_conv(inlined, target, name, exact, True, images=True)))
+    return _select(inlined, cands)
