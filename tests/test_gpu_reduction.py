@@ -108,6 +108,23 @@ def test_keyed_max_is_reduced_across_threads_and_the_custom_reducer_is_declined(
     assert InnerReduction().apply(func, gpu.cuda_target("sm_90"), False) is None
 
 
+def test_a_reduction_to_one_value_runs_in_one_block_not_a_launch_per_element():
+    """With no spatial loop to bind, dlight's fallback left the reduction's loops on the host: every element was a
+    kernel launch (branchy's max over [B, 32]: 32 B launches per call). Its first loop is now a thread binding,
+    whatever the reduced extent (symbolic, short, long)."""
+    from tvm import tirx
+
+    from dyntvm.codegen.te_kernels import te_nan_reduce_keyed
+    n = tirx.Var("n", "int64")
+    for shape in ((n, 32), (3, 5), (1000, 7), (n, n)):
+        for is_max in (True, False):
+            script = _scheduled(lambda x: te_nan_reduce_keyed(x, [0, 1], False, is_max), shape)
+            head = script[:script.index('T.sblock("key")')]
+            loops = [line.strip() for line in head.splitlines() if line.strip().startswith("for ")]
+            assert loops and "T.thread_binding" in loops[0], (shape, loops)
+            assert 'thread="threadIdx.x"' in head, shape
+
+
 @needs_nvcc
 def test_argmax_model_builds_device_code(tmp_path):
     model = dt.compile(lambda x: (F.argmax(x, axis=1), F.max(x, axis=1)), dt.TensorSpec(("N", 1000)),

@@ -141,16 +141,17 @@ def fuse_passes(target) -> list:
 
 def dlight_pass():
     """dlight's default GPU schedules, the rules of Relax's CUDA pipeline (kernels already scheduled kept), with
-    `InnerReduction` before the fallback (the max / min / argmax reductions dlight's rules do not take), and
-    first dyntvm's `ElementwiseGroup` (a merged multi-output elementwise kernel) and `SmallMMatmul` (a matmul
+    `InnerReduction` before the fallback (the max / min / argmax reductions dlight's rules do not take) and, for
+    reductions to one value, before `GeneralReduction` (`ReductionToOne`: that rule left their loops on the host),
+    and first dyntvm's `ElementwiseGroup` (a merged multi-output elementwise kernel) and `SmallMMatmul` (a matmul
     over a one-var batch of rows)."""
     from tvm.s_tir import dlight as dl
 
     from .gpu_fuse import elementwise_group_rule
     from .gpu_gemv import small_m_rule
-    from .gpu_reduction import InnerReduction
+    from .gpu_reduction import InnerReduction, ReductionToOne
     return dl.ApplyDefaultSchedule(elementwise_group_rule(), small_m_rule(), dl.gpu.Matmul(), dl.gpu.GEMV(),
-                                   dl.gpu.Reduction(), dl.gpu.GeneralReduction(), InnerReduction(),
+                                   dl.gpu.Reduction(), ReductionToOne(), dl.gpu.GeneralReduction(), InnerReduction(),
                                    dl.gpu.Fallback())
 
 

@@ -12,6 +12,13 @@ strided slice, then the partial results are combined across the block), an injec
 same block. `rfactor` accepts the reducers TVM recognises (sum, product, min, max, bitwise ones); a reducer it does
 not recognise makes the rule decline, as does a reduction over a short or non-innermost extent (threads over the
 outputs, `Fallback`'s form, read memory contiguously there).
+
+A reduction to one value (no spatial extent: ``max(abs(h))`` over all of ``h``) is never left to `Fallback`: with no
+spatial loop to bind, its reduction loops stayed on the host and every element was a kernel launch of its own
+(branchy's ``max`` over [B, 32] launched 32 B kernels per call: ~2 ms at B = 16 on an H200). It gets one block
+whose threads each reduce a strided slice and combine across the block (TVM's cross-thread reduction, no
+`rfactor`: TVM 0.27's rfactor fails on a block whose only spatial loop is a unit loop), whatever its extent; the
+decoding epilogue of a keyed max / min runs as a one-thread kernel after it.
 """
 from __future__ import annotations
 
@@ -33,6 +40,10 @@ def _threads(extent) -> int:
     while n < MAX_THREADS and n < int(extent):
         n *= 2
     return n
+
+
+def _is_one(extent) -> bool:
+    return isinstance(extent, (int, tirx.IntImm)) and int(extent) == 1
 
 
 def _reduced_extent(info):
@@ -61,9 +72,42 @@ def _innermost_read_is_reduced(block, info) -> bool:
 class InnerReduction(GPUScheduleRule):
     """One thread block per output element, the reduced extent split over its threads (see the module doc)."""
 
+    to_one_only = False
+
     def apply(self, func, target, _tunable):
         if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
             return None
+        prepared = self._prepare(func)
+        if prepared is None:
+            return None
+        sch, red, epilogue = prepared
+        extent = _reduced_extent(red)
+        to_one = all(it.kind != "S" or _is_one(it.dom) for it in red.iters)      # a reduction to one value
+        if self.to_one_only and not to_one:
+            return None
+        short = isinstance(extent, (int, tirx.IntImm)) and int(extent) < MIN_REDUCED
+        if not short:
+            try:
+                if _innermost_read_is_reduced(sch.get(red.block_rv), red):
+                    self._schedule(sch, red, epilogue, _threads(extent))
+                    return sch
+            except (s_tir.ScheduleError, ValueError, AssertionError, RuntimeError):  # a reducer rfactor does not take
+                pass
+            if not to_one:
+                return None
+            sch, red, epilogue = self._prepare(func)         # the failed attempt left `sch` half scheduled
+        if not to_one:
+            return None
+        try:
+            self._schedule_to_one(sch, red, epilogue, _threads(extent))
+            s_tir.transform.LowerCrossThreadReduction()(sch.mod)    # a reducer TVM cannot combine across threads
+        except (s_tir.ScheduleError, ValueError, AssertionError, RuntimeError):
+            return None
+        return sch
+
+    @staticmethod
+    def _prepare(func):
+        """(schedule, reduction block info, epilogue info or None) of a lone reduction (+ injective epilogue)."""
         sch = s_tir.Schedule(func)
         infos = normalize_prim_func(sch)
         if infos is None:
@@ -77,16 +121,24 @@ class InnerReduction(GPUScheduleRule):
             return None
         if epilogue is not None and not epilogue.is_injective():
             return None
-        extent = _reduced_extent(red)
-        if isinstance(extent, (int, tirx.IntImm)) and int(extent) < MIN_REDUCED:
-            return None
-        try:
-            if not _innermost_read_is_reduced(block, red):
-                return None
-            self._schedule(sch, red, epilogue, _threads(extent))
-        except (s_tir.ScheduleError, ValueError, AssertionError):   # a reducer rfactor does not recognise, ...
-            return None
-        return sch
+        return sch, red, epilogue
+
+    @staticmethod
+    def _schedule_to_one(sch, red, epilogue, len_tx: int) -> None:
+        """One block: thread t reduces elements t, t + len_tx, ..., then the block combines (see the module doc)."""
+        block_rv = red.block_rv
+        s_loops = [it.loop_rv for it in red.iters if it.kind == "S"]
+        r_loops = [it.loop_rv for it in red.iters if it.kind == "R"]
+        sch.reorder(*s_loops, *r_loops)
+        r = sch.fuse(*r_loops)
+        r_outer, tx = sch.split(r, factors=[None, len_tx])
+        sch.reorder(tx, r_outer)
+        sch.bind(tx, "threadIdx.x")
+        if s_loops:
+            sch.bind(sch.fuse(*s_loops), "blockIdx.x")
+        if epilogue is not None:
+            loops = sch.get_loops(epilogue.block_rv)
+            sch.bind(sch.fuse(*loops) if loops else sch.add_unit_loop(epilogue.block_rv), "threadIdx.x")
 
     @staticmethod
     def _schedule(sch, red, epilogue, len_tx: int) -> None:
@@ -117,3 +169,10 @@ class InnerReduction(GPUScheduleRule):
         if epilogue is not None:
             sch.reverse_compute_at(epilogue.block_rv, bx, preserve_unit_loops=True)
             sch.set_scope(block_rv, 0, "local")
+
+
+class ReductionToOne(InnerReduction):
+    """`InnerReduction` for reductions to one value only, placed before dlight's `GeneralReduction`, which takes
+    a lone max / min to one value and leaves its loops on the host (a kernel launch per element)."""
+
+    to_one_only = True
