@@ -103,9 +103,9 @@ def _vars_in(expr) -> set:
 
 def _rule_cls():
     from tvm import s_tir, tirx
-    from tvm.s_tir.dlight.analysis import normalize_prim_func
-    from tvm.s_tir.dlight.base import try_inline_contiguous_spatial
     from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
+
+    from .gpu_reduction import lone_reduction
 
     def _is_static(dom) -> bool:
         return isinstance(dom, (int, tirx.IntImm))
@@ -169,16 +169,10 @@ def _rule_cls():
                 return None
             if func.attrs is None or not func.attrs.get(ATTR, False):
                 return None
-            sch = s_tir.Schedule(func)
-            infos = normalize_prim_func(sch)
-            if infos is None:
+            found = lone_reduction(func)
+            if found is None:
                 return None
-            infos = try_inline_contiguous_spatial(sch, infos)
-            if not infos or len(infos) > 2:
-                return None
-            red, epilogue = infos[0], (infos[1] if len(infos) == 2 else None)
-            if not red.is_reduction() or (epilogue is not None and not epilogue.is_injective()):
-                return None
+            sch, red, epilogue = found
             form = _matmul_form(sch, red)
             if form is None:
                 return None

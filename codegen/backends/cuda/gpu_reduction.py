@@ -42,6 +42,22 @@ def _threads(extent) -> int:
     return n
 
 
+def lone_reduction(func):
+    """(schedule, reduction block info, epilogue info or None) of a PrimFunc that is one reduction block and at
+    most one injective epilogue (after inlining contiguous spatial blocks), else None."""
+    sch = s_tir.Schedule(func)
+    infos = normalize_prim_func(sch)
+    if infos is None:
+        return None
+    infos = try_inline_contiguous_spatial(sch, infos)
+    if not infos or len(infos) > 2:
+        return None
+    red, epilogue = infos[0], (infos[1] if len(infos) == 2 else None)
+    if not red.is_reduction() or (epilogue is not None and not epilogue.is_injective()):
+        return None
+    return sch, red, epilogue
+
+
 def _is_one(extent) -> bool:
     return isinstance(extent, (int, tirx.IntImm)) and int(extent) == 1
 
@@ -107,21 +123,14 @@ class InnerReduction(GPUScheduleRule):
 
     @staticmethod
     def _prepare(func):
-        """(schedule, reduction block info, epilogue info or None) of a lone reduction (+ injective epilogue)."""
-        sch = s_tir.Schedule(func)
-        infos = normalize_prim_func(sch)
-        if infos is None:
+        """`lone_reduction`, of one output written by a reduction over a reduced iter."""
+        found = lone_reduction(func)
+        if found is None:
             return None
-        infos = try_inline_contiguous_spatial(sch, infos)
-        if not infos or len(infos) > 2:
+        sch, red, _ = found
+        if "R" not in red.dom_kind() or len(sch.get(red.block_rv).writes) != 1:
             return None
-        red, epilogue = infos[0], (infos[1] if len(infos) == 2 else None)
-        block = sch.get(red.block_rv)
-        if not red.is_reduction() or "R" not in red.dom_kind() or len(block.writes) != 1:
-            return None
-        if epilogue is not None and not epilogue.is_injective():
-            return None
-        return sch, red, epilogue
+        return found
 
     @staticmethod
     def _schedule_to_one(sch, red, epilogue, len_tx: int) -> None:
