@@ -34,11 +34,31 @@ READS_KEPT = 8                # host copies (and gather indices) of device tenso
 _STRONG = 0xFFFFFFFF          # tvm-ffi's object header: strong references in the low 32 bits of its first word
 
 
+def _python_refs(t) -> int:
+    return sys.getrefcount(t)
+
+
 def _held_elsewhere(t: _Tensor) -> bool:
-    """Whether anything but the pool's list holds tensor `t`: a Python reference (the list's, this call's
-    argument and the caller's loop variable are the 3 expected) or a TVM one (a view, a VM register, an
-    array: tvm-ffi's strong count, 1 for the one Python wrapper)."""
-    return sys.getrefcount(t) > 4 or ctypes.c_uint64.from_address(t.__chandle__()).value & _STRONG != 1
+    """Whether anything but the pool's list holds tensor `t` (the caller's loop variable over that list): a Python
+    reference beyond those of this call chain (`_PY_REFS`, measured the same way at import: the interpreter's
+    own count differs between versions) or a TVM one (a view, a VM register, an array: tvm-ffi's strong count,
+    1 for the one Python wrapper)."""
+    return _python_refs(t) > _PY_REFS or ctypes.c_uint64.from_address(t.__chandle__()).value & _STRONG != 1
+
+
+def _measured_refs(t) -> int:
+    return _python_refs(t)
+
+
+def _refs_of_a_kept_object() -> int:
+    """What `_held_elsewhere` sees for an object only a list and the loop variable over it hold."""
+    kept = [object()]
+    for t in kept:
+        return _measured_refs(t)
+    return 0
+
+
+_PY_REFS = _refs_of_a_kept_object()
 
 
 class BufferPool:
