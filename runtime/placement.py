@@ -85,17 +85,19 @@ class BufferPool:
         nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
         if nbytes > self.max_bytes or (kept is not None and len(kept) >= self.per_shape):
             return t                                  # not kept: freed when dropped
+        self._trim(key, self.max_bytes - nbytes)
+        if self.bytes + nbytes > self.max_bytes:      # this shape's own buffers fill the budget: not kept
+            return t
         if kept is None:
             kept = self.buffers[key] = []
         kept.append(t)
         self.bytes += nbytes
-        self._trim(key)
         return t
 
-    def _trim(self, keep) -> None:
-        """Drop the least recently used shapes' buffers until the pool is within `max_bytes` (a buffer still in
-        use stays alive with its holder and is freed when it drops it)."""
-        while self.bytes > self.max_bytes and len(self.buffers) > 1:
+    def _trim(self, keep, budget: int) -> None:
+        """Drop the least recently used other shapes' buffers until the pool holds at most `budget` bytes (a
+        buffer still in use stays alive with its holder and is freed when it drops it)."""
+        while self.bytes > budget and len(self.buffers) > (keep in self.buffers):
             key = next(iter(self.buffers))
             if key == keep:
                 self.buffers.move_to_end(key)

@@ -59,6 +59,9 @@ def test_the_pool_keeps_at_most_its_byte_budget():
     for _ in range(4):                                     # held ones: at most `per_shape` are kept
         held = [pool.empty((2,), "float32") for _ in range(3)]
     assert len(pool.buffers[((2,), "float32")]) == 2 and len(held) == 3
+    pool = BufferPool(tvm.cpu(), max_bytes=64, per_shape=8)
+    held = [pool.empty((12,), "float32") for _ in range(8)]   # 48 bytes each: one shape alone over the budget
+    assert pool.bytes <= 64 and len(pool.buffers[((12,), "float32")]) == 1
 
 
 def test_repeated_calls_allocate_no_device_buffers(cache_dir):

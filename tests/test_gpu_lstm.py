@@ -66,6 +66,21 @@ def test_the_cuda_lstm_step_is_two_kernels():
     assert any("merged" in k for k in body)
 
 
+@needs_nvcc
+@pytest.mark.skipif(HAS_GPU, reason="counts the kernels in CUDA source, which a GPU host compiles away")
+def test_wheres_stay_fused_unless_their_condition_is_broadcast():
+    """On CUDA relu / clip are ``where``s of a condition shaped like their result: they stay in the matmul's
+    kernel. A ``where`` whose condition is broadcast (one bool per row: a loop body's cond as a select) is a
+    kernel of its own (`gpu_select`: vectorized, TVM's CUDA codegen prints it as code nvcc rejects)."""
+    w = np.random.default_rng(0).standard_normal((64, 32)).astype(np.float32)
+    relu = _kernels(lambda x: F.relu(F.matmul(x, w) + 1.0), dt.TensorSpec(("B", 64)))
+    clip = _kernels(lambda x: F.clip(F.matmul(x, w), 0.0, 6.0), dt.TensorSpec(("B", 64)))
+    assert len(relu) == 1 and len(clip) == 1, (relu, clip)
+    rows = _kernels(lambda x: F.where(F.sum(x, axis=1, keepdims=True) > 0, F.matmul(x, w), F.tanh(F.matmul(x, w))),
+                    dt.TensorSpec(("B", 64)))
+    assert any(k.startswith("where") for k in rows), rows
+
+
 def _fused(fn, *specs):
     import tvm
     target = gpu.cuda_target("sm_90")

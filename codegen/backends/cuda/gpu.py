@@ -133,7 +133,8 @@ def fuse_passes(target) -> list:
     from .gpu_fuse import merge_pass
     from .gpu_select import opaque_wheres
     legalize = cuda_pipeline.legalize_passes(target)
-    assert legalize[1].info.name == "AnnotateTIROpPattern", legalize      # the wheres are marked after it
+    if legalize[1].info.name != "AnnotateTIROpPattern":        # the wheres are marked after it (also under -O)
+        raise RuntimeError(f"dyntvm: TVM's CUDA legalize passes changed: {[p.info.name for p in legalize]}")
     # legalize[-2:]: FuseTIR, then dlight's schedules (dyntvm's own `dlight_pass` replaces them)
     return (cuda_pipeline.library_dispatch_passes(target) + legalize[:2] + [opaque_wheres] + legalize[2:-2]
             + [merge_pass(), legalize[-2]])
