@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from tvm import s_tir, tirx
 
-from .cpu_schedule_depthwise import schedule_phases, spv_channel_block
+from .cpu_schedule_depthwise import copy_per_channel_block, schedule_phases, spv_channel_block
 from .cpu_schedule_dispatch import _parallel_cands, _select
 from .cpu_inline import inline_spatial
 from . import cpu_sched_helpers
@@ -221,7 +221,9 @@ def _sched_conv(func, target, name: str, exact: bool, parallel: bool, images: bo
         sch.parallel(n)
         parallel = False
     batch_tasks = parallel and BATCH_IN_PARALLEL
-    if not images:
+    if not images and not ocv and not batch_tasks and copy_per_channel_block(sch, oo):
+        tasks = [oo]    # the rows serial under the block's copy
+    elif not images:
         _pad_per_batch(sch, n, parallel, at_root=flat or batch_tasks)
     if batch_tasks:     # one parallel loop over the batch too (`BATCH_IN_PARALLEL`)
         tasks = [n, *tasks]

@@ -10,6 +10,15 @@ from __future__ import annotations
 #: Accumulator vectors of one spv tile (channels x vectors per row tile); AVX2 has 16 registers, and each
 #: FMA needs an input vector and a broadcast weight besides.
 SPV_ACCUMULATORS = 8
+#: A strided spv conv's phases copy (`te_conv._padded_phases`) computed per block of output channels, inside the
+#: conv's (parallel) channel block loop, just before the block's rows read it (`copy_per_channel_block`): a few KB
+#: that stay in L1 / L2, not the whole image's copy (all channels) written first and read back (mobilenet_v3_small's
+#: 288-channel 5x5 / 2 layer at 14: 400 KB of phases besides 225 KB of input, past the L2). Only with at least
+#: `COPY_BLOCKS_MIN` channel blocks: the blocks are then the only parallel tasks (not blocks x rows), and a 16-channel
+#: layer (4 blocks of 112-wide planes) was slower; unstrided copies (padded, `te_conv.SPLIT_SPV_PADDING`) were 1.07-
+#: 1.13x slower this way (the 5x5 layers at 14 and 7) and stay per image. False: per image for all.
+COPY_PER_CHANNEL_BLOCK = True
+COPY_BLOCKS_MIN = 16
 
 
 def spv_channel_block(channels, row_tile: int, lanes: int) -> int:
@@ -75,4 +84,25 @@ def schedule_phases(sch, block, n_loop, parallel: bool) -> bool:
     if phases:
         sch.reorder(loops[-1], loops[-2])
         sch.unroll(loops[-2])
+    return True
+
+
+def copy_per_channel_block(sch, block_loop) -> bool:
+    """A strided spv conv's phases copy computed under the conv's channel block loop `block_loop`
+    (`COPY_PER_CHANNEL_BLOCK`, with at least `COPY_BLOCKS_MIN` blocks), iterated (column, phase) with the phase
+    unrolled (as `schedule_phases`). Returns False (nothing done) otherwise: no phases copy, an unpadded copy
+    too, the switch off, fewer blocks or a symbolic channel count."""
+    from ...te_conv import PAD_BLOCK, PHASES_BLOCK
+    from .cpu_sched_helpers import child_blocks, loop_extent
+    blocks = loop_extent(sch, block_loop)
+    if not COPY_PER_CHANNEL_BLOCK or not isinstance(blocks, int) or blocks < COPY_BLOCKS_MIN:
+        return False
+    pads = [b for b in child_blocks(sch) if sch.get(b).name_hint.startswith(PAD_BLOCK)]
+    if not pads or not all(sch.get(b).name_hint.startswith(PHASES_BLOCK) for b in pads):
+        return False
+    for pad in pads:
+        sch.compute_at(pad, block_loop, preserve_unit_loops=True)
+        phase, column = sch.get_loops(pad)[-2:]
+        sch.reorder(column, phase)
+        sch.unroll(phase)
     return True
