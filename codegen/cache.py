@@ -48,7 +48,8 @@ SWITCHES = (("te_conv", "PHASED_STRIDES"), ("te_conv", "SPLIT_PHASES"),
             ("te_conv", "FLAT_MIN_REDUCTION"), ("vm_program", "INLINE_REGIONS"),
             ("backends.cpu.cpu_prepack", "PREPACK_WEIGHTS"), ("backends.cpu.cpu_schedule_conv", "BATCH_IN_PARALLEL"),
             ("backends.cpu.cpu_schedule_conv", "IMAGES_PER_CORE"),
-            ("backends.cpu.cpu_schedule_depthwise", "COPY_PER_CHANNEL_BLOCK"), ("backends.cuda.gpu_fuse", "MERGE_ELEMENTWISE"),
+            ("backends.cpu.cpu_schedule_depthwise", "COPY_PER_CHANNEL_BLOCK"),
+            ("backends.cpu.cpu_schedule_depthwise", "COPY_BLOCKS_MIN"), ("backends.cuda.gpu_fuse", "MERGE_ELEMENTWISE"),
             ("backends.cuda.gpu_gemv", "SMALL_M_GEMV"))
 
 
