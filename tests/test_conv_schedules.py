@@ -239,16 +239,16 @@ def _blocks_under_loops(func) -> list:
     return out
 
 
-@pytest.mark.parametrize("k", [3, 5])
+@pytest.mark.parametrize("k,c", [(3, 64), (5, 64), (5, 144)])
 @pytest.mark.parametrize("per_block", [False, True])
-def test_strided_depthwise_copy_per_channel_block(per_block, k, monkeypatch, conv_log):
-    """`cpu_schedule_depthwise.COPY_PER_CHANNEL_BLOCK`: a strided depthwise conv of 64 channels (16 blocks of 4,
-    `COPY_BLOCKS_MIN`) computes its phases copy under the conv's channel block loop (switch on), else once per
-    image; both equal numpy at symbolic sizes (1 x 1, odd, 14 x 14, an empty batch) and are one conv kernel."""
+def test_strided_depthwise_copy_per_channel_block(per_block, k, c, monkeypatch, conv_log):
+    """`cpu_schedule_depthwise.COPY_PER_CHANNEL_BLOCK`: a strided depthwise conv of 144 channels (36 blocks of 4,
+    at least `COPY_BLOCKS_MIN`; its phases copy not split, `te_conv.SPLIT_PHASES_MAX_CHANNELS`) computes the copy
+    under the conv's channel block loop (switch on), else once per image, as a 64-channel one (split) always does;
+    all equal numpy at symbolic sizes (1 x 1, odd, 14 x 14, an empty batch) and are one conv kernel."""
     from dyntvm.codegen.backends.cpu import cpu_schedule_depthwise as dw
-    from dyntvm.codegen.te_conv import PHASES_BLOCK, SPV_BLOCK
+    from dyntvm.codegen.te_conv import PHASES_BLOCK, SPLIT_PHASES_MAX_CHANNELS, SPV_BLOCK
     monkeypatch.setattr(dw, "COPY_PER_CHANNEL_BLOCK", per_block)
-    c = 64
     w = RNG.standard_normal((c, 1, k, k)).astype("float32")
     b = RNG.standard_normal(c).astype("float32")
 
@@ -268,8 +268,9 @@ def test_strided_depthwise_copy_per_channel_block(per_block, k, monkeypatch, con
     with target:
         mod = tvm.transform.Sequential(cpu_schedule.fuse_passes(target) + [cpu_schedule.cpu_schedule_pass(target)])(mod)
     (func,) = [f for gv, f in mod.functions_items() if "dt_conv" in gv.name_hint]
+    assert ("likely" in func.script()) == (c < SPLIT_PHASES_MAX_CHANNELS)
     per_block_loops = [ext for ext, blocks in _blocks_under_loops(func)
                        if isinstance(ext, tvm.tirx.IntImm) and int(ext) == c // 4
                        and any(n.startswith(PHASES_BLOCK) for n in blocks)
                        and any(n.startswith(SPV_BLOCK) for n in blocks)]
-    assert bool(per_block_loops) == per_block, func
+    assert bool(per_block_loops) == (per_block and c >= SPLIT_PHASES_MAX_CHANNELS), func

@@ -201,7 +201,8 @@ def _sched_conv(func, target, name: str, exact: bool, parallel: bool, images: bo
         red, unrolled = _channels_inside_taps(sch, red, n_sp)
         sch.reorder(n, oo, *spatial[:-1], wo, *red, wi, oi)
     else:
-        oo, oi = sch.split(o, [None, spv_channel_block(loop_extent(sch, o), tw, lanes)])
+        channels = loop_extent(sch, o)
+        oo, oi = sch.split(o, [None, spv_channel_block(channels, tw, lanes)])
         tasks = [oo, *spatial[:-1]]
         sch.reorder(n, *tasks, wo, *red, oi, wi)
     epi_channels_last = {}
@@ -221,7 +222,7 @@ def _sched_conv(func, target, name: str, exact: bool, parallel: bool, images: bo
         sch.parallel(n)
         parallel = False
     batch_tasks = parallel and BATCH_IN_PARALLEL
-    if not images and not ocv and not batch_tasks and copy_per_channel_block(sch, oo):
+    if not images and not ocv and not batch_tasks and copy_per_channel_block(sch, oo, channels):
         tasks = [oo]    # the rows serial under the block's copy
     elif not images:
         _pad_per_batch(sch, n, parallel, at_root=flat or batch_tasks)

@@ -10,13 +10,14 @@ from __future__ import annotations
 #: Accumulator vectors of one spv tile (channels x vectors per row tile); AVX2 has 16 registers, and each
 #: FMA needs an input vector and a broadcast weight besides.
 SPV_ACCUMULATORS = 8
-#: A strided spv conv's phases copy (`te_conv._padded_phases`) computed per block of output channels, inside the
-#: conv's (parallel) channel block loop, just before the block's rows read it (`copy_per_channel_block`): a few KB
-#: that stay in L1 / L2, not the whole image's copy (all channels) written first and read back (mobilenet_v3_small's
-#: 288-channel 5x5 / 2 layer at 14: 400 KB of phases besides 225 KB of input, past the L2). Only with at least
-#: `COPY_BLOCKS_MIN` channel blocks: the blocks are then the only parallel tasks (not blocks x rows), and a 16-channel
-#: layer (4 blocks of 112-wide planes) was slower; unstrided copies (padded, `te_conv.SPLIT_SPV_PADDING`) were 1.07-
-#: 1.13x slower this way (the 5x5 layers at 14 and 7) and stay per image. False: per image for all.
+#: A strided spv conv's phases copy left unsplit (`te_conv.SPLIT_PHASES_MAX_CHANNELS`: static channels, at least
+#: that many) computed per block of output channels, inside the conv's (parallel) channel block loop, just before the
+#: block's rows read it (`copy_per_channel_block`): a few KB that stay in L1, not the whole image's copy (all channels)
+#: written first and read back (mobilenet_v3_small's 288-channel 5x5 / 2 layer at 14: 400 KB of phases besides 225 KB
+#: of input, past the L2); with at least `COPY_BLOCKS_MIN` blocks, which are then the only parallel tasks (not blocks
+#: x rows). Per block, split copies measured 0.91-0.94x (72 channels, 3x3 / 2 at 56) but 1.03-1.13x (96, 5x5 / 2 at
+#: 28) and 1.13x (16 at 112: 4 blocks), unstrided ones 1.07-1.13x (the 5x5 layers at 14 and 7): they stay per
+#: image. False: per image for all.
 COPY_PER_CHANNEL_BLOCK = True
 COPY_BLOCKS_MIN = 16
 
@@ -87,15 +88,17 @@ def schedule_phases(sch, block, n_loop, parallel: bool) -> bool:
     return True
 
 
-def copy_per_channel_block(sch, block_loop) -> bool:
-    """A strided spv conv's phases copy computed under the conv's channel block loop `block_loop`
+def copy_per_channel_block(sch, block_loop, channels) -> bool:
+    """A strided spv conv's unsplit phases copy (`channels`: the conv's output channels, an int at least
+    `te_conv.SPLIT_PHASES_MAX_CHANNELS`) computed under the conv's channel block loop `block_loop`
     (`COPY_PER_CHANNEL_BLOCK`, with at least `COPY_BLOCKS_MIN` blocks), iterated (column, phase) with the phase
     unrolled (as `schedule_phases`). Returns False (nothing done) otherwise: no phases copy, an unpadded copy
-    too, the switch off, fewer blocks or a symbolic channel count."""
-    from ...te_conv import PAD_BLOCK, PHASES_BLOCK
+    too, the switch off, fewer channels or blocks, or a symbolic channel count."""
+    from ...te_conv import PAD_BLOCK, PHASES_BLOCK, SPLIT_PHASES_MAX_CHANNELS
     from .cpu_sched_helpers import child_blocks, loop_extent
     blocks = loop_extent(sch, block_loop)
-    if not COPY_PER_CHANNEL_BLOCK or not isinstance(blocks, int) or blocks < COPY_BLOCKS_MIN:
+    if (not COPY_PER_CHANNEL_BLOCK or not isinstance(blocks, int) or blocks < COPY_BLOCKS_MIN
+            or not isinstance(channels, int) or channels < SPLIT_PHASES_MAX_CHANNELS):
         return False
     pads = [b for b in child_blocks(sch) if sch.get(b).name_hint.startswith(PAD_BLOCK)]
     if not pads or not all(sch.get(b).name_hint.startswith(PHASES_BLOCK) for b in pads):
