@@ -12,13 +12,13 @@ from __future__ import annotations
 SPV_ACCUMULATORS = 8
 #: A strided spv conv's phases copy left unsplit (`te_conv.SPLIT_PHASES_MAX_CHANNELS`: static channels, at least
 #: that many) computed per block of output channels, inside the conv's (parallel) channel block loop, just before the
-#: block's rows read it (`copy_per_channel_block`): a few KB that stay in L1, not the whole image's copy (all channels)
-#: written first and read back (mobilenet_v3_small's 288-channel 5x5 / 2 layer at 14: 400 KB of phases besides 225 KB
-#: of input, past the L2); with at least `COPY_BLOCKS_MIN` blocks, which are then the only parallel tasks (not blocks
-#: x rows). Per block, split copies measured 0.91-0.94x (72 channels, 3x3 / 2 at 56) but 1.03-1.13x (96, 5x5 / 2 at
-#: 28) and 1.13x (16 at 112: 4 blocks), unstrided ones 1.07-1.13x (the 5x5 layers at 14 and 7): they stay per
-#: image. False: per image for all.
-COPY_PER_CHANNEL_BLOCK = True
+#: block's rows read it (`copy_per_channel_block`; with at least `COPY_BLOCKS_MIN` blocks, which are then the only
+#: parallel tasks, not blocks x rows), not the whole image's copy (all channels) written first and read back. Off: the
+#: 288-channel 5x5 / 2 layer at 14 (unsplit) took 0.99-1.14x its time per image (4 runs, bench_dw_layers one thread).
+#: Split copies per block (all strided ones, before this rule): 0.91-0.94x (72 channels, 3x3 / 2 at 56), 0.88-0.96x
+#: (288 split), but 1.03-1.13x (96, 5x5 / 2 at 28) and 1.13x (16 at 112: 4 blocks); unstrided copies per block
+#: 1.07-1.13x (the 5x5 layers at 14 and 7). A switch for A/B.
+COPY_PER_CHANNEL_BLOCK = False
 COPY_BLOCKS_MIN = 16
 
 
