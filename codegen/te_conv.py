@@ -63,9 +63,9 @@ PHASED_STRIDES = True
 SPLIT_PHASES = True
 #: ... but not for a conv of at least this many (static) channels, where the rows are short in the nets that have
 #: them: mobilenet_v3_small's 288-channel 5x5 / 2 layer at 14 (10 phase columns, 7 of them interior: a vector loop
-#: of 4, a scalar remainder and the padding loops per row) took 1.1-1.34x its unsplit copy's time (both computed per
-#: channel block, `cpu_schedule_depthwise.COPY_PER_CHANNEL_BLOCK`), the 72- and 16-channel 3x3 / 2 layers at 56 and
-#: 112 0.85x and 0.6-0.7x. Not split: a test per element, unrolled by phase.
+#: of 4, a scalar remainder and the padding loops per row) took 1.56-1.6x its unsplit copy's time (per image; per
+#: channel block, `cpu_schedule_depthwise.COPY_PER_CHANNEL_BLOCK`, 1.1-1.34x), where the 72- and 16-channel 3x3 / 2
+#: layers at 56 and 112 took 0.85x and 0.6-0.7x. Not split: a test per element, unrolled by phase.
 SPLIT_PHASES_MAX_CHANNELS = 128
 #: ... and the padded copy of an unstrided spv convolution (depthwise, small groups: `_padded`'s `split_columns`),
 #: parallel over channels (`cpu_schedule_depthwise.schedule_phases`); False: masked loads per element (LLVM's mask
