@@ -4,10 +4,12 @@ against onnxruntime's Conv (group = C) + Relu / HardSwish at batch 1 (or --batch
 the same process in alternating blocks in this thread's CPU time (one thread on both sides); results checked
 against onnxruntime first. (`bench_conv_layers.py` does the same for resnet18's dense layers.)
 
-    .venv/bin/python benchmarks/bench_dw_layers.py [--batch 1] [--rounds 5] [--only 5x5] [--ab MODULE.NAME] [--kernel]
+    .venv/bin/python benchmarks/bench_dw_layers.py [--batch 1] [--rounds 5] [--only 5x5] [--ab MODULE.NAME[=VALUE]]
+        [--kernel]
 
-`--ab MODULE.NAME[,...]` (bool switches of `codegen/cache.SWITCHES`): each layer is also built with them flipped
-(the "before" column, e.g. `--ab te_conv.SPLIT_PHASES,te_conv.SPLIT_SPV_PADDING`), timed interleaved.
+`--ab MODULE.NAME[=VALUE][,...]` (switches of `codegen/cache.SWITCHES`, as `bench_conv_models.py`'s: a bool named
+without a value is flipped): each layer is also built with them set so (the "before" column, e.g. `--ab
+te_conv.SPLIT_PHASES,te_conv.SPLIT_SPV_PADDING`), timed interleaved.
 `--kernel`: dyntvm's side is its conv kernel alone (called with the arguments the VM passed it: without the VM's
 per-call work, shape checks and allocation) and onnxruntime's the summed durations of its nodes in its own profile
 (wall time, us).
@@ -102,8 +104,8 @@ def main(argv=None) -> int:
     parser.add_argument("--only", default="", help="layers whose label contains this")
     parser.add_argument("--block", type=float, default=0.2, help="seconds per timing block")
     parser.add_argument("--kernel", action="store_true", help="time the kernels alone (see the module's doc)")
-    parser.add_argument("--ab", default="", help="MODULE.NAME[,...]: bool switches in dyntvm.codegen, also built "
-                        "flipped")
+    parser.add_argument("--ab", default="", help="MODULE.NAME[=VALUE][,...]: switches in dyntvm.codegen "
+                        "(codegen/cache.SWITCHES), also built so (a bool without a value: flipped)")
     args = parser.parse_args(argv)
     import tvm
     from tvm import relax
@@ -116,12 +118,10 @@ def main(argv=None) -> int:
     target = cpu_target()
     print(f"target {target}; one thread; load {os.getloadavg()[0]:.2f}", flush=True)
     total = {"dyntvm": 0.0, "onnxruntime": 0.0, "before": 0.0}
-    switches = []     # [(module, name)]
+    switches = []     # [(module, name, the "before" value)]
     if args.ab:
-        import importlib
-        for item in args.ab.split(","):
-            mod_name, _, key = item.rpartition(".")
-            switches.append((importlib.import_module(f"dyntvm.codegen.{mod_name}"), key))
+        from bench_conv_models import ab_switches
+        switches = ab_switches(args.ab)
     for label, c, k, stride, hw, hs, count in LAYERS:
         if args.only and args.only not in label:
             continue
@@ -141,16 +141,16 @@ def main(argv=None) -> int:
         compile_s = time.perf_counter() - t0
         vm_before = None
         if switches:
-            values = [getattr(*sw) for sw in switches]
-            for sw, value in zip(switches, values):
-                setattr(*sw, not value)
+            values = [getattr(module, key) for module, key, _ in switches]
+            for module, key, before in switches:
+                setattr(module, key, before)
             try:
                 # (the converters write the TE computes when the Relax module is made: both are redone flipped)
                 mod_b, _ = _region(layer, dt.TensorSpec(("N", c, "H", "W")))
                 vm_before = relax.VirtualMachine(build_cpu(mod_b, target), tvm.cpu())
             finally:
-                for sw, value in zip(switches, values):
-                    setattr(*sw, value)
+                for (module, key, _), value in zip(switches, values):
+                    setattr(module, key, value)
         targs = [tvm.runtime.tensor(x)]
         sess = _ort(w, b, stride, pad, hs, list(x.shape))
         want = sess.run(None, {"x": x})[0]
@@ -184,7 +184,7 @@ def main(argv=None) -> int:
                  if "before" in ms else ""), flush=True)
     print(f"sum over mobilenet_v3_small's depthwise layers (x count): dyntvm {total['dyntvm']:.3f} ms, onnxruntime "
           f"{total['onnxruntime']:.3f} ms, ratio {total['dyntvm'] / max(total['onnxruntime'], 1e-9):.2f}"
-          + (f"; before ({args.ab} flipped) {total['before']:.3f} ms, ratio "
+          + (f"; before ({args.ab}) {total['before']:.3f} ms, ratio "
              f"{total['before'] / max(total['onnxruntime'], 1e-9):.2f}" if switches else ""))
     return 0
 

@@ -61,6 +61,12 @@ PHASED_STRIDES = True
 #: phase outermost, a bounds test per element (a scalar loop with a branch per element: most of mobilenet_v3_small's
 #: stride-2 depthwise layers' time).
 SPLIT_PHASES = True
+#: ... but not for a conv of at least this many (static) channels, where the rows are short in the nets that have
+#: them: mobilenet_v3_small's 288-channel 5x5 / 2 layer at 14 (10 phase columns, 7 of them interior: a vector loop
+#: of 4, a scalar remainder and the padding loops per row) took 1.56-1.6x its unsplit copy's time (per image; per
+#: channel block, `cpu_schedule_depthwise.COPY_PER_CHANNEL_BLOCK`, 1.1-1.34x), where the 72- and 16-channel 3x3 / 2
+#: layers at 56 and 112 took 0.85x and 0.6-0.7x. Not split: a test per element, unrolled by phase.
+SPLIT_PHASES_MAX_CHANNELS = 128
 #: ... and the padded copy of an unstrided spv convolution (depthwise, small groups: `_padded`'s `split_columns`),
 #: parallel over channels (`cpu_schedule_depthwise.schedule_phases`); False: masked loads per element (LLVM's mask
 #: from 64-bit indices per vector), parallel over channels x rows.
@@ -212,6 +218,7 @@ def _padded_phases(x, pads, stride: int, last_span=None, guard=None):
     reads each tap's inputs as one contiguous vector (column w * stride + r is [r % stride, w + r // stride]), not
     `stride`-apart lanes gathered one by one (mobilenet_v3_small's stride-2 depthwise layers: ~5 GFLOP/s)."""
     zero = tirx.const(0, x.dtype) if guard is None or GUARD_IN_CONDITION else tirx.Cast(x.dtype, guard[0])
+    channels = int(x.shape[1]) if isinstance(x.shape[1], (int, tirx.IntImm)) else None
     rows = [x.shape[2 + i] + _i64(lo + hi) for i, (lo, hi) in enumerate(pads[:-1])]
     span = x.shape[-1] + _i64(pads[-1][0] + pads[-1][1]) if last_span is None else last_span
     shape = list(x.shape[:2]) + rows + [_i64(stride), tirx.floordiv(span + _i64(stride - 1), _i64(stride))]
@@ -220,7 +227,7 @@ def _padded_phases(x, pads, stride: int, last_span=None, guard=None):
         src = [p[i] - _i64(lo) for i, (lo, _) in enumerate(pads[:-1])]
         src.append(p[-1] * _i64(stride) + p[-2] - _i64(pads[-1][0]))
         bounds = [tirx.all(s >= _i64(0), s < x.shape[2 + i]) for i, s in enumerate(src)]
-        if SPLIT_PHASES:
+        if SPLIT_PHASES and not (isinstance(channels, int) and channels >= SPLIT_PHASES_MAX_CHANNELS):
             bounds[-1] = tirx.all(tirx.likely(src[-1] >= _i64(0)), tirx.likely(src[-1] < x.shape[-1]))
         inside = tirx.all(*bounds, *_guarded(guard))
         return tirx.if_then_else(inside, x(n, c, *src), zero)

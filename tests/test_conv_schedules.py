@@ -17,6 +17,7 @@ from dyntvm import F
 
 pytest.importorskip("tvm")
 import tvm  # noqa: E402
+import tvm_ffi  # noqa: E402
 from dyntvm.codegen.backends.cpu import cpu_schedule  # noqa: E402
 from dyntvm.codegen.build import collect_regions  # noqa: E402
 from dyntvm.codegen.backends.cpu.cpu_schedule import build_cpu  # noqa: E402
@@ -224,3 +225,52 @@ def test_depthwise_split_copy_switches(split, stride, monkeypatch, conv_log):
     applied, failed = conv_rules(conv_log)
     assert not failed, failed
     assert applied == 1
+
+
+def _blocks_under_loops(func) -> list:
+    """[(loop extent, names of the blocks under the loop)] of every loop of `func`."""
+    out = []
+    loops = []
+    tvm_ffi.structural_walk(func.body, (tvm.tirx.For, loops.append))
+    for lp in loops:
+        blocks = []
+        tvm_ffi.structural_walk(lp.body, (tvm.s_tir.SBlock, lambda b: blocks.append(str(b.name_hint))))
+        out.append((lp.extent, blocks))
+    return out
+
+
+@pytest.mark.parametrize("k,c", [(3, 64), (5, 64), (5, 144)])
+@pytest.mark.parametrize("per_block", [False, True])
+def test_strided_depthwise_copy_per_channel_block(per_block, k, c, monkeypatch, conv_log):
+    """`cpu_schedule_depthwise.COPY_PER_CHANNEL_BLOCK`: a strided depthwise conv of 144 channels (36 blocks of 4,
+    at least `COPY_BLOCKS_MIN`; its phases copy not split, `te_conv.SPLIT_PHASES_MAX_CHANNELS`) computes the copy
+    under the conv's channel block loop (switch on), else once per image, as a 64-channel one (split) always does;
+    all equal numpy at symbolic sizes (1 x 1, odd, 14 x 14, an empty batch) and are one conv kernel."""
+    from dyntvm.codegen.backends.cpu import cpu_schedule_depthwise as dw
+    from dyntvm.codegen.te_conv import PHASES_BLOCK, SPLIT_PHASES_MAX_CHANNELS, SPV_BLOCK
+    monkeypatch.setattr(dw, "COPY_PER_CHANNEL_BLOCK", per_block)
+    w = RNG.standard_normal((c, 1, k, k)).astype("float32")
+    b = RNG.standard_normal(c).astype("float32")
+
+    def fn(x):
+        return F.relu(F.conv(x, w, b, stride=2, padding=k // 2, groups=c))
+    m = dt.compile(fn, S(("N", c, "H", "W")), use_cache=False)
+    for shape in [(1, c, 1, 1), (1, c, 2, 3), (2, c, 14, 14), (1, c, 13, 29), (0, c, 5, 5)]:
+        x = RNG.standard_normal(shape).astype("float32")
+        want = np.maximum(ref_conv(x, w, (2, 2), (1, 1), ((k // 2,) * 2,) * 2, c)
+                          + b.astype(np.float64)[:, None, None], 0)
+        np.testing.assert_allclose(m(x), want, rtol=1e-4, atol=1e-4)
+    applied, failed = conv_rules(conv_log)
+    assert not failed, failed
+    assert applied == 1
+    mod = build_module(collect_regions(partition_graph(dt.trace(fn, S(("N", c, "H", "W"))))))
+    target = cpu_schedule.cpu_target(2)
+    with target:
+        mod = tvm.transform.Sequential(cpu_schedule.fuse_passes(target) + [cpu_schedule.cpu_schedule_pass(target)])(mod)
+    (func,) = [f for gv, f in mod.functions_items() if "dt_conv" in gv.name_hint]
+    assert ("likely" in func.script()) == (c < SPLIT_PHASES_MAX_CHANNELS)
+    per_block_loops = [ext for ext, blocks in _blocks_under_loops(func)
+                       if isinstance(ext, tvm.tirx.IntImm) and int(ext) == c // 4
+                       and any(n.startswith(PHASES_BLOCK) for n in blocks)
+                       and any(n.startswith(SPV_BLOCK) for n in blocks)]
+    assert bool(per_block_loops) == (per_block and c >= SPLIT_PHASES_MAX_CHANNELS), func

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from tvm import s_tir, tirx
 
-from .cpu_schedule_depthwise import schedule_phases, spv_channel_block
+from .cpu_schedule_depthwise import copy_per_channel_block, schedule_phases, spv_channel_block
 from .cpu_schedule_dispatch import _parallel_cands, _select
 from .cpu_inline import inline_spatial
 from . import cpu_sched_helpers
@@ -201,7 +201,8 @@ def _sched_conv(func, target, name: str, exact: bool, parallel: bool, images: bo
         red, unrolled = _channels_inside_taps(sch, red, n_sp)
         sch.reorder(n, oo, *spatial[:-1], wo, *red, wi, oi)
     else:
-        oo, oi = sch.split(o, [None, spv_channel_block(loop_extent(sch, o), tw, lanes)])
+        channels = loop_extent(sch, o)
+        oo, oi = sch.split(o, [None, spv_channel_block(channels, tw, lanes)])
         tasks = [oo, *spatial[:-1]]
         sch.reorder(n, *tasks, wo, *red, oi, wi)
     epi_channels_last = {}
@@ -221,7 +222,9 @@ def _sched_conv(func, target, name: str, exact: bool, parallel: bool, images: bo
         sch.parallel(n)
         parallel = False
     batch_tasks = parallel and BATCH_IN_PARALLEL
-    if not images:
+    if not images and not ocv and not batch_tasks and copy_per_channel_block(sch, oo, channels):
+        tasks = [oo]    # the rows serial under the block's copy
+    elif not images:
         _pad_per_batch(sch, n, parallel, at_root=flat or batch_tasks)
     if batch_tasks:     # one parallel loop over the batch too (`BATCH_IN_PARALLEL`)
         tasks = [n, *tasks]

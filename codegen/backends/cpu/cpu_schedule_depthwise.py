@@ -10,6 +10,16 @@ from __future__ import annotations
 #: Accumulator vectors of one spv tile (channels x vectors per row tile); AVX2 has 16 registers, and each
 #: FMA needs an input vector and a broadcast weight besides.
 SPV_ACCUMULATORS = 8
+#: A strided spv conv's phases copy left unsplit (`te_conv.SPLIT_PHASES_MAX_CHANNELS`: static channels, at least
+#: that many) computed per block of output channels, inside the conv's (parallel) channel block loop, just before the
+#: block's rows read it (`copy_per_channel_block`; with at least `COPY_BLOCKS_MIN` blocks, which are then the only
+#: parallel tasks, not blocks x rows), not the whole image's copy (all channels) written first and read back. Off: the
+#: 288-channel 5x5 / 2 layer at 14 (unsplit) took 0.99-1.14x its time per image (4 runs, bench_dw_layers one thread).
+#: Split copies per block (all strided ones, before this rule): 0.91-0.94x (72 channels, 3x3 / 2 at 56), 0.88-0.96x
+#: (288 split), but 1.03-1.13x (96, 5x5 / 2 at 28) and 1.13x (16 at 112: 4 blocks); unstrided copies per block
+#: 1.07-1.13x (the 5x5 layers at 14 and 7). A switch for A/B.
+COPY_PER_CHANNEL_BLOCK = False
+COPY_BLOCKS_MIN = 16
 
 
 def spv_channel_block(channels, row_tile: int, lanes: int) -> int:
@@ -75,4 +85,27 @@ def schedule_phases(sch, block, n_loop, parallel: bool) -> bool:
     if phases:
         sch.reorder(loops[-1], loops[-2])
         sch.unroll(loops[-2])
+    return True
+
+
+def copy_per_channel_block(sch, block_loop, channels) -> bool:
+    """A strided spv conv's unsplit phases copy (`channels`: the conv's output channels, an int at least
+    `te_conv.SPLIT_PHASES_MAX_CHANNELS`) computed under the conv's channel block loop `block_loop`
+    (`COPY_PER_CHANNEL_BLOCK`, with at least `COPY_BLOCKS_MIN` blocks), iterated (column, phase) with the phase
+    unrolled (as `schedule_phases`). Returns False (nothing done) otherwise: no phases copy, an unpadded copy
+    too, the switch off, fewer channels or blocks, or a symbolic channel count."""
+    from ...te_conv import PAD_BLOCK, PHASES_BLOCK, SPLIT_PHASES_MAX_CHANNELS
+    from .cpu_sched_helpers import child_blocks, loop_extent
+    blocks = loop_extent(sch, block_loop)
+    if (not COPY_PER_CHANNEL_BLOCK or not isinstance(blocks, int) or blocks < COPY_BLOCKS_MIN
+            or not isinstance(channels, int) or channels < SPLIT_PHASES_MAX_CHANNELS):
+        return False
+    pads = [b for b in child_blocks(sch) if sch.get(b).name_hint.startswith(PAD_BLOCK)]
+    if not pads or not all(sch.get(b).name_hint.startswith(PHASES_BLOCK) for b in pads):
+        return False
+    for pad in pads:
+        sch.compute_at(pad, block_loop, preserve_unit_loops=True)
+        phase, column = sch.get_loops(pad)[-2:]
+        sch.reorder(column, phase)
+        sch.unroll(phase)
     return True
