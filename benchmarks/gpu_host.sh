@@ -7,8 +7,9 @@
 # It installs, into /tmp/site, what was prepared on the build machine (paths ignored by git):
 #   .whl/          apache-tvm-ffi==0.1.14.post1 for the host's Python (a cp312 wheel there) and platformdirs:
 #                  pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 ...
-#                  (to fit the 64 MiB a call carries, the ffi wheel may travel unpacked, less its 3rdparty/ and
-#                  testing library, as .whl/*.tar.xz: unpacked into /tmp/site as it is)
+#                  (to fit the 64 MiB a call carries, the ffi wheel may travel unpacked, less its 3rdparty/, as
+#                  .whl/*.tar.xz, unpacked into /tmp/site as it is; keep lib/libtvm_ffi_testing.so: tvm_ffi.core
+#                  links it)
 #   .gpu/cuda_logs.tar.xz        tuning_logs/*/cuda-*/ when tuning_logs/ is moved aside for the call (its CPU
 #                                logs do not fit): unpacked into tuning_logs/ first
 #   .gpu/tvm-py.tar.xz           site-packages/tvm without 3rdparty/, src/, web/, include/ and
