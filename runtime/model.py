@@ -383,12 +383,11 @@ class CompiledModel:
     def _run_executor(self, ex: Executor, arrays: list, profile: bool) -> list:
         """The outputs of one call run by the executor `ex`, as host arrays."""
         if ex.pl is not None:                 # values on a device: the outputs are copied to the host
-            ex.pl.new_call()
+            host = _owned(ex.pl.to_host)
             try:
-                outs = [host_list(o, _owned(ex.pl.to_host)) if isinstance(o, list) else _owned(ex.pl.to_host)(o)
-                        for o in ex.run(arrays)]
+                outs = [host_list(o, host) if isinstance(o, list) else host(o) for o in ex.run(arrays)]
             finally:
-                ex.pl.new_call()
+                ex.pl.new_call()              # the copies remembered for this call (`DevicePlacement.read`)
         else:
             consts = ex.constant_ids
             outs = [np.array(to_numpy(o)) if id(o) in consts else host_list(o, _host_copy(consts)) if

@@ -82,7 +82,7 @@ class BufferPool:
                     return t
         t = tvm.runtime.empty(shape, dtype, self.device)
         self.allocs += 1
-        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        nbytes = _nbytes(shape, dtype)
         if nbytes > self.max_bytes or (kept is not None and len(kept) >= self.per_shape):
             return t                                  # not kept: freed when dropped
         self._trim(key, self.max_bytes - nbytes)
@@ -102,8 +102,25 @@ class BufferPool:
             if key == keep:
                 self.buffers.move_to_end(key)
                 continue
-            shape, dtype = key
-            self.bytes -= len(self.buffers.pop(key)) * int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+            self.bytes -= len(self.buffers.pop(key)) * _nbytes(*key)
+
+
+def _recall(memo: list, x):
+    """What `memo` (``[(tensor, value)]``, this call's) holds for tensor `x` itself, else None."""
+    for t, v in memo:
+        if t is x:
+            return v
+    return None
+
+
+def _remember(memo: list, x, value) -> None:
+    memo.append((x, value))
+    if len(memo) > READS_KEPT:
+        del memo[0]
+
+
+def _nbytes(shape, dtype) -> int:
+    return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
 
 
 class DevicePlacement:
@@ -128,27 +145,21 @@ class DevicePlacement:
         read-only; the last `READS_KEPT` are remembered (they keep their tensors, hence those buffers, alive)."""
         if type(x) is not _Tensor:
             return np.asarray(x)
-        for t, a in self._reads:
-            if t is x:
-                return a
-        a = self.to_host(x)
-        a.flags.writeable = False
-        self._reads.append((x, a))
-        if len(self._reads) > READS_KEPT:
-            del self._reads[0]
+        a = _recall(self._reads, x)
+        if a is None:
+            a = self.to_host(x)
+            a.flags.writeable = False
+            _remember(self._reads, x, a)
         return a
 
     def gather_indices(self, mask: _Tensor, host_mask: np.ndarray) -> _Tensor:
         """The positions of `mask`'s true elements as an int64 tensor on the device, copied once per call and
         mask tensor (detection's three boolean_masks share one mask)."""
-        for t, idx in self._gathers:
-            if t is mask:
-                return idx
-        idx = self.to_device(np.flatnonzero(host_mask).astype(np.int64))
-        if type(mask) is _Tensor:
-            self._gathers.append((mask, idx))
-            if len(self._gathers) > READS_KEPT:
-                del self._gathers[0]
+        idx = _recall(self._gathers, mask)
+        if idx is None:
+            idx = self.to_device(np.flatnonzero(host_mask).astype(np.int64))
+            if type(mask) is _Tensor:
+                _remember(self._gathers, mask, idx)
         return idx
 
     def on_device(self, x) -> bool:
@@ -224,7 +235,7 @@ class DevicePlacement:
         stacked into one device tensor by device-to-device copies (a view when there is one chunk)."""
         first = chunks[0][0]
         row_shape, dtype = tuple(first.shape)[1:], str(first.dtype)
-        row_bytes = int(np.prod(row_shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        row_bytes = _nbytes(row_shape, dtype)
         if len(chunks) == 1:
             count = chunks[0][1]
             return first if count == first.shape[0] else first._create_view((count,) + row_shape, dtype, 0)
@@ -250,7 +261,7 @@ class _Rows:
         self.x, self.pool = x, pool
         self.row_shape = tuple(x.shape)[1:]
         self.dtype = str(x.dtype)
-        self.row_bytes = int(np.prod(self.row_shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+        self.row_bytes = _nbytes(self.row_shape, self.dtype)
 
     def __getitem__(self, t: int) -> _Tensor:
         row = self.pool.empty(self.row_shape, self.dtype)
@@ -267,7 +278,7 @@ class DeviceStack:
         self.tensor = pool.empty(tuple(shape), dtype)
         self.shape, self.dtype = tuple(shape), dtype
         self.row_shape = self.shape[1:]
-        self.row_bytes = int(np.prod(self.row_shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        self.row_bytes = _nbytes(self.row_shape, dtype)
 
     def __len__(self):
         return self.shape[0]

@@ -58,6 +58,14 @@ def lone_reduction(func):
     return sch, red, epilogue
 
 
+def _spatial_then_reduced(sch, red) -> tuple:
+    """The reduction block's spatial and reduced loops, reordered spatial first."""
+    s_loops = [it.loop_rv for it in red.iters if it.kind == "S"]
+    r_loops = [it.loop_rv for it in red.iters if it.kind == "R"]
+    sch.reorder(*s_loops, *r_loops)
+    return s_loops, r_loops
+
+
 def _is_one(extent) -> bool:
     return isinstance(extent, (int, tirx.IntImm)) and int(extent) == 1
 
@@ -136,9 +144,7 @@ class InnerReduction(GPUScheduleRule):
     def _schedule_to_one(sch, red, epilogue, len_tx: int) -> None:
         """One block: thread t reduces elements t, t + len_tx, ..., then the block combines (see the module doc)."""
         block_rv = red.block_rv
-        s_loops = [it.loop_rv for it in red.iters if it.kind == "S"]
-        r_loops = [it.loop_rv for it in red.iters if it.kind == "R"]
-        sch.reorder(*s_loops, *r_loops)
+        s_loops, r_loops = _spatial_then_reduced(sch, red)
         r = sch.fuse(*r_loops)
         r_outer, tx = sch.split(r, factors=[None, len_tx])
         sch.reorder(tx, r_outer)
@@ -152,9 +158,7 @@ class InnerReduction(GPUScheduleRule):
     @staticmethod
     def _schedule(sch, red, epilogue, len_tx: int) -> None:
         block_rv = red.block_rv
-        s_loops = [it.loop_rv for it in red.iters if it.kind == "S"]
-        r_loops = [it.loop_rv for it in red.iters if it.kind == "R"]
-        sch.reorder(*s_loops, *r_loops)
+        s_loops, r_loops = _spatial_then_reduced(sch, red)
         if s_loops:
             sch.fuse(*s_loops)
         else:
