@@ -181,6 +181,22 @@ def test_single_core_lane_reductions_have_no_parallel_loop():
     assert "T.parallel" not in func.script() and "T.vectorized" in func.script()
 
 
+def test_single_core_flattened_argmax_builds_and_matches_numpy():
+    """On one core (a container given one CPU) the lane argmax / argmin of a flattened [N, 3] input keeps its two
+    variants, both without a parallel loop: its lone variant failed LLVM's verification in TVM 0.27 (TIR's CSE
+    hoisted a bound out of the loop defining it) and `dt.compile` raised. Equal to numpy at N = 1, 5, 700 (one
+    and several lane blocks), first index of ties."""
+    fn = lambda x: (F.argmax(x), F.argmin(x, keepdims=True))  # noqa: E731
+    (name, body), = collect_regions(partition_graph(dt.trace(fn, S(("N", 3)))))
+    ex = build_cpu(build_module([(name, body)]), cpu_target(num_cores=1))
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    for n in (1, 5, 700):
+        x = RNG.integers(0, 3, (n, 3)).astype("float32")
+        got = vm[name](tvm.runtime.tensor(x))
+        assert int(got[0].numpy()) == np.argmax(x)
+        assert np.array_equal(got[1].numpy(), np.argmin(x, keepdims=True))
+
+
 # ------------------------------------------------------------------------------- one kernel per LSTM step
 def lstm_step_numpy(x, h, c, w, u, b):
     z = x @ w + h @ u + b

@@ -133,11 +133,12 @@ def _lanes_select(func, target) -> tirx.PrimFunc:
     (part,) = [b for b in child_blocks(sch) if sch.get(b).name_hint == LANES_PREFIX + "block"]
     nblk = sch.get(sch.get_loops(part)[0]).extent
     true = tirx.const(True, "bool")
-    if int(target.attrs.get("num-cores", 1)) <= 1:
-        return _sched_lanes(func, target, False)
     need = LANES_PARALLEL_MIN // (LANE_ROW * LANE_BLOCK)
+    # one core: no parallel variant, but still the two branches (TVM 0.27's TIR CSE hoisted a bound of the lane
+    # argmax / argmin out of the loop that defines it in the lone variant: "Instruction does not dominate all uses")
+    parallel = int(target.attrs.get("num-cores", 1)) > 1
     return _select(func, [(nblk < tirx.IntImm(str(nblk.ty), need), lambda: _sched_lanes(func, target, False)),
-                          (true, lambda: _sched_lanes(func, target, True))])
+                          (true, lambda: _sched_lanes(func, target, parallel))])
 
 
 #: Rows reduced side by side by `_sched_interleaved_rows` (each its own accumulator): the largest of these that
