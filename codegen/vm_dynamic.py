@@ -3,7 +3,8 @@
 
 * `boolean_mask` of a bool mask on axis 0, `nonzero` of a 1-d tensor: count the rows the output will have, read
   the count as a shape (``tensor_to_shape`` + ``match_cast``), then fill an output of that size with a serial
-  TIR loop;
+  TIR loop (1-d data directly, else viewed as rows and back); data whose rows the program knows equal the
+  mask's is not matched again;
 * `topk` with a tensor `k` (along the last axis; another axis is moved there and back): a TIR kernel checks ``0 <= k <= n`` (out of range: the numpy
   kernel is called back, which raises its error), k is read as a shape, and another kernel sorts each row's
   indices with a stable merge sort (ties in index order, NaN last, as numpy's stable argsort of ``-x`` / ``x``)
@@ -46,6 +47,23 @@ def {name}(h_d: T.handle, h_m: T.handle, h_o: T.handle):
         if m[i]:
             for q in range(r):
                 o[c[0], q] = d[i, q]
+            c[0] = c[0] + T.int64(1)
+'''
+
+_MASK_1D = '''# from tvm.script import tirx as T
+@T.prim_func
+def {name}(h_d: T.handle, h_m: T.handle, h_o: T.handle):
+    T.func_attr({{"tirx.noalias": True}})
+    n = T.int64()
+    k = T.int64()
+    d = T.match_buffer(h_d, (n,), "{dtype}")
+    m = T.match_buffer(h_m, (n,), "bool")
+    o = T.match_buffer(h_o, (k,), "{dtype}")
+    c = T.alloc_buffer((T.int64(1),), "int64")
+    c[0] = T.int64(0)
+    for i in range(n):
+        if m[i]:
+            o[c[0]] = d[i]
             c[0] = c[0] + T.int64(1)
 '''
 
@@ -134,11 +152,17 @@ class DynamicOps:
         if mask is None:
             mask = self.masks[(seq, ins[1])] = low._shaped(seq, ins[1])
         t = n.inputs[0].type                      # the data: as many rows as the mask (else the match fails)
-        data = low._match(seq, ins[0], relax.TensorType(
-            [mask.ty.shape.values[0]] + [tvm.tirx.Var(f"s{j}", "int64") for j in range(1, t.ndim)], t.dtype))
+        data, rows = ins[0], mask.ty.shape.values[0]
+        known = data.ty.shape.values if isinstance(getattr(data.ty, "shape", None), relax.ShapeExpr) else None
+        if known is None or not tvm.sym.Analyzer().can_prove_equal(known[0], rows):
+            rest = list(known[1:]) if known is not None else [tvm.tirx.Var(f"s{j}", "int64") for j in range(1, t.ndim)]
+            data = low._match(seq, data, relax.TensorType([rows] + rest, t.dtype))
         dims = list(data.ty.shape.values)
         dtype = t.dtype
         k = self._count(seq, mask, ins[1])
+        if len(dims) == 1:                        # (no views to rows of one element and back)
+            return [seq.emit(relax.call_tir(self._prim(_MASK_1D, "mask", dtype), relax.Tuple([data, mask]),
+                                            relax.TensorType([k], dtype)), "boolean_mask")]
         row = tvm.tirx.IntImm("int64", 1)
         for d in dims[1:]:
             row = row * d

@@ -6,9 +6,10 @@ loops added (`cpu_schedule.build_cpu`): it adds the public function `PROGRAM` an
 legalizes the few Relax ops they use (row slices, stacking). Values have rank and dtype only (no shapes): each
 region function checks its inputs' shapes when called, as it does when the executor calls it. Lowering:
 
-* region -> its body copied into the program's own sequence (`INLINE_REGIONS`, `_Lowering._inline`; where such a
-  program fails to build, `build_with_program` builds it again with calls), else (inside a branch or a loop
-  function) a call of its function; cond / case -> ``If`` (a case: nested, predicates in order);
+* region -> its body copied into the program's own sequence or one of its branches (`INLINE_REGIONS`,
+  `_Lowering._inline`; its parameters whose arguments' shapes prove the match bound without a ``match_cast``,
+  `_implied`; where such a program fails to build, `build_with_program` builds it again with calls), else
+  (inside a loop function) a call of its function; cond / case -> ``If`` (a case: nested, predicates in order);
 * foreach -> a call of its compiled loop where codegen built one, else a recursive function over a range of
   steps (the loops' lowering: `vm_loops`). Where the per-step outputs have static shapes (`_inplace_foreach`),
   their stacks are allocated once per call and each step copies its rows into them; a range of more than
@@ -56,21 +57,24 @@ class _Lowering(LoopLowering):
         self.inline = inline                    # region bodies copied into the program's own sequence
         self.funcs = {gv.name_hint: gv for gv in mod.get_global_vars()}
         self.mod = mod
-        self.top = None                         # the program function's own sequence (regions inlined there)
         self.keys = node_keys(graph, prefix)
         self.n_loops = 0
         self.recursive: list = []                # (GlobalVar, function) of the halving foreach loops
         self.dynamic = DynamicOps(self)
         self.called_back: set = set()           # keys of the nodes called back on every run (`CALLBACKS_FUNCTION`)
+        self.shaped: dict = {}                  # value of rank only -> the value matched to a shape (`_match`)
 
     def graph(self, seq: _Seq, g: Graph, args: list) -> list:
         """Emit `g`'s nodes into `seq` on `args` (Relax values of its inputs); returns its outputs' values."""
         env = dict(zip(g.inputs, args))
+        before = dict(self.shaped)              # (a value matched in a branch or a loop is not seen outside it)
         for n in g.nodes:
-            ins = [env[v] for v in n.inputs]
+            ins = [self.shaped.get(env[v], env[v]) for v in n.inputs]
             outs = getattr(self, "_" + n.op, self._kernel)(seq, n, ins)
             env.update(zip(n.outputs, outs))
-        return [env[v] for v in g.outputs]
+        outs = [self.shaped.get(env[v], env[v]) for v in g.outputs]
+        self.shaped = before
+        return outs
 
     def _constant(self, seq, n, ins):
         dtype = n.outputs[0].type.dtype          # (relax.const would make int64 and float64 32-bit)
@@ -90,9 +94,10 @@ class _Lowering(LoopLowering):
     def _region(self, seq, n, ins):
         if n in self.keys:              # the runtime checks its sizes first, where they may be large (`vm_guard`)
             self._size_guard(seq, n, ins)
+            ins = [self.shaped.get(a, a) for a in ins]      # (the values the guard matched to a shape)
         if not n.outputs:               # all its results unused (an ONNX Dropout's mask): a region is pure, and the
             return []                   # VM cannot call a function whose result is the empty tuple (void register)
-        inlined = self._inline(seq, n.attrs.name, ins) if self.inline and seq is self.top else None
+        inlined = self._inline(seq, n.attrs.name, ins) if self.inline and seq.inline else None
         if inlined is not None:
             return inlined
         res = seq.emit(relax.Call(self.funcs[n.attrs.name], ins), n.attrs.name)
@@ -108,12 +113,19 @@ class _Lowering(LoopLowering):
         if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
             return None
         func = copy_with_new_vars(func)
-        func = relax.transform.ToNonDataflow()(tvm.IRModule({"f": func}))["f"]
-        for p, a in zip(func.params, ins):
+        implied = _implied(func.params, ins)
+        checked = [(p, a) for p, a, ok in zip(func.params, ins, implied) if not ok]
+        if len(checked) < len(ins):     # arguments whose shapes match their parameters': no check, dims bound
+            func = func.bind_params({p: a for p, a, ok in zip(func.params, ins, implied) if ok})
+        func = _NON_DATAFLOW(tvm.IRModule({"f": func}))["f"]
+        for p, (_, a) in zip(func.params, checked):     # (the parameters left, in order)
             seq.bindings.append(relax.MatchCast(p, a, p.ty))
-        for block in func.body.blocks:
-            seq.bindings += list(block.bindings)
+            self._matched(a, p)
+        bindings = [b for block in func.body.blocks for b in block.bindings]
         res = func.body.body
+        if bindings and isinstance(bindings[-1].value, relax.Tuple) and bindings[-1].var.same_as(res):
+            res = bindings.pop().value      # (the result tuple, taken apart here: no make_tuple instruction)
+        seq.bindings += bindings
         if isinstance(res, relax.Tuple):
             return list(res.fields)
         return self._items(seq, res, len(func.ret_ty.fields)) if isinstance(func.ret_ty, relax.TupleType) else [res]
@@ -146,13 +158,13 @@ class _Lowering(LoopLowering):
         res = seq.emit(call, n.op)
         return [res] if len(types) == 1 else self._items(seq, res, len(types))
 
-    def _branch(self, g: Graph, args: list):
-        seq = _Seq(self.bb)
+    def _branch(self, g: Graph, args: list, parent: _Seq):
+        seq = _Seq(self.bb, parent.inline)
         return seq, self.graph(seq, g, args)
 
     def _cond(self, seq, n, ins):
         then_g, else_g = n.subgraphs
-        return self._if(seq, ins[0], *self._branch(then_g, ins[1:]), *self._branch(else_g, ins[1:]), "cond")
+        return self._if(seq, ins[0], *self._branch(then_g, ins[1:], seq), *self._branch(else_g, ins[1:], seq), "cond")
 
     def _case(self, seq, n, ins):
         subs = n.subgraphs
@@ -162,9 +174,9 @@ class _Lowering(LoopLowering):
             if k == len(preds):
                 return self.graph(into, default, ins)
             (pred,) = self.graph(into, preds[k], ins)
-            rest = _Seq(self.bb)
+            rest = _Seq(self.bb, into.inline)
             rest_values = from_case(k + 1, rest)
-            return self._if(into, pred, *self._branch(branches[k], ins), rest, rest_values, "case")
+            return self._if(into, pred, *self._branch(branches[k], ins, into), rest, rest_values, "case")
         return from_case(0, seq)
 
     def _recursive(self, kind: str, params: list, ret_types: list):
@@ -200,15 +212,53 @@ class _Lowering(LoopLowering):
 
     def _shaped(self, seq: _Seq, value):
         """`value` (a tensor of known rank) with a shape of fresh symbolic dims: Relax ops are legalized only
-        where their inputs have a shape."""
+        where their inputs have a shape (itself where it has one)."""
+        value = self.shaped.get(value, value)
         ty = value.ty
+        if isinstance(getattr(ty, "shape", None), relax.ShapeExpr):
+            return value
         dims = [tvm.tirx.Var(f"s{k}", "int64") for k in range(ty.ndim)]
         return self._match(seq, value, relax.TensorType(dims, ty.dtype))
 
     def _match(self, seq: _Seq, value, ty):
         var = relax.Var("data", ty)
         seq.bindings.append(relax.MatchCast(var, value, ty))
+        self._matched(value, var)
         return var
+
+    def _matched(self, value, var):
+        """Later uses of `value` (a tensor of rank only) in this sequence take `var`, its match to a shape: a
+        region's parameters are then implied by their arguments (`_implied`), with no second ``match_cast``."""
+        if isinstance(value, relax.Var) and not isinstance(getattr(value.ty, "shape", None), relax.ShapeExpr):
+            self.shaped[value] = var
+
+def _implied(params: list, args: list) -> list:
+    """For each of a region function's `params`, whether its argument's shape (of `args`, Relax values) proves
+    the match: each of its dims is a symbolic variable bound here at its first use, or a constant or a variable
+    bound before, provably equal to the argument's. The region's body copied in needs no ``match_cast`` of those
+    parameters (two VM instructions each); a variable a ``match_cast`` binds is not known here after it."""
+    ana, bound, matched, out = tvm.sym.Analyzer(), {}, set(), []
+    for p, a in zip(params, args):
+        pt, at = p.ty, a.ty
+        ok = (isinstance(pt, relax.TensorType) and isinstance(at, relax.TensorType) and pt.dtype == at.dtype
+              and isinstance(pt.shape, relax.ShapeExpr) and isinstance(at.shape, relax.ShapeExpr)
+              and len(pt.shape.values) == len(at.shape.values))
+        new = {}
+        for pd, ad in zip(pt.shape.values, at.shape.values) if ok else ():
+            if isinstance(pd, tvm.tirx.Var) and pd not in bound and pd not in matched:
+                new[pd] = new.get(pd, ad)
+                ok = ok and ana.can_prove_equal(new[pd], ad)
+            elif isinstance(pd, tvm.tirx.Var) and pd in bound:
+                ok = ok and ana.can_prove_equal(bound[pd], ad)
+            else:
+                ok = ok and isinstance(pd, tvm.tirx.IntImm) and ana.can_prove_equal(pd, ad)
+        if ok:
+            bound.update(new)
+        elif isinstance(getattr(pt, "shape", None), relax.ShapeExpr):
+            matched.update(d for d in pt.shape.values if isinstance(d, tvm.tirx.Var) and d not in bound)
+        out.append(ok)
+    return out
+
 
 def _same_shape(ty, shape: list) -> bool:
     """Whether tensor type `ty` has a known shape provably equal to `shape`."""
@@ -228,7 +278,7 @@ def add_program(mod: tvm.IRModule, graph: Graph, prefix: str, inline: bool = Fal
     mod = relax.transform.RewriteDataflowReshape()(mod)     # (the regions' reshapes: views, also when inlined)
     low = _Lowering(mod, graph, prefix, inline)
     params = [relax.Var(f"in{i}", _ty(v.type)) for i, v in enumerate(graph.inputs)]
-    seq = low.top = _Seq(low.bb)
+    seq = _Seq(low.bb, inline=True)
     outs = low.graph(seq, graph, params)
     func = relax.Function(params, seq.result(outs), _ret_ty([v.type for v in graph.outputs]), is_pure=False)
     low.bb.add_func(func.with_attr("global_symbol", PROGRAM), PROGRAM)
@@ -239,8 +289,12 @@ def add_program(mod: tvm.IRModule, graph: Graph, prefix: str, inline: bool = Fal
     out = low.bb.get()
     for gv, f in low.recursive:
         out[gv] = f
-    return relax.transform.LegalizeOps(customize_legalize_map={op: _as_view(op) for op in _VIEW_OPS})(out)
+    out = relax.transform.LegalizeOps(customize_legalize_map={op: _as_view(op) for op in _VIEW_OPS})(out)
+    return relax.transform.CanonicalizeBindings()(out)
 
+
+# a region function's copy made plain (no dataflow block) and its var-to-var bindings dropped (each a VM copy)
+_NON_DATAFLOW = tvm.transform.Sequential([relax.transform.ToNonDataflow(), relax.transform.CanonicalizeBindings()])
 
 _VIEW_OPS = ("relax.reshape", "relax.squeeze", "relax.expand_dims")
 

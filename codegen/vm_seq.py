@@ -35,8 +35,9 @@ def _ret_ty(types: list):
 class _Seq:
     """The bindings of one Relax sequence (a function body or an If branch)."""
 
-    def __init__(self, bb):
+    def __init__(self, bb, inline: bool = False):
         self.bb, self.bindings = bb, []
+        self.inline = inline            # region bodies may be copied in (the program function's own sequences)
 
     def emit(self, expr, name: str = "v"):
         expr = self.bb.normalize(expr)
