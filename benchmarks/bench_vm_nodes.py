@@ -3,7 +3,10 @@ tiny tensor, timed as one call of the program (inputs made once, no Python aroun
 executor, in one process, interleaved; the cost per node is the difference between N = LONG and N = 1, over
 LONG - 1.
 
-    python benchmarks/bench_vm_nodes.py [rounds] [--threads 1]
+    python benchmarks/bench_vm_nodes.py [rounds] [--threads 1] [--thread-time]
+
+``--thread-time``: the calling thread's CPU time instead of wall time (less noise on a busy machine; the VM
+program runs its kernels on the calling thread at one thread).
 
 Chains (x: float32[4]; each link depends on the previous one, so nothing merges):
 * cond:  x = cond(sum(x) > 0, x + 1, x - 1): per link a predicate region, an ``If`` and a branch region;
@@ -54,11 +57,14 @@ def view_chain(n):
     return fn
 
 
+CLOCK = time.thread_time if "--thread-time" in sys.argv else time.perf_counter
+
+
 def timed(f, calls):
-    t0 = time.perf_counter()
+    t0 = CLOCK()
     for _ in range(calls):
         f()
-    return (time.perf_counter() - t0) / calls * 1e6
+    return (CLOCK() - t0) / calls * 1e6
 
 
 def main():
