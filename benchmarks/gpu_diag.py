@@ -1,6 +1,7 @@
 """GPU diagnostics for benchmarks/gpu_host.sh: empty-input launches (one child each, CUDA_LAUNCH_BLOCKING=1), a kernel's CUDA
-source, per-node profiles and cProfile of the LSTM and decode loops on CUDA, the LSTM step's kernels A/B (`lstm_ab`; with
-`--cpu`: builds only, no GPU needed). `python3 -P benchmarks/gpu_diag.py STAGE... [--cpu]`"""
+source, per-node profiles and cProfile of the LSTM and decode loops on CUDA, the LSTM step's kernels A/B (`lstm_ab`) and the
+GRU decoder's with the same switches (`decoder_ab`; with `--cpu`: builds only, no GPU needed).
+`python3 -P benchmarks/gpu_diag.py STAGE... [--cpu]`"""
 import os, subprocess, sys, time
 import numpy as np
 
@@ -307,6 +308,59 @@ def _lstm_ab_time(models, numpy_lstm, ex, rounds=30):
             torch.cuda.synchronize()
         print(f"== kernel times, {name}, B{B} T{T}, 3 calls ({3 * T} steps)")
         print(prof.key_averages().table(sort_by="device_time_total", row_limit=8, max_name_column_width=70))
+
+
+def decoder_ab():
+    """The GRU decoder of bench_peers (P3, 32 steps), whose CUDA time rose 1.75 -> 3.75 ms between the H100 and H200
+    runs while its step started taking the merged elementwise kernel and the small-M GEMV: built with each
+    LSTM_VARIANTS setting of those switches, checked against numpy, timed interleaved (median ms per call, 30
+    rounds, the order rotated), then the kernels' device time of the new and the old variant (torch.profiler).
+    `--cpu`: builds each variant for sm_90 (nvcc in the stub child) and runs nothing."""
+    import dyntvm as dt
+    from dyntvm.codegen.backends.cuda import gpu_fuse, gpu_gemv
+    from dyntvm.examples import decoder as ex
+    from dyntvm.examples.plain_numpy import numpy_decoder
+    saved = gpu_fuse.MERGE_ELEMENTWISE, gpu_gemv.SMALL_M_GEMV
+    dry = "--cpu" in sys.argv
+    inputs = ex.make_inputs(np.random.default_rng(0), P=3, max_steps=32)
+    want = numpy_decoder(*inputs)
+    try:
+        models = {}
+        for name, flags in LSTM_VARIANTS.items():
+            _lstm_switches(*flags)
+            t0 = time.perf_counter()
+            models[name] = dt.compile(ex.decoder, *ex.EXAMPLE.specs, target="cuda:sm_90" if dry else "cuda",
+                                      use_cache=False)
+            print(f"built {name!r} (merge {flags[0]}, small-M {flags[1]}) in {time.perf_counter() - t0:.1f} s",
+                  flush=True)
+        if dry:
+            return
+        runs = {name: (lambda m=m: m(*inputs)) for name, m in models.items()}
+        for name, run in runs.items():
+            got = run()
+            ok = np.array_equal(got[0], want[0]) and np.allclose(got[1], want[1], rtol=1e-4, atol=1e-4)
+            print(f"decoder {name}: matches numpy: {ok}", flush=True)
+        times = {name: [] for name in runs}
+        names = list(runs)
+        for r in range(30):
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                t0 = time.perf_counter()
+                runs[name]()
+                times[name].append(time.perf_counter() - t0)
+        print("decoder P3: " + ", ".join(f"{k} {1e3 * float(np.median(v)):.3f} ms" for k, v in times.items()),
+              flush=True)
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+        for name in ("new", "old"):
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(3):
+                    models[name](*inputs)
+                torch.cuda.synchronize()
+            print(f"== kernel times, decoder {name}, 3 calls")
+            print(prof.key_averages().table(sort_by="device_time_total", row_limit=10, max_name_column_width=70))
+    finally:
+        _lstm_switches(*saved)
 
 
 for stage in [a for a in sys.argv[1:] if not a.startswith("--")]:
