@@ -52,7 +52,8 @@ def dyntvm_round(model, x) -> list:
         t0 = time.perf_counter()
         func(*call_args)
         calls.append((symbol, tuple(call_args[-1].shape) if hasattr(call_args[-1], "shape") else (),
-                      (time.perf_counter() - t0) * 1e6))
+                      (time.perf_counter() - t0) * 1e6,
+                      [tuple(a.shape) for a in call_args if hasattr(a, "shape")]))
         return 1        # the VM skips its own call
     vm.set_instrument(instrument)
     try:
@@ -76,6 +77,52 @@ def group(items: list, is_anchor) -> list:
     return groups
 
 
+def _dyntvm_key(call) -> tuple:
+    """(weight [O, Cg, *K] or None, output shape) of a dyntvm anchor kernel call (the weight packed
+    [O / vb, Cg, *K, vb] or as given [O, Cg, *K]: the argument after the data)."""
+    shapes = call[3]
+    if "dt_conv" not in call[0] or len(shapes) < 2:
+        return None, call[1]
+    w = shapes[1]
+    if len(w) == len(shapes[0]) + 1:
+        w = (w[0] * w[-1],) + w[1:-1]
+    return w, call[1]
+
+
+def _ort_key(node) -> tuple:
+    ins = node[4]
+    return (ins[1] if node[1] != "Gemm" and len(ins) > 1 else None), node[2]
+
+
+def _ort_label(node) -> str:
+    ins, out = node[4], node[2]
+    if node[1] in ("Gemm", "MatMul", "FusedGemm") or len(ins) < 2 or len(out) < 3:
+        return f"{node[1]} -> {'x'.join(map(str, out))}"
+    x, w = ins[0], ins[1]
+    k = "x".join(map(str, w[2:]))
+    stride = x[-1] // out[-1] if out[-1] else 1
+    kind = "dw " if w[1] == 1 and w[0] == x[1] and x[1] > 1 else ""
+    res = " +res" if len(ins) > 3 else ""
+    return f"{kind}{k}{'/' + str(stride) if stride > 1 else ''} {x[1]}->{w[0]} @{x[-1]}{res}"
+
+
+def pair(d_anchors: list, o_anchors: list) -> list:
+    """[(dyntvm index, onnxruntime index)]: each onnxruntime anchor with the first unpaired dyntvm anchor of the
+    same weight and output shapes (the two may order independent layers differently: resnet's downsample)."""
+    taken, out = set(), []
+    for j, node in enumerate(o_anchors):
+        key = _ort_key(node)
+        for i, call in enumerate(d_anchors):
+            if i in taken:
+                continue
+            dk = _dyntvm_key(call)
+            if dk[1] == key[1] and (key[0] is None or dk[0] is None or dk[0] == key[0]):
+                taken.add(i)
+                out.append((i, j))
+                break
+    return out
+
+
 def ort_rounds(events: list) -> list:
     """[[(node name, op, output shape, us)] per run] from onnxruntime's profile events."""
     runs = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("name") == "model_run")
@@ -85,13 +132,10 @@ def ort_rounds(events: list) -> list:
         rows = []
         for e in sorted((e for e in nodes if lo <= e["ts"] <= hi), key=lambda e: e["ts"]):
             a = e.get("args", {})
-            shape = ()
-            for o in a.get("output_type_shape", []):
-                for v in o.values():
-                    shape = tuple(v)
-                    break
-                break
-            rows.append((e["name"][:-len("_kernel_time")], a.get("op_name", ""), shape, float(e["dur"])))
+            shapes = [tuple(v) for o in a.get("output_type_shape", []) for v in o.values()]
+            ins = [tuple(v) for o in a.get("input_type_shape", []) for v in o.values()]
+            rows.append((e["name"][:-len("_kernel_time")], a.get("op_name", ""), shapes[0] if shapes else (),
+                         float(e["dur"]), ins))
         out.append(rows)
     return out
 
@@ -143,21 +187,21 @@ def main(argv=None) -> int:
             ortr = ort_rounds(json.load(fh))[-args.rounds:]
     dg = [group(r, lambda c: _is_anchor_kernel(c[0])) for r in dy]
     og = [group(r, lambda n: n[1] in ANCHOR_ORT) for r in ortr]
-    if len(dg[0]) != len(og[0]):
-        print(f"layer counts differ: dyntvm {len(dg[0])}, onnxruntime {len(og[0])}; pairing the first "
-              f"{min(len(dg[0]), len(og[0]))}")
+    pairs = pair([g[0] for g in dg[0]], [g[0] for g in og[0]])
+    if len(pairs) != len(dg[0]) or len(pairs) != len(og[0]):
+        print(f"layers: dyntvm {len(dg[0])}, onnxruntime {len(og[0])}, paired {len(pairs)}")
     rows = []
-    for i in range(min(len(dg[0]), len(og[0]))):
-        d_anchor, o_anchor = dg[0][i][0], og[0][i][0]
+    for i, j in pairs:
+        d_anchor, o_anchor = dg[0][i][0], og[0][j][0]
         d_us = float(np.median([sum(c[2] for c in g[i][1]) for g in dg]))
-        o_us = float(np.median([sum(n[3] for n in g[i][1]) for g in og]))
-        mark = "" if d_anchor[1] == o_anchor[2] or not o_anchor[2] else f" (dyntvm out {d_anchor[1]})"
-        rows.append((d_us - o_us, d_us, o_us, f"{o_anchor[1]} {o_anchor[0]} -> "
-                     f"{'x'.join(map(str, o_anchor[2]))}{mark}", d_anchor[0]))
+        o_us = float(np.median([sum(n[3] for n in g[j][1]) for g in og]))
+        parts = o_anchor[0].lstrip("/").replace("features/features.", "f").replace("/block/block.", ".b").split("/")
+        where = parts[0] if parts[0].startswith("f") else "/".join(parts[1:3])
+        rows.append((d_us - o_us, d_us, o_us, f"{_ort_label(o_anchor)}  {where[:22]}", d_anchor[0]))
     d_total = float(np.median([sum(c[2] for c in r) for r in dy]))
     o_total = float(np.median([sum(n[3] for n in r) for r in ortr]))
     rows.sort(key=lambda r: -r[0])
-    print(f"{'layer (onnxruntime node -> output)':58s} {'dyntvm':>8s} {'ort':>8s} {'lost':>8s} {'ratio':>6s}  kernel")
+    print(f"{'layer (onnxruntime node)':58s} {'dyntvm':>8s} {'ort':>8s} {'lost':>8s} {'ratio':>6s}  kernel")
     for lost, d_us, o_us, label, sym in rows[:args.top or None]:
         print(f"{label[:58]:58s} {d_us:8.1f} {o_us:8.1f} {lost:8.1f} {d_us / max(o_us, 1e-9):6.2f}  {sym[:40]}")
     print(f"all kernels / nodes: dyntvm {d_total:.1f} us, onnxruntime {o_total:.1f} us "
