@@ -108,19 +108,24 @@ def _ort_label(node) -> str:
 
 def pair(d_anchors: list, o_anchors: list) -> list:
     """[(dyntvm index, onnxruntime index)]: each onnxruntime anchor with the first unpaired dyntvm anchor of the
-    same weight and output shapes (the two may order independent layers differently: resnet's downsample)."""
+    same weight and output shapes (the two may order independent layers differently: resnet's downsample), then
+    the rest by the weight's shape alone."""
     taken, out = set(), []
-    for j, node in enumerate(o_anchors):
-        key = _ort_key(node)
-        for i, call in enumerate(d_anchors):
-            if i in taken:
+    for same_output in (True, False):   # then by the weight alone: the SE block's excite conv, whose multiply
+        for j, node in enumerate(o_anchors):    # dyntvm fuses (its output [N, C, H, W], onnxruntime's [N, C, 1, 1])
+            key = _ort_key(node)
+            if any(jj == j for _, jj in out) or (not same_output and key[0] is None):
                 continue
-            dk = _dyntvm_key(call)
-            if dk[1] == key[1] and (key[0] is None or dk[0] is None or dk[0] == key[0]):
-                taken.add(i)
-                out.append((i, j))
-                break
-    return out
+            for i, call in enumerate(d_anchors):
+                if i in taken:
+                    continue
+                dk = _dyntvm_key(call)
+                if (dk[1] == key[1] and (key[0] is None or dk[0] is None or dk[0] == key[0])) if same_output \
+                        else dk[0] == key[0]:
+                    taken.add(i)
+                    out.append((i, j))
+                    break
+    return sorted(out)
 
 
 def ort_rounds(events: list) -> list:
