@@ -6,7 +6,9 @@ SE block's Mul is a node after the excite conv, dyntvm fuses it into that conv; 
 layer). The convolutions pair up in execution order (their output shapes are checked). Both sides are wall time
 (us) of the kernel / node alone, median over `--rounds`: dyntvm's kernels called through the VM's instrument hook
 (as `profile_kernels.py`), so neither side counts its executor's own work. Rows ranked by the time lost
-(dyntvm - onnxruntime).
+(dyntvm - onnxruntime). onnxruntime's profile costs it ~10-20 us a node (mobilenet_v3_small B1: its nodes sum to
+~1.2x its unprofiled run), so small layers' ratios here understate the gap; the model-level ratio is the
+reference.
 
     taskset -c 1 .venv/bin/python benchmarks/bench_layer_breakdown.py --model mobilenet_v3_small [--batch 8]
         [--rounds 20] [--ab MODULE.NAME[=VALUE][,...]]
