@@ -20,7 +20,8 @@ Variants (module constants set while the layer compiles, restored after):
   vb8t14  blocks of 8 x up to 14 positions
   rows    a symbolic row computed in whole row tiles (`te_conv.FLAT_POSITIONS` False; shipped: flattened positions)
   flat0   flattened positions for every conv whose row the tile does not divide (`te_conv.FLAT_MIN_REDUCTION` 0)
-  pwflat  flattened positions for pointwise convs (`te_conv.FLAT_POINTWISE`; shipped: off)
+  pwrows  pointwise convs per row (`te_conv.FLAT_POINTWISE` False; shipped: flattened up to 256 output channels)
+  pwflat  every pointwise conv over flattened positions (`te_conv.FLAT_POINTWISE_MAX_CHANNELS` None)
   posinner the epilogue iterated positions-innermost (not `cpu_schedule_conv._channels_last`)
   spv     every conv in the spatial-vectorized form (output channels not blocked)
   spv8    spv, 8-position row tiles, up to 8 channels a tile (12 accumulators): a GEMM-like 1x1 tile
@@ -89,7 +90,8 @@ def variants() -> dict:
         "spv16": {(win, "out_channel_block"): lambda o, c, g: 1, (tc, "_SPV_TILES"): (16, 16, 16),
                   (csc, "spv_channel_block"): _gemm_channels},
         "flat0": {(tc, "FLAT_MIN_REDUCTION"): 0},
-        "pwflat": {(tc, "FLAT_POINTWISE"): True},
+        "pwrows": {(tc, "FLAT_POINTWISE"): False},
+        "pwflat": {(tc, "FLAT_POINTWISE_MAX_CHANNELS"): None},
     }
 
 

@@ -212,7 +212,8 @@ def test_flat_positions_kernel_form(conv_log, monkeypatch):
 
 
 # (id, C, O, residual, spec dims, sizes (N, C, *S)) of pointwise convs (1x1, stride 1, no padding) with few input
-# channels (below FLAT_MIN_REDUCTION): over flattened positions with `te_conv.FLAT_POINTWISE` (off by default)
+# channels (below FLAT_MIN_REDUCTION): over flattened positions (`te_conv.FLAT_POINTWISE`, up to
+# FLAT_POINTWISE_MAX_CHANNELS output channels)
 POINTWISE_CASES = [
     ("c16_o72", 16, 72, False, ("N", 16, "H", "W"),
      [(0, 16, 5, 5), (1, 16, 1, 1), (1, 16, 1, 3), (3, 16, 7, 7), (1, 16, 13, 14), (2, 16, 56, 56)]),
@@ -251,11 +252,12 @@ def test_pointwise_flat_positions_match_numpy(case, pointwise, conv_log, monkeyp
 
 
 def test_pointwise_kernel_form(conv_log, monkeypatch):
-    """With FLAT_POINTWISE a pointwise conv of 32 input channels (a reduction far below FLAT_MIN_REDUCTION) is
+    """A pointwise conv of 32 input channels (a reduction far below FLAT_MIN_REDUCTION) and 64 output channels is
     computed over flattened positions, its epilogue in the kernel; a strided 1x1 (resnet's downsampling) and a padded
-    3x3 of as few channels stay per row; FLAT_POINTWISE False (the default): the pointwise conv per row too."""
+    3x3 of as few channels stay per row, and so does the pointwise conv with more output channels than
+    FLAT_POINTWISE_MAX_CHANNELS, or with FLAT_POINTWISE False."""
     monkeypatch.setattr(te_conv, "_host_vector_bits", lambda: 256)
-    monkeypatch.setattr(te_conv, "FLAT_POINTWISE", True)
+    assert te_conv.FLAT_POINTWISE and te_conv.FLAT_POINTWISE_MAX_CHANNELS >= 64
     target = tvm.target.Target({"kind": "llvm", "mcpu": "znver3", "num-cores": 2})
     text = _scheduled_conv(target, kernel=1)
     assert f'"{te_conv.FLAT_ATTR}": 1' in text
@@ -264,9 +266,12 @@ def test_pointwise_kernel_form(conv_log, monkeypatch):
     assert text.index('T.sblock("relu")') > text.index('T.sblock("dt_conv_ocv_update")')
     assert te_conv.FLAT_ATTR not in _scheduled_conv(target, residual=False, kernel=1, stride=2)
     assert te_conv.FLAT_ATTR not in _scheduled_conv(target)
+    monkeypatch.setattr(te_conv, "FLAT_POINTWISE_MAX_CHANNELS", 48)
+    assert te_conv.FLAT_ATTR not in _scheduled_conv(target, kernel=1)
+    monkeypatch.setattr(te_conv, "FLAT_POINTWISE_MAX_CHANNELS", None)
     monkeypatch.setattr(te_conv, "FLAT_POINTWISE", False)
     assert te_conv.FLAT_ATTR not in _scheduled_conv(target, kernel=1)
-    assert conv_rules(conv_log) == (4, [])
+    assert conv_rules(conv_log) == (5, [])
 
 
 def test_unpadded_conv_reads_the_input_without_a_padded_copy(conv_log):
