@@ -1,4 +1,5 @@
-"""resnet18's conv layers (`bench_conv_layers.LAYERS`, symbolic N, H, W, bias / relu / residual fused) compiled
+"""resnet18's conv layers (`bench_conv_layers.LAYERS`; `--layers mobilenet`: mobilenet_v3_small's pointwise ones,
+`MOBILENET_1X1`), symbolic N, H, W, bias / relu / residual fused, compiled
 under several variants of the CPU conv schedule's parameters, each timed against onnxruntime in the same process
 (alternating blocks, this thread's CPU time, one thread each; batch 1): a ratio per variant and layer, and the
 ratio summed over the model's layers. For trying a tile / reduction-block change before making it the default
@@ -6,6 +7,7 @@ ratio summed over the model's layers. For trying a tile / reduction-block change
 
     TVM_NUM_THREADS=1 .venv/bin/python benchmarks/bench_conv_variants.py [--variants base,cb4,vb8]
                                                                          [--only 3x3] [--rounds 5]
+                                                                         [--layers resnet18|mobilenet]
 
 Variants (module constants set while the layer compiles, restored after):
   base    as shipped
@@ -17,6 +19,13 @@ Variants (module constants set while the layer compiles, restored after):
   vb8     output channels packed in blocks of 8 (one AVX2 register) x 8 positions
   vb8t14  blocks of 8 x up to 14 positions
   rows    a symbolic row computed in whole row tiles (`te_conv.FLAT_POSITIONS` False; shipped: flattened positions)
+  flat0   flattened positions for every conv whose row the tile does not divide (`te_conv.FLAT_MIN_REDUCTION` 0)
+  pwrows  pointwise convs per row (`te_conv.FLAT_POINTWISE` False; shipped: flattened up to 256 output channels)
+  pwflat  every pointwise conv over flattened positions (`te_conv.FLAT_POINTWISE_MAX_CHANNELS` None)
+  posinner the epilogue iterated positions-innermost (not `cpu_schedule_conv._channels_last`)
+  spv     every conv in the spatial-vectorized form (output channels not blocked)
+  spv8    spv, 8-position row tiles, up to 8 channels a tile (12 accumulators): a GEMM-like 1x1 tile
+  spv16   spv, 16-position row tiles, up to 6 channels a tile (12 accumulators: MLAS's 6 x 16 on AVX2)
 """
 from __future__ import annotations
 
@@ -37,6 +46,28 @@ def _vb8(out_per_group: int, cin_per_group: int, groups: int) -> int:
     return 1 if (cin_per_group == 1 and groups > 1) or out_per_group % 8 else 8
 
 
+#: mobilenet_v3_small's pointwise layers at batch 1 (label, C, O, k, stride, pad, H = W, residual, count); all with
+#: a relu here (the model's have relu, hardswish or none).
+MOBILENET_1X1 = [
+    ("1x1 16->72 @56", 16, 72, 1, 1, 0, 56, False, 1),
+    ("1x1 72->24 @28", 72, 24, 1, 1, 0, 28, False, 1),
+    ("1x1 24->88 @28", 24, 88, 1, 1, 0, 28, False, 1),
+    ("1x1 88->24 @28 +res", 88, 24, 1, 1, 0, 28, True, 1),
+    ("1x1 24->96 @28", 24, 96, 1, 1, 0, 28, False, 1),
+    ("1x1 96->40 @14", 96, 40, 1, 1, 0, 14, False, 1),
+    ("1x1 40->240 @14", 40, 240, 1, 1, 0, 14, False, 2),
+    ("1x1 240->40 @14 +res", 240, 40, 1, 1, 0, 14, True, 2),
+    ("1x1 48->288 @14", 48, 288, 1, 1, 0, 14, False, 1),
+    ("1x1 96->576 @7", 96, 576, 1, 1, 0, 7, False, 3),
+    ("1x1 576->96 @7 +res", 576, 96, 1, 1, 0, 7, True, 2),
+]
+
+
+def _gemm_channels(channels, row_tile, lanes):
+    vectors = max(1, -(-row_tile // max(1, lanes)))
+    return next((cb for cb in (8, 6, 4, 3, 2) if channels % cb == 0 and cb * vectors <= 12), 1)
+
+
 def variants() -> dict:
     """{name: {(module, attribute): value}}"""
     from dyntvm.codegen import te_conv as tc
@@ -52,6 +83,15 @@ def variants() -> dict:
         "vb8": {(win, "out_channel_block"): _vb8},
         "vb8t14": {(win, "out_channel_block"): _vb8, (tc, "_ACC_REGISTERS"): {512: 14, 256: 14}},
         "rows": {(tc, "FLAT_POSITIONS"): False},
+        "spv": {(win, "out_channel_block"): lambda o, c, g: 1},
+        "posinner": {(csc, "_channels_last"): lambda sch, epi, n_sp: False},
+        "spv8": {(win, "out_channel_block"): lambda o, c, g: 1, (tc, "_SPV_TILES"): (8, 8, 8),
+                 (csc, "spv_channel_block"): _gemm_channels},
+        "spv16": {(win, "out_channel_block"): lambda o, c, g: 1, (tc, "_SPV_TILES"): (16, 16, 16),
+                  (csc, "spv_channel_block"): _gemm_channels},
+        "flat0": {(tc, "FLAT_MIN_REDUCTION"): 0},
+        "pwrows": {(tc, "FLAT_POINTWISE"): False},
+        "pwflat": {(tc, "FLAT_POINTWISE_MAX_CHANNELS"): None},
     }
 
 
@@ -59,6 +99,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--variants", default="base,cb4,vb8")
     parser.add_argument("--only", default="", help="layers whose label contains one of these (comma-separated)")
+    parser.add_argument("--layers", default="resnet18", choices=("resnet18", "mobilenet"),
+                        help="resnet18's dense layers or mobilenet_v3_small's pointwise ones (MOBILENET_1X1)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--block", type=float, default=0.25, help="seconds per timing block")
     parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)   # always 1
@@ -81,7 +123,7 @@ def main(argv=None) -> int:
     print(f"target {target}; load {os.getloadavg()[0]:.2f}; ratios: dyntvm / onnxruntime (thread CPU time)",
           flush=True)
     total = {v: [0.0, 0.0] for v in chosen}
-    for label, c, o, k, stride, pad, hw, residual, count in LAYERS:
+    for label, c, o, k, stride, pad, hw, residual, count in (LAYERS if args.layers == "resnet18" else MOBILENET_1X1):
         if only and not any(s in label for s in only):
             continue
         w = (rng.standard_normal((o, c, k, k)) / np.sqrt(c * k * k)).astype("float32")

@@ -5,7 +5,8 @@ timed in one process in alternating blocks: with one thread (the default) each c
 wall time (`bench_peers.measure`; indicative only under load). Prints each one's ratio to onnxruntime.
 
     .venv/bin/python benchmarks/bench_model_ab.py [--model resnet18] [--batch 1] [--threads 1] [--rounds 5]
-                                                  [--base base.dt] [--save-onnx DIR]
+                                                  [--base base.dt] [--ab MODULE.NAME[=VALUE][,...]]
+                                                  [--save-onnx DIR]
 
 To make `--base` from another checkout: compile `dt.from_onnx(path)` there (the ONNX file `--save-onnx` writes)
 and `model.save("base.dt")`.
@@ -33,6 +34,8 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--base", default=None, help="an artifact of another build of the same ONNX model")
+    parser.add_argument("--ab", default=None, metavar="MODULE.NAME[=VALUE][,...]",
+                        help="also this checkout compiled with these switches of codegen/cache.SWITCHES set (\"ab\")")
     parser.add_argument("--save-onnx", default=None, help="keep the exported ONNX file in this folder")
     args = parser.parse_args(argv)
     import dyntvm as dt
@@ -48,6 +51,17 @@ def main(argv=None) -> int:
         models = {"branch": dt.compile(dt.from_onnx(path), use_cache=False)}
         if args.base:
             models["base"] = dt.load(args.base)
+        if args.ab:
+            from bench_conv_models import ab_switches
+            ab = ab_switches(args.ab)
+            committed = [(m, k, getattr(m, k)) for m, k, _ in ab]
+            for m, k, v in ab:
+                setattr(m, k, v)
+            try:
+                models["ab"] = dt.compile(dt.from_onnx(path), use_cache=False)
+            finally:
+                for m, k, v in committed:
+                    setattr(m, k, v)
         runs = {"onnxruntime": types.SimpleNamespace(fn=lambda: session.run(None, {"x": x}), args=())}
         for name, m in models.items():
             err = float(np.max(np.abs(np.asarray(m(x)) - want)))

@@ -82,6 +82,19 @@ FLAT_POSITIONS = True
 #: of flattened positions computes its positions' rows and columns (divisions) and keeps one input pointer per
 #: position and kernel row, a cost per tile that a short reduction does not amortize.
 FLAT_MIN_REDUCTION = 2048
+#: ... and for pointwise convs (a 1x1 kernel, stride 1, no padding: `is_pointwise`) whatever their reduction: the
+#: flattened position is the input's (h * W + w: one input pointer per position, no kernel rows), and a symbolic 28-,
+#: 14- or 7-wide row is then 784, 196 or 49 positions in whole tiles of the plane, not rows of ragged tiles (32,
+#: 16, 8 positions). Layer by layer (session 41, one thread, one process) 0.8-0.9x the per-row time of the narrow
+#: ones of mobilenet_v3_small (240 -> 40, 144 -> 48, 24 -> 88, 72 -> 24 channels), but 1.25x for 96 -> 576 at 7 x 7
+#: and 1.1x for 48 -> 288 at 14 x 14: hence only up to FLAT_POINTWISE_MAX_CHANNELS output channels. For every
+#: pointwise conv the model was no faster (1.01x / 1.01x `bench_conv_models.py --ab`, 1.03x / 0.99x
+#: `bench_model_ab.py --ab`); with the bound, mobilenet_v3_small B1 one thread against this rule off in one process:
+#: 0.92x / 0.90x (`bench_conv_models.py --ab`, wall), 0.98x / 0.93x (`bench_model_ab.py --ab`, thread CPU time),
+#: 1.00x / 0.96x (two more, thread time). False: per row (a switch for A/B).
+FLAT_POINTWISE = True
+#: ... for pointwise convs of at most this many output channels (None: any).
+FLAT_POINTWISE_MAX_CHANNELS = 256
 
 
 @functools.lru_cache(maxsize=None)
@@ -168,11 +181,19 @@ def row_tile(width, tiles: tuple) -> tuple[int, bool]:
     return ragged, False
 
 
-def flat_positions(out, vb: int, dtype: str, reduction: int) -> bool:
+def flat_positions(out, vb: int, dtype: str, reduction: int, pointwise: bool = False, channels: int = 0) -> bool:
     """Whether `te_conv` computes a conv of output sizes `out` and `reduction` multiply-adds per output over
-    flattened positions (`FLAT_POSITIONS`)."""
-    return (FLAT_POSITIONS and vb > 1 and len(out) >= 2 and reduction >= FLAT_MIN_REDUCTION
+    flattened positions (`FLAT_POSITIONS`); `pointwise`: a 1x1 kernel, stride 1, no padding (`FLAT_POINTWISE`)."""
+    return (FLAT_POSITIONS and vb > 1 and len(out) >= 2
+            and (reduction >= FLAT_MIN_REDUCTION or (FLAT_POINTWISE and pointwise and (
+                FLAT_POINTWISE_MAX_CHANNELS is None or channels <= FLAT_POINTWISE_MAX_CHANNELS)))
             and not row_tile(out[-1], _ocv_tiles(vb, dtype))[1])
+
+
+def is_pointwise(kernel, strides, pads) -> bool:
+    """A 1x1 (1x1x1, ...) kernel, stride 1, no padding: each output position reads its own input position."""
+    return all(int(k) == 1 for k in kernel) and all(int(s) == 1 for s in strides) and not any(
+        lo or hi for lo, hi in pads)
 
 
 #: op_pattern (Relax's AnnotateTIROpPattern, which keeps one already set) of a flat conv's kernel: kOutEWiseFusable,
@@ -243,7 +264,8 @@ def te_conv(x, w, strides, dilations, pads, out, groups: int, vb: int, guard=Non
     else:
         o_total, cg, kernel = int(w.shape[0]), int(w.shape[1]), [int(k) for k in w.shape[2:]]
     tile, exact = row_tile(out[-1], _ocv_tiles(vb, str(x.dtype)) if vb > 1 else _SPV_TILES)
-    if flat_positions(out, vb, str(x.dtype), cg * functools.reduce(lambda a, b: a * b, kernel, 1)):
+    if flat_positions(out, vb, str(x.dtype), cg * functools.reduce(lambda a, b: a * b, kernel, 1),
+                      is_pointwise(kernel, strides, pads), o_total):
         return _te_conv_flat(x, w, strides, dilations, pads, out, groups, vb, tile, guard)
     full = list(out)
     last_span = None

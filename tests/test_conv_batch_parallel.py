@@ -86,6 +86,9 @@ def test_one_parallel_loop_over_the_batch(kernel, stride, monkeypatch, conv_log)
     monkeypatch.setattr(te_conv, "_host_vector_bits", lambda: 256)
     monkeypatch.setattr(cpu_schedule_dispatch, "PARALLEL_MIN_WORK", 0)
     monkeypatch.setattr(cpu_schedule_conv, "IMAGES_PER_CORE", 0)
+    # the per-row form (the images variant is not made for flattened positions, a pointwise conv's by default:
+    # `te_conv.FLAT_POINTWISE`)
+    monkeypatch.setattr(te_conv, "FLAT_POINTWISE", False)
     for on in (True, False):
         monkeypatch.setattr(cpu_schedule_conv, "BATCH_IN_PARALLEL", on)
         text = _scheduled_conv(target, c=32, o=64, residual=False, kernel=kernel, stride=stride)

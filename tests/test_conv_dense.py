@@ -211,6 +211,69 @@ def test_flat_positions_kernel_form(conv_log, monkeypatch):
     assert conv_rules(conv_log) == (1, [])
 
 
+# (id, C, O, residual, spec dims, sizes (N, C, *S)) of pointwise convs (1x1, stride 1, no padding) with few input
+# channels (below FLAT_MIN_REDUCTION): over flattened positions (`te_conv.FLAT_POINTWISE`, up to
+# FLAT_POINTWISE_MAX_CHANNELS output channels)
+POINTWISE_CASES = [
+    ("c16_o72", 16, 72, False, ("N", 16, "H", "W"),
+     [(0, 16, 5, 5), (1, 16, 1, 1), (1, 16, 1, 3), (3, 16, 7, 7), (1, 16, 13, 14), (2, 16, 56, 56)]),
+    ("c88_o24_res", 88, 24, True, ("N", 88, "H", "W"), [(1, 88, 1, 1), (3, 88, 9, 11), (1, 88, 28, 28)]),
+    ("static_w14", 24, 32, False, ("N", 24, "H", 14), [(0, 24, 3, 14), (1, 24, 1, 14), (3, 24, 14, 14)]),
+    ("3d", 16, 32, True, ("N", 16, "D", "H", "W"), [(1, 16, 1, 1, 1), (2, 16, 3, 5, 7)]),
+]
+
+
+@pytest.mark.parametrize("pointwise", [True, False], ids=["flat", "rows"])
+@pytest.mark.parametrize("case", POINTWISE_CASES, ids=[c[0] for c in POINTWISE_CASES])
+def test_pointwise_flat_positions_match_numpy(case, pointwise, conv_log, monkeypatch):
+    """A pointwise conv (1x1, stride 1, no padding) with a short reduction, over flattened positions
+    (`te_conv.FLAT_POINTWISE`; False: per row) at the committed FLAT_MIN_REDUCTION: batch 0 / 1 / 3, planes smaller
+    than a tile, odd sizes, a static 14-wide row, 3 spatial axes, the residual add and relu fused, against numpy."""
+    monkeypatch.setattr(te_conv, "FLAT_POINTWISE", pointwise)
+    _, c, o, residual, dims, sizes = case
+    n_sp = len(dims) - 2
+    w = (RNG.standard_normal((o, c) + (1,) * n_sp) / np.sqrt(c)).astype("float32")
+    b = RNG.standard_normal(o).astype("float32")
+    r_dims = (dims[0], o) + tuple(dims[2:])
+
+    def model(x, *r):
+        y = F.conv(x, w, b)
+        return F.relu(y + r[0] if residual else y)
+    m = dt.compile(model, S(dims), *([S(r_dims)] if residual else []), use_cache=False)
+    for shape in sizes:
+        x = RNG.standard_normal(shape).astype("float32")
+        r = RNG.standard_normal((shape[0], o) + shape[2:]).astype("float32")
+        want = np.einsum("oc,nc...->no...", w.reshape(o, c).astype("float64"), x) + b.reshape((1, o) + (1,) * n_sp)
+        want = np.maximum(want + r if residual else want, 0)
+        got = m(x, r) if residual else m(x)
+        assert got.shape == want.shape, shape
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=str(shape))
+    assert conv_rules(conv_log) == (1, [])
+
+
+def test_pointwise_kernel_form(conv_log, monkeypatch):
+    """A pointwise conv of 32 input channels (a reduction far below FLAT_MIN_REDUCTION) and 64 output channels is
+    computed over flattened positions, its epilogue in the kernel; a strided 1x1 (resnet's downsampling) and a padded
+    3x3 of as few channels stay per row, and so does the pointwise conv with more output channels than
+    FLAT_POINTWISE_MAX_CHANNELS, or with FLAT_POINTWISE False."""
+    monkeypatch.setattr(te_conv, "_host_vector_bits", lambda: 256)
+    assert te_conv.FLAT_POINTWISE and te_conv.FLAT_POINTWISE_MAX_CHANNELS >= 64
+    target = tvm.target.Target({"kind": "llvm", "mcpu": "znver3", "num-cores": 2})
+    text = _scheduled_conv(target, kernel=1)
+    assert f'"{te_conv.FLAT_ATTR}": 1' in text
+    assert "(H * W + T.int64(3)) // T.int64(4) * T.int64(4)" in text
+    assert "dt_conv_pad" not in text
+    assert text.index('T.sblock("relu")') > text.index('T.sblock("dt_conv_ocv_update")')
+    assert te_conv.FLAT_ATTR not in _scheduled_conv(target, residual=False, kernel=1, stride=2)
+    assert te_conv.FLAT_ATTR not in _scheduled_conv(target)
+    monkeypatch.setattr(te_conv, "FLAT_POINTWISE_MAX_CHANNELS", 48)
+    assert te_conv.FLAT_ATTR not in _scheduled_conv(target, kernel=1)
+    monkeypatch.setattr(te_conv, "FLAT_POINTWISE_MAX_CHANNELS", None)
+    monkeypatch.setattr(te_conv, "FLAT_POINTWISE", False)
+    assert te_conv.FLAT_ATTR not in _scheduled_conv(target, kernel=1)
+    assert conv_rules(conv_log) == (5, [])
+
+
 def test_unpadded_conv_reads_the_input_without_a_padded_copy(conv_log):
     """A strided 1x1 convolution (resnet's downsampling) with a symbolic width: no padded copy of the input in the
     kernel (the tail tile's index clamped to the row), a 3x3 with padding keeps it."""

@@ -17,8 +17,8 @@ from tvm.relax import op as R
 
 from ...ir.ops_nn import window_out_size
 from ..dims import I64, is_one
-from ..te_conv import (OUT_EWISE_FUSABLE, flat_positions, gemv_channel_block, out_channel_block, pack_axes,
-                       te_conv)
+from ..te_conv import (OUT_EWISE_FUSABLE, flat_positions, gemv_channel_block, is_pointwise, out_channel_block,
+                       pack_axes, te_conv)
 from ..te_kernels import nonempty_primfunc
 from ..te_window import te_avg_pool, te_max_pool
 from .common import assert_dims, cast, checked, constant_of, dtype_of, emit, shape_of
@@ -83,7 +83,7 @@ def _conv(bb, node, args, ctx):
         call = bb.call_te(te_conv, emit(bb, cast(x, work)), w, list(a.strides), list(a.dilations), list(a.pads),
                           sizes, groups, vb, guard, primfunc_name_hint="dt_conv")
         # over flattened positions: fusable with its epilogue as the per-row form is (`te_conv.OUT_EWISE_FUSABLE`)
-        if flat_positions(sizes, vb, work, int(np.prod(sw[1:]))):
+        if flat_positions(sizes, vb, work, int(np.prod(sw[1:])), is_pointwise(sw[2:], a.strides, a.pads), sw[0]):
             bb.update_func(call.args[0], bb.get()[call.args[0]].with_attr("op_pattern", OUT_EWISE_FUSABLE))
         return [cast(emit(bb, call), dt)]
     w = _check_sizes(bb, ctx, w, _out_sizes(ctx, x, sw[2:], a))
