@@ -6,10 +6,10 @@ loops added (`cpu_schedule.build_cpu`): it adds the public function `PROGRAM` an
 legalizes the few Relax ops they use (row slices, stacking). Values have rank and dtype only (no shapes): each
 region function checks its inputs' shapes when called, as it does when the executor calls it. Lowering:
 
-* region -> its body copied into the program's own sequence or one of its branches (`INLINE_REGIONS`,
-  `_Lowering._inline`; its parameters whose arguments' shapes prove the match bound without a ``match_cast``,
-  `_implied`; where such a program fails to build, `build_with_program` builds it again with calls), else
-  (inside a loop function) a call of its function; cond / case -> ``If`` (a case: nested, predicates in order);
+* region -> its body copied into the program's own sequence (`INLINE_REGIONS`, `_Lowering._inline`; its
+  parameters whose arguments' shapes prove the match bound without a ``match_cast``, `_implied`; where such a
+  program fails to build, `build_with_program` builds it again with calls), else (inside a branch or a loop
+  function) a call of its function; cond / case -> ``If`` (a case: nested, predicates in order);
 * foreach -> a call of its compiled loop where codegen built one, else a recursive function over a range of
   steps (the loops' lowering: `vm_loops`). Where the per-step outputs have static shapes (`_inplace_foreach`),
   their stacks are allocated once per call and each step copies its rows into them; a range of more than
@@ -63,17 +63,19 @@ class _Lowering(LoopLowering):
         self.dynamic = DynamicOps(self)
         self.called_back: set = set()           # keys of the nodes called back on every run (`CALLBACKS_FUNCTION`)
         self.shaped: dict = {}                  # value of rank only -> the value matched to a shape (`_match`)
+        self.current = None                     # the sequence `graph` emits into (where `shaped` entries hold)
 
     def graph(self, seq: _Seq, g: Graph, args: list) -> list:
         """Emit `g`'s nodes into `seq` on `args` (Relax values of its inputs); returns its outputs' values."""
         env = dict(zip(g.inputs, args))
-        before = dict(self.shaped)              # (a value matched in a branch or a loop is not seen outside it)
+        before, outer = dict(self.shaped), self.current     # (a value matched in a branch or a loop function is
+        self.current = seq                                  # not seen outside it)
         for n in g.nodes:
             ins = [self.shaped.get(env[v], env[v]) for v in n.inputs]
             outs = getattr(self, "_" + n.op, self._kernel)(seq, n, ins)
             env.update(zip(n.outputs, outs))
         outs = [self.shaped.get(env[v], env[v]) for v in g.outputs]
-        self.shaped = before
+        self.shaped, self.current = before, outer
         return outs
 
     def _constant(self, seq, n, ins):
@@ -120,7 +122,7 @@ class _Lowering(LoopLowering):
         func = _NON_DATAFLOW(tvm.IRModule({"f": func}))["f"]
         for p, (_, a) in zip(func.params, checked):     # (the parameters left, in order)
             seq.bindings.append(relax.MatchCast(p, a, p.ty))
-            self._matched(a, p)
+            self._matched(seq, a, p)
         bindings = [b for block in func.body.blocks for b in block.bindings]
         res = func.body.body
         if bindings and isinstance(bindings[-1].value, relax.Tuple) and bindings[-1].var.same_as(res):
@@ -158,13 +160,16 @@ class _Lowering(LoopLowering):
         res = seq.emit(call, n.op)
         return [res] if len(types) == 1 else self._items(seq, res, len(types))
 
-    def _branch(self, g: Graph, args: list, parent: _Seq):
-        seq = _Seq(self.bb, parent.inline)
+    def _branch(self, g: Graph, args: list):
+        """A branch of an ``If``: its regions called (copied into branches, TVM 0.27's StaticPlanBlockMemory gave
+        a static-shape tensor of one branch the storage it allocates in the other, which that path never
+        allocates: a segfault at run time)."""
+        seq = _Seq(self.bb)
         return seq, self.graph(seq, g, args)
 
     def _cond(self, seq, n, ins):
         then_g, else_g = n.subgraphs
-        return self._if(seq, ins[0], *self._branch(then_g, ins[1:], seq), *self._branch(else_g, ins[1:], seq), "cond")
+        return self._if(seq, ins[0], *self._branch(then_g, ins[1:]), *self._branch(else_g, ins[1:]), "cond")
 
     def _case(self, seq, n, ins):
         subs = n.subgraphs
@@ -174,9 +179,9 @@ class _Lowering(LoopLowering):
             if k == len(preds):
                 return self.graph(into, default, ins)
             (pred,) = self.graph(into, preds[k], ins)
-            rest = _Seq(self.bb, into.inline)
+            rest = _Seq(self.bb)
             rest_values = from_case(k + 1, rest)
-            return self._if(into, pred, *self._branch(branches[k], ins, into), rest, rest_values, "case")
+            return self._if(into, pred, *self._branch(branches[k], ins), rest, rest_values, "case")
         return from_case(0, seq)
 
     def _recursive(self, kind: str, params: list, ret_types: list):
@@ -223,13 +228,16 @@ class _Lowering(LoopLowering):
     def _match(self, seq: _Seq, value, ty):
         var = relax.Var("data", ty)
         seq.bindings.append(relax.MatchCast(var, value, ty))
-        self._matched(value, var)
+        self._matched(seq, value, var)
         return var
 
-    def _matched(self, value, var):
-        """Later uses of `value` (a tensor of rank only) in this sequence take `var`, its match to a shape: a
-        region's parameters are then implied by their arguments (`_implied`), with no second ``match_cast``."""
-        if isinstance(value, relax.Var) and not isinstance(getattr(value.ty, "shape", None), relax.ShapeExpr):
+    def _matched(self, seq: _Seq, value, var):
+        """Later uses of `value` (a tensor of rank only) in `seq` and its branches take `var`, its match to a shape:
+        a region's parameters are then implied by their arguments (`_implied`), with no second ``match_cast``.
+        Only where `seq` is the sequence `graph` emits into: a match in a sequence of a node's own (a loop step, a
+        branch a node makes) is not seen after it."""
+        if (seq is self.current and isinstance(value, relax.Var)
+                and not isinstance(getattr(value.ty, "shape", None), relax.ShapeExpr)):
             self.shaped[value] = var
 
 def _implied(params: list, args: list) -> list:
