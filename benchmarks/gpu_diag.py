@@ -220,6 +220,19 @@ def _lstm_body_kernels() -> dict:
     return out
 
 
+def _variants(fn, specs, dry: bool) -> dict:
+    """variant of LSTM_VARIANTS -> `fn` compiled for CUDA with those switches (for sm_90 without a GPU: `dry`)."""
+    import dyntvm as dt
+    models = {}
+    for name, flags in LSTM_VARIANTS.items():
+        _lstm_switches(*flags)
+        t0 = time.perf_counter()
+        models[name] = dt.compile(fn, *specs, target="cuda:sm_90" if dry else "cuda", use_cache=False)
+        print(f"built {name!r} (merge {flags[0]}, small-M {flags[1]}) in {time.perf_counter() - t0:.1f} s",
+              flush=True)
+    return models
+
+
 def lstm_ab():
     """The LSTM of bench_peers (B1 T64, B16 T64, B1 T256) compiled for CUDA with the step's new kernels
     (`gpu_fuse.MERGE_ELEMENTWISE`: gates + cell + h in one kernel; `gpu_gemv.SMALL_M_GEMV`: the step's matmul as
@@ -230,7 +243,6 @@ def lstm_ab():
     shipped tuning log, which specializes the step for B = 1 (a static M = 1: dlight's schedule) and B = 16 (a tuned
     matmul), so that the small-M schedule runs at every B; by default the models are built as bench_peers
     builds them (with the log), where only the merged elementwise kernel differs at B1 / B16."""
-    import dyntvm as dt
     from dyntvm.codegen.backends.cuda import gpu_fuse, gpu_gemv
     from dyntvm.examples import lstm as ex
     from dyntvm.examples.plain_numpy import numpy_lstm
@@ -242,14 +254,7 @@ def lstm_ab():
         os.environ["DYNTVM_TUNING_LOGS"] = tempfile.mkdtemp(prefix="no-logs-")
         print("lstm_ab: without the shipped tuning logs", flush=True)
     try:
-        models = {}
-        for name, flags in LSTM_VARIANTS.items():
-            _lstm_switches(*flags)
-            t0 = time.perf_counter()
-            models[name] = dt.compile(ex.lstm, *ex.EXAMPLE.specs, target="cuda:sm_90" if dry else "cuda",
-                                      use_cache=False)
-            print(f"built {name!r} (merge {flags[0]}, small-M {flags[1]}) in {time.perf_counter() - t0:.1f} s",
-                  flush=True)
+        models = _variants(ex.lstm, ex.EXAMPLE.specs, dry)
         if dry:
             for name, kernels in _lstm_body_kernels().items():
                 print(f"{name}: loop body kernels per step: {len(kernels)}: {', '.join(kernels)}")
@@ -316,7 +321,6 @@ def decoder_ab():
     LSTM_VARIANTS setting of those switches, checked against numpy, timed interleaved (median ms per call, 30
     rounds, the order rotated), then the kernels' device time of the new and the old variant (torch.profiler).
     `--cpu`: builds each variant for sm_90 (nvcc in the stub child) and runs nothing."""
-    import dyntvm as dt
     from dyntvm.codegen.backends.cuda import gpu_fuse, gpu_gemv
     from dyntvm.examples import decoder as ex
     from dyntvm.examples.plain_numpy import numpy_decoder
@@ -325,14 +329,7 @@ def decoder_ab():
     inputs = ex.make_inputs(np.random.default_rng(0), P=3, max_steps=32)
     want = numpy_decoder(*inputs)
     try:
-        models = {}
-        for name, flags in LSTM_VARIANTS.items():
-            _lstm_switches(*flags)
-            t0 = time.perf_counter()
-            models[name] = dt.compile(ex.decoder, *ex.EXAMPLE.specs, target="cuda:sm_90" if dry else "cuda",
-                                      use_cache=False)
-            print(f"built {name!r} (merge {flags[0]}, small-M {flags[1]}) in {time.perf_counter() - t0:.1f} s",
-                  flush=True)
+        models = _variants(ex.decoder, ex.EXAMPLE.specs, dry)
         if dry:
             return
         runs = {name: (lambda m=m: m(*inputs)) for name, m in models.items()}
