@@ -1,6 +1,6 @@
 """GPU diagnostics for benchmarks/gpu_host.sh: empty-input launches (one child each, CUDA_LAUNCH_BLOCKING=1), a kernel's CUDA
-source, per-node profiles and cProfile of the LSTM and decode loops on CUDA, the LSTM step's kernels A/B (`lstm_ab`) and the
-GRU decoder's with the same switches (`decoder_ab`; with `--cpu`: builds only, no GPU needed).
+source, per-node profiles and cProfile of the LSTM and decode loops on CUDA, the LSTM step's kernels A/B (`lstm_ab`)
+and the GRU decoder's with the same switches (`decoder_ab`; with `--cpu`: builds only, no GPU needed).
 `python3 -P benchmarks/gpu_diag.py STAGE... [--cpu]`"""
 import os, subprocess, sys, time
 import numpy as np

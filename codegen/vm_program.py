@@ -240,6 +240,7 @@ class _Lowering(LoopLowering):
                 and not isinstance(getattr(value.ty, "shape", None), relax.ShapeExpr)):
             self.shaped[value] = var
 
+
 def _implied(params: list, args: list) -> list:
     """For each of a region function's `params`, whether its argument's shape (of `args`, Relax values) proves
     the match: each of its dims is a symbolic variable bound here at its first use, or a constant or a variable
