@@ -34,30 +34,31 @@ READS_KEPT = 8                # host copies (and gather indices) of device tenso
 _STRONG = 0xFFFFFFFF          # tvm-ffi's object header: strong references in the low 32 bits of its first word
 
 
-def _python_refs(t) -> int:
-    return sys.getrefcount(t)
+def _free_index(kept: list) -> int:
+    """The index of a buffer in `kept` that nothing but the list holds, else -1: no Python reference but the list's
+    (`_PY_REFS`, measured the same way at import: the interpreter's own count differs between versions) and no TVM
+    one (a view, a VM register, an array: tvm-ffi's strong count, 1 for the one Python wrapper). The buffer is
+    never bound to a local variable here or in a caller: a tracer or debugger that reads frames' locals (which
+    keeps them in the frame's locals dict) would otherwise count as a holder."""
+    for i in range(len(kept)):
+        if _getrefcount(kept[i]) == _PY_REFS and _strong(kept[i].__chandle__()) == 1:
+            return i
+    return -1
 
 
-def _held_elsewhere(t: _Tensor) -> bool:
-    """Whether anything but the pool's list holds tensor `t` (the caller's loop variable over that list): a Python
-    reference beyond those of this call chain (`_PY_REFS`, measured the same way at import: the interpreter's
-    own count differs between versions) or a TVM one (a view, a VM register, an array: tvm-ffi's strong count,
-    1 for the one Python wrapper)."""
-    return _python_refs(t) > _PY_REFS or ctypes.c_uint64.from_address(t.__chandle__()).value & _STRONG != 1
-
-
-def _measured_refs(t) -> int:
-    return _python_refs(t)
+def _strong(handle: int) -> int:
+    return ctypes.c_uint64.from_address(handle).value & _STRONG
 
 
 def _refs_of_a_kept_object() -> int:
-    """What `_held_elsewhere` sees for an object only a list and the loop variable over it hold."""
+    """What `_free_index` sees for an object only a list holds."""
     kept = [object()]
-    for t in kept:
-        return _measured_refs(t)
+    for i in range(len(kept)):
+        return _getrefcount(kept[i])
     return 0
 
 
+_getrefcount = sys.getrefcount
 _PY_REFS = _refs_of_a_kept_object()
 
 
@@ -77,9 +78,9 @@ class BufferPool:
         kept = self.buffers.get(key)
         if kept is not None:
             self.buffers.move_to_end(key)
-            for t in kept:
-                if not _held_elsewhere(t):
-                    return t
+            i = _free_index(kept)
+            if i >= 0:
+                return kept[i]
         t = tvm.runtime.empty(shape, dtype, self.device)
         self.allocs += 1
         nbytes = _nbytes(shape, dtype)

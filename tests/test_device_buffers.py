@@ -3,6 +3,8 @@ buffer is a cudaMalloc and each dropped one a cudaFree that waits for the device
 (`CompiledModel._use_device_path(tvm.cpu())`, as a GPU runs it): a repeated call with the same sizes allocates
 nothing, and a buffer anything still holds (a Python name, a view, the same tensor returned by a kernel) is
 never handed out again. Results are checked against independent numpy expressions."""
+import sys
+
 import numpy as np
 import pytest
 import tvm
@@ -46,6 +48,27 @@ def test_a_buffer_is_handed_out_again_only_when_nothing_holds_it(device):
     assert pool.empty((4,), "float32").data_ptr() == a_id     # free once the view is gone (the first kept)
     assert pool.allocs == 3
     assert pool.empty((4,), "int32").dtype == "int32" and pool.allocs == 4   # dtype is part of the key
+
+
+def test_a_tracer_reading_locals_does_not_hold_buffers():
+    """A debugger or coverage tool that reads each frame's locals (`frame.f_locals` keeps them in the frame's dict)
+    must not make the pool's own frames look like holders: a CI run where something traced the process allocated
+    every buffer afresh. A name the caller really holds still counts."""
+    def tracer(frame, event, arg):
+        frame.f_locals
+        return tracer
+
+    pool = BufferPool(tvm.cpu())
+    sys.settrace(tracer)
+    try:
+        held = pool.empty((4,), "float32")
+        pool.empty((4,), "float32")                       # dropped at once: free again
+        again = pool.empty((4,), "float32")
+        allocs = pool.allocs
+        held_ptr, again_ptr = held.data_ptr(), again.data_ptr()
+    finally:
+        sys.settrace(None)
+    assert allocs == 2 and again_ptr != held_ptr
 
 
 def test_the_pool_keeps_at_most_its_byte_budget():
