@@ -38,8 +38,9 @@ def _free_index(kept: list) -> int:
     """The index of a buffer in `kept` that nothing but the list holds, else -1: no Python reference but the list's
     (`_PY_REFS`, measured the same way at import: the interpreter's own count differs between versions) and no TVM
     one (a view, a VM register, an array: tvm-ffi's strong count, 1 for the one Python wrapper). The buffer is
-    never bound to a local variable here or in a caller: a tracer or debugger that reads frames' locals (which
-    keeps them in the frame's locals dict) would otherwise count as a holder."""
+    never bound to a local variable or passed to a Python function: a tracer or debugger that reads frames'
+    locals (kept in the frame's locals dict) and a PEP 523 frame-evaluation hook (torch.compile's: CPython 3.11
+    then passes arguments with a reference per call level) would otherwise count as holders."""
     for i in range(len(kept)):
         if _getrefcount(kept[i]) == _PY_REFS and _strong(kept[i].__chandle__()) == 1:
             return i

@@ -71,6 +71,23 @@ def test_a_tracer_reading_locals_does_not_hold_buffers():
     assert allocs == 2 and again_ptr != held_ptr
 
 
+def test_a_frame_evaluation_hook_does_not_hold_buffers():
+    """Under a PEP 523 frame-evaluation hook (torch.compile's dynamo installs one) CPython 3.11 calls Python
+    functions without moving their arguments: each call level holds one more reference. Checking a buffer through
+    Python helper functions then counted them as holders (every buffer allocated afresh)."""
+    torch = pytest.importorskip("torch")
+    import torch._dynamo
+
+    def use_pool():
+        pool = BufferPool(tvm.cpu())
+        held = pool.empty((4,), "float32")
+        pool.empty((4,), "float32")                       # dropped at once: free again
+        again = pool.empty((4,), "float32")
+        return pool.allocs, held.data_ptr() != again.data_ptr()
+
+    assert torch._dynamo.run(use_pool)() == (2, True)
+
+
 def test_the_pool_keeps_at_most_its_byte_budget():
     pool = BufferPool(tvm.cpu(), max_bytes=64, per_shape=2)
     pool.empty((8,), "float32")                            # 32 bytes, kept
