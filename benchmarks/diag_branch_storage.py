@@ -38,7 +38,6 @@ def passes(target, fixed: bool):
     from tvm.relax.backend.cpu_generic import pipeline as p
     finalize = p.finalize_passes(target)
     if fixed:
-        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
         from dyntvm.codegen.branch_storage import after_planning
         finalize = after_planning(finalize)
     return p.library_dispatch_passes(target) + p.legalize_passes(target) + p.dataflow_lower_passes(target), finalize

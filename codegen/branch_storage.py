@@ -66,8 +66,9 @@ class _Scoper:
             return relax.VarBinding(b.var, relax.Call(value.op, [visible[old], *value.args[1:]], value.attrs,
                                                       value.ty_args))
         if isinstance(value, relax.If):
-            then, other = self.seq(value.true_branch, visible), self.seq(value.false_branch, visible)
-            if then is value.true_branch and other is value.false_branch:
+            true, false = value.true_branch, value.false_branch
+            then, other = self.seq(true, visible), self.seq(false, visible)
+            if then is true and other is false:
                 return b
             return relax.VarBinding(b.var, relax.If(value.cond, then, other))
         return b
@@ -81,7 +82,7 @@ def scope_storage(mod: tvm.IRModule) -> tvm.IRModule:
             continue
         scoper = _Scoper()
         body = scoper.seq(func.body, {})
-        if body is func.body:
+        if not scoper.added:            # (then nothing was replaced either)
             continue
         new = relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs, func.span)
         out = out if out is not mod else tvm.IRModule(dict(mod.functions_items()), mod.attrs, mod.global_infos)
