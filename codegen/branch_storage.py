@@ -21,9 +21,6 @@ from tvm import relax
 _ALLOC_STORAGE = tvm.ir.Op.get("relax.memory.alloc_storage")
 _ALLOC_TENSOR = tvm.ir.Op.get("relax.memory.alloc_tensor")
 
-_STATS = {"storages_added": 0}
-
-
 def _is(value, op) -> bool:
     return isinstance(value, relax.Call) and value.op.same_as(op)
 
@@ -87,7 +84,6 @@ def scope_storage(mod: tvm.IRModule) -> tvm.IRModule:
         new = relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs, func.span)
         out = out if out is not mod else tvm.IRModule(dict(mod.functions_items()), mod.attrs, mod.global_infos)
         out[gv] = relax.BlockBuilder().normalize(new)
-        _STATS["storages_added"] += scoper.added
     return out
 
 
