@@ -16,7 +16,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # k values: the paths taken, in changing order (then / else, each case, back and forth)
 KS = (3, -1, 7, 9, 3, -1, 9, 7, -1, 12)
 
-# name -> (source of `fn(x, k)` using F, source of `want(x, k)` using np only, sizes of x)
+# name -> (source of `fn(x, k)` using F, source of `want(x, k)` using np only, sizes of x (static_*: its shape))
 PROGRAMS = {
     "cond_reductions": ("""
         def fn(x, k):
@@ -108,6 +108,24 @@ PROGRAMS = {
                 v = v - v.max() * 0.5 if v.sum() > 0 else v * 0.5 + v.sum() + 1.0
             return v, np.int64(abs(int(k)))
         """, (1, 6, 7)),
+    "static_shapes_case": ("""
+        def fn(x, k):
+            m = F.reshape(x, (5, 1)) * F.reshape(x, (1, 5))
+            return F.case([(k < 0, lambda: F.sum(F.exp(m) * 0.1, axis=1) + F.max(x)),
+                           (k < 5, lambda: F.sum(m, axis=0) - F.mean(x)),
+                           (k < 8, lambda: F.cond(F.sum(x) > 0.0, lambda: x * F.sum(m), lambda: x - F.sum(m)))],
+                          default=lambda: x)
+        """, """
+        def want(x, k):
+            m = x[:, None] * x[None, :]
+            if k < 0:
+                return (np.exp(m) * 0.1).sum(axis=1) + x.max()
+            if k < 5:
+                return m.sum(axis=0) - x.mean()
+            if k < 8:
+                return x * m.sum() if x.sum() > 0 else x - m.sum()
+            return x
+        """, (5,)),
 }
 
 CHILD = """
@@ -117,7 +135,7 @@ import dyntvm as dt
 from dyntvm import F
 {fn}
 {want}
-model = dt.compile(fn, dt.TensorSpec(("N",)), dt.TensorSpec((), "int64"))
+model = dt.compile(fn, dt.TensorSpec({spec}), dt.TensorSpec((), "int64"))
 assert model.vm_program, model.vm_program_fallback
 rng = np.random.default_rng(7)
 for k in {ks}:
@@ -145,7 +163,8 @@ def _run_child(source: str) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
 def test_every_path_of_a_branch_program_runs_in_the_vm(name):
     fn, want, sizes = PROGRAMS[name]
-    r = _run_child(CHILD.format(fn=textwrap.dedent(fn), want=textwrap.dedent(want), ks=KS, sizes=sizes))
+    spec = sizes if name.startswith("static") else ("N",)       # (static: every tensor of a known shape)
+    r = _run_child(CHILD.format(fn=textwrap.dedent(fn), want=textwrap.dedent(want), ks=KS, sizes=sizes, spec=spec))
     crashed = " (killed by a signal: a segfault in the VM program?)" if r.returncode < 0 else ""
     assert r.returncode == 0 and "ok" in r.stdout, (
         f"{name}: exit {r.returncode}{crashed}\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}")
