@@ -41,7 +41,13 @@ class _Scoper:
                 changed |= new is not b
                 bindings.append(new)
             blocks.append(type(block)(bindings) if changed else block)
-        return relax.SeqExpr(blocks, seq.body) if changed else seq
+        body = seq.body
+        if isinstance(body, relax.If):      # (normalized Relax binds an If to a var; this is in case it does not)
+            bound = relax.VarBinding(relax.Var("if", body.ty), body)
+            new = self.binding(bound, visible, [])
+            if new is not bound:
+                body, changed = new.value, True
+        return relax.SeqExpr(blocks, body) if changed else seq
 
     def binding(self, b, visible: dict, out: list):
         if not isinstance(b, relax.VarBinding):
