@@ -6,10 +6,11 @@ loops added (`cpu_schedule.build_cpu`): it adds the public function `PROGRAM` an
 legalizes the few Relax ops they use (row slices, stacking). Values have rank and dtype only (no shapes): each
 region function checks its inputs' shapes when called, as it does when the executor calls it. Lowering:
 
-* region -> its body copied into the program's own sequence (`INLINE_REGIONS`, `_Lowering._inline`; its
-  parameters whose arguments' shapes prove the match bound without a ``match_cast``, `_implied`; where such a
-  program fails to build, `build_with_program` builds it again with calls), else (inside a branch or a loop
-  function) a call of its function; cond / case -> ``If`` (a case: nested, predicates in order);
+* region -> its body copied into the program's own sequence or one of its branches (`INLINE_REGIONS`,
+  `_Lowering._inline`; its parameters whose arguments' shapes prove the match bound without a ``match_cast``,
+  `_implied`; where such a program fails to build, `build_with_program` builds it again with calls; the storage
+  TVM's planner shares across branches is made safe by `branch_storage`), else (inside a loop function) a call
+  of its function; cond / case -> ``If`` (a case: nested, predicates in order);
 * foreach -> a call of its compiled loop where codegen built one, else a recursive function over a range of
   steps (the loops' lowering: `vm_loops`). Where the per-step outputs have static shapes (`_inplace_foreach`),
   their stacks are allocated once per call and each step copies its rows into them; a range of more than
@@ -160,16 +161,19 @@ class _Lowering(LoopLowering):
         res = seq.emit(call, n.op)
         return [res] if len(types) == 1 else self._items(seq, res, len(types))
 
-    def _branch(self, g: Graph, args: list):
-        """A branch of an ``If``: its regions called (copied into branches, TVM 0.27's StaticPlanBlockMemory gave
-        a static-shape tensor of one branch the storage it allocates in the other, which that path never
-        allocates: a segfault at run time)."""
-        seq = _Seq(self.bb)
+    def _branch(self, g: Graph, args: list, parent: _Seq):
+        """A branch of an ``If`` in `parent`: its regions' bodies copied in where `parent` copies them (no VM
+        frame per branch region). TVM 0.27's StaticPlanBlockMemory pools storage per function, not per branch:
+        it gave a tensor of one branch the storage it allocates in the other (a var out of scope: a segfault on
+        the path that never allocated it); `branch_storage.scope_branch_storage`, run after it in every build,
+        allocates such a storage again where it is used (`benchmarks/diag_branch_storage.py` shows the bug)."""
+        seq = _Seq(self.bb, parent.inline)
         return seq, self.graph(seq, g, args)
 
     def _cond(self, seq, n, ins):
         then_g, else_g = n.subgraphs
-        return self._if(seq, ins[0], *self._branch(then_g, ins[1:]), *self._branch(else_g, ins[1:]), "cond")
+        return self._if(seq, ins[0], *self._branch(then_g, ins[1:], seq), *self._branch(else_g, ins[1:], seq),
+                        "cond")
 
     def _case(self, seq, n, ins):
         subs = n.subgraphs
@@ -179,9 +183,9 @@ class _Lowering(LoopLowering):
             if k == len(preds):
                 return self.graph(into, default, ins)
             (pred,) = self.graph(into, preds[k], ins)
-            rest = _Seq(self.bb)
+            rest = _Seq(self.bb, into.inline)
             rest_values = from_case(k + 1, rest)
-            return self._if(into, pred, *self._branch(branches[k], ins), rest, rest_values, "case")
+            return self._if(into, pred, *self._branch(branches[k], ins, into), rest, rest_values, "case")
         return from_case(0, seq)
 
     def _recursive(self, kind: str, params: list, ret_types: list):

@@ -37,7 +37,7 @@ class _Seq:
 
     def __init__(self, bb, inline: bool = False):
         self.bb, self.bindings = bb, []
-        self.inline = inline            # region bodies may be copied in (the program function's own sequence)
+        self.inline = inline            # region bodies may be copied in (the program's own sequence, its branches)
 
     def emit(self, expr, name: str = "v"):
         expr = self.bb.normalize(expr)

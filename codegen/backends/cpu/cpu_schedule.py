@@ -35,6 +35,7 @@ import tvm
 from tvm import relax, s_tir, tirx
 from tvm.relax.backend.cpu_generic import pipeline as _cpu_pipeline
 
+from ...branch_storage import after_planning
 from ...compiled_loops import loop_pass
 from ...fusion_guard import opaque_shape_scalar_kernels
 from .cpu_fast_math import FAST_MATH, LANES_SUFFIX
@@ -162,7 +163,8 @@ def build_cpu(mod: tvm.IRModule, target=None, loops=(), tuned=None, program=None
 
     Pipeline: DispatchSampling, DispatchSortScan -> ``legalize_and_fuse`` ->
     ``schedule_module`` -> the dataflow-lowering and finalization passes of
-    ``relax.backend.cpu_generic`` (as in its default pipeline) -> ``tvm.compile``.
+    ``relax.backend.cpu_generic`` (as in its default pipeline; `branch_storage.scope_branch_storage` after its
+    StaticPlanBlockMemory) -> ``tvm.compile``.
 
     Args:
         mod: Relax module; may hold several public functions and symbolic dims.
@@ -180,7 +182,7 @@ def build_cpu(mod: tvm.IRModule, target=None, loops=(), tuned=None, program=None
               + ([loop_pass(list(loops))] if loops else [])
               + ([program] if program is not None else [])
               + _cpu_pipeline.dataflow_lower_passes(target)
-              + _cpu_pipeline.finalize_passes(target))
+              + after_planning(_cpu_pipeline.finalize_passes(target)))
     with target:
         mod = tvm.transform.Sequential(passes)(mod)
     # VMShapeLower's `shape_func` (present whenever a dim is symbolic) lacks "tirx.noalias", and
