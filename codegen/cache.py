@@ -46,7 +46,7 @@ def codegen_digest() -> str:
 SWITCHES = (("te_conv", "PHASED_STRIDES"), ("te_conv", "SPLIT_PHASES"), ("te_conv", "SPLIT_PHASES_MAX_CHANNELS"),
             ("te_conv", "SPLIT_SPV_PADDING"), ("te_conv", "GUARD_IN_CONDITION"), ("te_conv", "FLAT_POSITIONS"),
             ("te_conv", "FLAT_MIN_REDUCTION"), ("te_conv", "FLAT_POINTWISE"),
-            ("te_conv", "FLAT_POINTWISE_MAX_CHANNELS"), ("vm_program", "INLINE_REGIONS"),
+            ("te_conv", "FLAT_POINTWISE_MAX_CHANNELS"), ("te_conv", "POSITION_LANES"), ("vm_program", "INLINE_REGIONS"),
             ("backends.cpu.cpu_prepack", "PREPACK_WEIGHTS"), ("backends.cpu.cpu_schedule_conv", "BATCH_IN_PARALLEL"),
             ("backends.cpu.cpu_schedule_conv", "IMAGES_PER_CORE"),
             ("backends.cpu.cpu_schedule_depthwise", "COPY_PER_CHANNEL_BLOCK"),

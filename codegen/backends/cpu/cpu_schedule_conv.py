@@ -8,6 +8,11 @@ the epilogue that fusion gives them (bias, batch norm, activation, residual add)
   layout: the tile is written back to NCHW, once per output). Parallel over output-channel blocks x rows (with
   `BATCH_IN_PARALLEL`: batch x blocks x rows); over flattened positions (`te_conv.FLAT_POSITIONS`: the tile `tw`
   positions of h * W + w) over blocks x tiles.
+* ``dt_conv_pwp`` (a pointwise conv over the flattened positions of the image, `te_conv.POSITION_LANES`): the
+  register tile is rows output channels x 2 vectors of positions, the reduction over the input channels outside
+  it: per input channel one broadcast weight value per row and one input vector per 8 (16) positions; the result
+  and the epilogue written as vectors of NCHW. Parallel over channel-row blocks x position tiles
+  (`_sched_pointwise`).
 * ``dt_conv_spv`` (depthwise, small groups): the register tile is a vector run of output positions along
   the row, the reduction over kernel taps (and the group's input channels) outside it; parallel over
   channels x rows (batch x channels x rows).
@@ -30,7 +35,8 @@ from . import cpu_sched_helpers
 from .cpu_sched_helpers import (child_blocks, loop_extent, tile_scope, total_work, vector_lanes, vectorize_tile,
                                 writes_param)
 from ...dims import is_one
-from ...te_conv import CROP_BLOCK, FLAT_ATTR, OCV_BLOCK, PAD_BLOCK, PHASES_BLOCK, ROW_TILE_ATTR, SPV_BLOCK
+from ...te_conv import (CROP_BLOCK, FLAT_ATTR, OCV_BLOCK, PAD_BLOCK, PHASES_BLOCK, PWP_BLOCK, PWP_ROWS_ATTR,
+                        ROW_TILE_ATTR, SPV_BLOCK)
 
 
 #: Input channels unrolled inside the kernel taps per step of the dense conv's reduction (`_channels_inside_taps`);
@@ -67,7 +73,7 @@ _UNROLL_TAPS = 7
 def conv_block_name(sch: s_tir.Schedule) -> str | None:
     """The name of the `te_conv` reduction block of a (fused) PrimFunc, or None."""
     names = [sch.get(b).name_hint for b in child_blocks(sch)]
-    found = [n for n in names if n.startswith((OCV_BLOCK, SPV_BLOCK))]
+    found = [n for n in names if n.startswith((OCV_BLOCK, SPV_BLOCK, PWP_BLOCK))]
     return found[0] if len(found) == 1 else None
 
 
@@ -257,6 +263,59 @@ def _sched_conv(func, target, name: str, exact: bool, parallel: bool, images: bo
     return sch.mod["main"]
 
 
+def _likely_predicates(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """Every block predicate marked ``likely``: TIR's LoopPartition then splits the tile loop of a
+    ``dt_conv_pwp`` kernel into the whole tiles (no test: vector loads, FMAs and stores) and the last one (the
+    plane's positions past the last whole tile), whose test scalarizes only that tile."""
+    import tvm_ffi
+    from tvm.s_tir import SBlockRealize
+
+    def mark(realize, mutator):
+        realize = mutator.default_mutate(realize)
+        if isinstance(realize.predicate, tirx.IntImm):
+            return realize
+        return SBlockRealize(realize.iter_values, tirx.likely(realize.predicate), realize.block)
+    return func.with_body(tvm_ffi.structural_mutate(func.body, (SBlockRealize, mark)))
+
+
+def _sched_pointwise(func, target, name: str, parallel: bool) -> tirx.PrimFunc:
+    """``dt_conv_pwp`` [N, O, P] (P = H * W, reduced over C): the tile `rows` output channels x `tw` positions
+    (2 vectors), the reduction over C outside it; the epilogue [n, o, h, w] iterated [n, o, h * W + w] and computed
+    per tile, positions innermost (vectors of NCHW). The last, partial tile of a plane is cut by ``likely``
+    predicates (`_likely_predicates`)."""
+    sch = s_tir.Schedule(func)
+    conv = sch.get_sblock(name)
+    tw = int(sch.get(conv).annotations[ROW_TILE_ATTR])
+    rows = int(sch.get(conv).annotations[PWP_ROWS_ATTR])
+    lanes = vector_lanes(target, sch.get(conv).writes[0].source.dtype)
+    n, o, p, c = sch.get_loops(conv)
+    po, pi = sch.split(p, [None, tw])
+    oo, oi = sch.split(o, [None, rows])
+    sch.reorder(n, oo, po, c, oi, pi)
+
+    def relayout(epi):
+        ivs = sch.get(epi).iter_vars
+        if len(ivs) == 4:
+            width = ivs[-1].dom.extent
+            try:
+                sch.transform_block_layout(epi, tirx.IndexMap.from_func(
+                    lambda b, ch, h, col: (b, ch, h * width + col), ndim=4))
+            except Exception:  # pylint: disable=broad-except  # not a plain loop nest: not attached
+                pass
+    attached = _attach_epilogue(sch, func, conv, po, relayout)
+    if parallel:
+        sch.parallel(sch.fuse(oo, po))
+    sch.unroll(oi)
+    vectorize_tile(sch, pi, tw, lanes, unroll=True)
+    for epi in attached:
+        loops = sch.get_loops(epi)
+        if loop_extent(sch, loops[-1]) == tw and loop_extent(sch, loops[-2]) == rows:
+            sch.unroll(loops[-2])
+            vectorize_tile(sch, loops[-1], tw, lanes, unroll=True)
+    sch.decompose_reduction(conv, c)
+    return _likely_predicates(sch.mod["main"])
+
+
 def conv_select(func, target, name: str) -> tirx.PrimFunc:
     """The conv schedule of `func` (a fused kernel with a `te_conv` block `name`): spatial producers and the
     epilogue chain inlined (the padded input kept), serial below PARALLEL_MIN_WORK."""
@@ -265,6 +324,8 @@ def conv_select(func, target, name: str) -> tirx.PrimFunc:
     inline_spatial(func, sch, keep=(PAD_BLOCK,))
     inlined = sch.mod["main"]
     work = total_work(sch, child_blocks(sch))
+    if name.startswith(PWP_BLOCK):
+        return _select(inlined, _parallel_cands(work, target, lambda par: _sched_pointwise(inlined, target, name, par)))
     cands = _parallel_cands(work, target, lambda par: _sched_conv(inlined, target, name, exact, par))
     cores = int(target.attrs.get("num-cores", 1))
     conv = sch.get(sch.get_sblock(name))
