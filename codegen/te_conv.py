@@ -299,22 +299,28 @@ def _pwp_rows(channels: int) -> int:
 
 
 def _te_conv_pointwise(x, w, out, vb: int, guard=None):
-    """``dt_conv_pwp`` (`POSITION_LANES`): [N, O, H * W] = W[O, C] x X[N, C, H * W] (the packed weight
-    [O / vb, C, 1, 1, vb] read at [o // vb, c, 0, 0, o % vb]; the size check's `guard`, 0, added to its first index: a scalar the tile's loop hoists),
-    the crop stage reading it back as [N, O, H, W]. The block's annotations: the positions (ROW_TILE_ATTR: 2
-    vectors) and output channels (PWP_ROWS_ATTR) of its register tile."""
+    """``dt_conv_pwp`` (`POSITION_LANES`): [N, O, ceil(H * W / t) * t] = W[O, C] x X[N, C, H * W] in whole tiles of
+    t positions (2 vectors), the input read as 0 past H * W under a ``likely`` test (TIR's LoopPartition splits
+    the last tile off: the others read whole vectors, no test); the packed weight [O / vb, C, 1, 1, vb] read at
+    [o // vb, c, 0, 0, o % vb] (the size check's `guard`, 0, added to its first index: a scalar the tile's loop
+    hoists). The crop stage reads the result back as [N, O, H, W]. The block's annotations: the positions
+    (ROW_TILE_ATTR) and output channels (PWP_ROWS_ATTR) of its register tile. (Computed over H * W positions
+    exactly, the tile's split predicate sized the accumulator tile at run time: a workspace allocation a tile.)"""
     o_total, cg = int(w.shape[0]) * vb, int(w.shape[1])
     height, width = out
-    lanes = max(1, _host_vector_bits() // DataType(str(x.dtype)).bits)
+    tile = 2 * max(1, _host_vector_bits() // DataType(str(x.dtype)).bits)
+    plane = height * width
     rc = te.reduce_axis((_i64(0), _i64(cg)), name="rc")
-
     zero = guard[0] if guard is not None else _i64(0)
 
     def value(n, o, p):
         wv = w[tirx.floordiv(o, _i64(vb)) + zero, rc, _i64(0), _i64(0), tirx.floormod(o, _i64(vb))]
-        return te.sum(x(n, rc, tirx.floordiv(p, width), tirx.floormod(p, width)) * wv, axis=[rc])
-    res = te.compute([x.shape[0], _i64(o_total), height * width], value, name=PWP_BLOCK,
-                     attrs={ROW_TILE_ATTR: 2 * lanes, PWP_ROWS_ATTR: _pwp_rows(o_total)})
+        xv = tirx.if_then_else(tirx.likely(p < plane), x(n, rc, tirx.floordiv(p, width), tirx.floormod(p, width)),
+                               tirx.const(0, x.dtype))
+        return te.sum(xv * wv, axis=[rc])
+    flat = tirx.floordiv(plane + _i64(tile - 1), _i64(tile)) * _i64(tile)
+    res = te.compute([x.shape[0], _i64(o_total), flat], value, name=PWP_BLOCK,
+                     attrs={ROW_TILE_ATTR: tile, PWP_ROWS_ATTR: _pwp_rows(o_total)})
     return te.compute([x.shape[0], _i64(o_total), height, width],
                       lambda n, o, h, col: res(n, o, h * width + col), name=CROP_BLOCK)
 

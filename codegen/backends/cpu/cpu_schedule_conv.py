@@ -264,9 +264,11 @@ def _sched_conv(func, target, name: str, exact: bool, parallel: bool, images: bo
 
 
 def _likely_predicates(func: tirx.PrimFunc) -> tirx.PrimFunc:
-    """Every block predicate marked ``likely``: TIR's LoopPartition then splits the tile loop of a
-    ``dt_conv_pwp`` kernel into the whole tiles (no test: vector loads, FMAs and stores) and the last one (the
-    plane's positions past the last whole tile), whose test scalarizes only that tile."""
+    """Every block predicate (the epilogue's under a ``dt_conv_pwp`` tile: the plane's last tile is partial)
+    rewritten as the bounds of its block vars, ``likely``: TIR's LoopPartition then splits the tile loop into the
+    whole tiles (no test: vector loads, FMAs and stores) and the last one, whose test scalarizes that tile alone.
+    As reverse_compute_at wrote it (``(p_0 < tiles or p == 0) and p < H * W``), LoopPartition left every tile's
+    epilogue a scalar loop of one branch an element."""
     import tvm_ffi
     from tvm.s_tir import SBlockRealize
 
@@ -274,7 +276,9 @@ def _likely_predicates(func: tirx.PrimFunc) -> tirx.PrimFunc:
         realize = mutator.default_mutate(realize)
         if isinstance(realize.predicate, tirx.IntImm):
             return realize
-        return SBlockRealize(realize.iter_values, tirx.likely(realize.predicate), realize.block)
+        bounds = [value < iv.dom.min + iv.dom.extent
+                  for value, iv in zip(realize.iter_values, realize.block.iter_vars)]
+        return SBlockRealize(realize.iter_values, tirx.likely(tirx.all(*bounds)), realize.block)
     return func.with_body(tvm_ffi.structural_mutate(func.body, (SBlockRealize, mark)))
 
 
@@ -304,7 +308,7 @@ def _sched_pointwise(func, target, name: str, parallel: bool) -> tirx.PrimFunc:
                 pass
     attached = _attach_epilogue(sch, func, conv, po, relayout)
     if parallel:
-        sch.parallel(sch.fuse(oo, po))
+        sch.parallel(oo)
     sch.unroll(oi)
     vectorize_tile(sch, pi, tw, lanes, unroll=True)
     for epi in attached:
