@@ -179,18 +179,20 @@ def _over_positions(sch: s_tir.Schedule, epi, n_sp: int) -> bool:
     return len(ivs) == 2 + n_sp and not all(is_one(iv.dom.extent) for iv in ivs[2:])
 
 
-def _sched_conv(func, target, name: str, exact: bool, parallel: bool, images: bool = False) -> tirx.PrimFunc:
+def _sched_conv(func, target, name: str, exact: bool, parallel: bool, images: bool = False,
+                flat_tile: int | None = None) -> tirx.PrimFunc:
     """`exact`: the row tile divides the output rows (else `te_conv` computed whole tiles and the epilogue
     keeps the first W positions, under a predicate). `images`: parallel over the batch alone, each image's padded
-    copy and convolution serial inside (`IMAGES_PER_CORE`)."""
+    copy and convolution serial inside (`IMAGES_PER_CORE`). `flat_tile`: a ``dt_conv_pwp`` block scheduled as a
+    ``dt_conv_ocv`` one over flattened positions, tiles of that many positions (`_pointwise_select`)."""
     sch = s_tir.Schedule(func)
     conv = sch.get_sblock(name)
-    ocv = name.startswith(OCV_BLOCK)
+    ocv = name.startswith(OCV_BLOCK) or flat_tile is not None
     if ROW_TILE_ATTR not in sch.get(conv).annotations:
         raise ValueError("conv block without its row tile")
-    tw = int(sch.get(conv).annotations[ROW_TILE_ATTR])
+    tw = int(sch.get(conv).annotations[ROW_TILE_ATTR]) if flat_tile is None else flat_tile
     # over flattened positions (`te_conv.FLAT_POSITIONS`): the block's last axis is h * W + w of the output
-    flat = ocv and FLAT_ATTR in sch.get(conv).annotations
+    flat = ocv and (FLAT_ATTR in sch.get(conv).annotations or flat_tile is not None)
     n_red = sum(1 for iv in sch.get(conv).iter_vars if iv.iter_type == tirx.IterVar.CommReduce)
     loops = sch.get_loops(conv)
     n_loop_sp = len(loops) - 2 - n_red          # the block's spatial axes
@@ -203,7 +205,7 @@ def _sched_conv(func, target, name: str, exact: bool, parallel: bool, images: bo
         vb = next(int(r.source.shape[-1]) for r in sch.get(conv).reads if len(r.source.shape) == 3 + n_sp)
         oo, oi = sch.split(o, [None, vb])
         # flat: the tiles are the tasks too (a 7 x 7 plane is 13 tiles; its rows were 7 tasks of 2 tiles)
-        tasks = [oo, *spatial[:-1]] + ([wo] if flat else [])
+        tasks = [oo, *spatial[:-1]] + ([wo] if flat and flat_tile is None else [])
         red, unrolled = _channels_inside_taps(sch, red, n_sp)
         sch.reorder(n, oo, *spatial[:-1], wo, *red, wi, oi)
     else:
@@ -320,6 +322,32 @@ def _sched_pointwise(func, target, name: str, parallel: bool) -> tirx.PrimFunc:
     return _likely_predicates(sch.mod["main"])
 
 
+def _pointwise_select(func, target, name: str, work) -> tirx.PrimFunc:
+    """A ``dt_conv_pwp`` kernel: where the tile (2 vectors) divides the plane H * W (checked at run time), its
+    positions-vectorized schedule (`_sched_pointwise`); else the block as a ``dt_conv_ocv`` one over flattened
+    positions (channels vectorized, `_sched_conv`): the partial last tile of the positions form is a scalar loop of
+    a test an element over the tile's rows x input channels - 96 -> 576 channels at 7 x 7 (49 positions: 3 tiles
+    and 1 position) took 9.5x the channels form's time."""
+    sch = s_tir.Schedule(func)
+    block = sch.get(sch.get_sblock(name))
+    tw = int(block.annotations[ROW_TILE_ATTR])
+    data = next(r.source for r in block.reads if len(r.source.shape) == 4)
+    plane = data.shape[2] * data.shape[3]
+    vb = next(int(r.source.shape[-1]) for r in block.reads if len(r.source.shape) == 5)
+    lanes = vector_lanes(target, block.writes[0].source.dtype)
+    # the channels form's tile: the ocv tile of vb channels (`te_conv._ocv_tiles`' ragged tile), dividing tw
+    ocv_tile = next(t for t in (8, 4, 2, 1) if tw % t == 0 and t * max(1, vb // lanes) <= 8)
+    whole = tirx.floormod(plane, tirx.IntImm("int64", tw)) == tirx.IntImm("int64", 0)
+    variants = []
+    par_conds = _parallel_cands(work, target, lambda par: None)
+    for i, (cond, _) in enumerate(par_conds):
+        par = len(par_conds) > 1 and i == len(par_conds) - 1
+        variants.append((tirx.all(cond, whole),
+                         lambda par=par: _sched_pointwise(func, target, name, par)))
+        variants.append((cond, lambda par=par: _sched_conv(func, target, name, False, par, flat_tile=ocv_tile)))
+    return _select(func, variants)
+
+
 def conv_select(func, target, name: str) -> tirx.PrimFunc:
     """The conv schedule of `func` (a fused kernel with a `te_conv` block `name`): spatial producers and the
     epilogue chain inlined (the padded input kept), serial below PARALLEL_MIN_WORK."""
@@ -329,7 +357,7 @@ def conv_select(func, target, name: str) -> tirx.PrimFunc:
     inlined = sch.mod["main"]
     work = total_work(sch, child_blocks(sch))
     if name.startswith(PWP_BLOCK):
-        return _select(inlined, _parallel_cands(work, target, lambda par: _sched_pointwise(inlined, target, name, par)))
+        return _pointwise_select(inlined, target, name, work)
     cands = _parallel_cands(work, target, lambda par: _sched_conv(inlined, target, name, exact, par))
     cores = int(target.attrs.get("num-cores", 1))
     conv = sch.get(sch.get_sblock(name))
