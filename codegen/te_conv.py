@@ -113,6 +113,8 @@ FLAT_POINTWISE_MAX_CHANNELS = 256
 POSITION_LANES = True
 #: Output channels of the ``dt_conv_pwp`` register tile (the largest dividing O); positions: 2 vectors.
 _PWP_ROWS = {256: 4, 512: 8}
+#: ... and vectors of positions.
+_PWP_VECTORS = 2
 
 
 @functools.lru_cache(maxsize=None)
@@ -299,16 +301,17 @@ def _pwp_rows(channels: int) -> int:
 
 
 def _te_conv_pointwise(x, w, out, vb: int, guard=None):
-    """``dt_conv_pwp`` (`POSITION_LANES`): [N, O, ceil(H * W / t) * t] = W[O, C] x X[N, C, H * W] in whole tiles of
-    t positions (2 vectors), the input read as 0 past H * W under a ``likely`` test (TIR's LoopPartition splits
-    the last tile off: the others read whole vectors, no test); the packed weight [O / vb, C, 1, 1, vb] read at
-    [o // vb, c, 0, 0, o % vb] (the size check's `guard`, 0, added to its first index: a scalar the tile's loop
-    hoists). The crop stage reads the result back as [N, O, H, W]. The block's annotations: the positions
-    (ROW_TILE_ATTR) and output channels (PWP_ROWS_ATTR) of its register tile. (Computed over H * W positions
+    """``dt_conv_pwp`` (`POSITION_LANES`): [N, O, ceil(H * W / v) * v] = W[O, C] x X[N, C, H * W] in whole vectors
+    of v positions, the input read as 0 past H * W under a ``likely`` test (TIR's LoopPartition splits the last
+    tile off); the packed weight [O / vb, C, 1, 1, vb] read at [o // vb, c, 0, 0, o % vb] (the size check's
+    `guard`, 0, added to its first index: a scalar the tile's loop hoists). The crop stage reads the result back
+    as [N, O, H, W]. The block's annotations: the positions (ROW_TILE_ATTR: `_PWP_VECTORS` vectors) and output
+    channels (PWP_ROWS_ATTR) of its register tile, which the schedule uses where it divides H * W (else it
+    schedules the block as ``dt_conv_ocv``: `cpu_schedule_conv._pointwise_select`). (Computed over H * W positions
     exactly, the tile's split predicate sized the accumulator tile at run time: a workspace allocation a tile.)"""
     o_total, cg = int(w.shape[0]) * vb, int(w.shape[1])
     height, width = out
-    tile = 2 * max(1, _host_vector_bits() // DataType(str(x.dtype)).bits)
+    lanes = max(1, _host_vector_bits() // DataType(str(x.dtype)).bits)
     plane = height * width
     rc = te.reduce_axis((_i64(0), _i64(cg)), name="rc")
     zero = guard[0] if guard is not None else _i64(0)
@@ -318,9 +321,10 @@ def _te_conv_pointwise(x, w, out, vb: int, guard=None):
         xv = tirx.if_then_else(tirx.likely(p < plane), x(n, rc, tirx.floordiv(p, width), tirx.floormod(p, width)),
                                tirx.const(0, x.dtype))
         return te.sum(xv * wv, axis=[rc])
-    flat = tirx.floordiv(plane + _i64(tile - 1), _i64(tile)) * _i64(tile)
+    # (at least one tile: a block of fewer positions sized the accumulator tile at run time, min(blocks, tile))
+    flat = tirx.max(tirx.floordiv(plane + _i64(lanes - 1), _i64(lanes)) * _i64(lanes), _i64(_PWP_VECTORS * lanes))
     res = te.compute([x.shape[0], _i64(o_total), flat], value, name=PWP_BLOCK,
-                     attrs={ROW_TILE_ATTR: tile, PWP_ROWS_ATTR: _pwp_rows(o_total)})
+                     attrs={ROW_TILE_ATTR: _PWP_VECTORS * lanes, PWP_ROWS_ATTR: _pwp_rows(o_total)})
     return te.compute([x.shape[0], _i64(o_total), height, width],
                       lambda n, o, h, col: res(n, o, h * width + col), name=CROP_BLOCK)
 

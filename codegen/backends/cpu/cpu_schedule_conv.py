@@ -266,11 +266,12 @@ def _sched_conv(func, target, name: str, exact: bool, parallel: bool, images: bo
 
 
 def _likely_predicates(func: tirx.PrimFunc) -> tirx.PrimFunc:
-    """Every block predicate (the epilogue's under a ``dt_conv_pwp`` tile: the plane's last tile is partial)
-    rewritten as the bounds of its block vars, ``likely``: TIR's LoopPartition then splits the tile loop into the
-    whole tiles (no test: vector loads, FMAs and stores) and the last one, whose test scalarizes that tile alone.
-    As reverse_compute_at wrote it (``(p_0 < tiles or p == 0) and p < H * W``), LoopPartition left every tile's
-    epilogue a scalar loop of one branch an element."""
+    """The ``dt_conv_pwp`` variant's predicates where its tile divides the plane (`_pointwise_select` checks that at
+    run time): the conv's (init, update) made true - the split's, they would size the accumulator tile at run time
+    (a workspace allocation a tile) - and the epilogue's rewritten as the bounds of its block vars, ``likely``
+    (TIR's LoopPartition then splits off the tiles past the plane, none: the tiles are vector loads, FMAs and
+    stores without a test). As reverse_compute_at wrote them (``(p_0 < tiles or p == 0) and p < H * W``),
+    LoopPartition left every tile's epilogue a scalar loop of one branch an element."""
     import tvm_ffi
     from tvm.s_tir import SBlockRealize
 
@@ -278,6 +279,8 @@ def _likely_predicates(func: tirx.PrimFunc) -> tirx.PrimFunc:
         realize = mutator.default_mutate(realize)
         if isinstance(realize.predicate, tirx.IntImm):
             return realize
+        if realize.block.name_hint.startswith(PWP_BLOCK):
+            return SBlockRealize(realize.iter_values, tirx.const(True, "bool"), realize.block)
         bounds = [value < iv.dom.min + iv.dom.extent
                   for value, iv in zip(realize.iter_values, realize.block.iter_vars)]
         return SBlockRealize(realize.iter_values, tirx.likely(tirx.all(*bounds)), realize.block)
@@ -335,8 +338,9 @@ def _pointwise_select(func, target, name: str, work) -> tirx.PrimFunc:
     plane = data.shape[2] * data.shape[3]
     vb = next(int(r.source.shape[-1]) for r in block.reads if len(r.source.shape) == 5)
     lanes = vector_lanes(target, block.writes[0].source.dtype)
-    # the channels form's tile: the ocv tile of vb channels (`te_conv._ocv_tiles`' ragged tile), dividing tw
-    ocv_tile = next(t for t in (8, 4, 2, 1) if tw % t == 0 and t * max(1, vb // lanes) <= 8)
+    # the channels form's tile: the ocv tile of vb channels (`te_conv._ocv_tiles`' ragged one), dividing the block's
+    # whole vectors of positions
+    ocv_tile = next(t for t in (8, 4, 2, 1) if lanes % t == 0 and t * max(1, vb // lanes) <= 8)
     whole = tirx.floormod(plane, tirx.IntImm("int64", tw)) == tirx.IntImm("int64", 0)
     variants = []
     par_conds = _parallel_cands(work, target, lambda par: None)
