@@ -18,7 +18,7 @@
   (`FLAT_POSITIONS`, `_te_conv_flat`), and this stage reads [N, O, H, W] back from [N, O, ceil(H * W / t) * t].
 * ``dt_conv_pwp`` (positions vectorized): a pointwise 2-D conv (1x1, stride 1, no padding, one group) as the GEMM
   [O, H * W] = W[O, C] x X[C, H * W] per image, the positions - contiguous in NCHW - the vector lanes, a weight
-  value the broadcast (`POSITION_LANES`); the crop stage reads [N, O, H, W] back from [N, O, H * W].
+  value the broadcast (`POSITION_LANES`); the crop stage reads [N, O, H, W] back from [N, O, whole vectors].
 
 Data and result stay NCHW (NCW, NCDHW): no layout change crosses the kernel's boundary, so symbolic batch and
 spatial dims, fusion with the epilogue (bias, activation, residual) and the rest of the graph are as before.
@@ -108,8 +108,9 @@ FLAT_POINTWISE_MAX_CHANNELS = 256
 #: `_PWP_ROWS` output channels x 2 vectors of positions, a weight value broadcast per multiply-add row, the input
 #: and the result (and the epilogue: bias, activation, residual) read and written as whole vectors of NCHW - the
 #: ``dt_conv_ocv`` tile stored its result one scalar per output, about the multiply-adds' cost at 16-24 input
-#: channels. The last tile of a plane is cut by a ``likely`` predicate (TIR's LoopPartition splits it off).
-#: False: the ``dt_conv_ocv`` form (a switch for A/B).
+#: channels. Where the tile does not divide H * W (checked at run time) the kernel schedules the block as
+#: ``dt_conv_ocv`` over flattened positions instead (`cpu_schedule_conv._pointwise_select`: the partial tile, a
+#: scalar loop, took up to 9x the channels form's time at 7 x 7). False: the ``dt_conv_ocv`` form (a switch for A/B).
 POSITION_LANES = True
 #: Output channels of the ``dt_conv_pwp`` register tile (the largest dividing O); positions: 2 vectors.
 _PWP_ROWS = {256: 4, 512: 8}

@@ -109,18 +109,23 @@ def _scheduled(target, c=16, o=72, residual=True):
 
 def test_pointwise_position_lanes_kernel_form(conv_log, monkeypatch):
     """On AVX2 (znver3): the tile 4 output channels x 16 positions (2 vectors), the residual add and relu in the
-    kernel, positions vectorized; the assembly multiplies-adds, loads and stores whole ymm vectors and gathers
-    nothing. POSITION_LANES False: the ``dt_conv_ocv`` form."""
+    kernel, positions vectorized; the assembly multiplies-adds, loads and stores whole ymm vectors, gathers
+    nothing and allocates no workspace (an accumulator tile sized at run time did). POSITION_LANES False: the
+    ``dt_conv_ocv`` form."""
     monkeypatch.setattr(te_conv, "_host_vector_bits", lambda: 256)
     target = tvm.target.Target({"kind": "llvm", "mcpu": "znver3", "num-cores": 2})
     text, asm = _scheduled(target)
     assert f'"{te_conv.ROW_TILE_ATTR}": 16' in text and f'"{te_conv.PWP_ROWS_ATTR}": 4' in text
     assert text.index('T.sblock("relu")') > text.index(f'T.sblock("{te_conv.PWP_BLOCK}_update")')
     assert "T.likely(" in text
+    # where 16 positions do not divide H * W (checked at run time): the block as a dt_conv_ocv one (8 channels a
+    # vector, positions broadcast) - both variants in the kernel
+    assert "H * W % T.int64(16) == T.int64(0)" in text
     assert {int(v) for v in re.findall(r"T\.vectorized\(T\.int64\((\d+)\)\)", text)} == {8}
     assert len(re.findall(r"vfmadd\w+\s+[^\n]*%ymm", asm)) >= 8       # the tile: 4 rows x 2 vectors
     assert re.search(r"vmovups\s+%ymm\d+, [^\n]*\(", asm)               # a vector store
     assert "vgather" not in asm
+    assert "TVMBackendAllocWorkspace" not in asm
     monkeypatch.setattr(te_conv, "POSITION_LANES", False)
     text, _ = _scheduled(target)
     assert te_conv.PWP_BLOCK not in text and te_conv.OCV_BLOCK in text

@@ -11,8 +11,9 @@ the epilogue that fusion gives them (bias, batch norm, activation, residual add)
 * ``dt_conv_pwp`` (a pointwise conv over the flattened positions of the image, `te_conv.POSITION_LANES`): the
   register tile is rows output channels x 2 vectors of positions, the reduction over the input channels outside
   it: per input channel one broadcast weight value per row and one input vector per 8 (16) positions; the result
-  and the epilogue written as vectors of NCHW. Parallel over channel-row blocks x position tiles
-  (`_sched_pointwise`).
+  and the epilogue written as vectors of NCHW. Parallel over channel-row blocks (a parallel loop fused with the
+  tiles kept LoopPartition from splitting off the last tile). Where the tile does not divide H * W (a run-time
+  test), the block is scheduled as ``dt_conv_ocv`` over flattened positions (`_pointwise_select`).
 * ``dt_conv_spv`` (depthwise, small groups): the register tile is a vector run of output positions along
   the row, the reduction over kernel taps (and the group's input channels) outside it; parallel over
   channels x rows (batch x channels x rows).
@@ -290,8 +291,8 @@ def _likely_predicates(func: tirx.PrimFunc) -> tirx.PrimFunc:
 def _sched_pointwise(func, target, name: str, parallel: bool) -> tirx.PrimFunc:
     """``dt_conv_pwp`` [N, O, P] (P = H * W, reduced over C): the tile `rows` output channels x `tw` positions
     (2 vectors), the reduction over C outside it; the epilogue [n, o, h, w] iterated [n, o, h * W + w] and computed
-    per tile, positions innermost (vectors of NCHW). The last, partial tile of a plane is cut by ``likely``
-    predicates (`_likely_predicates`)."""
+    per tile, positions innermost (vectors of NCHW). Only where the tile divides H * W (`_pointwise_select`): the
+    conv's predicates are then stripped, the epilogue's ``likely`` (`_likely_predicates`)."""
     sch = s_tir.Schedule(func)
     conv = sch.get_sblock(name)
     tw = int(sch.get(conv).annotations[ROW_TILE_ATTR])
