@@ -112,6 +112,12 @@ FLAT_POINTWISE_MAX_CHANNELS = 256
 #: ``dt_conv_ocv`` over flattened positions instead (`cpu_schedule_conv._pointwise_select`: the partial tile, a
 #: scalar loop, took up to 9x the channels form's time at 7 x 7). False: the ``dt_conv_ocv`` form (a switch for A/B).
 POSITION_LANES = True
+#: ... for convs of at most this many input and output channels (None: any). mobilenet_v3_small layer by layer
+#: (`bench_layer_breakdown.py`, one thread, onnxruntime's time in the same process, this form against the switch
+#: off): the layers at 56 x 56 and 28 x 28 (16-96 channels) 1.7-2.6x -> 1.0-1.4x, those at 14 x 14 (40-240) 1.0-1.8x
+#: -> 0.9-1.7x, but at 7 x 7 (96 <-> 576, 288 -> 96: the channels form, 49 positions in 56) 1.05-1.43x -> 1.37-1.63x;
+#: with hundreds of input channels the channels form's scalar stores are a small part of its time.
+POSITION_LANES_MAX_CHANNELS = 256
 #: Output channels of the ``dt_conv_pwp`` register tile (the largest dividing O); positions: 2 vectors.
 _PWP_ROWS = {256: 4, 512: 8}
 #: ... and vectors of positions.
@@ -276,11 +282,13 @@ def _padded_phases(x, pads, stride: int, last_span=None, guard=None):
     return te.compute(shape, value, name=PHASES_BLOCK)
 
 
-def position_lanes(in_sizes, out, kernel, strides, pads, groups: int, vb: int) -> bool:
+def position_lanes(in_sizes, out, kernel, strides, pads, groups: int, vb: int, channels: int) -> bool:
     """Whether `te_conv` computes the conv as ``dt_conv_pwp`` (`POSITION_LANES`): a pointwise 2-D conv of one
-    group and more than one position whose output sizes are its input's (the same vars: the flattened input
-    index is then h * W + w of the output's)."""
+    group, at most POSITION_LANES_MAX_CHANNELS input and output `channels` (the larger of the two) and more than
+    one position whose output sizes are its input's (the same vars: the flattened input index is then h * W + w
+    of the output's)."""
     return (POSITION_LANES and vb > 1 and groups == 1 and len(out) == 2
+            and (POSITION_LANES_MAX_CHANNELS is None or channels <= POSITION_LANES_MAX_CHANNELS)
             and is_pointwise(kernel, strides, pads) and not all(_is_one(o) for o in out)
             and all(_same_size(a, b) for a, b in zip(in_sizes, out)))
 
@@ -338,7 +346,7 @@ def te_conv(x, w, strides, dilations, pads, out, groups: int, vb: int, guard=Non
         o_total, cg, kernel = int(w.shape[0]) * vb, int(w.shape[1]), [int(k) for k in w.shape[2:2 + n_sp]]
     else:
         o_total, cg, kernel = int(w.shape[0]), int(w.shape[1]), [int(k) for k in w.shape[2:]]
-    if position_lanes(x.shape[2:], out, kernel, strides, pads, groups, vb):
+    if position_lanes(x.shape[2:], out, kernel, strides, pads, groups, vb, max(o_total, cg)):
         return _te_conv_pointwise(x, w, out, vb, guard)
     tile, exact = row_tile(out[-1], _ocv_tiles(vb, str(x.dtype)) if vb > 1 else _SPV_TILES)
     if flat_positions(out, vb, str(x.dtype), cg * functools.reduce(lambda a, b: a * b, kernel, 1),

@@ -110,8 +110,8 @@ def _scheduled(target, c=16, o=72, residual=True):
 def test_pointwise_position_lanes_kernel_form(conv_log, monkeypatch):
     """On AVX2 (znver3): the tile 4 output channels x 16 positions (2 vectors), the residual add and relu in the
     kernel, positions vectorized; the assembly multiplies-adds, loads and stores whole ymm vectors, gathers
-    nothing and allocates no workspace (an accumulator tile sized at run time did). POSITION_LANES False: the
-    ``dt_conv_ocv`` form."""
+    nothing and allocates no workspace (an accumulator tile sized at run time did). 288 input channels (above
+    POSITION_LANES_MAX_CHANNELS) or POSITION_LANES False: the ``dt_conv_ocv`` form."""
     monkeypatch.setattr(te_conv, "_host_vector_bits", lambda: 256)
     target = tvm.target.Target({"kind": "llvm", "mcpu": "znver3", "num-cores": 2})
     text, asm = _scheduled(target)
@@ -126,7 +126,11 @@ def test_pointwise_position_lanes_kernel_form(conv_log, monkeypatch):
     assert re.search(r"vmovups\s+%ymm\d+, [^\n]*\(", asm)               # a vector store
     assert "vgather" not in asm
     assert "TVMBackendAllocWorkspace" not in asm
+    # more input (or output) channels than POSITION_LANES_MAX_CHANNELS: the channels form
+    assert te_conv.POSITION_LANES_MAX_CHANNELS == 256
+    text, _ = _scheduled(target, c=288, o=96, residual=False)
+    assert te_conv.PWP_BLOCK not in text and te_conv.OCV_BLOCK in text
     monkeypatch.setattr(te_conv, "POSITION_LANES", False)
     text, _ = _scheduled(target)
     assert te_conv.PWP_BLOCK not in text and te_conv.OCV_BLOCK in text
-    assert conv_rules(conv_log) == (2, [])
+    assert conv_rules(conv_log) == (3, [])
