@@ -313,8 +313,8 @@ def _sched_pointwise(func, target, name: str, parallel: bool) -> tirx.PrimFunc:
             except Exception:  # pylint: disable=broad-except  # not a plain loop nest: not attached
                 pass
     attached = _attach_epilogue(sch, func, conv, po, relayout)
-    if parallel:
-        sch.parallel(oo)
+    if parallel:    # (with BATCH_IN_PARALLEL the batch too: no padded copy to keep per image)
+        sch.parallel(sch.fuse(n, oo) if BATCH_IN_PARALLEL else oo)
     sch.unroll(oi)
     vectorize_tile(sch, pi, tw, lanes, unroll=True)
     for epi in attached:
