@@ -20,8 +20,11 @@ Variants (module constants set while the layer compiles, restored after):
   vb8t14  blocks of 8 x up to 14 positions
   rows    a symbolic row computed in whole row tiles (`te_conv.FLAT_POSITIONS` False; shipped: flattened positions)
   flat0   flattened positions for every conv whose row the tile does not divide (`te_conv.FLAT_MIN_REDUCTION` 0)
-  pwrows  pointwise convs per row (`te_conv.FLAT_POINTWISE` False; shipped: flattened up to 256 output channels)
+  pwrows  pointwise convs per row (`te_conv.FLAT_POINTWISE` False; shipped: flattened up to 256 output channels, the
+          ones outside `te_conv.POSITION_LANES`)
   pwflat  every pointwise conv over flattened positions (`te_conv.FLAT_POINTWISE_MAX_CHANNELS` None)
+  pwocv   pointwise convs in the channels form, not vectorized along positions (`te_conv.POSITION_LANES` False)
+  pwlanes every pointwise conv vectorized along positions (`te_conv.POSITION_LANES_MAX_CHANNELS` None)
   posinner the epilogue iterated positions-innermost (not `cpu_schedule_conv._channels_last`)
   spv     every conv in the spatial-vectorized form (output channels not blocked)
   spv8    spv, 8-position row tiles, up to 8 channels a tile (12 accumulators): a GEMM-like 1x1 tile
@@ -92,6 +95,8 @@ def variants() -> dict:
         "flat0": {(tc, "FLAT_MIN_REDUCTION"): 0},
         "pwrows": {(tc, "FLAT_POINTWISE"): False},
         "pwflat": {(tc, "FLAT_POINTWISE_MAX_CHANNELS"): None},
+        "pwocv": {(tc, "POSITION_LANES"): False},
+        "pwlanes": {(tc, "POSITION_LANES_MAX_CHANNELS"): None},
     }
 
 

@@ -16,6 +16,9 @@
   is computed over whole tiles (the padded input extended with zeros) and this stage keeps the first W. A dense
   conv of 2+ spatial axes and a long reduction is computed over the flattened positions of each plane instead
   (`FLAT_POSITIONS`, `_te_conv_flat`), and this stage reads [N, O, H, W] back from [N, O, ceil(H * W / t) * t].
+* ``dt_conv_pwp`` (positions vectorized): a pointwise 2-D conv (1x1, stride 1, no padding, one group) as the GEMM
+  [O, H * W] = W[O, C] x X[C, H * W] per image, the positions - contiguous in NCHW - the vector lanes, a weight
+  value the broadcast (`POSITION_LANES`); the crop stage reads [N, O, H, W] back from [N, O, whole vectors].
 
 Data and result stay NCHW (NCW, NCDHW): no layout change crosses the kernel's boundary, so symbolic batch and
 spatial dims, fusion with the epilogue (bias, activation, residual) and the rest of the graph are as before.
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import functools
 
+import tvm_ffi
 from tvm import DataType, te, tirx
 
 from .dims import I64
@@ -34,6 +38,8 @@ PAD_BLOCK = "dt_conv_pad"
 #: The padded input stored as phases (`_padded_phases`): a ``PAD_BLOCK`` whose last two axes are (phase, column).
 PHASES_BLOCK = "dt_conv_pad_phases"
 CROP_BLOCK = "dt_conv_crop"
+#: A pointwise 2-D conv vectorized along its positions (`POSITION_LANES`, `_te_conv_pointwise`).
+PWP_BLOCK = "dt_conv_pwp"
 #: Suffix of a ``PAD_BLOCK`` whose column loop is split into padding and interior (`_padded`'s `split_columns`).
 SPLIT_SUFFIX = "_split"
 #: Annotation of the conv block: the register tile's output positions along a row (`row_tile`).
@@ -41,6 +47,8 @@ ROW_TILE_ATTR = "dt_conv_row_tile"
 #: Annotation of a ``dt_conv_ocv`` block computed over the flattened positions of its last two output axes
 #: (`FLAT_POSITIONS`): its last axis is then h * W + w, whole tiles of ROW_TILE_ATTR positions.
 FLAT_ATTR = "dt_conv_flat"
+#: Annotation of a ``dt_conv_pwp`` block: the output channels of its register tile.
+PWP_ROWS_ATTR = "dt_conv_pwp_rows"
 
 # Register tiles. ocv: vb channels x `tw` output positions of a row. AVX-512 (32 registers, 16 fp32 lanes: vb = 16
 # is one register): 14 positions (14 accumulators, as TVM's x86 conv2d picks reg_n). AVX2 (16 registers: vb = 16 is
@@ -95,6 +103,25 @@ FLAT_MIN_REDUCTION = 2048
 FLAT_POINTWISE = True
 #: ... for pointwise convs of at most this many output channels (None: any).
 FLAT_POINTWISE_MAX_CHANNELS = 256
+#: A pointwise 2-D conv (`is_pointwise`, one group, vb > 1, more than one position) is computed over the flattened
+#: positions p = h * W + w of the image as [O, P] = W[O, C] x X[C, P] (``dt_conv_pwp``): a register tile of
+#: `_PWP_ROWS` output channels x 2 vectors of positions, a weight value broadcast per multiply-add row, the input
+#: and the result (and the epilogue: bias, activation, residual) read and written as whole vectors of NCHW - the
+#: ``dt_conv_ocv`` tile stored its result one scalar per output, about the multiply-adds' cost at 16-24 input
+#: channels. Where the tile does not divide H * W (checked at run time) the kernel schedules the block as
+#: ``dt_conv_ocv`` over flattened positions instead (`cpu_schedule_conv._pointwise_select`: the partial tile, a
+#: scalar loop, took up to 9x the channels form's time at 7 x 7). False: the ``dt_conv_ocv`` form (a switch for A/B).
+POSITION_LANES = True
+#: ... for convs of at most this many input and output channels (None: any). mobilenet_v3_small layer by layer
+#: (`bench_layer_breakdown.py`, one thread, onnxruntime's time in the same process, this form against the switch
+#: off): the layers at 56 x 56 and 28 x 28 (16-96 channels) 1.7-2.6x -> 1.0-1.4x, those at 14 x 14 (40-240) 1.0-1.8x
+#: -> 0.9-1.7x, but at 7 x 7 (96 <-> 576, 288 -> 96: the channels form, 49 positions in 56) 1.05-1.43x -> 1.37-1.63x;
+#: with hundreds of input channels the channels form's scalar stores are a small part of its time.
+POSITION_LANES_MAX_CHANNELS = 256
+#: Output channels of the ``dt_conv_pwp`` register tile (the largest dividing O); positions: 2 vectors.
+_PWP_ROWS = {256: 4, 512: 8}
+#: ... and vectors of positions.
+_PWP_VECTORS = 2
 
 
 @functools.lru_cache(maxsize=None)
@@ -255,6 +282,62 @@ def _padded_phases(x, pads, stride: int, last_span=None, guard=None):
     return te.compute(shape, value, name=PHASES_BLOCK)
 
 
+def position_lanes(in_sizes, out, kernel, strides, pads, groups: int, vb: int, channels: int) -> bool:
+    """Whether `te_conv` computes the conv as ``dt_conv_pwp`` (`POSITION_LANES`): a pointwise 2-D conv of one
+    group, at most POSITION_LANES_MAX_CHANNELS input and output `channels` (the larger of the two) and more than
+    one position whose output sizes are its input's (the same vars: the flattened input index is then h * W + w
+    of the output's)."""
+    return (POSITION_LANES and vb > 1 and groups == 1 and len(out) == 2
+            and (POSITION_LANES_MAX_CHANNELS is None or channels <= POSITION_LANES_MAX_CHANNELS)
+            and is_pointwise(kernel, strides, pads) and not all(_is_one(o) for o in out)
+            and all(_same_size(a, b) for a, b in zip(in_sizes, out)))
+
+
+def _is_one(v) -> bool:
+    return isinstance(v, (int, tirx.IntImm)) and int(v) == 1
+
+
+def _same_size(a, b) -> bool:
+    if isinstance(a, (int, tirx.IntImm)) and isinstance(b, (int, tirx.IntImm)):
+        return int(a) == int(b)
+    return tvm_ffi.structural_equal(a, b)
+
+
+def _pwp_rows(channels: int) -> int:
+    """Output channels of the ``dt_conv_pwp`` register tile: the largest up to `_PWP_ROWS` dividing `channels`."""
+    most = _PWP_ROWS[_host_vector_bits()]
+    return next(r for r in range(most, 0, -1) if channels % r == 0)
+
+
+def _te_conv_pointwise(x, w, out, vb: int, guard=None):
+    """``dt_conv_pwp`` (`POSITION_LANES`): [N, O, ceil(H * W / v) * v] = W[O, C] x X[N, C, H * W] in whole vectors
+    of v positions, the input read as 0 past H * W under a ``likely`` test (TIR's LoopPartition splits the last
+    tile off); the packed weight [O / vb, C, 1, 1, vb] read at [o // vb, c, 0, 0, o % vb] (the size check's
+    `guard`, 0, added to its first index: a scalar the tile's loop hoists). The crop stage reads the result back
+    as [N, O, H, W]. The block's annotations: the positions (ROW_TILE_ATTR: `_PWP_VECTORS` vectors) and output
+    channels (PWP_ROWS_ATTR) of its register tile, which the schedule uses where it divides H * W (else it
+    schedules the block as ``dt_conv_ocv``: `cpu_schedule_conv._pointwise_select`). (Computed over H * W positions
+    exactly, the tile's split predicate sized the accumulator tile at run time: a workspace allocation a tile.)"""
+    o_total, cg = int(w.shape[0]) * vb, int(w.shape[1])
+    height, width = out
+    lanes = max(1, _host_vector_bits() // DataType(str(x.dtype)).bits)
+    plane = height * width
+    rc = te.reduce_axis((_i64(0), _i64(cg)), name="rc")
+    zero = guard[0] if guard is not None else _i64(0)
+
+    def value(n, o, p):
+        wv = w[tirx.floordiv(o, _i64(vb)) + zero, rc, _i64(0), _i64(0), tirx.floormod(o, _i64(vb))]
+        xv = tirx.if_then_else(tirx.likely(p < plane), x(n, rc, tirx.floordiv(p, width), tirx.floormod(p, width)),
+                               tirx.const(0, x.dtype))
+        return te.sum(xv * wv, axis=[rc])
+    # (at least one tile: a block of fewer positions sized the accumulator tile at run time, min(blocks, tile))
+    flat = tirx.max(tirx.floordiv(plane + _i64(lanes - 1), _i64(lanes)) * _i64(lanes), _i64(_PWP_VECTORS * lanes))
+    res = te.compute([x.shape[0], _i64(o_total), flat], value, name=PWP_BLOCK,
+                     attrs={ROW_TILE_ATTR: _PWP_VECTORS * lanes, PWP_ROWS_ATTR: _pwp_rows(o_total)})
+    return te.compute([x.shape[0], _i64(o_total), height, width],
+                      lambda n, o, h, col: res(n, o, h * width + col), name=CROP_BLOCK)
+
+
 def te_conv(x, w, strides, dilations, pads, out, groups: int, vb: int, guard=None):
     """conv of `x` [N, C, *S] with `w` (packed [O / vb, Cg, *K, vb] when vb > 1, else [O, Cg, *K]) to
     [N, O, *out], summed in x's dtype (the converter casts float16 to float32 first). `guard`: see `_padded`."""
@@ -263,6 +346,8 @@ def te_conv(x, w, strides, dilations, pads, out, groups: int, vb: int, guard=Non
         o_total, cg, kernel = int(w.shape[0]) * vb, int(w.shape[1]), [int(k) for k in w.shape[2:2 + n_sp]]
     else:
         o_total, cg, kernel = int(w.shape[0]), int(w.shape[1]), [int(k) for k in w.shape[2:]]
+    if position_lanes(x.shape[2:], out, kernel, strides, pads, groups, vb, max(o_total, cg)):
+        return _te_conv_pointwise(x, w, out, vb, guard)
     tile, exact = row_tile(out[-1], _ocv_tiles(vb, str(x.dtype)) if vb > 1 else _SPV_TILES)
     if flat_positions(out, vb, str(x.dtype), cg * functools.reduce(lambda a, b: a * b, kernel, 1),
                       is_pointwise(kernel, strides, pads), o_total):

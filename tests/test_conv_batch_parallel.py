@@ -89,6 +89,7 @@ def test_one_parallel_loop_over_the_batch(kernel, stride, monkeypatch, conv_log)
     # the per-row form (the images variant is not made for flattened positions, a pointwise conv's by default:
     # `te_conv.FLAT_POINTWISE`)
     monkeypatch.setattr(te_conv, "FLAT_POINTWISE", False)
+    monkeypatch.setattr(te_conv, "POSITION_LANES", False)     # (nor the positions form's: no images variant either)
     for on in (True, False):
         monkeypatch.setattr(cpu_schedule_conv, "BATCH_IN_PARALLEL", on)
         text = _scheduled_conv(target, c=32, o=64, residual=False, kernel=kernel, stride=stride)

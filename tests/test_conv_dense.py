@@ -230,6 +230,7 @@ def test_pointwise_flat_positions_match_numpy(case, pointwise, conv_log, monkeyp
     (`te_conv.FLAT_POINTWISE`; False: per row) at the committed FLAT_MIN_REDUCTION: batch 0 / 1 / 3, planes smaller
     than a tile, odd sizes, a static 14-wide row, 3 spatial axes, the residual add and relu fused, against numpy."""
     monkeypatch.setattr(te_conv, "FLAT_POINTWISE", pointwise)
+    monkeypatch.setattr(te_conv, "POSITION_LANES", False)     # (`test_conv_pointwise_lanes.py`)
     _, c, o, residual, dims, sizes = case
     n_sp = len(dims) - 2
     w = (RNG.standard_normal((o, c) + (1,) * n_sp) / np.sqrt(c)).astype("float32")
@@ -257,6 +258,7 @@ def test_pointwise_kernel_form(conv_log, monkeypatch):
     3x3 of as few channels stay per row, and so does the pointwise conv with more output channels than
     FLAT_POINTWISE_MAX_CHANNELS, or with FLAT_POINTWISE False."""
     monkeypatch.setattr(te_conv, "_host_vector_bits", lambda: 256)
+    monkeypatch.setattr(te_conv, "POSITION_LANES", False)     # (`test_conv_pointwise_lanes.py`)
     assert te_conv.FLAT_POINTWISE and te_conv.FLAT_POINTWISE_MAX_CHANNELS >= 64
     target = tvm.target.Target({"kind": "llvm", "mcpu": "znver3", "num-cores": 2})
     text = _scheduled_conv(target, kernel=1)

@@ -8,6 +8,12 @@ the epilogue that fusion gives them (bias, batch norm, activation, residual add)
   layout: the tile is written back to NCHW, once per output). Parallel over output-channel blocks x rows (with
   `BATCH_IN_PARALLEL`: batch x blocks x rows); over flattened positions (`te_conv.FLAT_POSITIONS`: the tile `tw`
   positions of h * W + w) over blocks x tiles.
+* ``dt_conv_pwp`` (a pointwise conv over the flattened positions of the image, `te_conv.POSITION_LANES`): the
+  register tile is rows output channels x 2 vectors of positions, the reduction over the input channels outside
+  it: per input channel one broadcast weight value per row and one input vector per 8 (16) positions; the result
+  and the epilogue written as vectors of NCHW. Parallel over channel-row blocks (a parallel loop fused with the
+  tiles kept LoopPartition from splitting off the last tile). Where the tile does not divide H * W (a run-time
+  test), the block is scheduled as ``dt_conv_ocv`` over flattened positions (`_pointwise_select`).
 * ``dt_conv_spv`` (depthwise, small groups): the register tile is a vector run of output positions along
   the row, the reduction over kernel taps (and the group's input channels) outside it; parallel over
   channels x rows (batch x channels x rows).
@@ -30,7 +36,8 @@ from . import cpu_sched_helpers
 from .cpu_sched_helpers import (child_blocks, loop_extent, tile_scope, total_work, vector_lanes, vectorize_tile,
                                 writes_param)
 from ...dims import is_one
-from ...te_conv import CROP_BLOCK, FLAT_ATTR, OCV_BLOCK, PAD_BLOCK, PHASES_BLOCK, ROW_TILE_ATTR, SPV_BLOCK
+from ...te_conv import (CROP_BLOCK, FLAT_ATTR, OCV_BLOCK, PAD_BLOCK, PHASES_BLOCK, PWP_BLOCK, PWP_ROWS_ATTR,
+                        ROW_TILE_ATTR, SPV_BLOCK)
 
 
 #: Input channels unrolled inside the kernel taps per step of the dense conv's reduction (`_channels_inside_taps`);
@@ -67,7 +74,7 @@ _UNROLL_TAPS = 7
 def conv_block_name(sch: s_tir.Schedule) -> str | None:
     """The name of the `te_conv` reduction block of a (fused) PrimFunc, or None."""
     names = [sch.get(b).name_hint for b in child_blocks(sch)]
-    found = [n for n in names if n.startswith((OCV_BLOCK, SPV_BLOCK))]
+    found = [n for n in names if n.startswith((OCV_BLOCK, SPV_BLOCK, PWP_BLOCK))]
     return found[0] if len(found) == 1 else None
 
 
@@ -173,18 +180,20 @@ def _over_positions(sch: s_tir.Schedule, epi, n_sp: int) -> bool:
     return len(ivs) == 2 + n_sp and not all(is_one(iv.dom.extent) for iv in ivs[2:])
 
 
-def _sched_conv(func, target, name: str, exact: bool, parallel: bool, images: bool = False) -> tirx.PrimFunc:
+def _sched_conv(func, target, name: str, exact: bool, parallel: bool, images: bool = False,
+                flat_tile: int | None = None) -> tirx.PrimFunc:
     """`exact`: the row tile divides the output rows (else `te_conv` computed whole tiles and the epilogue
     keeps the first W positions, under a predicate). `images`: parallel over the batch alone, each image's padded
-    copy and convolution serial inside (`IMAGES_PER_CORE`)."""
+    copy and convolution serial inside (`IMAGES_PER_CORE`). `flat_tile`: a ``dt_conv_pwp`` block scheduled as a
+    ``dt_conv_ocv`` one over flattened positions, tiles of that many positions (`_pointwise_select`)."""
     sch = s_tir.Schedule(func)
     conv = sch.get_sblock(name)
-    ocv = name.startswith(OCV_BLOCK)
+    ocv = name.startswith(OCV_BLOCK) or flat_tile is not None
     if ROW_TILE_ATTR not in sch.get(conv).annotations:
         raise ValueError("conv block without its row tile")
-    tw = int(sch.get(conv).annotations[ROW_TILE_ATTR])
+    tw = int(sch.get(conv).annotations[ROW_TILE_ATTR]) if flat_tile is None else flat_tile
     # over flattened positions (`te_conv.FLAT_POSITIONS`): the block's last axis is h * W + w of the output
-    flat = ocv and FLAT_ATTR in sch.get(conv).annotations
+    flat = ocv and (FLAT_ATTR in sch.get(conv).annotations or flat_tile is not None)
     n_red = sum(1 for iv in sch.get(conv).iter_vars if iv.iter_type == tirx.IterVar.CommReduce)
     loops = sch.get_loops(conv)
     n_loop_sp = len(loops) - 2 - n_red          # the block's spatial axes
@@ -197,7 +206,7 @@ def _sched_conv(func, target, name: str, exact: bool, parallel: bool, images: bo
         vb = next(int(r.source.shape[-1]) for r in sch.get(conv).reads if len(r.source.shape) == 3 + n_sp)
         oo, oi = sch.split(o, [None, vb])
         # flat: the tiles are the tasks too (a 7 x 7 plane is 13 tiles; its rows were 7 tasks of 2 tiles)
-        tasks = [oo, *spatial[:-1]] + ([wo] if flat else [])
+        tasks = [oo, *spatial[:-1]] + ([wo] if flat and flat_tile is None else [])
         red, unrolled = _channels_inside_taps(sch, red, n_sp)
         sch.reorder(n, oo, *spatial[:-1], wo, *red, wi, oi)
     else:
@@ -257,6 +266,93 @@ def _sched_conv(func, target, name: str, exact: bool, parallel: bool, images: bo
     return sch.mod["main"]
 
 
+def _likely_predicates(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """The ``dt_conv_pwp`` variant's predicates where its tile divides the plane (`_pointwise_select` checks that at
+    run time): the conv's (init, update) made true - the split's, they would size the accumulator tile at run time
+    (a workspace allocation a tile) - and the epilogue's rewritten as the bounds of its block vars, ``likely``
+    (TIR's LoopPartition then splits off the tiles past the plane, none: the tiles are vector loads, FMAs and
+    stores without a test). As reverse_compute_at wrote them (``(p_0 < tiles or p == 0) and p < H * W``),
+    LoopPartition left every tile's epilogue a scalar loop of one branch an element."""
+    import tvm_ffi
+    from tvm.s_tir import SBlockRealize
+
+    def mark(realize, mutator):
+        realize = mutator.default_mutate(realize)
+        if isinstance(realize.predicate, tirx.IntImm):
+            return realize
+        if realize.block.name_hint.startswith(PWP_BLOCK):
+            return SBlockRealize(realize.iter_values, tirx.const(True, "bool"), realize.block)
+        bounds = [value < iv.dom.min + iv.dom.extent
+                  for value, iv in zip(realize.iter_values, realize.block.iter_vars)]
+        return SBlockRealize(realize.iter_values, tirx.likely(tirx.all(*bounds)), realize.block)
+    return func.with_body(tvm_ffi.structural_mutate(func.body, (SBlockRealize, mark)))
+
+
+def _sched_pointwise(func, target, name: str, parallel: bool) -> tirx.PrimFunc:
+    """``dt_conv_pwp`` [N, O, P] (P = H * W, reduced over C): the tile `rows` output channels x `tw` positions
+    (2 vectors), the reduction over C outside it; the epilogue [n, o, h, w] iterated [n, o, h * W + w] and computed
+    per tile, positions innermost (vectors of NCHW). Only where the tile divides H * W (`_pointwise_select`): the
+    conv's predicates are then stripped, the epilogue's ``likely`` (`_likely_predicates`)."""
+    sch = s_tir.Schedule(func)
+    conv = sch.get_sblock(name)
+    tw = int(sch.get(conv).annotations[ROW_TILE_ATTR])
+    rows = int(sch.get(conv).annotations[PWP_ROWS_ATTR])
+    lanes = vector_lanes(target, sch.get(conv).writes[0].source.dtype)
+    n, o, p, c = sch.get_loops(conv)
+    po, pi = sch.split(p, [None, tw])
+    oo, oi = sch.split(o, [None, rows])
+    sch.reorder(n, oo, po, c, oi, pi)
+
+    def relayout(epi):
+        ivs = sch.get(epi).iter_vars
+        if len(ivs) == 4:
+            width = ivs[-1].dom.extent
+            try:
+                sch.transform_block_layout(epi, tirx.IndexMap.from_func(
+                    lambda b, ch, h, col: (b, ch, h * width + col), ndim=4))
+            except Exception:  # pylint: disable=broad-except  # not a plain loop nest: not attached
+                pass
+    attached = _attach_epilogue(sch, func, conv, po, relayout)
+    if parallel:    # (with BATCH_IN_PARALLEL the batch too: no padded copy to keep per image)
+        sch.parallel(sch.fuse(n, oo) if BATCH_IN_PARALLEL else oo)
+    sch.unroll(oi)
+    vectorize_tile(sch, pi, tw, lanes, unroll=True)
+    for epi in attached:
+        loops = sch.get_loops(epi)
+        if loop_extent(sch, loops[-1]) == tw and loop_extent(sch, loops[-2]) == rows:
+            sch.unroll(loops[-2])
+            vectorize_tile(sch, loops[-1], tw, lanes, unroll=True)
+    sch.decompose_reduction(conv, c)
+    return _likely_predicates(sch.mod["main"])
+
+
+def _pointwise_select(func, target, name: str, work) -> tirx.PrimFunc:
+    """A ``dt_conv_pwp`` kernel: where the tile (2 vectors) divides the plane H * W (checked at run time), its
+    positions-vectorized schedule (`_sched_pointwise`); else the block as a ``dt_conv_ocv`` one over flattened
+    positions (channels vectorized, `_sched_conv`): the partial last tile of the positions form is a scalar loop of
+    a test an element over the tile's rows x input channels - 96 -> 576 channels at 7 x 7 (49 positions: 3 tiles
+    and 1 position) took 9.5x the channels form's time."""
+    sch = s_tir.Schedule(func)
+    block = sch.get(sch.get_sblock(name))
+    tw = int(block.annotations[ROW_TILE_ATTR])
+    data = next(r.source for r in block.reads if len(r.source.shape) == 4)
+    plane = data.shape[2] * data.shape[3]
+    vb = next(int(r.source.shape[-1]) for r in block.reads if len(r.source.shape) == 5)
+    lanes = vector_lanes(target, block.writes[0].source.dtype)
+    # the channels form's tile: the ocv tile of vb channels (`te_conv._ocv_tiles`' ragged one), dividing the block's
+    # whole vectors of positions
+    ocv_tile = next(t for t in (8, 4, 2, 1) if lanes % t == 0 and t * max(1, vb // lanes) <= 8)
+    whole = tirx.floormod(plane, tirx.IntImm("int64", tw)) == tirx.IntImm("int64", 0)
+    variants = []
+    par_conds = _parallel_cands(work, target, lambda par: None)
+    for i, (cond, _) in enumerate(par_conds):
+        par = len(par_conds) > 1 and i == len(par_conds) - 1
+        variants.append((tirx.all(cond, whole),
+                         lambda par=par: _sched_pointwise(func, target, name, par)))
+        variants.append((cond, lambda par=par: _sched_conv(func, target, name, False, par, flat_tile=ocv_tile)))
+    return _select(func, variants)
+
+
 def conv_select(func, target, name: str) -> tirx.PrimFunc:
     """The conv schedule of `func` (a fused kernel with a `te_conv` block `name`): spatial producers and the
     epilogue chain inlined (the padded input kept), serial below PARALLEL_MIN_WORK."""
@@ -265,6 +361,8 @@ def conv_select(func, target, name: str) -> tirx.PrimFunc:
     inline_spatial(func, sch, keep=(PAD_BLOCK,))
     inlined = sch.mod["main"]
     work = total_work(sch, child_blocks(sch))
+    if name.startswith(PWP_BLOCK):
+        return _pointwise_select(inlined, target, name, work)
     cands = _parallel_cands(work, target, lambda par: _sched_conv(inlined, target, name, exact, par))
     cores = int(target.attrs.get("num-cores", 1))
     conv = sch.get(sch.get_sblock(name))
