@@ -118,8 +118,11 @@ POSITION_LANES = True
 #: -> 0.9-1.7x, but at 7 x 7 (96 <-> 576, 288 -> 96: the channels form, 49 positions in 56) 1.05-1.43x -> 1.37-1.63x;
 #: with hundreds of input channels the channels form's scalar stores are a small part of its time.
 POSITION_LANES_MAX_CHANNELS = 256
-#: Output channels of the ``dt_conv_pwp`` register tile (the largest dividing O); positions: 2 vectors.
-_PWP_ROWS = {256: 4, 512: 8}
+#: Output channels of the ``dt_conv_pwp`` register tile (the largest dividing O); positions: 2 vectors. The
+#: accumulator tile must stay under TVM's 1024-byte stack limit (`kMaxStackAlloca`; at or above it every tile
+#: is a TVMBackendAllocWorkspace call and no register tile): AVX2 4 x 16 floats (256 bytes, 8 of 16 ymm), AVX-512
+#: 6 x 32 (768 bytes, 12 of 32 zmm; 8 x 32 was 1024 bytes: a workspace a tile).
+_PWP_ROWS = {256: 4, 512: 6}
 #: ... and vectors of positions.
 _PWP_VECTORS = 2
 

@@ -134,3 +134,39 @@ def test_pointwise_position_lanes_kernel_form(conv_log, monkeypatch):
     text, _ = _scheduled(target)
     assert te_conv.PWP_BLOCK not in text and te_conv.OCV_BLOCK in text
     assert conv_rules(conv_log) == (3, [])
+
+
+@pytest.mark.parametrize("case", [CASES[0], CASES[2], CASES[3]], ids=[CASES[i][0] for i in (0, 2, 3)])
+def test_pointwise_position_lanes_avx512_tiles_match_numpy(case, conv_log, monkeypatch):
+    """The AVX-512 variant's tiles (6 output channels x 2 vectors of 16 positions, its run-time check that 32
+    positions divide H * W) built for this machine (LLVM splits the 16-lane vectors where the CPU has narrower
+    ones), so its schedule's results are checked here whatever the CPU: equal to numpy at planes that are and
+    are not multiples of 32 positions."""
+    monkeypatch.setattr(te_conv, "_host_vector_bits", lambda: 512)
+    _, c, o, epilogue, dims, sizes = case
+    w = (RNG.standard_normal((o, c, 1, 1)) / np.sqrt(c)).astype("float32")
+    b = RNG.standard_normal(o).astype("float32")
+    residual = "res" in epilogue
+    specs = [S(dims)] + ([S((dims[0], o) + tuple(dims[2:]))] if residual else [])
+    m = dt.compile(_model(w, b, epilogue), *specs, use_cache=False)
+    extra = [] if not isinstance(dims[2], str) else [(1, c, 8, 4), (2, c, 4, 16), (1, c, 28, 28)]
+    for shape in sizes + extra:
+        x = RNG.standard_normal(shape).astype("float32")
+        r = RNG.standard_normal((shape[0], o) + shape[2:]).astype("float32")
+        got = m(x, r) if residual else m(x)
+        np.testing.assert_allclose(got, _want(x, w, b, r, epilogue), rtol=1e-4, atol=1e-4, err_msg=str(shape))
+    assert conv_rules(conv_log) == (1, [])
+
+
+def test_pointwise_position_lanes_avx512_kernel_form(monkeypatch):
+    """Built for an AVX-512 CPU (znver4; not run here): the tile 6 output channels x 32 positions (768 bytes: under
+    TVM's 1024-byte stack limit, else a workspace allocation a tile), its multiply-adds and stores on zmm vectors,
+    no workspace."""
+    monkeypatch.setattr(te_conv, "_host_vector_bits", lambda: 512)
+    target = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
+    text, asm = _scheduled(target)
+    assert f'"{te_conv.ROW_TILE_ATTR}": 32' in text and f'"{te_conv.PWP_ROWS_ATTR}": 6' in text
+    assert "H * W % T.int64(32) == T.int64(0)" in text
+    assert len(re.findall(r"vfmadd\w+\s+[^\n]*%zmm", asm)) >= 12      # the tile: 6 rows x 2 vectors
+    assert re.search(r"vmovups\s+%zmm\d+, [^\n]*\(", asm)
+    assert "TVMBackendAllocWorkspace" not in asm
