@@ -108,6 +108,34 @@ PROGRAMS = {
                 v = v - v.max() * 0.5 if v.sum() > 0 else v * 0.5 + v.sum() + 1.0
             return v, np.int64(abs(int(k)))
         """, (1, 6, 7)),
+    "topk_argmax_concat_static_or_masked": ("""
+        def fn(x, k):
+            a = F.cond(k < 0, lambda: F.topk(x, 2)[0] * F.sum(x),
+                       lambda: F.concat([F.reshape(F.argmax(x).astype("float32"), (1,)), F.reshape(F.max(x), (1,))]))
+            b = F.cond(k < 5, lambda: F.full((3,), 1.0) * F.sum(x), lambda: F.boolean_mask(x, x > 0.0) + F.sum(x))
+            return a, b
+        """, """
+        def want(x, k):
+            a = np.sort(x)[::-1][:2] * x.sum() if k < 0 else np.array([np.argmax(x), x.max()], np.float32)
+            b = np.full(3, x.sum(), np.float32) if k < 5 else x[x > 0] + x.sum()
+            return a, b
+        """, (2, 6, 7)),
+    "constants_inputs_and_one_tensor_twice": ("""
+        def fn(x, k):
+            a = F.cond(k < 0, lambda: F.full((3,), 2.0), lambda: F.full((3,), 2.0) * F.sum(x))
+            b = F.cond(k < 5, lambda: x, lambda: x + 1.0)
+            def twice():
+                y = x * 3.0 + F.sum(x)
+                return y, y
+            c, d = F.cond(k < 0, twice, lambda: (x, x * 2.0))
+            return a, b, c, d
+        """, """
+        def want(x, k):
+            a = np.full(3, 2.0, np.float32) * (1.0 if k < 0 else x.sum())
+            b = x if k < 5 else x + 1.0
+            c, d = (x * 3.0 + x.sum(), x * 3.0 + x.sum()) if k < 0 else (x, x * 2.0)
+            return a, b, c, d
+        """, (0, 1, 7)),
     "static_shapes_case": ("""
         def fn(x, k):
             m = F.reshape(x, (5, 1)) * F.reshape(x, (1, 5))
