@@ -74,7 +74,13 @@ def _want(x, w, b, r, epilogue):
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_pointwise_position_lanes_match_numpy(case, lanes, conv_log, monkeypatch):
     monkeypatch.setattr(te_conv, "POSITION_LANES", lanes)
-    _, c, o, epilogue, dims, sizes = case
+    _check(case, case[5])
+    assert conv_rules(conv_log) == (1, [])
+
+
+def _check(case, sizes) -> None:
+    """Compile `case`'s conv + epilogue and compare it with `_want` (numpy einsum) at each of `sizes`."""
+    _, c, o, epilogue, dims, _ = case
     w = (RNG.standard_normal((o, c, 1, 1)) / np.sqrt(c)).astype("float32")
     b = RNG.standard_normal(o).astype("float32")
     residual = "res" in epilogue
@@ -87,7 +93,6 @@ def test_pointwise_position_lanes_match_numpy(case, lanes, conv_log, monkeypatch
         want = _want(x, w, b, r, epilogue)
         assert got.shape == want.shape, shape
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=str(shape))
-    assert conv_rules(conv_log) == (1, [])
 
 
 def _scheduled(target, c=16, o=72, residual=True):
@@ -143,18 +148,9 @@ def test_pointwise_position_lanes_avx512_tiles_match_numpy(case, conv_log, monke
     ones), so its schedule's results are checked here whatever the CPU: equal to numpy at planes that are and
     are not multiples of 32 positions."""
     monkeypatch.setattr(te_conv, "_host_vector_bits", lambda: 512)
-    _, c, o, epilogue, dims, sizes = case
-    w = (RNG.standard_normal((o, c, 1, 1)) / np.sqrt(c)).astype("float32")
-    b = RNG.standard_normal(o).astype("float32")
-    residual = "res" in epilogue
-    specs = [S(dims)] + ([S((dims[0], o) + tuple(dims[2:]))] if residual else [])
-    m = dt.compile(_model(w, b, epilogue), *specs, use_cache=False)
+    _, c, _, _, dims, sizes = case
     extra = [] if not isinstance(dims[2], str) else [(1, c, 8, 4), (2, c, 4, 16), (1, c, 28, 28)]
-    for shape in sizes + extra:
-        x = RNG.standard_normal(shape).astype("float32")
-        r = RNG.standard_normal((shape[0], o) + shape[2:]).astype("float32")
-        got = m(x, r) if residual else m(x)
-        np.testing.assert_allclose(got, _want(x, w, b, r, epilogue), rtol=1e-4, atol=1e-4, err_msg=str(shape))
+    _check(case, sizes + extra)
     assert conv_rules(conv_log) == (1, [])
 
 
