@@ -23,11 +23,12 @@ os.environ["DYNTVM_VM_PROGRAM"] = "always"
 import numpy as np  # noqa: E402
 
 import dyntvm as dt  # noqa: E402
-from dyntvm import F, examples  # noqa: E402
+from dyntvm import examples  # noqa: E402
 from dyntvm.codegen import vm_program  # noqa: E402
 from dyntvm.codegen.vm_seq import _Seq  # noqa: E402
 from dyntvm.examples.plain_numpy import BY_EXAMPLE  # noqa: E402
 from dyntvm.runtime.tensors import to_tvm  # noqa: E402
+from bench_vm_nodes import cond_chain  # noqa: E402  (the same chain of conds as there)
 
 COPIED = vm_program._Lowering._branch
 
@@ -45,14 +46,6 @@ def build(fn, specs, copied: bool):
         vm_program._Lowering._branch = COPIED
     assert m.vm_program, m.vm_program_fallback
     return m
-
-
-def cond_chain(n):
-    def fn(x):
-        for _ in range(n):
-            x = F.cond(F.sum(x) > 0, lambda v=x: v + 1.0, lambda v=x: v - 1.0)
-        return x
-    return fn
 
 
 def block(f, calls: int) -> float:
