@@ -1,13 +1,15 @@
 """Before/after in one run: the bundled examples and the foreach overhead under two revisions, interleaved.
 
-    .venv/bin/python benchmarks/bench_ab.py --base REV [--rounds 3] [--repeat 20]
+    .venv/bin/python benchmarks/bench_ab.py --base REV [--rounds 3] [--repeat 20] [--threads N] [--thread-time]
 
 Checks out REV (any git revision) into a temporary worktree and measures, in alternating fresh processes
 (base, this tree, base, this tree, ...), the compiled latency of every case in `bench_models.CASES` plus the
 per-iteration overhead of a trivial foreach and while_loop. Each process imports dyntvm from its own source tree (this
 venv's packages, dyntvm's code from the tree). Prints per case the median over rounds of each side's
-median, and the ratio new / base (below 1 is faster). Not a test: run it before and after a change to the
-executor, codegen or schedules.
+median, and the ratio new / base (below 1 is faster). `--threads N`: every pool's thread count in the
+children (default: the environment's). `--thread-time`: each call's thread CPU time instead of wall time (with
+`--threads 1` the kernels run on the calling thread: the figure to trust on a busy machine). Not a test: run it
+before and after a change to the executor, codegen or schedules.
 """
 from __future__ import annotations
 
@@ -18,9 +20,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+from thread_env import threads_from_argv  # noqa: E402
+
 SUBPACKAGES = ("ir", "frontend", "partition", "codegen", "runtime", "examples")
 
 
@@ -35,16 +41,21 @@ def package_root(tree: str, into: str) -> str:
     return into
 
 
-def child(root: str, repeat: int) -> None:
+def child(root: str, repeat: int, thread_time: bool = False) -> None:
     sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f).lower()]   # not the venv's dyntvm
     sys.path.insert(0, root)
     sys.path.insert(0, HERE)
     import numpy as np
 
     import dyntvm as dt
-    from bench_models import CASES, median_time
+    import bench_models
+    from bench_models import CASES
     from dyntvm import F, examples
     assert os.path.realpath(dt.__file__).startswith(os.path.realpath(root)) or root in dt.__file__, dt.__file__
+    clock = time.thread_time if thread_time else time.perf_counter
+
+    def median_time(*a, **k):
+        return bench_models.median_time(*a, clock=clock, **k)
     out = {}
     cache = tempfile.mkdtemp(prefix="dyntvm-ab-")
     for name, sizes in CASES:
@@ -73,10 +84,14 @@ def main():
     p.add_argument("--base", help="git revision to compare against")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--repeat", type=int, default=20)
+    p.add_argument("--threads", type=int, help="thread count of every pool in the children")
+    p.add_argument("--thread-time", action="store_true", help="thread CPU time per call instead of wall time")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
-        return child(args.child, args.repeat)
+        return child(args.child, args.repeat, args.thread_time)
+    if args.threads:
+        threads_from_argv(["--threads", str(args.threads)], args.threads)     # (inherited by the children)
     if not args.base:
         p.error("--base REV is required")
     tmp = tempfile.mkdtemp(prefix="dyntvm-ab-")
@@ -89,6 +104,7 @@ def main():
         for r in range(args.rounds):
             for side in ("base", "new"):
                 cmd = [sys.executable, __file__, "--child", roots[side], "--repeat", str(args.repeat)]
+                cmd += ["--thread-time"] if args.thread_time else []
                 res = subprocess.run(cmd, capture_output=True, text=True)
                 if res.returncode:
                     sys.exit(f"{side} round {r} failed:\n{res.stderr[-3000:]}")
