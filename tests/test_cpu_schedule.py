@@ -277,6 +277,63 @@ def test_fast_math_accuracy(target):
         np.testing.assert_allclose(out[ok], ref[ok], rtol=5e-7, atol=1e-37)
 
 
+def test_softmax_exp_of_nonpositive_values_equals_exp_f32(target):
+    """softmax's exp (`exp_nonpositive_f32`, no overflow branch) gives exp_f32's very bits for v <= 0, -inf and
+    NaN: the range ends (-87.34), denormal results flushed to 0, tiny and zero arguments."""
+    from tvm import te
+
+    from dyntvm.codegen.backends.cpu.cpu_fast_math import exp_f32, exp_nonpositive_f32
+    v = np.concatenate([-np.geomspace(1e-30, 200, 30001), np.linspace(-88, -87, 2001), -np.linspace(0, 1, 2001),
+                        [0.0, -0.0, -np.inf, np.nan, -87.33654475, -87.3365, -1e-45]]).astype("float32")
+    n = te.var("n", "int64")
+    x = te.placeholder((n,), "float32", "x")
+    def of(f, name):
+        return te.compute((n,), lambda i: f(x[i]), name=name)
+    outs = [of(exp_f32, "a"), of(exp_nonpositive_f32, "b")]
+    lib = tvm.compile(te.create_prim_func([x] + outs), target=target)
+    dev = tvm.cpu()
+    bufs = [tvm.runtime.tensor(v, dev)] + [tvm.runtime.tensor(np.zeros_like(v), dev) for _ in outs]
+    lib(*bufs)
+    a, b = (t.numpy() for t in bufs[1:])
+    np.testing.assert_array_equal(a.view("u4")[~np.isnan(a)], b.view("u4")[~np.isnan(a)])
+    np.testing.assert_array_equal(np.isnan(a), np.isnan(v))
+    np.testing.assert_array_equal(np.isnan(b), np.isnan(v))
+    ok = np.isfinite(v) & (v > -87)
+    np.testing.assert_allclose(b[ok], np.exp(v[ok].astype("float64")), rtol=5e-7)
+
+
+@pytest.mark.parametrize("switch", [True, False])
+def test_softmax_rows_with_masked_infinite_and_nan_scores(target, switch, monkeypatch):
+    """softmax over a symbolic and a static row, the nonpositive exp and multiply by the row's reciprocal on and
+    off, against numpy: masked (-inf / -1e9) scores, a fully masked row (NaN, as numpy), a NaN or +inf score."""
+    from dyntvm.codegen.backends.cpu import cpu_fast_math
+    monkeypatch.setattr(cpu_fast_math, "SOFTMAX_NONPOSITIVE_EXP", switch)
+    mod = make_module([("sym", [("x", (sym("B"), sym("S")), "float32")], lambda x: R.nn.softmax(x, axis=-1)),
+                       ("static", [("x", (9, 40), "float32")], lambda x: R.nn.softmax(x, axis=-1)),
+                       ("axis0", [("x", (sym("B"), 64), "float32")], lambda x: R.nn.softmax(x, axis=0))])
+    vm = relax.VirtualMachine(build_cpu(mod, target), tvm.cpu())
+
+    def ref(x, axis=-1):
+        with np.errstate(invalid="ignore"):
+            e = np.exp(x - x.max(axis, keepdims=True))
+            return e / e.sum(axis, keepdims=True)
+    for rows, s in ((9, 40), (1, 1), (3, 17), (0, 5), (5, 130)):
+        x = 8 * rand(rows, s)
+        if rows >= 3 and s >= 3:
+            x[0, 1] = -np.inf
+            x[1, :] = -np.inf            # every score masked: NaN (numpy: -inf - -inf)
+            x[2, :2] = [np.nan, 1.0]
+            x[-1, -1] = -1e9
+        if rows >= 5:
+            x[3, 0] = np.inf
+        for name in ("sym", "static") if (rows, s) == (9, 40) else ("sym",):
+            np.testing.assert_allclose(run(vm, name, x), ref(x), rtol=2e-6, atol=1e-7, equal_nan=True)
+        if rows:
+            y = 8 * rand(rows, 64)
+            y[0, :3] = [-np.inf, np.nan, np.inf] if rows > 1 else y[0, :3]
+            np.testing.assert_allclose(run(vm, "axis0", y), ref(y, 0), rtol=2e-6, atol=1e-7, equal_nan=True)
+
+
 def test_reductions(target):
     g, beta = rand(512), rand(512)
     mod = make_module([
