@@ -25,6 +25,8 @@ Variants (module constants set while the layer compiles, restored after):
   pwflat  every pointwise conv over flattened positions (`te_conv.FLAT_POINTWISE_MAX_CHANNELS` None)
   pwocv   pointwise convs in the channels form, not vectorized along positions (`te_conv.POSITION_LANES` False)
   pwlanes every pointwise conv vectorized along positions (`te_conv.POSITION_LANES_MAX_CHANNELS` None)
+  spwocv  strided 1x1 convs in the channels form per row (`te_conv.STRIDED_POSITION_LANES` False; shipped: vectorized
+          along the positions of a copy of the strided input)
   posinner the epilogue iterated positions-innermost (not `cpu_schedule_conv._channels_last`)
   spv     every conv in the spatial-vectorized form (output channels not blocked)
   spv8    spv, 8-position row tiles, up to 8 channels a tile (12 accumulators): a GEMM-like 1x1 tile
@@ -97,6 +99,7 @@ def variants() -> dict:
         "pwflat": {(tc, "FLAT_POINTWISE_MAX_CHANNELS"): None},
         "pwocv": {(tc, "POSITION_LANES"): False},
         "pwlanes": {(tc, "POSITION_LANES_MAX_CHANNELS"): None},
+        "spwocv": {(tc, "STRIDED_POSITION_LANES"): False},
     }
 
 

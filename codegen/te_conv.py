@@ -40,6 +40,9 @@ PHASES_BLOCK = "dt_conv_pad_phases"
 CROP_BLOCK = "dt_conv_crop"
 #: A pointwise 2-D conv vectorized along its positions (`POSITION_LANES`, `_te_conv_pointwise`).
 PWP_BLOCK = "dt_conv_pwp"
+#: The strided positions of a strided pointwise conv (`STRIDED_POSITION_LANES`), a ``PAD_BLOCK`` the schedule stores
+#: flattened (`cpu_schedule_conv._strided_copy`).
+STRIDED_BLOCK = PAD_BLOCK + "_strided"
 #: Suffix of a ``PAD_BLOCK`` whose column loop is split into padding and interior (`_padded`'s `split_columns`).
 SPLIT_SUFFIX = "_split"
 #: Annotation of the conv block: the register tile's output positions along a row (`row_tile`).
@@ -118,6 +121,16 @@ POSITION_LANES = True
 #: -> 0.9-1.7x, but at 7 x 7 (96 <-> 576, 288 -> 96: the channels form, 49 positions in 56) 1.05-1.43x -> 1.37-1.63x;
 #: with hundreds of input channels the channels form's scalar stores are a small part of its time.
 POSITION_LANES_MAX_CHANNELS = 256
+#: A strided pointwise 2-D conv (1x1, stride > 1, no padding, one group: resnet's downsampling convs) is computed as
+#: ``dt_conv_pwp`` too, on a copy of its strided input positions (``STRIDED_BLOCK``: [N, C, rows, W] with zero rows
+#: past H, stored flattened, so that the GEMM reads whole vectors of positions without a test; the copy is ~1 / O of
+#: the multiply-adds). False: ``dt_conv_ocv`` per row, the strided input read as broadcasts (a switch for A/B).
+#: resnet18's layers, one thread, against onnxruntime in one process (`bench_conv_variants.py --only 1x1 --variants
+#: base,spwocv`): 64 -> 128 at 28 x 28 out 1.15x -> 0.86x, 128 -> 256 at 14 x 14 1.23x -> 1.03x, but 256 -> 512 at
+#: 7 x 7 1.13x -> 1.41x (49 positions in 64: hence the bound below).
+STRIDED_POSITION_LANES = True
+#: ... for convs of at most this many input and output channels (None: any).
+STRIDED_POSITION_LANES_MAX_CHANNELS = 256
 #: Output channels of the ``dt_conv_pwp`` register tile (the largest dividing O); positions: 2 vectors. The
 #: accumulator tile must stay under TVM's 1024-byte stack limit (`kMaxStackAlloca`; at or above it every tile
 #: is a TVMBackendAllocWorkspace call and no register tile): AVX2 4 x 16 floats (256 bytes, 8 of 16 ymm), AVX-512
@@ -296,6 +309,16 @@ def position_lanes(in_sizes, out, kernel, strides, pads, groups: int, vb: int, c
             and all(_same_size(a, b) for a, b in zip(in_sizes, out)))
 
 
+def strided_position_lanes(out, kernel, strides, pads, groups: int, vb: int, channels: int) -> bool:
+    """Whether `te_conv` computes the conv as ``dt_conv_pwp`` on a copy of its strided positions
+    (`STRIDED_POSITION_LANES`): a 1x1 2-D conv of one group, a stride above 1, no padding, more than one output
+    position, at most STRIDED_POSITION_LANES_MAX_CHANNELS input and output `channels` (the larger of the two)."""
+    return (STRIDED_POSITION_LANES and vb > 1 and groups == 1 and len(out) == 2
+            and (STRIDED_POSITION_LANES_MAX_CHANNELS is None or channels <= STRIDED_POSITION_LANES_MAX_CHANNELS)
+            and all(int(k) == 1 for k in kernel) and any(int(s) > 1 for s in strides)
+            and not any(lo or hi for lo, hi in pads) and not all(_is_one(o) for o in out))
+
+
 def _is_one(v) -> bool:
     return isinstance(v, (int, tirx.IntImm)) and int(v) == 1
 
@@ -341,6 +364,40 @@ def _te_conv_pointwise(x, w, out, vb: int, guard=None):
                       lambda n, o, h, col: res(n, o, h * width + col), name=CROP_BLOCK)
 
 
+def _te_conv_strided_pointwise(x, w, strides, out, vb: int, guard=None):
+    """``dt_conv_pwp`` of a strided 1x1 conv (`STRIDED_POSITION_LANES`): the strided positions copied to
+    ``STRIDED_BLOCK`` [N, C, rows, W] (x[n, c, h * sh, w * sw], zeros in the rows past H, enough rows for whole
+    tiles of positions; the size check's `guard` read in its condition), which the schedule stores flattened
+    [N, C, rows * W] (`cpu_schedule_conv._strided_copy`): the GEMM's read [n, c, p // W, p % W] is then
+    [n, c, p], whole vectors without a test. The block [N, O, ceil(H * W / t) * t] (t: the tile's positions)
+    and the crop stage as `_te_conv_pointwise`'s."""
+    o_total, cg = int(w.shape[0]) * vb, int(w.shape[1])
+    height, width = out
+    tile = _PWP_VECTORS * max(1, _host_vector_bits() // DataType(str(x.dtype)).bits)
+    plane = height * width
+    flat = tirx.max(tirx.floordiv(plane + _i64(tile - 1), _i64(tile)) * _i64(tile), _i64(tile))
+    # (the output sizes are >= 1 when the kernel runs: checked before it, `converters/window._check_sizes`)
+    cols = tirx.max(width, _i64(1))
+    rows = tirx.floordiv(flat + cols - _i64(1), cols)
+    sh, sw = (_i64(int(s)) for s in strides)
+    zero = tirx.const(0, x.dtype)
+    checked = [] if guard is None else [guard[0] == tirx.IntImm(guard.dtype, 0)]
+
+    def copy(n, c, h, col):
+        inside = tirx.all(tirx.likely(h < height), *checked)
+        return tirx.if_then_else(inside, x(n, c, h * sh, col * sw), zero)
+    xs = te.compute([x.shape[0], x.shape[1], rows, cols], copy, name=STRIDED_BLOCK)
+    rc = te.reduce_axis((_i64(0), _i64(cg)), name="rc")
+
+    def value(n, o, p):
+        wv = w[tirx.floordiv(o, _i64(vb)), rc, _i64(0), _i64(0), tirx.floormod(o, _i64(vb))]
+        return te.sum(xs(n, rc, tirx.floordiv(p, cols), tirx.floormod(p, cols)) * wv, axis=[rc])
+    res = te.compute([x.shape[0], _i64(o_total), flat], value, name=PWP_BLOCK,
+                     attrs={ROW_TILE_ATTR: tile, PWP_ROWS_ATTR: _pwp_rows(o_total)})
+    return te.compute([x.shape[0], _i64(o_total), height, width],
+                      lambda n, o, h, col: res(n, o, h * width + col), name=CROP_BLOCK)
+
+
 def te_conv(x, w, strides, dilations, pads, out, groups: int, vb: int, guard=None):
     """conv of `x` [N, C, *S] with `w` (packed [O / vb, Cg, *K, vb] when vb > 1, else [O, Cg, *K]) to
     [N, O, *out], summed in x's dtype (the converter casts float16 to float32 first). `guard`: see `_padded`."""
@@ -351,6 +408,8 @@ def te_conv(x, w, strides, dilations, pads, out, groups: int, vb: int, guard=Non
         o_total, cg, kernel = int(w.shape[0]), int(w.shape[1]), [int(k) for k in w.shape[2:]]
     if position_lanes(x.shape[2:], out, kernel, strides, pads, groups, vb, max(o_total, cg)):
         return _te_conv_pointwise(x, w, out, vb, guard)
+    if strided_position_lanes(out, kernel, strides, pads, groups, vb, max(o_total, cg)):
+        return _te_conv_strided_pointwise(x, w, strides, out, vb, guard)
     tile, exact = row_tile(out[-1], _ocv_tiles(vb, str(x.dtype)) if vb > 1 else _SPV_TILES)
     if flat_positions(out, vb, str(x.dtype), cg * functools.reduce(lambda a, b: a * b, kernel, 1),
                       is_pointwise(kernel, strides, pads), o_total):
