@@ -93,6 +93,15 @@ FLAT_POSITIONS = True
 #: of flattened positions computes its positions' rows and columns (divisions) and keeps one input pointer per
 #: position and kernel row, a cost per tile that a short reduction does not amortize.
 FLAT_MIN_REDUCTION = 2048
+#: Accumulator registers of the register tile of a conv over flattened positions on AVX2 (16 ymm; AVX-512 keeps
+#: `_ACC_REGISTERS`' 14): 12 - 16 channels x 6 positions, 2 weight vectors and a broadcast beside them - where the
+#: per-row form's 8 (x 4 positions) are the FMAs' latency x throughput exactly. A flattened plane wastes at most a
+#: tile's positions (7 x 7: 54 for 49, 14 x 14: 198 for 196); per row, ragged tiles of 6 took 1.2-2.3x the time of
+#: tiles of 4 (a symbolic 56-wide row: 60 positions). resnet18's flat layers, one thread, against onnxruntime in one
+#: process (`bench_conv_variants.py --only 3x3 --variants base,t6`, 8 -> 12): the 256-channel 3x3 at 14 x 14 1.17x ->
+#: 1.09x, 3x3 / 2 256 -> 512 1.08x -> 0.91x, the 512-channel 3x3 at 7 x 7 1.20x -> 1.01x. 8: the per-row tile (a
+#: switch for A/B).
+FLAT_ACC_REGISTERS_AVX2 = 12
 #: ... and for pointwise convs (a 1x1 kernel, stride 1, no padding: `is_pointwise`) whatever their reduction: the
 #: flattened position is the input's (h * W + w: one input pointer per position, no kernel rows), and a symbolic 28-,
 #: 14- or 7-wide row is then 784, 196 or 49 positions in whole tiles of the plane, not rows of ragged tiles (32,
@@ -167,6 +176,16 @@ def _ocv_tiles(vb: int, dtype: str) -> tuple[int, int, int, int]:
     regs = max(1, vb // lanes)
     largest = max(1, _ACC_REGISTERS[bits] // regs)
     return largest, max(2, largest // 3), min(8, largest), min(largest, max(1, _LATENCY_ACCUMULATORS // regs))
+
+
+def _flat_tile(vb: int, dtype: str) -> int:
+    """Output positions of the register tile of ``dt_conv_ocv`` over flattened positions (`FLAT_ACC_REGISTERS_AVX2`;
+    AVX-512: `_ocv_tiles`' largest)."""
+    bits = _host_vector_bits()
+    if bits != 256:
+        return _ocv_tiles(vb, dtype)[0]
+    regs = max(1, vb // max(1, bits // DataType(dtype).bits))
+    return max(1, FLAT_ACC_REGISTERS_AVX2 // regs)
 
 
 def _i64(v):
@@ -413,7 +432,7 @@ def te_conv(x, w, strides, dilations, pads, out, groups: int, vb: int, guard=Non
     tile, exact = row_tile(out[-1], _ocv_tiles(vb, str(x.dtype)) if vb > 1 else _SPV_TILES)
     if flat_positions(out, vb, str(x.dtype), cg * functools.reduce(lambda a, b: a * b, kernel, 1),
                       is_pointwise(kernel, strides, pads), o_total):
-        return _te_conv_flat(x, w, strides, dilations, pads, out, groups, vb, tile, guard)
+        return _te_conv_flat(x, w, strides, dilations, pads, out, groups, vb, _flat_tile(vb, str(x.dtype)), guard)
     full = list(out)
     last_span = None
     if not exact:   # whole tiles: ceil(W / tile) * tile positions, the input read past its end as zeros
