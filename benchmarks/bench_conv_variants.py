@@ -24,6 +24,8 @@ Variants (module constants set while the layer compiles, restored after):
   vb32t3  output channels packed in blocks of 32 (4 AVX2 registers) x 3 positions (12 accumulators)
   rows    a symbolic row computed in whole row tiles (`te_conv.FLAT_POSITIONS` False; shipped: flattened positions)
   flat0   flattened positions for every conv whose row the tile does not divide (`te_conv.FLAT_MIN_REDUCTION` 0)
+  flat2048 flattened positions from 2048 multiply-adds an output (`te_conv.FLAT_MIN_REDUCTION`; shipped: 1152,
+          resnet18's 128-channel 3x3 layers too)
   pwrows  pointwise convs per row (`te_conv.FLAT_POINTWISE` False; shipped: flattened up to 256 output channels, the
           ones outside `te_conv.POSITION_LANES`)
   pwflat  every pointwise conv over flattened positions (`te_conv.FLAT_POINTWISE_MAX_CHANNELS` None)
@@ -108,6 +110,7 @@ def variants() -> dict:
         "spv16": {(win, "out_channel_block"): lambda o, c, g: 1, (tc, "_SPV_TILES"): (16, 16, 16),
                   (csc, "spv_channel_block"): _gemm_channels},
         "flat0": {(tc, "FLAT_MIN_REDUCTION"): 0},
+        "flat2048": {(tc, "FLAT_MIN_REDUCTION"): 2048},
         "pwrows": {(tc, "FLAT_POINTWISE"): False},
         "pwflat": {(tc, "FLAT_POINTWISE_MAX_CHANNELS"): None},
         "pwocv": {(tc, "POSITION_LANES"): False},

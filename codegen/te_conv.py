@@ -91,8 +91,12 @@ GUARD_IN_CONDITION = True
 FLAT_POSITIONS = True
 #: ... for convs of at least this many multiply-adds per output (input channels of a group x kernel taps): each tile
 #: of flattened positions computes its positions' rows and columns (divisions) and keeps one input pointer per
-#: position and kernel row, a cost per tile that a short reduction does not amortize.
-FLAT_MIN_REDUCTION = 2048
+#: position and kernel row, a cost per tile that a short reduction does not amortize. 2048 with the tile of 4
+#: positions; with 6 (`FLAT_ACC_REGISTERS_AVX2`) 1152: resnet18's 3x3 / 2 128 -> 256 (14-wide rows: per row 16
+#: positions) 1.18x -> 1.03x onnxruntime's time, its 128-channel 3x3 at 28 x 28 (rows of 7 tiles of 4) 1.00x / 1.01x
+#: (`bench_conv_variants.py --variants base,flat1152`, one thread, 9 rounds); the 64-channel 3x3 layers (576) flat:
+#: 1.05-1.2x their per-row time (`flat0`).
+FLAT_MIN_REDUCTION = 1152
 #: Accumulator registers of the register tile of a conv over flattened positions on AVX2 (16 ymm; AVX-512 keeps
 #: `_ACC_REGISTERS`' 14): 12 - 16 channels x 6 positions, 2 weight vectors and a broadcast beside them - where the
 #: per-row form's 8 (x 4 positions) are the FMAs' latency x throughput exactly. A flattened plane wastes at most a
