@@ -18,7 +18,8 @@
   (`FLAT_POSITIONS`, `_te_conv_flat`), and this stage reads [N, O, H, W] back from [N, O, ceil(H * W / t) * t].
 * ``dt_conv_pwp`` (positions vectorized): a pointwise 2-D conv (1x1, stride 1, no padding, one group) as the GEMM
   [O, H * W] = W[O, C] x X[C, H * W] per image, the positions - contiguous in NCHW - the vector lanes, a weight
-  value the broadcast (`POSITION_LANES`); the crop stage reads [N, O, H, W] back from [N, O, whole vectors].
+  value the broadcast (`POSITION_LANES`); the crop stage reads [N, O, H, W] back from [N, O, whole vectors]. A strided
+  1x1 conv is this GEMM on a copy of its strided positions (`STRIDED_POSITION_LANES`, ``STRIDED_BLOCK``).
 
 Data and result stay NCHW (NCW, NCDHW): no layout change crosses the kernel's boundary, so symbolic batch and
 spatial dims, fusion with the epilogue (bias, activation, residual) and the rest of the graph are as before.

@@ -13,7 +13,8 @@ the epilogue that fusion gives them (bias, batch norm, activation, residual add)
   it: per input channel one broadcast weight value per row and one input vector per 8 (16) positions; the result
   and the epilogue written as vectors of NCHW. Parallel over channel-row blocks (a parallel loop fused with the
   tiles kept LoopPartition from splitting off the last tile). Where the tile does not divide H * W (a run-time
-  test), the block is scheduled as ``dt_conv_ocv`` over flattened positions (`_pointwise_select`).
+  test), the block is scheduled as ``dt_conv_ocv`` over flattened positions (`_pointwise_select`). A strided 1x1
+  conv's block reads a copy of its strided positions in whole tiles (`_strided_copy`): no test, no other variant.
 * ``dt_conv_spv`` (depthwise, small groups): the register tile is a vector run of output positions along
   the row, the reduction over kernel taps (and the group's input channels) outside it; parallel over
   channels x rows (batch x channels x rows).
