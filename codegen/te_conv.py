@@ -98,9 +98,10 @@ FLAT_POSITIONS = True
 #: (`bench_conv_variants.py --variants base,flat1152`, one thread, 9 rounds); the 64-channel 3x3 layers (576) flat:
 #: 1.05-1.2x their per-row time (`flat0`).
 FLAT_MIN_REDUCTION = 1152
-#: Accumulator registers of the register tile of a conv over flattened positions on AVX2 (16 ymm; AVX-512 keeps
-#: `_ACC_REGISTERS`' 14): 12 - 16 channels x 6 positions, 2 weight vectors and a broadcast beside them - where the
-#: per-row form's 8 (x 4 positions) are the FMAs' latency x throughput exactly. A flattened plane wastes at most a
+#: Accumulator registers of the register tile of a conv over flattened positions on AVX2 (16 ymm; blocks of 16
+#: channels; AVX-512 and blocks of 8 keep the ragged tile, 8 positions): 12 - 16 channels x 6 positions, 2 weight
+#: vectors and a broadcast beside them - where the per-row form's 8 (x 4 positions) are the FMAs' latency x
+#: throughput exactly. A flattened plane wastes at most a
 #: tile's positions (7 x 7: 54 for 49, 14 x 14: 198 for 196); per row, ragged tiles of 6 took 1.2-2.3x the time of
 #: tiles of 4 (a symbolic 56-wide row: 60 positions). resnet18's flat layers, one thread, against onnxruntime in one
 #: process (`bench_conv_variants.py --only 3x3 --variants base,t6`, 8 -> 12): the 256-channel 3x3 at 14 x 14 1.17x ->
@@ -184,13 +185,14 @@ def _ocv_tiles(vb: int, dtype: str) -> tuple[int, int, int, int]:
 
 
 def _flat_tile(vb: int, dtype: str) -> int:
-    """Output positions of the register tile of ``dt_conv_ocv`` over flattened positions (`FLAT_ACC_REGISTERS_AVX2`;
-    AVX-512: `_ocv_tiles`' largest)."""
+    """Output positions of the register tile of ``dt_conv_ocv`` over flattened positions: with two AVX2 registers
+    of channels (vb 16 fp32) `FLAT_ACC_REGISTERS_AVX2` / 2; else (AVX-512, one register of channels) `_ocv_tiles`'
+    ragged tile, as before (not measured with more)."""
+    tiles = _ocv_tiles(vb, dtype)
     bits = _host_vector_bits()
-    if bits != 256:
-        return _ocv_tiles(vb, dtype)[0]
-    regs = max(1, vb // max(1, bits // DataType(dtype).bits))
-    return max(1, FLAT_ACC_REGISTERS_AVX2 // regs)
+    if bits == 256 and vb // max(1, bits // DataType(dtype).bits) == 2:
+        return max(1, FLAT_ACC_REGISTERS_AVX2 // 2)
+    return tiles[2]
 
 
 def _i64(v):
