@@ -18,13 +18,21 @@ Variants (module constants set while the layer compiles, restored after):
   tile7   AVX2 register tile of 16 channels x 7 positions (14 accumulators; shipped: 4)
   vb8     output channels packed in blocks of 8 (one AVX2 register) x 8 positions
   vb8t14  blocks of 8 x up to 14 positions
+  ft8     AVX2 tiles of 16 channels x 4 positions over flattened positions too (`te_conv.FLAT_ACC_REGISTERS_AVX2` 8;
+          shipped: 12, x 6 positions)
+  t6      AVX2 register tile of 16 channels x up to 6 positions (12 accumulators)
+  vb32t3  output channels packed in blocks of 32 (4 AVX2 registers) x 3 positions (12 accumulators)
   rows    a symbolic row computed in whole row tiles (`te_conv.FLAT_POSITIONS` False; shipped: flattened positions)
   flat0   flattened positions for every conv whose row the tile does not divide (`te_conv.FLAT_MIN_REDUCTION` 0)
+  flat2048 flattened positions from 2048 multiply-adds an output (`te_conv.FLAT_MIN_REDUCTION`; shipped: 1152,
+          resnet18's 128-channel 3x3 layers too)
   pwrows  pointwise convs per row (`te_conv.FLAT_POINTWISE` False; shipped: flattened up to 256 output channels, the
           ones outside `te_conv.POSITION_LANES`)
   pwflat  every pointwise conv over flattened positions (`te_conv.FLAT_POINTWISE_MAX_CHANNELS` None)
   pwocv   pointwise convs in the channels form, not vectorized along positions (`te_conv.POSITION_LANES` False)
   pwlanes every pointwise conv vectorized along positions (`te_conv.POSITION_LANES_MAX_CHANNELS` None)
+  spwocv  strided 1x1 convs in the channels form per row (`te_conv.STRIDED_POSITION_LANES` False; shipped: vectorized
+          along the positions of a copy of the strided input)
   posinner the epilogue iterated positions-innermost (not `cpu_schedule_conv._channels_last`)
   spv     every conv in the spatial-vectorized form (output channels not blocked)
   spv8    spv, 8-position row tiles, up to 8 channels a tile (12 accumulators): a GEMM-like 1x1 tile
@@ -43,6 +51,12 @@ import argparse  # noqa: E402
 import types  # noqa: E402
 
 import numpy as np  # noqa: E402
+
+
+def _vb32(out_per_group: int, cin_per_group: int, groups: int) -> int:
+    if (cin_per_group == 1 and groups > 1) or out_per_group % 8:
+        return 1
+    return next(vb for vb in (32, 16, 8) if out_per_group % vb == 0)
 
 
 def _vb8(out_per_group: int, cin_per_group: int, groups: int) -> int:
@@ -86,6 +100,9 @@ def variants() -> dict:
         "vb8": {(win, "out_channel_block"): _vb8},
         "vb8t14": {(win, "out_channel_block"): _vb8, (tc, "_ACC_REGISTERS"): {512: 14, 256: 14}},
         "rows": {(tc, "FLAT_POSITIONS"): False},
+        "ft8": {(tc, "FLAT_ACC_REGISTERS_AVX2"): 8},
+        "t6": {(tc, "_ACC_REGISTERS"): {512: 14, 256: 12}},
+        "vb32t3": {(win, "out_channel_block"): _vb32, (tc, "_ACC_REGISTERS"): {512: 14, 256: 12}},
         "spv": {(win, "out_channel_block"): lambda o, c, g: 1},
         "posinner": {(csc, "_channels_last"): lambda sch, epi, n_sp: False},
         "spv8": {(win, "out_channel_block"): lambda o, c, g: 1, (tc, "_SPV_TILES"): (8, 8, 8),
@@ -93,10 +110,12 @@ def variants() -> dict:
         "spv16": {(win, "out_channel_block"): lambda o, c, g: 1, (tc, "_SPV_TILES"): (16, 16, 16),
                   (csc, "spv_channel_block"): _gemm_channels},
         "flat0": {(tc, "FLAT_MIN_REDUCTION"): 0},
+        "flat2048": {(tc, "FLAT_MIN_REDUCTION"): 2048},
         "pwrows": {(tc, "FLAT_POINTWISE"): False},
         "pwflat": {(tc, "FLAT_POINTWISE_MAX_CHANNELS"): None},
         "pwocv": {(tc, "POSITION_LANES"): False},
         "pwlanes": {(tc, "POSITION_LANES_MAX_CHANNELS"): None},
+        "spwocv": {(tc, "STRIDED_POSITION_LANES"): False},
     }
 
 

@@ -18,7 +18,8 @@
   (`FLAT_POSITIONS`, `_te_conv_flat`), and this stage reads [N, O, H, W] back from [N, O, ceil(H * W / t) * t].
 * ``dt_conv_pwp`` (positions vectorized): a pointwise 2-D conv (1x1, stride 1, no padding, one group) as the GEMM
   [O, H * W] = W[O, C] x X[C, H * W] per image, the positions - contiguous in NCHW - the vector lanes, a weight
-  value the broadcast (`POSITION_LANES`); the crop stage reads [N, O, H, W] back from [N, O, whole vectors].
+  value the broadcast (`POSITION_LANES`); the crop stage reads [N, O, H, W] back from [N, O, whole vectors]. A strided
+  1x1 conv is this GEMM on a copy of its strided positions (`STRIDED_POSITION_LANES`, ``STRIDED_BLOCK``).
 
 Data and result stay NCHW (NCW, NCDHW): no layout change crosses the kernel's boundary, so symbolic batch and
 spatial dims, fusion with the epilogue (bias, activation, residual) and the rest of the graph are as before.
@@ -40,6 +41,9 @@ PHASES_BLOCK = "dt_conv_pad_phases"
 CROP_BLOCK = "dt_conv_crop"
 #: A pointwise 2-D conv vectorized along its positions (`POSITION_LANES`, `_te_conv_pointwise`).
 PWP_BLOCK = "dt_conv_pwp"
+#: The strided positions of a strided pointwise conv (`STRIDED_POSITION_LANES`), a ``PAD_BLOCK`` the schedule stores
+#: flattened (`cpu_schedule_conv._strided_copy`).
+STRIDED_BLOCK = PAD_BLOCK + "_strided"
 #: Suffix of a ``PAD_BLOCK`` whose column loop is split into padding and interior (`_padded`'s `split_columns`).
 SPLIT_SUFFIX = "_split"
 #: Annotation of the conv block: the register tile's output positions along a row (`row_tile`).
@@ -88,8 +92,22 @@ GUARD_IN_CONDITION = True
 FLAT_POSITIONS = True
 #: ... for convs of at least this many multiply-adds per output (input channels of a group x kernel taps): each tile
 #: of flattened positions computes its positions' rows and columns (divisions) and keeps one input pointer per
-#: position and kernel row, a cost per tile that a short reduction does not amortize.
-FLAT_MIN_REDUCTION = 2048
+#: position and kernel row, a cost per tile that a short reduction does not amortize. 2048 with the tile of 4
+#: positions; with 6 (`FLAT_ACC_REGISTERS_AVX2`) 1152: resnet18's 3x3 / 2 128 -> 256 (14-wide rows: per row 16
+#: positions) 1.18x -> 1.03x onnxruntime's time, its 128-channel 3x3 at 28 x 28 (rows of 7 tiles of 4) 1.00x / 1.01x
+#: (`bench_conv_variants.py --variants base,flat1152`, one thread, 9 rounds); the 64-channel 3x3 layers (576) flat:
+#: 1.05-1.2x their per-row time (`flat0`).
+FLAT_MIN_REDUCTION = 1152
+#: Accumulator registers of the register tile of a conv over flattened positions on AVX2 (16 ymm; blocks of 16
+#: channels; AVX-512 and blocks of 8 keep the ragged tile, 8 positions): 12 - 16 channels x 6 positions, 2 weight
+#: vectors and a broadcast beside them - where the per-row form's 8 (x 4 positions) are the FMAs' latency x
+#: throughput exactly. A flattened plane wastes at most a
+#: tile's positions (7 x 7: 54 for 49, 14 x 14: 198 for 196); per row, ragged tiles of 6 took 1.2-2.3x the time of
+#: tiles of 4 (a symbolic 56-wide row: 60 positions). resnet18's flat layers, one thread, against onnxruntime in one
+#: process (`bench_conv_variants.py --only 3x3 --variants base,t6`, 8 -> 12): the 256-channel 3x3 at 14 x 14 1.17x ->
+#: 1.09x, 3x3 / 2 256 -> 512 1.08x -> 0.91x, the 512-channel 3x3 at 7 x 7 1.20x -> 1.01x. 8: the per-row tile (a
+#: switch for A/B).
+FLAT_ACC_REGISTERS_AVX2 = 12
 #: ... and for pointwise convs (a 1x1 kernel, stride 1, no padding: `is_pointwise`) whatever their reduction: the
 #: flattened position is the input's (h * W + w: one input pointer per position, no kernel rows), and a symbolic 28-,
 #: 14- or 7-wide row is then 784, 196 or 49 positions in whole tiles of the plane, not rows of ragged tiles (32,
@@ -118,6 +136,16 @@ POSITION_LANES = True
 #: -> 0.9-1.7x, but at 7 x 7 (96 <-> 576, 288 -> 96: the channels form, 49 positions in 56) 1.05-1.43x -> 1.37-1.63x;
 #: with hundreds of input channels the channels form's scalar stores are a small part of its time.
 POSITION_LANES_MAX_CHANNELS = 256
+#: A strided pointwise 2-D conv (1x1, stride > 1, no padding, one group: resnet's downsampling convs) is computed as
+#: ``dt_conv_pwp`` too, on a copy of its strided input positions (``STRIDED_BLOCK``: [N, C, rows, W] with zero rows
+#: past H, stored flattened, so that the GEMM reads whole vectors of positions without a test; the copy is ~1 / O of
+#: the multiply-adds). False: ``dt_conv_ocv`` per row, the strided input read as broadcasts (a switch for A/B).
+#: resnet18's layers, one thread, against onnxruntime in one process (`bench_conv_variants.py --only 1x1 --variants
+#: base,spwocv`): 64 -> 128 at 28 x 28 out 1.15x -> 0.86x, 128 -> 256 at 14 x 14 1.23x -> 1.03x, but 256 -> 512 at
+#: 7 x 7 1.13x -> 1.41x (49 positions in 64: hence the bound below).
+STRIDED_POSITION_LANES = True
+#: ... for convs of at most this many input and output channels (None: any).
+STRIDED_POSITION_LANES_MAX_CHANNELS = 256
 #: Output channels of the ``dt_conv_pwp`` register tile (the largest dividing O); positions: 2 vectors. The
 #: accumulator tile must stay under TVM's 1024-byte stack limit (`kMaxStackAlloca`; at or above it every tile
 #: is a TVMBackendAllocWorkspace call and no register tile): AVX2 4 x 16 floats (256 bytes, 8 of 16 ymm), AVX-512
@@ -154,6 +182,17 @@ def _ocv_tiles(vb: int, dtype: str) -> tuple[int, int, int, int]:
     regs = max(1, vb // lanes)
     largest = max(1, _ACC_REGISTERS[bits] // regs)
     return largest, max(2, largest // 3), min(8, largest), min(largest, max(1, _LATENCY_ACCUMULATORS // regs))
+
+
+def _flat_tile(vb: int, dtype: str) -> int:
+    """Output positions of the register tile of ``dt_conv_ocv`` over flattened positions: with two AVX2 registers
+    of channels (vb 16 fp32) `FLAT_ACC_REGISTERS_AVX2` / 2; else (AVX-512, one register of channels) `_ocv_tiles`'
+    ragged tile, as before (not measured with more)."""
+    tiles = _ocv_tiles(vb, dtype)
+    bits = _host_vector_bits()
+    if bits == 256 and vb // max(1, bits // DataType(dtype).bits) == 2:
+        return max(1, FLAT_ACC_REGISTERS_AVX2 // 2)
+    return tiles[2]
 
 
 def _i64(v):
@@ -296,6 +335,16 @@ def position_lanes(in_sizes, out, kernel, strides, pads, groups: int, vb: int, c
             and all(_same_size(a, b) for a, b in zip(in_sizes, out)))
 
 
+def strided_position_lanes(out, kernel, strides, pads, groups: int, vb: int, channels: int) -> bool:
+    """Whether `te_conv` computes the conv as ``dt_conv_pwp`` on a copy of its strided positions
+    (`STRIDED_POSITION_LANES`): a 1x1 2-D conv of one group, a stride above 1, no padding, more than one output
+    position, at most STRIDED_POSITION_LANES_MAX_CHANNELS input and output `channels` (the larger of the two)."""
+    return (STRIDED_POSITION_LANES and vb > 1 and groups == 1 and len(out) == 2
+            and (STRIDED_POSITION_LANES_MAX_CHANNELS is None or channels <= STRIDED_POSITION_LANES_MAX_CHANNELS)
+            and all(int(k) == 1 for k in kernel) and any(int(s) > 1 for s in strides)
+            and not any(lo or hi for lo, hi in pads) and not all(_is_one(o) for o in out))
+
+
 def _is_one(v) -> bool:
     return isinstance(v, (int, tirx.IntImm)) and int(v) == 1
 
@@ -341,6 +390,40 @@ def _te_conv_pointwise(x, w, out, vb: int, guard=None):
                       lambda n, o, h, col: res(n, o, h * width + col), name=CROP_BLOCK)
 
 
+def _te_conv_strided_pointwise(x, w, strides, out, vb: int, guard=None):
+    """``dt_conv_pwp`` of a strided 1x1 conv (`STRIDED_POSITION_LANES`): the strided positions copied to
+    ``STRIDED_BLOCK`` [N, C, rows, W] (x[n, c, h * sh, w * sw], zeros in the rows past H, enough rows for whole
+    tiles of positions; the size check's `guard` read in its condition), which the schedule stores flattened
+    [N, C, rows * W] (`cpu_schedule_conv._strided_copy`): the GEMM's read [n, c, p // W, p % W] is then
+    [n, c, p], whole vectors without a test. The block [N, O, ceil(H * W / t) * t] (t: the tile's positions)
+    and the crop stage as `_te_conv_pointwise`'s."""
+    o_total, cg = int(w.shape[0]) * vb, int(w.shape[1])
+    height, width = out
+    tile = _PWP_VECTORS * max(1, _host_vector_bits() // DataType(str(x.dtype)).bits)
+    plane = height * width
+    flat = tirx.max(tirx.floordiv(plane + _i64(tile - 1), _i64(tile)) * _i64(tile), _i64(tile))
+    # (the output sizes are >= 1 when the kernel runs: checked before it, `converters/window._check_sizes`)
+    cols = tirx.max(width, _i64(1))
+    rows = tirx.floordiv(flat + cols - _i64(1), cols)
+    sh, sw = (_i64(int(s)) for s in strides)
+    zero = tirx.const(0, x.dtype)
+    checked = [] if guard is None else [guard[0] == tirx.IntImm(guard.dtype, 0)]
+
+    def copy(n, c, h, col):
+        inside = tirx.all(tirx.likely(h < height), *checked)
+        return tirx.if_then_else(inside, x(n, c, h * sh, col * sw), zero)
+    xs = te.compute([x.shape[0], x.shape[1], rows, cols], copy, name=STRIDED_BLOCK)
+    rc = te.reduce_axis((_i64(0), _i64(cg)), name="rc")
+
+    def value(n, o, p):
+        wv = w[tirx.floordiv(o, _i64(vb)), rc, _i64(0), _i64(0), tirx.floormod(o, _i64(vb))]
+        return te.sum(xs(n, rc, tirx.floordiv(p, cols), tirx.floormod(p, cols)) * wv, axis=[rc])
+    res = te.compute([x.shape[0], _i64(o_total), flat], value, name=PWP_BLOCK,
+                     attrs={ROW_TILE_ATTR: tile, PWP_ROWS_ATTR: _pwp_rows(o_total)})
+    return te.compute([x.shape[0], _i64(o_total), height, width],
+                      lambda n, o, h, col: res(n, o, h * width + col), name=CROP_BLOCK)
+
+
 def te_conv(x, w, strides, dilations, pads, out, groups: int, vb: int, guard=None):
     """conv of `x` [N, C, *S] with `w` (packed [O / vb, Cg, *K, vb] when vb > 1, else [O, Cg, *K]) to
     [N, O, *out], summed in x's dtype (the converter casts float16 to float32 first). `guard`: see `_padded`."""
@@ -351,10 +434,12 @@ def te_conv(x, w, strides, dilations, pads, out, groups: int, vb: int, guard=Non
         o_total, cg, kernel = int(w.shape[0]), int(w.shape[1]), [int(k) for k in w.shape[2:]]
     if position_lanes(x.shape[2:], out, kernel, strides, pads, groups, vb, max(o_total, cg)):
         return _te_conv_pointwise(x, w, out, vb, guard)
+    if strided_position_lanes(out, kernel, strides, pads, groups, vb, max(o_total, cg)):
+        return _te_conv_strided_pointwise(x, w, strides, out, vb, guard)
     tile, exact = row_tile(out[-1], _ocv_tiles(vb, str(x.dtype)) if vb > 1 else _SPV_TILES)
     if flat_positions(out, vb, str(x.dtype), cg * functools.reduce(lambda a, b: a * b, kernel, 1),
                       is_pointwise(kernel, strides, pads), o_total):
-        return _te_conv_flat(x, w, strides, dilations, pads, out, groups, vb, tile, guard)
+        return _te_conv_flat(x, w, strides, dilations, pads, out, groups, vb, _flat_tile(vb, str(x.dtype)), guard)
     full = list(out)
     last_span = None
     if not exact:   # whole tiles: ceil(W / tile) * tile positions, the input read past its end as zeros

@@ -90,6 +90,7 @@ def test_one_parallel_loop_over_the_batch(kernel, stride, monkeypatch, conv_log)
     # `te_conv.FLAT_POINTWISE`)
     monkeypatch.setattr(te_conv, "FLAT_POINTWISE", False)
     monkeypatch.setattr(te_conv, "POSITION_LANES", False)     # (nor the positions form's: no images variant either)
+    monkeypatch.setattr(te_conv, "STRIDED_POSITION_LANES", False)
     for on in (True, False):
         monkeypatch.setattr(cpu_schedule_conv, "BATCH_IN_PARALLEL", on)
         text = _scheduled_conv(target, c=32, o=64, residual=False, kernel=kernel, stride=stride)

@@ -199,12 +199,14 @@ def test_flat_positions_match_numpy(case, flat, conv_log, monkeypatch):
 
 def test_flat_positions_kernel_form(conv_log, monkeypatch):
     """The flat form's kernel (symbolic N, H, W; AVX2 tile; 256 input channels x 9 taps: above FLAT_MIN_REDUCTION):
-    the conv block over ceil(H * W / 4) * 4 positions, the padded input a loop nest of its own before it, the
+    the conv block over ceil(H * W / 6) * 6 positions (16 channels x 6 positions: `te_conv.FLAT_ACC_REGISTERS_AVX2`
+    12 accumulators, 4 in the per-row form), the padded input a loop nest of its own before it, the
     epilogue (bias, residual, relu) under the tile, in the conv's kernel."""
     monkeypatch.setattr(te_conv, "_host_vector_bits", lambda: 256)
     text = _scheduled_conv(tvm.target.Target({"kind": "llvm", "mcpu": "znver3", "num-cores": 2}), c=256, o=256)
     assert f'"{te_conv.FLAT_ATTR}": 1' in text
-    assert "(H * W + T.int64(3)) // T.int64(4) * T.int64(4)" in text
+    assert "(H * W + T.int64(5)) // T.int64(6) * T.int64(6)" in text
+    assert te_conv.FLAT_ACC_REGISTERS_AVX2 == 12
     assert text.index('T.sblock("dt_conv_pad")') < text.index("for n in range(N)")
     assert text.index('T.sblock("relu")') > text.index('T.sblock("dt_conv_ocv_update")')
     assert "T.sblock(\"T_add" not in text
@@ -263,7 +265,8 @@ def test_pointwise_kernel_form(conv_log, monkeypatch):
     target = tvm.target.Target({"kind": "llvm", "mcpu": "znver3", "num-cores": 2})
     text = _scheduled_conv(target, kernel=1)
     assert f'"{te_conv.FLAT_ATTR}": 1' in text
-    assert "(H * W + T.int64(3)) // T.int64(4) * T.int64(4)" in text
+    assert "(H * W + T.int64(5)) // T.int64(6) * T.int64(6)" in text
+    assert te_conv.FLAT_ACC_REGISTERS_AVX2 == 12
     assert "dt_conv_pad" not in text
     assert text.index('T.sblock("relu")') > text.index('T.sblock("dt_conv_ocv_update")')
     assert te_conv.FLAT_ATTR not in _scheduled_conv(target, residual=False, kernel=1, stride=2)
@@ -276,13 +279,18 @@ def test_pointwise_kernel_form(conv_log, monkeypatch):
     assert conv_rules(conv_log) == (5, [])
 
 
-def test_unpadded_conv_reads_the_input_without_a_padded_copy(conv_log):
-    """A strided 1x1 convolution (resnet's downsampling) with a symbolic width: no padded copy of the input in the
-    kernel (the tail tile's index clamped to the row), a 3x3 with padding keeps it."""
+def test_unpadded_conv_reads_the_input_without_a_padded_copy(conv_log, monkeypatch):
+    """A strided 1x1 convolution (resnet's downsampling) with a symbolic width in the channels form: no padded copy
+    of the input in the kernel (the tail tile's index clamped to the row), a 3x3 with padding keeps it. In the
+    positions form (`te_conv.STRIDED_POSITION_LANES`, `test_conv_strided_pointwise.py`) its one copy is that of the
+    strided positions."""
     target = tvm.target.Target({"kind": "llvm", "mcpu": "znver3", "num-cores": 2})
+    text = _scheduled_conv(target, residual=False, kernel=1, stride=2)
+    assert te_conv.STRIDED_BLOCK in text and 'T.sblock("dt_conv_pad")' not in text
+    monkeypatch.setattr(te_conv, "STRIDED_POSITION_LANES", False)
     assert "dt_conv_pad" not in _scheduled_conv(target, residual=False, kernel=1, stride=2)
     assert "dt_conv_pad" in _scheduled_conv(target, residual=False)
-    assert conv_rules(conv_log) == (2, [])
+    assert conv_rules(conv_log) == (3, [])
 
 
 def test_unpadded_conv_too_small_input_is_an_error():

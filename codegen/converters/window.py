@@ -18,7 +18,7 @@ from tvm.relax import op as R
 from ...ir.ops_nn import window_out_size
 from ..dims import I64, is_one
 from ..te_conv import (OUT_EWISE_FUSABLE, flat_positions, gemv_channel_block, is_pointwise, out_channel_block,
-                       pack_axes, position_lanes, te_conv)
+                       pack_axes, position_lanes, strided_position_lanes, te_conv)
 from ..te_kernels import nonempty_primfunc
 from ..te_window import te_avg_pool, te_max_pool
 from .common import assert_dims, cast, checked, constant_of, dtype_of, emit, shape_of
@@ -86,7 +86,8 @@ def _conv(bb, node, args, ctx):
         # over flattened positions: fusable with its epilogue as the per-row form is (`te_conv.OUT_EWISE_FUSABLE`)
         if flat_positions(sizes, vb, work, int(np.prod(sw[1:])), is_pointwise(sw[2:], a.strides, a.pads), sw[0]) \
                 or position_lanes(list(data.ty.shape.values)[2:], sizes, sw[2:], a.strides, a.pads, groups,
-                                  vb, max(sw[0], sw[1])):
+                                  vb, max(sw[0], sw[1])) \
+                or strided_position_lanes(sizes, sw[2:], a.strides, a.pads, groups, vb, max(sw[0], sw[1])):
             bb.update_func(call.args[0], bb.get()[call.args[0]].with_attr("op_pattern", OUT_EWISE_FUSABLE))
         return [cast(emit(bb, call), dt)]
     w = _check_sizes(bb, ctx, w, _out_sizes(ctx, x, sw[2:], a))

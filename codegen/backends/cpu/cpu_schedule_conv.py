@@ -13,7 +13,8 @@ the epilogue that fusion gives them (bias, batch norm, activation, residual add)
   it: per input channel one broadcast weight value per row and one input vector per 8 (16) positions; the result
   and the epilogue written as vectors of NCHW. Parallel over channel-row blocks (a parallel loop fused with the
   tiles kept LoopPartition from splitting off the last tile). Where the tile does not divide H * W (a run-time
-  test), the block is scheduled as ``dt_conv_ocv`` over flattened positions (`_pointwise_select`).
+  test), the block is scheduled as ``dt_conv_ocv`` over flattened positions (`_pointwise_select`). A strided 1x1
+  conv's block reads a copy of its strided positions in whole tiles (`_strided_copy`): no test, no other variant.
 * ``dt_conv_spv`` (depthwise, small groups): the register tile is a vector run of output positions along
   the row, the reduction over kernel taps (and the group's input channels) outside it; parallel over
   channels x rows (batch x channels x rows).
@@ -37,7 +38,7 @@ from .cpu_sched_helpers import (child_blocks, loop_extent, tile_scope, total_wor
                                 writes_param)
 from ...dims import is_one
 from ...te_conv import (CROP_BLOCK, FLAT_ATTR, OCV_BLOCK, PAD_BLOCK, PHASES_BLOCK, PWP_BLOCK, PWP_ROWS_ATTR,
-                        ROW_TILE_ATTR, SPV_BLOCK)
+                        ROW_TILE_ATTR, SPV_BLOCK, STRIDED_BLOCK)
 
 
 #: Input channels unrolled inside the kernel taps per step of the dense conv's reduction (`_channels_inside_taps`);
@@ -313,7 +314,8 @@ def _sched_pointwise(func, target, name: str, parallel: bool) -> tirx.PrimFunc:
             except Exception:  # pylint: disable=broad-except  # not a plain loop nest: not attached
                 pass
     attached = _attach_epilogue(sch, func, conv, po, relayout)
-    if parallel:    # (with BATCH_IN_PARALLEL the batch too: no padded copy to keep per image)
+    _strided_copy(sch, parallel)
+    if parallel:    # (with BATCH_IN_PARALLEL the batch too: the strided copy, if any, then a loop nest of its own)
         sch.parallel(sch.fuse(n, oo) if BATCH_IN_PARALLEL else oo)
     sch.unroll(oi)
     vectorize_tile(sch, pi, tw, lanes, unroll=True)
@@ -326,6 +328,21 @@ def _sched_pointwise(func, target, name: str, parallel: bool) -> tirx.PrimFunc:
     return _likely_predicates(sch.mod["main"])
 
 
+def _strided_copy(sch: s_tir.Schedule, parallel: bool) -> None:
+    """The strided positions of a strided pointwise conv (``STRIDED_BLOCK`` [N, C, rows, W], `te_conv`'s
+    `STRIDED_POSITION_LANES`) stored flattened [N, C, rows * W] - the GEMM's read [n, c, p // W, p % W] simplifies
+    to [n, c, p] - a loop nest of its own before the conv, parallel over batch x channels. (Computed under the conv's
+    batch loop, the region compute_at inferred from the flattened read was (rows, (tiles * t - 1) % W + 1) columns:
+    not the whole row.) No such block: nothing done."""
+    copies = [b for b in child_blocks(sch) if sch.get(b).name_hint.startswith(STRIDED_BLOCK)]
+    for copy in copies:
+        cols = sch.get(copy).writes[0].source.shape[3]
+        sch.transform_layout(copy, ("write", 0), tirx.IndexMap.from_func(
+            lambda n, c, h, col: (n, c, h * cols + col), ndim=4))
+        if parallel:
+            sch.parallel(sch.fuse(*sch.get_loops(copy)[:2]))
+
+
 def _pointwise_select(func, target, name: str, work) -> tirx.PrimFunc:
     """A ``dt_conv_pwp`` kernel: where the tile (2 vectors) divides the plane H * W (checked at run time), its
     positions-vectorized schedule (`_sched_pointwise`); else the block as a ``dt_conv_ocv`` one over flattened
@@ -333,6 +350,9 @@ def _pointwise_select(func, target, name: str, work) -> tirx.PrimFunc:
     a test an element over the tile's rows x input channels - 96 -> 576 channels at 7 x 7 (49 positions: 3 tiles
     and 1 position) took 9.5x the channels form's time."""
     sch = s_tir.Schedule(func)
+    if any(sch.get(b).name_hint.startswith(STRIDED_BLOCK) for b in child_blocks(sch)):
+        # a strided conv's copy (`te_conv._te_conv_strided_pointwise`): whole tiles of positions, no test
+        return _select(func, _parallel_cands(work, target, lambda par: _sched_pointwise(func, target, name, par)))
     block = sch.get(sch.get_sblock(name))
     tw = int(block.annotations[ROW_TILE_ATTR])
     data = next(r.source for r in block.reads if len(r.source.shape) == 4)
