@@ -67,6 +67,12 @@ BATCH_IN_PARALLEL = False
 #: 4-6: mobilenet_v3_small B8 0.84x and 0.65x the per-image form's time (two runs), resnet18 B8 1.24x (one); with it
 #: for the depthwise / small-group kernels only, mobilenet_v3_small B8 1.20x (one). 0: none (a switch for A/B).
 IMAGES_PER_CORE = 2
+#: The epilogue of a ``dt_conv_spv`` conv computed in whole ragged tiles (a symbolic width: every depthwise layer of a
+#: model with symbolic sizes) is vectorized over the tile's positions, its predicate (``w < W``) marked ``likely``
+#: (`_likely_predicates`): TIR's LoopPartition splits the row's tile loop into the whole tiles - vector loads, bias /
+#: activation and stores of NCHW without a test - and the last, cut tile (a scalar loop of one test an output, as
+#: every tile was before). False: every tile's epilogue a scalar loop (a switch for A/B).
+SPV_EPILOGUE_VECTORS = True
 #: The taps of the kernel's last axis are unrolled up to this many (1.2x for resnet18's 7x7 stem, ~1.02x 3x3).
 _UNROLL_TAPS = 7
 
@@ -250,6 +256,7 @@ def _sched_conv(func, target, name: str, exact: bool, parallel: bool, images: bo
     else:
         sch.unroll(oi)
         vectorize_tile(sch, wi, tw, lanes, unroll=True)
+    likely = []     # epilogue blocks whose predicate is made ``likely`` (`SPV_EPILOGUE_VECTORS`)
     for epi in attached:
         if ocv and epi_channels_last.get(sch.get(epi).name_hint):
             inner, positions = sch.get_loops(epi)[-1], sch.get_loops(epi)[-2]
@@ -262,23 +269,29 @@ def _sched_conv(func, target, name: str, exact: bool, parallel: bool, images: bo
         inner = sch.get_loops(epi)[-1]     # output positions of the tile (contiguous in NCHW)
         if exact and loop_extent(sch, inner) == tw and tw % lanes == 0:
             vectorize_tile(sch, inner, tw, lanes, unroll=False)
+        elif not exact and not ocv and SPV_EPILOGUE_VECTORS and loop_extent(sch, inner) == tw and tw % 8 == 0:
+            # whole ragged tiles (`SPV_EPILOGUE_VECTORS`; AVX-512: vectors of 8 of the 8-position tile): vectors
+            # where the tile is whole, its test ``likely``
+            vectorize_tile(sch, inner, tw, lanes, unroll=True)
+            likely.append(sch.get(epi).name_hint)
     sch.decompose_reduction(conv, red[0])
-    return sch.mod["main"]
+    return _likely_predicates(sch.mod["main"], likely) if likely else sch.mod["main"]
 
 
-def _likely_predicates(func: tirx.PrimFunc) -> tirx.PrimFunc:
+def _likely_predicates(func: tirx.PrimFunc, only: list | None = None) -> tirx.PrimFunc:
     """The ``dt_conv_pwp`` variant's predicates where its tile divides the plane (`_pointwise_select` checks that at
     run time): the conv's (init, update) made true - the split's, they would size the accumulator tile at run time
     (a workspace allocation a tile) - and the epilogue's rewritten as the bounds of its block vars, ``likely``
     (TIR's LoopPartition then splits off the tiles past the plane, none: the tiles are vector loads, FMAs and
     stores without a test). As reverse_compute_at wrote them (``(p_0 < tiles or p == 0) and p < H * W``),
-    LoopPartition left every tile's epilogue a scalar loop of one branch an element."""
+    LoopPartition left every tile's epilogue a scalar loop of one branch an element. `only`: the names of the blocks
+    to rewrite (a ``dt_conv_spv`` kernel's epilogue, `SPV_EPILOGUE_VECTORS`); None: every block."""
     import tvm_ffi
     from tvm.s_tir import SBlockRealize
 
     def mark(realize, mutator):
         realize = mutator.default_mutate(realize)
-        if isinstance(realize.predicate, tirx.IntImm):
+        if isinstance(realize.predicate, tirx.IntImm) or (only is not None and realize.block.name_hint not in only):
             return realize
         if realize.block.name_hint.startswith(PWP_BLOCK):
             return SBlockRealize(realize.iter_values, tirx.const(True, "bool"), realize.block)
