@@ -1,11 +1,13 @@
-"""Depthwise and small-group convolutions (the ``dt_conv_spv`` form) with the schedule switches of session 43:
-`cpu_schedule_conv.SPV_EPILOGUE_VECTORS` (the epilogue of whole ragged tiles - a symbolic width - vectorized over
-the tile's positions, its ``w < W`` test ``likely``: LoopPartition splits off the last, cut tile) and
-`te_conv.SPLIT_ROWS` (the padded / phases copy's row loop split into padding and interior rows too). Results
-against an independent numpy expression - the taps summed over strided slices of a zero-padded array, written
-here - for strides 1 / 2, 3x3 / 5x5 kernels, a dilation, asymmetric padding, groups of 2 channels, widths 1, 2
-and odd ones, batch 0 / 1 / 3, static and symbolic dims, with bias + relu / hardswish fused, each switch on and off;
-and the kernel's form (the epilogue vectorized, its predicate ``likely``; AVX2 and an AVX-512 build)."""
+"""Conv epilogues and copies (session 43, issue 24). Depthwise and small-group convolutions (the ``dt_conv_spv``
+form) with `cpu_schedule_conv.SPV_EPILOGUE_VECTORS` (the epilogue of whole ragged tiles - a symbolic width -
+vectorized over the tile's positions, its ``w < W`` test ``likely``: LoopPartition splits off the last, cut tile) and
+`te_conv.SPLIT_ROWS` (the padded / phases copy's row loop split into padding and interior rows too); dense
+(``dt_conv_ocv``, per row) ones with `cpu_schedule_conv.OCV_EPILOGUE_TILE` (the epilogue writes a [positions,
+channels] tile buffer, copied to NCHW positions-innermost). Results against an independent numpy expression - the
+taps summed over strided slices of a zero-padded array, written here - for strides 1 / 2, 3x3 / 5x5 / 7x7 kernels, a
+dilation, asymmetric padding, groups, widths 1, 2 and odd ones, batch 0 / 1 / 3, static and symbolic dims, with bias
++ relu / hardswish (and a residual add) fused, each switch on and off; and the kernels' form (AVX2 and an AVX-512
+build)."""
 from __future__ import annotations
 
 import logging
@@ -38,7 +40,7 @@ def conv_log(caplog):
     return caplog
 
 
-def want_conv(x, w, b, stride, dilation, pads, groups, act):
+def want_conv(x, w, b, stride, dilation, pads, groups, act, residual=None):
     """numpy: x zero-padded, then per output channel the sum over its group's input channels and the kernel taps of
     the tap's weight times the strided slice of the padded input it reads (float64); bias and activation after."""
     x, w = x.astype(np.float64), w.astype(np.float64)
@@ -60,14 +62,18 @@ def want_conv(x, w, b, stride, dilation, pads, groups, act):
                               j * dilation:j * dilation + (ow - 1) * stride + 1:stride]
                     out[:, oc] += w[oc, ci, i, j] * rows
     out += b.reshape(1, o, 1, 1)
+    if residual is not None:
+        out += residual
     if act == "relu":
         return np.maximum(out, 0)
     return out * np.clip(out / 6 + 0.5, 0, 1)        # hardswish
 
 
 def _model(w, b, stride, dilation, pads, groups, act):
-    def model(x):
+    def model(x, *r):
         y = F.conv(x, w, b, stride=stride, padding=pads, dilation=dilation, groups=groups)
+        if r:
+            y = y + r[0]
         if act == "relu":
             return F.relu(y)
         return y * F.minimum(F.maximum(y * np.float32(1 / 6) + np.float32(0.5), np.float32(0)), np.float32(1))
@@ -91,15 +97,17 @@ CASES = [
 ]
 
 
-def _check(case) -> None:
+def _check(case, residual=False) -> None:
     _, c, o, k, stride, dilation, pads, groups, act, dims, sizes = case
     w = (RNG.standard_normal((o, c // groups, k, k)) / k).astype("float32")
     b = RNG.standard_normal(o).astype("float32")
-    m = dt.compile(_model(w, b, stride, dilation, pads, groups, act), S(dims), use_cache=False)
+    specs = [S(dims)] + ([S((dims[0], o) + tuple(dims[2:]))] if residual else [])
+    m = dt.compile(_model(w, b, stride, dilation, pads, groups, act), *specs, use_cache=False)
     for shape in sizes:
         x = RNG.standard_normal(shape).astype("float32")
-        got = m(x)
-        want = want_conv(x, w, b, stride, dilation, pads, groups, act)
+        r = RNG.standard_normal((shape[0], o) + shape[2:]).astype("float32") if residual else None
+        got = m(x, r) if residual else m(x)
+        want = want_conv(x, w, b, stride, dilation, pads, groups, act, r)
         assert got.shape == want.shape, shape
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=str(shape))
 
@@ -114,6 +122,64 @@ def test_depthwise_matches_numpy(case, vectors, rows, conv_log, monkeypatch):
     applied, failed = conv_rules(conv_log)
     assert not failed, failed
     assert applied == 1
+
+
+# dense convs (``dt_conv_ocv`` per row), the same fields; the residual cases' spec is the output's (stride 1)
+DENSE = [
+    ("stem3x3_s2_hs_sym", 3, 16, 3, 2, 1, ((1, 1), (1, 1)), 1, "hs", ("N", 3, "H", "W"),
+     [(1, 3, 224, 224), (3, 3, 9, 13), (1, 3, 1, 1), (1, 3, 2, 7), (0, 3, 5, 5)]),
+    ("stem7x7_s2_relu_static", 3, 16, 7, 2, 1, ((3, 3), (3, 3)), 1, "relu", (2, 3, 33, 47), [(2, 3, 33, 47)]),
+    ("3x3_o8_relu_static_exact", 8, 8, 3, 1, 1, ((1, 1), (1, 1)), 1, "relu", (1, 8, 12, 16), [(1, 8, 12, 16)]),
+    ("3x3_s1_o32_hs_width", 16, 32, 3, 1, 1, ((1, 1), (1, 1)), 1, "hs", (1, 16, 9, "W"),
+     [(1, 16, 9, 13), (1, 16, 9, 1), (1, 16, 9, 4)]),
+    ("3x3_g2_o32_dil2_asym", 16, 32, 3, 2, 2, ((2, 1), (0, 2)), 2, "relu", ("N", 16, "H", "W"),
+     [(1, 16, 11, 17), (3, 16, 6, 5)]),
+]
+RESIDUAL = [
+    ("3x3_c16_o16_res_sym", 16, 16, 3, 1, 1, ((1, 1), (1, 1)), 1, "relu", ("N", 16, "H", "W"),
+     [(1, 16, 13, 11), (3, 16, 1, 1), (1, 16, 7, 16), (0, 16, 3, 3)]),
+]
+
+
+@pytest.mark.parametrize("tile", [True, False], ids=["tile", "scalar"])
+@pytest.mark.parametrize("case", DENSE + RESIDUAL, ids=[c[0] for c in DENSE + RESIDUAL])
+def test_dense_epilogue_tile_matches_numpy(case, tile, conv_log, monkeypatch):
+    monkeypatch.setattr(cpu_schedule_conv, "OCV_EPILOGUE_TILE", tile)
+    _check(case, residual=case in RESIDUAL)
+    applied, failed = conv_rules(conv_log)
+    assert not failed, failed
+    assert applied == 1
+
+
+def _dense_scheduled(target):
+    """The scheduled kernel of mobilenet_v3_small's stem (3 -> 16, 3x3 / 2, bias + hardswish, symbolic N, H, W):
+    its TIR text and its assembly."""
+    w = RNG.standard_normal((16, 3, 3, 3)).astype("float32")
+    b = RNG.standard_normal(16).astype("float32")
+    graph = partition_graph(dt.trace(_model(w, b, 2, 1, 1, 1, "hs"), S(("N", 3, "H", "W"))))
+    mod = schedule_module(legalize_and_fuse(target)(build_module(collect_regions(graph))), target)
+    (func,) = [f for gv, f in mod.functions_items() if "dt_conv" in gv.name_hint]
+    lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=target)
+    return func.script(), lib.mod.inspect_source("asm") if hasattr(lib, "mod") else lib.inspect_source("asm")
+
+
+@pytest.mark.parametrize("bits, mcpu", [(256, "znver3"), (512, "znver4")], ids=["avx2", "avx512"])
+def test_dense_epilogue_tile_form(bits, mcpu, monkeypatch):
+    """The stem: the epilogue writes the tile buffer (``*_global``, [n, h, w, o]) and a copy block writes the result
+    from it, channels unrolled, positions a vector under a ``likely`` test; the tile buffer is on the stack (no
+    more workspace allocations than without it: AVX2 4 x 16 floats, AVX-512 8 x 16). Off: no such copy."""
+    monkeypatch.setattr(te_conv, "_host_vector_bits", lambda: bits)
+    target = tvm.target.Target({"kind": "llvm", "mcpu": mcpu, "num-cores": 2})
+    text, asm = _dense_scheduled(target)
+    copies = re.findall(r'for \w+ in T\.vectorized\(T\.int64\((\d+)\)\):\s+with T\.sblock\("(\w+_global)"\)', text)
+    assert copies and {int(n) for n, _ in copies} == {4 if bits == 256 else 8}, text
+    copy = text[text.index(f'T.sblock("{copies[0][1]}")'):]
+    assert "T.likely(" in copy[:copy.index("\n", copy.index("T.where"))]
+    monkeypatch.setattr(cpu_schedule_conv, "OCV_EPILOGUE_TILE", False)
+    text, asm_off = _dense_scheduled(target)
+    assert "_global\")" not in text
+    # (the padded input and the accumulator tile's workspaces, as before: none more for the tile buffer)
+    assert asm.count("TVMBackendAllocWorkspace") == asm_off.count("TVMBackendAllocWorkspace")
 
 
 def _scheduled(target, stride=2, act="relu"):
