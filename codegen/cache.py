@@ -44,7 +44,8 @@ def codegen_digest() -> str:
 #: the switches kept in the code for A/B comparisons (module of this package, name): their values are part of the
 #: cache key, so that a build with one flipped is not served the library built with it as committed
 SWITCHES = (("te_conv", "PHASED_STRIDES"), ("te_conv", "SPLIT_PHASES"), ("te_conv", "SPLIT_PHASES_MAX_CHANNELS"),
-            ("te_conv", "SPLIT_SPV_PADDING"), ("te_conv", "GUARD_IN_CONDITION"), ("te_conv", "FLAT_POSITIONS"),
+            ("te_conv", "SPLIT_SPV_PADDING"), ("te_conv", "SPLIT_ROWS"), ("te_conv", "GUARD_IN_CONDITION"),
+            ("te_conv", "FLAT_POSITIONS"),
             ("te_conv", "FLAT_MIN_REDUCTION"), ("te_conv", "FLAT_POINTWISE"),
             ("te_conv", "FLAT_POINTWISE_MAX_CHANNELS"), ("te_conv", "POSITION_LANES"),
             ("te_conv", "POSITION_LANES_MAX_CHANNELS"),
@@ -52,6 +53,8 @@ SWITCHES = (("te_conv", "PHASED_STRIDES"), ("te_conv", "SPLIT_PHASES"), ("te_con
             ("te_conv", "FLAT_ACC_REGISTERS_AVX2"), ("vm_program", "INLINE_REGIONS"),
             ("backends.cpu.cpu_prepack", "PREPACK_WEIGHTS"), ("backends.cpu.cpu_schedule_conv", "BATCH_IN_PARALLEL"),
             ("backends.cpu.cpu_schedule_conv", "IMAGES_PER_CORE"),
+            ("backends.cpu.cpu_schedule_conv", "SPV_EPILOGUE_VECTORS"),
+            ("backends.cpu.cpu_schedule_conv", "OCV_EPILOGUE_TILE"),
             ("backends.cpu.cpu_schedule_depthwise", "COPY_PER_CHANNEL_BLOCK"),
             ("backends.cpu.cpu_schedule_depthwise", "COPY_BLOCKS_MIN"), ("backends.cuda.gpu_fuse", "MERGE_ELEMENTWISE"),
             ("backends.cuda.gpu_gemv", "SMALL_M_GEMV"),

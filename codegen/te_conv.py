@@ -79,6 +79,10 @@ SPLIT_PHASES = True
 #: channel block, `cpu_schedule_depthwise.COPY_PER_CHANNEL_BLOCK`, 1.1-1.34x), where the 72- and 16-channel 3x3 / 2
 #: layers at 56 and 112 took 0.85x and 0.6-0.7x. Not split: a test per element, unrolled by phase.
 SPLIT_PHASES_MAX_CHANNELS = 128
+#: ... and the rows of those copies (`_likely_bounds`): the row loop split into padding and interior rows, whose
+#: column loops then test no row bound (with the columns' tests and the guard, a row's scalar remainder and padding
+#: loops kept up to four tests an element). False: only the columns split (a switch for A/B).
+SPLIT_ROWS = True
 #: ... and the padded copy of an unstrided spv convolution (depthwise, small groups: `_padded`'s `split_columns`),
 #: parallel over channels (`cpu_schedule_depthwise.schedule_phases`); False: masked loads per element (LLVM's mask
 #: from 64-bit indices per vector), parallel over channels x rows.
@@ -288,10 +292,19 @@ def _padded(x, pads, last_span=None, guard=None, split_columns=False):
         src = [p[i] - _i64(lo) for i, (lo, _) in enumerate(pads)]
         bounds = [tirx.all(s >= _i64(0), s < x.shape[2 + i]) for i, s in enumerate(src)]
         if split_columns:
-            bounds[-1] = tirx.all(tirx.likely(src[-1] >= _i64(0)), tirx.likely(src[-1] < x.shape[-1]))
+            bounds = _likely_bounds(bounds, src, x)
         inside = tirx.all(*bounds, *_guarded(guard))
         return tirx.if_then_else(inside, x(n, c, *src), zero)
     return te.compute(shape, value, name=PAD_BLOCK + (SPLIT_SUFFIX if split_columns else ""))
+
+
+def _likely_bounds(bounds: list, src: list, x) -> list:
+    """A split padded copy's bounds tests (`SPLIT_PHASES`, `SPLIT_SPV_PADDING`): the columns' marked ``likely`` (TIR's
+    LoopPartition splits the column loop into padding and interior), and with `SPLIT_ROWS` the rows' too (the row
+    loop split into the padding rows and the interior ones, whose columns then test nothing)."""
+    marked = range(len(bounds)) if SPLIT_ROWS else [len(bounds) - 1]
+    return [tirx.all(tirx.likely(src[i] >= _i64(0)), tirx.likely(src[i] < x.shape[2 + i])) if i in marked else b
+            for i, b in enumerate(bounds)]
 
 
 def _guarded(guard) -> list:
@@ -318,7 +331,7 @@ def _padded_phases(x, pads, stride: int, last_span=None, guard=None):
         src.append(p[-1] * _i64(stride) + p[-2] - _i64(pads[-1][0]))
         bounds = [tirx.all(s >= _i64(0), s < x.shape[2 + i]) for i, s in enumerate(src)]
         if SPLIT_PHASES and not (isinstance(channels, int) and channels >= SPLIT_PHASES_MAX_CHANNELS):
-            bounds[-1] = tirx.all(tirx.likely(src[-1] >= _i64(0)), tirx.likely(src[-1] < x.shape[-1]))
+            bounds = _likely_bounds(bounds, src, x)
         inside = tirx.all(*bounds, *_guarded(guard))
         return tirx.if_then_else(inside, x(n, c, *src), zero)
     return te.compute(shape, value, name=PHASES_BLOCK)

@@ -68,6 +68,20 @@ BATCH_IN_PARALLEL = False
 #: 4-6: mobilenet_v3_small B8 0.84x and 0.65x the per-image form's time (two runs), resnet18 B8 1.24x (one); with it
 #: for the depthwise / small-group kernels only, mobilenet_v3_small B8 1.20x (one). 0: none (a switch for A/B).
 IMAGES_PER_CORE = 2
+#: The epilogue of a ``dt_conv_spv`` conv computed in whole ragged tiles (a symbolic width: every depthwise layer of a
+#: model with symbolic sizes) is vectorized over the tile's positions, its predicate (``w < W``) marked ``likely``
+#: (`_likely_predicates`): TIR's LoopPartition splits the row's tile loop into the whole tiles - vector loads, bias /
+#: activation and stores of NCHW without a test - and the last, cut tile (a scalar loop of one test an output, as
+#: every tile was before). False: every tile's epilogue a scalar loop (a switch for A/B).
+SPV_EPILOGUE_VECTORS = True
+#: The epilogue of a per-row ``dt_conv_ocv`` conv (vb channels x `tw` positions a tile) writes its tile to a small
+#: buffer laid out [positions, channels] (vector stores of the channels it computes in vector registers), and a copy
+#: writes that buffer to the NCHW result positions-innermost, `tw` contiguous outputs a channel (vectors where the
+#: tile is whole: its ``w < W`` test ``likely``). Before, the epilogue stored each output alone (the tile's channels
+#: are H * W apart in NCHW), and LLVM, seeing every lane of the epilogue's vectors extracted for those stores,
+#: computed the epilogue one scalar at a time: mobilenet_v3_small's stem (3 -> 16, bias + hardswish) spent about half
+#: its time there. False: as before (a switch for A/B).
+OCV_EPILOGUE_TILE = True
 #: The taps of the kernel's last axis are unrolled up to this many (1.2x for resnet18's 7x7 stem, ~1.02x 3x3).
 _UNROLL_TAPS = 7
 
@@ -223,7 +237,19 @@ def _sched_conv(func, target, name: str, exact: bool, parallel: bool, images: bo
             epi_channels_last[sch.get(epi).name_hint] = _flat_channels_last(sch, epi, n_sp)
         elif ocv and not (BROADCAST_POSITIONS_INNER and one_position and _over_positions(sch, epi, n_sp)):
             epi_channels_last[sch.get(epi).name_hint] = _channels_last(sch, epi, n_sp)
-    attached = _attach_epilogue(sch, func, conv, wo, relayout)
+    store = None    # (`OCV_EPILOGUE_TILE`) the epilogue's last block, writing the tile buffer, and its copy to NCHW
+    if OCV_EPILOGUE_TILE and ocv and not flat and not one_position and tw % 4 == 0:
+        store = _tile_store(sch, func, conv)
+    skip = {sch.get(b).name_hint for b in store[1:]} if store else set()
+    attached = _attach_epilogue(sch, func, conv, wo,
+                                lambda epi: None if sch.get(epi).name_hint in skip else relayout(epi))
+    if store:
+        # the tile buffer [n, *rows, w // tw, w % tw, o]: the epilogue's vectors of channels stored whole, and its
+        # region under the tile loop one tile of constant size ([n, h, w, o] was compacted to min(W, tw) positions,
+        # a run-time size: a workspace allocation a tile)
+        sch.transform_layout(store[0], ("write", 0), tirx.IndexMap.from_func(
+            lambda n, o, *sp: (n, *sp[:-1], tirx.floordiv(sp[-1], tw), tirx.floormod(sp[-1], tw), o),
+            ndim=2 + n_loop_sp), assume_injective_transform=True)
     if ocv:  # the accumulator tile [tw, vb]: each register one output position's vb channels
         sch.transform_layout(conv, ("write", 0), tirx.IndexMap.from_func(
             lambda *i: (i[0], *i[2:], i[1]), ndim=2 + n_loop_sp))
@@ -251,7 +277,16 @@ def _sched_conv(func, target, name: str, exact: bool, parallel: bool, images: bo
     else:
         sch.unroll(oi)
         vectorize_tile(sch, wi, tw, lanes, unroll=True)
+    likely = []     # epilogue blocks whose predicate is made ``likely`` (`SPV_EPILOGUE_VECTORS`, `OCV_EPILOGUE_TILE`)
     for epi in attached:
+        if store and sch.get(epi).same_as(sch.get(store[1])):
+            # the copy to NCHW: [o, *rows, w] under the tile, channels unrolled, the tile's positions a vector
+            loops = sch.get_loops(epi)
+            sch.unroll(loops[-2 - (n_loop_sp - 1)])
+            vectorize_tile(sch, loops[-1], tw, lanes, unroll=True)
+            if not exact:
+                likely.append(sch.get(epi).name_hint)
+            continue
         if ocv and epi_channels_last.get(sch.get(epi).name_hint):
             inner, positions = sch.get_loops(epi)[-1], sch.get_loops(epi)[-2]
             # (an epilogue whose sizes are other dims than the conv's - the SE block's broadcast multiply after
@@ -263,23 +298,51 @@ def _sched_conv(func, target, name: str, exact: bool, parallel: bool, images: bo
         inner = sch.get_loops(epi)[-1]     # output positions of the tile (contiguous in NCHW)
         if exact and loop_extent(sch, inner) == tw and tw % lanes == 0:
             vectorize_tile(sch, inner, tw, lanes, unroll=False)
+        elif not exact and not ocv and SPV_EPILOGUE_VECTORS and loop_extent(sch, inner) == tw and tw % 8 == 0:
+            # whole ragged tiles (`SPV_EPILOGUE_VECTORS`; AVX-512: vectors of 8 of the 8-position tile): vectors
+            # where the tile is whole, its test ``likely``
+            vectorize_tile(sch, inner, tw, lanes, unroll=True)
+            likely.append(sch.get(epi).name_hint)
     sch.decompose_reduction(conv, red[0])
-    return sch.mod["main"]
+    return _likely_predicates(sch.mod["main"], likely) if likely else sch.mod["main"]
 
 
-def _likely_predicates(func: tirx.PrimFunc) -> tirx.PrimFunc:
+def _tile_store(sch: s_tir.Schedule, func, conv):
+    """(`OCV_EPILOGUE_TILE`) The last block of `conv`'s epilogue chain made to write a buffer of the result's shape
+    (`cache_write`), and the block copying it to the result: (that block, the copy), or None (no epilogue, or not a
+    chain ending in the result). (Either not attached under the tile stays a loop nest after the conv: correct,
+    slower.)"""
+    block = conv
+    while True:
+        consumers = sch.get_consumers(block)
+        if not consumers:
+            break
+        if len(consumers) != 1:
+            return None
+        block = consumers[0]
+    if sch.get(block).same_as(sch.get(conv)) or not writes_param(func, sch, block):
+        return None
+    if len(sch.get(block).writes) != 1:
+        return None
+    copy = sch.cache_write(block, 0, cpu_sched_helpers.TILE_SCOPE)
+    # (cache_write: `block` now writes the buffer, `copy` the result)
+    return block, copy
+
+
+def _likely_predicates(func: tirx.PrimFunc, only: list | None = None) -> tirx.PrimFunc:
     """The ``dt_conv_pwp`` variant's predicates where its tile divides the plane (`_pointwise_select` checks that at
     run time): the conv's (init, update) made true - the split's, they would size the accumulator tile at run time
     (a workspace allocation a tile) - and the epilogue's rewritten as the bounds of its block vars, ``likely``
     (TIR's LoopPartition then splits off the tiles past the plane, none: the tiles are vector loads, FMAs and
     stores without a test). As reverse_compute_at wrote them (``(p_0 < tiles or p == 0) and p < H * W``),
-    LoopPartition left every tile's epilogue a scalar loop of one branch an element."""
+    LoopPartition left every tile's epilogue a scalar loop of one branch an element. `only`: the names of the blocks
+    to rewrite (a ``dt_conv_spv`` kernel's epilogue, `SPV_EPILOGUE_VECTORS`); None: every block."""
     import tvm_ffi
     from tvm.s_tir import SBlockRealize
 
     def mark(realize, mutator):
         realize = mutator.default_mutate(realize)
-        if isinstance(realize.predicate, tirx.IntImm):
+        if isinstance(realize.predicate, tirx.IntImm) or (only is not None and realize.block.name_hint not in only):
             return realize
         if realize.block.name_hint.startswith(PWP_BLOCK):
             return SBlockRealize(realize.iter_values, tirx.const(True, "bool"), realize.block)
