@@ -48,7 +48,7 @@ SWITCHES = (("te_conv", "PHASED_STRIDES"), ("te_conv", "SPLIT_PHASES"), ("te_con
             ("te_conv", "FLAT_MIN_REDUCTION"), ("te_conv", "FLAT_POINTWISE"),
             ("te_conv", "FLAT_POINTWISE_MAX_CHANNELS"), ("te_conv", "POSITION_LANES"),
             ("te_conv", "POSITION_LANES_MAX_CHANNELS"), ("vm_program", "INLINE_REGIONS"),
-            ("vm_dynamic", "COUNT_RETURNED"),
+            ("vm_dynamic", "COUNT_RETURNED"), ("branch_storage", "REUSE_SHAPES"),
             ("backends.cpu.cpu_prepack", "PREPACK_WEIGHTS"), ("backends.cpu.cpu_schedule_conv", "BATCH_IN_PARALLEL"),
             ("backends.cpu.cpu_schedule_conv", "IMAGES_PER_CORE"),
             ("backends.cpu.cpu_schedule_depthwise", "COPY_PER_CHANNEL_BLOCK"),
