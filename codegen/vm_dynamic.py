@@ -1,10 +1,10 @@
 """The nodes outside regions that the VM program (`vm_program.py`) runs as kernels rather than Python callbacks
 (`ir.vm_program.native` says which):
 
-* `boolean_mask` of a bool mask on axis 0, `nonzero` of a 1-d tensor: count the rows the output will have, read
-  the count as a shape (``tensor_to_shape`` + ``match_cast``), then fill an output of that size with a serial
-  TIR loop (1-d data directly, else viewed as rows and back); data whose rows the program knows equal the
-  mask's is not matched again;
+* `boolean_mask` of a bool mask on axis 0, `nonzero` of a 1-d tensor: a kernel counts the rows the output will
+  have and returns the count, a Relax variable of PrimType that is a dim of the output (`COUNT_RETURNED`), then
+  another fills an output of that size with a serial TIR loop (1-d data directly, else viewed as rows and
+  back); data whose rows the program knows equal the mask's is not matched again;
 * `topk` with a tensor `k` (along the last axis; another axis is moved there and back): a TIR kernel checks ``0 <= k <= n`` (out of range: the numpy
   kernel is called back, which raises its error), k is read as a shape, and another kernel sorts each row's
   indices with a stable merge sort (ties in index order, NaN last, as numpy's stable argsort of ``-x`` / ``x``)
