@@ -93,6 +93,10 @@ def scope_storage(mod: tvm.IRModule) -> tvm.IRModule:
     return out
 
 
+# repeated symbolic shape literals of a sequence made one VM shape (`shape_reuse`); False: one per use
+REUSE_SHAPES = True
+
+
 @tvm.transform.module_pass(opt_level=0, name="dyntvm.ScopeBranchStorage")
 def scope_branch_storage(mod: tvm.IRModule, ctx) -> tvm.IRModule:     # pylint: disable=unused-argument
     """The module pass of `scope_storage` (after StaticPlanBlockMemory)."""
@@ -100,9 +104,13 @@ def scope_branch_storage(mod: tvm.IRModule, ctx) -> tvm.IRModule:     # pylint: 
 
 
 def after_planning(passes: list) -> list:
-    """`passes` (a backend's finalization passes) with `scope_branch_storage` right after StaticPlanBlockMemory."""
+    """`passes` (a backend's finalization passes) with `scope_branch_storage` right after StaticPlanBlockMemory,
+    and `shape_reuse.reuse_shapes` right before VMShapeLower."""
+    from .shape_reuse import reuse_shapes
     out = []
     for p in passes:
+        if p.info.name == "VMShapeLower" and REUSE_SHAPES:
+            out.append(reuse_shapes)
         out.append(p)
         if p.info.name == "StaticPlanBlockMemory":
             out.append(scope_branch_storage)

@@ -1,10 +1,10 @@
 """The nodes outside regions that the VM program (`vm_program.py`) runs as kernels rather than Python callbacks
 (`ir.vm_program.native` says which):
 
-* `boolean_mask` of a bool mask on axis 0, `nonzero` of a 1-d tensor: count the rows the output will have, read
-  the count as a shape (``tensor_to_shape`` + ``match_cast``), then fill an output of that size with a serial
-  TIR loop (1-d data directly, else viewed as rows and back); data whose rows the program knows equal the
-  mask's is not matched again;
+* `boolean_mask` of a bool mask on axis 0, `nonzero` of a 1-d tensor: a kernel counts the rows the output will
+  have and returns the count, a Relax variable of PrimType that is a dim of the output (`COUNT_RETURNED`), then
+  another fills an output of that size with a serial TIR loop (1-d data directly, else viewed as rows and
+  back); data whose rows the program knows equal the mask's is not matched again;
 * `topk` with a tensor `k` (along the last axis; another axis is moved there and back): a TIR kernel checks ``0 <= k <= n`` (out of range: the numpy
   kernel is called back, which raises its error), k is read as a shape, and another kernel sorts each row's
   indices with a stable merge sort (ties in index order, NaN last, as numpy's stable argsort of ``-x`` / ``x``)
@@ -84,7 +84,23 @@ def {name}(h_x: T.handle, h_o: T.handle):
 '''
 
 
+# the count, returned (a scalar: the program binds it as a dim, with no tensor to allocate and read as a shape)
 _COUNT = '''# from tvm.script import tirx as T
+@T.prim_func
+def {name}(h_x: T.handle) -> T.int64:
+    T.func_attr({{"tirx.noalias": True}})
+    n = T.int64()
+    x = T.match_buffer(h_x, (n,), "{dtype}")
+    c = T.alloc_buffer((T.int64(1),), "int64")
+    c[0] = T.int64(0)
+    for i in range(n):
+        if {test}:
+            c[0] = c[0] + T.int64(1)
+    return c[0]
+'''
+
+# the count written to a tensor, read as a shape (`COUNT_RETURNED` off)
+_COUNT_TENSOR = '''# from tvm.script import tirx as T
 @T.prim_func
 def {name}(h_x: T.handle, h_c: T.handle):
     T.func_attr({{"tirx.noalias": True}})
@@ -96,6 +112,11 @@ def {name}(h_x: T.handle, h_c: T.handle):
         if {test}:
             c[0] = c[0] + T.int64(1)
 '''
+
+# the count kernel returns the count, a Relax variable of PrimType the program uses as a dim (two VM instructions:
+# the call, the value stored in the shape heap); False: it writes the count to an int64[1] tensor read as a shape
+# (eight: the tensor's allocation, ``tensor_to_shape``, its ``match_cast`` and the copy the match makes)
+COUNT_RETURNED = True
 
 
 class DynamicOps:
@@ -140,7 +161,10 @@ class DynamicOps:
 
     def _count_kernel(self, seq, nonzero_of):
         low = self.low
-        total = seq.emit(relax.call_tir(self._prim(_COUNT, "count", nonzero_of.ty.dtype), relax.Tuple([nonzero_of]),
+        dtype = nonzero_of.ty.dtype
+        if COUNT_RETURNED:      # (a PrimType variable is a dim: the VM stores it in its shape heap when it is bound)
+            return seq.emit(relax.Call(self._prim(_COUNT, "count", dtype), [nonzero_of]), "kept")
+        total = seq.emit(relax.call_tir(self._prim(_COUNT_TENSOR, "count_tensor", dtype), relax.Tuple([nonzero_of]),
                                         relax.TensorType([1], "int64")))
         k = tvm.tirx.Var("kept", "int64")
         low._match(seq, seq.emit(relax.op.tensor_to_shape(total)), relax.ShapeType([k]))
