@@ -38,3 +38,13 @@ def executor_only():
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("DYNTVM_NO_VM_PROGRAM", "1")
         yield
+
+
+@pytest.fixture
+def conv_log(caplog):
+    """`caplog` recording the CPU schedule's debug log (which conv rule and form each kernel took)."""
+    import logging
+
+    from dyntvm.codegen.backends.cpu import cpu_schedule
+    caplog.set_level(logging.DEBUG, logger=cpu_schedule.__name__)
+    return caplog

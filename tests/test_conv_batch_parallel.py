@@ -9,7 +9,6 @@ input stored as phases) and the fused bias / relu / residual epilogue. The paral
 alone (`IMAGES_PER_CORE`), each image's padded copy in a buffer of the thread's own."""
 from __future__ import annotations
 
-import logging
 
 import numpy as np
 import pytest
@@ -21,19 +20,13 @@ pytest.importorskip("tvm")
 import tvm  # noqa: E402
 
 from dyntvm.codegen import cache, te_conv  # noqa: E402
-from dyntvm.codegen.backends.cpu import cpu_schedule, cpu_schedule_conv, cpu_schedule_dispatch  # noqa: E402
+from dyntvm.codegen.backends.cpu import cpu_schedule_conv, cpu_schedule_dispatch  # noqa: E402
 from test_conv_dense import _scheduled_conv  # noqa: E402
 from test_conv_schedules import conv_rules, ref_conv  # noqa: E402
 
 S = dt.TensorSpec
 RNG = np.random.default_rng(2408)
 BATCHES = (0, 1, 3, 8)
-
-
-@pytest.fixture
-def conv_log(caplog):
-    caplog.set_level(logging.DEBUG, logger=cpu_schedule.__name__)
-    return caplog
 
 
 # (id, C, O, kernel, stride, pad per axis, groups, residual, spec dims (N symbolic), spatial sizes run)

@@ -6,7 +6,6 @@ against `test_conv_schedules.ref_conv` (numpy, float64) at several sizes of the 
 test counts the kernels the conv rule scheduled."""
 from __future__ import annotations
 
-import logging
 import re
 
 import numpy as np
@@ -30,12 +29,6 @@ from test_conv_schedules import conv_rules, ref_conv  # noqa: E402
 
 S = dt.TensorSpec
 RNG = np.random.default_rng(36)
-
-
-@pytest.fixture
-def conv_log(caplog):
-    caplog.set_level(logging.DEBUG, logger=cpu_schedule.__name__)
-    return caplog
 
 
 # (id, C, O, kernel, stride, pad, epilogue, spec dims, sizes (N, C, *S)); the channel blocks named are those of

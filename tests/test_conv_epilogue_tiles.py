@@ -10,7 +10,6 @@ dilation, asymmetric padding, groups, widths 1, 2 and odd ones, batch 0 / 1 / 3,
 build)."""
 from __future__ import annotations
 
-import logging
 import re
 
 import numpy as np
@@ -23,7 +22,7 @@ pytest.importorskip("tvm")
 import tvm  # noqa: E402
 
 from dyntvm.codegen import te_conv  # noqa: E402
-from dyntvm.codegen.backends.cpu import cpu_schedule, cpu_schedule_conv  # noqa: E402
+from dyntvm.codegen.backends.cpu import cpu_schedule_conv  # noqa: E402
 from dyntvm.codegen.backends.cpu.cpu_schedule import legalize_and_fuse, schedule_module  # noqa: E402
 from dyntvm.codegen.build import collect_regions  # noqa: E402
 from dyntvm.codegen.relax_builder import build_module  # noqa: E402
@@ -32,12 +31,6 @@ from test_conv_schedules import conv_rules  # noqa: E402
 
 S = dt.TensorSpec
 RNG = np.random.default_rng(43)
-
-
-@pytest.fixture
-def conv_log(caplog):
-    caplog.set_level(logging.DEBUG, logger=cpu_schedule.__name__)
-    return caplog
 
 
 def want_conv(x, w, b, stride, dilation, pads, groups, act, residual=None):

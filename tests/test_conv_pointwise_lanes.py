@@ -6,7 +6,6 @@ an independent numpy einsum at planes that are and are not multiples of the tile
 bias / relu / residual add fused; the kernel form (vector FMAs and stores in the assembly); the switch off."""
 from __future__ import annotations
 
-import logging
 import re
 
 import numpy as np
@@ -19,7 +18,6 @@ pytest.importorskip("tvm")
 import tvm  # noqa: E402
 
 from dyntvm.codegen import te_conv  # noqa: E402
-from dyntvm.codegen.backends.cpu import cpu_schedule  # noqa: E402
 from dyntvm.codegen.backends.cpu.cpu_schedule import legalize_and_fuse, schedule_module  # noqa: E402
 from dyntvm.codegen.build import collect_regions  # noqa: E402
 from dyntvm.codegen.relax_builder import build_module  # noqa: E402
@@ -28,12 +26,6 @@ from test_conv_schedules import conv_rules  # noqa: E402
 
 S = dt.TensorSpec
 RNG = np.random.default_rng(42)
-
-
-@pytest.fixture
-def conv_log(caplog):
-    caplog.set_level(logging.DEBUG, logger=cpu_schedule.__name__)
-    return caplog
 
 
 # (id, C, O, epilogue, spec dims, sizes (N, C, H, W))

@@ -6,7 +6,6 @@ odd sizes, batch 1 and more, symbolic batch and spatial dims, strides, dilations
 Each test also counts the convolution kernels the conv rule scheduled (and that no rule failed)."""
 from __future__ import annotations
 
-import logging
 import re
 
 import numpy as np
@@ -44,12 +43,6 @@ def ref_conv(x, w, stride, dilation, pads, groups):
     parts = [np.einsum(win[:, g * cg:(g + 1) * cg], [0, 1, *sp, *ks], w[g * og:(g + 1) * og], [20, 1, *ks],
                        [0, 20, *sp]) for g in range(groups)]
     return np.concatenate(parts, axis=1)
-
-
-@pytest.fixture
-def conv_log(caplog):
-    caplog.set_level(logging.DEBUG, logger=cpu_schedule.__name__)
-    return caplog
 
 
 def conv_rules(caplog) -> tuple[int, list]:

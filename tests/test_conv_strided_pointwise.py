@@ -7,7 +7,6 @@ residual add fused, the switch on and off, the AVX-512 variant's tiles; the kern
 copy, vector FMAs and stores, one workspace a call: the copy) and the channel bound."""
 from __future__ import annotations
 
-import logging
 import re
 
 import numpy as np
@@ -20,7 +19,6 @@ pytest.importorskip("tvm")
 import tvm  # noqa: E402
 
 from dyntvm.codegen import te_conv  # noqa: E402
-from dyntvm.codegen.backends.cpu import cpu_schedule  # noqa: E402
 from dyntvm.codegen.backends.cpu.cpu_schedule import legalize_and_fuse, schedule_module  # noqa: E402
 from dyntvm.codegen.build import collect_regions  # noqa: E402
 from dyntvm.codegen.relax_builder import build_module  # noqa: E402
@@ -29,12 +27,6 @@ from test_conv_schedules import conv_rules  # noqa: E402
 
 S = dt.TensorSpec
 RNG = np.random.default_rng(7)
-
-
-@pytest.fixture
-def conv_log(caplog):
-    caplog.set_level(logging.DEBUG, logger=cpu_schedule.__name__)
-    return caplog
 
 
 # (id, C, O, stride, epilogue, spec dims, sizes (N, C, H, W))
