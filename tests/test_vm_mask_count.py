@@ -136,3 +136,23 @@ def test_the_count_and_shared_shapes_save_vm_instructions(monkeypatch):
         assert_same(model(x), want)
         assert_same(model(x[:0]), want[:0])
     assert counts[False] - counts[True] >= 3 * 8, counts
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
+def test_nonzero_counts_nan_as_numpy_does(monkeypatch, dtype):
+    """nonzero of a computed float tensor with NaN, -0.0 and infinities in the VM program: NaN is nonzero and -0.0
+    is zero, as numpy says (TIR's ``!=`` on floats is LLVM's ordered ``fcmp one``, false for NaN: the count and
+    fill kernels dropped NaNs)."""
+    monkeypatch.setenv("DYNTVM_VM_PROGRAM", "always")
+
+    def fn(x):
+        y = x * 2.0
+        return F.nonzero(y), F.boolean_mask(x, F.logical_not(F.isnan(y)))
+
+    model = dt.compile(fn, dt.TensorSpec(("N",), dtype))
+    assert model.vm_program, model.vm_program_fallback
+    assert not python_callbacks(model.graph)
+    x = np.array([np.nan, -0.0, 0.0, 1.0, np.inf, -np.inf, np.nan, 3.0], dtype)
+    for n in (0, 1, 2, 8):
+        v = x[:n] * 2
+        assert_same(model(x[:n]), (np.flatnonzero(v)[None, :].astype(np.int64), x[:n][~np.isnan(v)]), what=f"n={n}")
