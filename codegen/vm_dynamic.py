@@ -138,6 +138,10 @@ class DynamicOps:
         def make(name):
             from tvm.script import tirx as T  # noqa: F401 - the script's namespace
             test = "x[i]" if dtype == "bool" else f'x[i] != T.Cast("{dtype}", 0)'
+            if str(dtype).startswith(("float", "bfloat")):
+                # TIR's != on floats is LLVM's ordered `fcmp one`, false for NaN; numpy counts NaN as nonzero
+                # (as `converters.elementwise._compare` does for not_equal)
+                test = f"({test} or T.isnan(x[i]))"
             return tvm.script.from_source(template.format(name=name, dtype=dtype, test=test))
         return self._once(f"dyntvm_vm_{kind}_{dtype}", make)
 

@@ -136,3 +136,64 @@ def test_the_count_and_shared_shapes_save_vm_instructions(monkeypatch):
         assert_same(model(x), want)
         assert_same(model(x[:0]), want[:0])
     assert counts[False] - counts[True] >= 3 * 8, counts
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
+def test_nonzero_counts_nan_as_numpy_does(monkeypatch, dtype):
+    """nonzero of a computed float tensor with NaN, -0.0 and infinities in the VM program: NaN is nonzero and -0.0
+    is zero, as numpy says (TIR's ``!=`` on floats is LLVM's ordered ``fcmp one``, false for NaN: the count and
+    fill kernels dropped NaNs)."""
+    monkeypatch.setenv("DYNTVM_VM_PROGRAM", "always")
+
+    def fn(x):
+        y = x * 2.0
+        return F.nonzero(y), F.boolean_mask(x, F.logical_not(F.isnan(y)))
+
+    model = dt.compile(fn, dt.TensorSpec(("N",), dtype))
+    assert model.vm_program, model.vm_program_fallback
+    assert not python_callbacks(model.graph)
+    x = np.array([np.nan, -0.0, 0.0, 1.0, np.inf, -np.inf, np.nan, 3.0], dtype)
+    for n in (0, 1, 2, 8):
+        v = x[:n] * 2
+        assert_same(model(x[:n]), (np.flatnonzero(v)[None, :].astype(np.int64), x[:n][~np.isnan(v)]), what=f"n={n}")
+
+
+def test_masks_in_case_branches_and_while_loop_bodies(monkeypatch):
+    """Masks and nonzero in the branches of a case (a mask made outside, used in each branch; a branch's result
+    mixing the outer count with one made in the branch is not a VM program: its dims are checked at run time)
+    and in a while_loop body (a count bound per step): the VM program, equal numpy at n = 0, 1, odd."""
+    monkeypatch.setenv("DYNTVM_VM_PROGRAM", "always")
+
+    def branches(x, y, i):
+        k = x > 0.0
+        a = F.boolean_mask(x, k)
+        s, t = F.case([(i == 0, lambda: (F.sum(F.boolean_mask(y * 2.0, k)) + F.sum(a), F.boolean_mask(y + 1.0, k))),
+                       (i == 1, lambda: (F.sum(F.nonzero(y < 0.0)).astype("float32"), a * 3.0))],
+                      default=lambda: (F.sum(F.boolean_mask(y, y > 0.5)), F.boolean_mask(y - x, k)))
+        return s, t, a + F.boolean_mask(y, k)
+
+    def loop(x):
+        def body(i, acc):
+            kept = F.boolean_mask(x, x > F.astype(i, "float32") * 0.5)
+            return [], [i + 1, acc + F.sum(kept) + F.sum(F.nonzero(kept > 1.0)).astype("float32")]
+        return F.while_loop(lambda i, acc: i < 3, body, [F.zeros((), "int32"), F.zeros((), "float32")])[1][1]
+
+    m_case = dt.compile(branches, dt.TensorSpec(("N",)), dt.TensorSpec(("N",)), dt.TensorSpec((), "int32"))
+    m_loop = dt.compile(loop, dt.TensorSpec(("N",)))
+    for m in (m_case, m_loop):
+        assert m.vm_program, m.vm_program_fallback
+    rng = np.random.default_rng(7)
+    for n in (0, 1, 9):
+        x, y = (rng.standard_normal(n).astype(np.float32) for _ in range(2))
+        k = x > 0
+        a = x[k]
+        for i in (0, 1, 2):
+            s, t = [((y * 2)[k].sum() + a.sum(), (y + 1)[k]), (np.float32(np.flatnonzero(y < 0).sum()), a * 3),
+                    (y[y > 0.5].sum(), (y - x)[k])][i]
+            assert_same(m_case(x, y, np.int32(i)), (np.float32(s), t, a + y[k]), rtol=1e-5, atol=1e-5,
+                        what=f"case n={n} i={i}")
+        acc = np.float32(0)
+        for i in range(3):
+            kept = x[x > np.float32(i) * np.float32(0.5)]
+            acc = acc + kept.sum() + np.float32(np.flatnonzero(kept > 1).sum())
+        assert_same(m_loop(x), np.float32(acc), rtol=1e-5, atol=1e-5, what=f"loop n={n}")
