@@ -59,7 +59,7 @@ SWITCHES = (("te_conv", "PHASED_STRIDES"), ("te_conv", "SPLIT_PHASES"), ("te_con
             ("backends.cpu.cpu_schedule_depthwise", "COPY_PER_CHANNEL_BLOCK"),
             ("backends.cpu.cpu_schedule_depthwise", "COPY_BLOCKS_MIN"), ("backends.cuda.gpu_fuse", "MERGE_ELEMENTWISE"),
             ("backends.cuda.gpu_gemv", "SMALL_M_GEMV"),
-            ("backends.cpu.cpu_fast_math", "SOFTMAX_NONPOSITIVE_EXP"))
+            ("backends.cpu.cpu_fast_math", "SOFTMAX_NONPOSITIVE_EXP"), ("backends.cpu.cpu_fast_math", "ROW_SUM_LANES"))
 
 
 def switches_digest() -> str:

@@ -334,6 +334,37 @@ def test_softmax_rows_with_masked_infinite_and_nan_scores(target, switch, monkey
             np.testing.assert_allclose(run(vm, "axis0", y), ref(y, 0), rtol=2e-6, atol=1e-7, equal_nan=True)
 
 
+@pytest.mark.parametrize("switch", [True, False])
+def test_sum_over_a_symbolic_trailing_axis(target, switch, monkeypatch):
+    """A float sum over the last axis of symbolic length in vector lanes (`cpu_fast_math.ROW_SUM_LANES`), alone and
+    fused with what a model puts around it (exp before it, a mean and centring after it, keepdims), against numpy at
+    row lengths around the 16 lanes (0, 1, 15, 16, 17, 33, 130), with infinities and NaN; float64 too."""
+    from dyntvm.codegen.backends.cpu import cpu_fast_math
+    monkeypatch.setattr(cpu_fast_math, "ROW_SUM_LANES", switch)
+    mod = make_module([
+        ("sum", [("x", (sym("B"), sym("S")), "float32")], lambda x: R.sum(x, axis=[-1])),
+        ("lse", [("x", (sym("B"), 3, sym("S")), "float32")], lambda x: R.log(R.sum(R.exp(x), axis=[2]))),
+        ("centre", [("x", (sym("B"), sym("S")), "float32")],
+         lambda x: R.subtract(x, R.divide(R.sum(x, axis=[1], keepdims=True), R.astype(
+             R.multiply(R.sum(R.ones_like(x), axis=[1], keepdims=True), const(np.float32(1))), "float32")))),
+        ("f64", [("x", (sym("B"), sym("S")), "float64")], lambda x: R.sum(R.multiply(x, x), axis=[-1], keepdims=True)),
+    ])
+    vm = relax.VirtualMachine(build_cpu(mod, target), tvm.cpu())
+    for b, s in ((3, 0), (2, 1), (4, 15), (1, 16), (5, 17), (2, 33), (3, 130), (0, 7)):
+        x = rand(b, s)
+        check(run(vm, "sum", x), x.sum(-1), rtol=1e-5, atol=1e-5)
+        x3 = rand(b, 3, s)
+        with np.errstate(divide="ignore"):
+            check(run(vm, "lse", x3), np.log(np.exp(x3).sum(-1)), rtol=1e-5, atol=1e-5)
+        if s:
+            check(run(vm, "centre", x), x - x.mean(-1, keepdims=True), rtol=1e-5, atol=1e-5)
+        x64 = rand(b, s, dtype="float64")
+        check(run(vm, "f64", x64), (x64 * x64).sum(-1, keepdims=True), rtol=1e-12, atol=1e-12)
+    x = rand(3, 20)
+    x[0, 3], x[1, :2], x[2, 19] = np.inf, [np.nan, 1.0], -np.inf
+    np.testing.assert_allclose(run(vm, "sum", x), x.sum(-1), rtol=1e-5, equal_nan=True)
+
+
 def test_reductions(target):
     g, beta = rand(512), rand(512)
     mod = make_module([

@@ -1,6 +1,7 @@
 """Vectorizable fp32 math for the CPU build: ``exp``, ``tanh``, ``sigmoid``, ``softmax`` and
 ``log_softmax`` legalized to polynomial TIR that LLVM vectorizes (TVM's own lowering calls scalar
-``expf``, ~2 ns each). Other dtypes keep TVM's legalization. Used by `cpu_schedule.legalize_and_fuse`.
+``expf``, ~2 ns each), and a float ``sum`` over a symbolic trailing axis in vector lanes. Other dtypes keep TVM's
+legalization. Used by `cpu_schedule.legalize_and_fuse`.
 """
 
 from __future__ import annotations
@@ -150,8 +151,38 @@ def _softmax(log: bool):
     return make
 
 
+#: a float sum over one trailing axis of symbolic length (`_row_sum`): in ROW_LANES lanes, vectorized
+ROW_SUM_LANES = True
+
+
+def _row_sum(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    """relax.sum of a float32 / float64 tensor of 2 or more dims over its last axis alone, of symbolic length:
+    `_row_reduce`'s lanes (a plain reduction over a symbolic axis is a scalar chain: one dependent add per
+    element). Any other sum: TVM's own legalization."""
+    x = call.args[0]
+    shape = getattr(x.ty, "shape", None)
+    nd = len(shape.values) if isinstance(shape, relax.ShapeExpr) else -1
+    axis = call.attrs.axis
+    axes = [int(a) % nd for a in axis] if axis is not None and nd > 0 else None
+    if (not ROW_SUM_LANES or nd < 2 or x.ty.dtype not in ("float32", "float64") or axes != [nd - 1]
+            or isinstance(shape.values[-1], tirx.IntImm)):
+        return _SUM_DEFAULT(bb, call)
+    keep = bool(call.attrs.keepdims)
+
+    def compute(x):
+        r = _row_reduce(x, "sum", "T_row_sum")
+        if not keep:
+            return r
+        return te.compute(list(x.shape[:-1]) + [tirx.IntImm(str(x.shape[-1].ty), 1)],
+                          lambda *i: r(*i[:-1]), name="T_row_sum_keep")
+    return bb.call_te(compute, x, primfunc_name_hint="sum")
+
+
+_SUM_DEFAULT = tvm.ir.Op.get("relax.sum").get_attr("FLegalize")
+
 #: LegalizeOps overrides (`customize_legalize_map`) for fp32 inputs.
 FAST_MATH = {
+    "relax.sum": _row_sum,
     "relax.exp": _legalize_with(_elementwise(exp_f32), "relax.exp"),
     "relax.tanh": _legalize_with(_elementwise(tanh_f32), "relax.tanh"),
     "relax.sigmoid": _legalize_with(
