@@ -383,23 +383,34 @@ def _te_conv_pointwise(x, w, out, vb: int, guard=None):
     channels (PWP_ROWS_ATTR) of its register tile, which the schedule uses where it divides H * W (else it
     schedules the block as ``dt_conv_ocv``: `cpu_schedule_conv._pointwise_select`). (Computed over H * W positions
     exactly, the tile's split predicate sized the accumulator tile at run time: a workspace allocation a tile.)"""
-    o_total, cg = int(w.shape[0]) * vb, int(w.shape[1])
     height, width = out
     lanes = max(1, _host_vector_bits() // DataType(str(x.dtype)).bits)
     plane = height * width
-    rc = te.reduce_axis((_i64(0), _i64(cg)), name="rc")
-    zero = guard[0] if guard is not None else _i64(0)
 
-    def value(n, o, p):
-        wv = w[tirx.floordiv(o, _i64(vb)) + zero, rc, _i64(0), _i64(0), tirx.floormod(o, _i64(vb))]
-        xv = tirx.if_then_else(tirx.likely(p < plane), x(n, rc, tirx.floordiv(p, width), tirx.floormod(p, width)),
-                               tirx.const(0, x.dtype))
-        return te.sum(xv * wv, axis=[rc])
+    def read(n, c, p):
+        return tirx.if_then_else(tirx.likely(p < plane), x(n, c, tirx.floordiv(p, width), tirx.floormod(p, width)),
+                                 tirx.const(0, x.dtype))
     # (at least one tile: a block of fewer positions sized the accumulator tile at run time, min(blocks, tile))
     flat = tirx.max(tirx.floordiv(plane + _i64(lanes - 1), _i64(lanes)) * _i64(lanes), _i64(_PWP_VECTORS * lanes))
-    res = te.compute([x.shape[0], _i64(o_total), flat], value, name=PWP_BLOCK,
-                     attrs={ROW_TILE_ATTR: _PWP_VECTORS * lanes, PWP_ROWS_ATTR: _pwp_rows(o_total)})
-    return te.compute([x.shape[0], _i64(o_total), height, width],
+    return _pwp_gemm(x.shape[0], w, vb, read, flat, _PWP_VECTORS * lanes, out,
+                     guard[0] if guard is not None else _i64(0))
+
+
+def _pwp_gemm(batch, w, vb: int, read, flat, tile: int, out, w_offset=None):
+    """The ``dt_conv_pwp`` block [batch, O, flat] = sum over c of ``read(n, c, p)`` x the packed weight
+    [O / vb, C, 1, 1, vb] at [o // vb (+ `w_offset`), c, 0, 0, o % vb], annotated with its register tile's `tile`
+    positions and output channels, and the crop stage reading it back as [batch, O, *out]."""
+    o_total, cg = int(w.shape[0]) * vb, int(w.shape[1])
+    height, width = out
+    rc = te.reduce_axis((_i64(0), _i64(cg)), name="rc")
+
+    def value(n, o, p):
+        block = tirx.floordiv(o, _i64(vb))
+        wv = w[block if w_offset is None else block + w_offset, rc, _i64(0), _i64(0), tirx.floormod(o, _i64(vb))]
+        return te.sum(read(n, rc, p) * wv, axis=[rc])
+    res = te.compute([batch, _i64(o_total), flat], value, name=PWP_BLOCK,
+                     attrs={ROW_TILE_ATTR: tile, PWP_ROWS_ATTR: _pwp_rows(o_total)})
+    return te.compute([batch, _i64(o_total), height, width],
                       lambda n, o, h, col: res(n, o, h * width + col), name=CROP_BLOCK)
 
 
@@ -410,7 +421,6 @@ def _te_conv_strided_pointwise(x, w, strides, out, vb: int, guard=None):
     [N, C, rows * W] (`cpu_schedule_conv._strided_copy`): the GEMM's read [n, c, p // W, p % W] is then
     [n, c, p], whole vectors without a test. The block [N, O, ceil(H * W / t) * t] (t: the tile's positions)
     and the crop stage as `_te_conv_pointwise`'s."""
-    o_total, cg = int(w.shape[0]) * vb, int(w.shape[1])
     height, width = out
     tile = _PWP_VECTORS * max(1, _host_vector_bits() // DataType(str(x.dtype)).bits)
     plane = height * width
@@ -426,15 +436,8 @@ def _te_conv_strided_pointwise(x, w, strides, out, vb: int, guard=None):
         inside = tirx.all(tirx.likely(h < height), *checked)
         return tirx.if_then_else(inside, x(n, c, h * sh, col * sw), zero)
     xs = te.compute([x.shape[0], x.shape[1], rows, cols], copy, name=STRIDED_BLOCK)
-    rc = te.reduce_axis((_i64(0), _i64(cg)), name="rc")
-
-    def value(n, o, p):
-        wv = w[tirx.floordiv(o, _i64(vb)), rc, _i64(0), _i64(0), tirx.floormod(o, _i64(vb))]
-        return te.sum(xs(n, rc, tirx.floordiv(p, cols), tirx.floormod(p, cols)) * wv, axis=[rc])
-    res = te.compute([x.shape[0], _i64(o_total), flat], value, name=PWP_BLOCK,
-                     attrs={ROW_TILE_ATTR: tile, PWP_ROWS_ATTR: _pwp_rows(o_total)})
-    return te.compute([x.shape[0], _i64(o_total), height, width],
-                      lambda n, o, h, col: res(n, o, h * width + col), name=CROP_BLOCK)
+    return _pwp_gemm(x.shape[0], w, vb, lambda n, c, p: xs(n, c, tirx.floordiv(p, cols), tirx.floormod(p, cols)),
+                     flat, tile, out)
 
 
 def te_conv(x, w, strides, dilations, pads, out, groups: int, vb: int, guard=None):
