@@ -1,6 +1,7 @@
 """Before/after in one run: the bundled examples and the foreach overhead under two revisions, interleaved.
 
     .venv/bin/python benchmarks/bench_ab.py --base REV [--rounds 3] [--repeat 20] [--threads N] [--thread-time]
+                                            [--cases decoder,detection]
 
 Checks out REV (any git revision) into a temporary worktree and measures, in alternating fresh processes
 (base, this tree, base, this tree, ...), the compiled latency of every case in `bench_models.CASES` plus the
@@ -8,7 +9,8 @@ per-iteration overhead of a trivial foreach and while_loop. Each process imports
 venv's packages, dyntvm's code from the tree). Prints per case the median over rounds of each side's
 median, and the ratio new / base (below 1 is faster). `--threads N`: every pool's thread count in the
 children (default: the environment's). `--thread-time`: each call's thread CPU time instead of wall time (with
-`--threads 1` the kernels run on the calling thread: the figure to trust on a busy machine). Not a test: run it
+`--threads 1` the kernels run on the calling thread: the figure to trust on a busy machine). `--cases`: only the
+`bench_models.CASES` of these example names (the loop overheads are always measured). Not a test: run it
 before and after a change to the executor, codegen or schedules.
 """
 from __future__ import annotations
@@ -41,7 +43,7 @@ def package_root(tree: str, into: str) -> str:
     return into
 
 
-def child(root: str, repeat: int, thread_time: bool = False) -> None:
+def child(root: str, repeat: int, thread_time: bool = False, cases: str | None = None) -> None:
     sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f).lower()]   # not the venv's dyntvm
     sys.path.insert(0, root)
     sys.path.insert(0, HERE)
@@ -59,6 +61,8 @@ def child(root: str, repeat: int, thread_time: bool = False) -> None:
     out = {}
     cache = tempfile.mkdtemp(prefix="dyntvm-ab-")
     for name, sizes in CASES:
+        if cases and name not in cases.split(","):
+            continue
         ex = examples.get(name)
         model = dt.compile(ex.fn, *ex.specs, cache_dir=cache)
         inputs = ex.make_inputs(np.random.default_rng(0), **sizes)
@@ -86,10 +90,11 @@ def main():
     p.add_argument("--repeat", type=int, default=20)
     p.add_argument("--threads", type=int, help="thread count of every pool in the children")
     p.add_argument("--thread-time", action="store_true", help="thread CPU time per call instead of wall time")
+    p.add_argument("--cases", help="comma-separated example names of bench_models.CASES (default: all)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
-        return child(args.child, args.repeat, args.thread_time)
+        return child(args.child, args.repeat, args.thread_time, args.cases)
     if args.threads:
         threads_from_argv(["--threads", str(args.threads)], args.threads)     # (inherited by the children)
     if not args.base:
@@ -105,6 +110,7 @@ def main():
             for side in ("base", "new"):
                 cmd = [sys.executable, __file__, "--child", roots[side], "--repeat", str(args.repeat)]
                 cmd += ["--thread-time"] if args.thread_time else []
+                cmd += ["--cases", args.cases] if args.cases else []
                 res = subprocess.run(cmd, capture_output=True, text=True)
                 if res.returncode:
                     sys.exit(f"{side} round {r} failed:\n{res.stderr[-3000:]}")
