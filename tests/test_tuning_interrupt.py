@@ -20,6 +20,7 @@ pytestmark = pytest.mark.slow
 
 SCRIPT = """import faulthandler, signal, sys
 faulthandler.register(signal.SIGUSR1, all_threads=True)     # the test's diagnosis of a tune that does not end
+assert signal.getsignal(signal.SIGINT) is signal.default_int_handler, "SIGINT is not Python's default here"
 import numpy as np
 import dyntvm as dt
 from dyntvm import F
@@ -27,7 +28,9 @@ W = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)
 def affine(x):
     return F.tanh(F.matmul(x, W) + 1.0)
 dt.tune(affine, dt.TensorSpec(("N", 64)), trials=4, shape_hints={"N": [8, 16]}, log_dir=sys.argv[1], progress=False)
-print("tuned")
+# a Ctrl-C lost (once, under load): what this process's SIGINT looked like at the end, for the failure message
+print("tuned; SIGINT handler", signal.getsignal(signal.SIGINT), "pending", signal.sigpending(),
+      "blocked", signal.pthread_sigmask(signal.SIG_BLOCK, []))
 """
 SCHEDULER_LOG = os.path.join("logs", "tvm.s_tir.meta_schedule.logging.task_scheduler.log")
 
@@ -63,6 +66,14 @@ def _group(pgid: int) -> list:
             if line.split()[1] == str(pgid) and not line.split()[2].startswith("Z")]
 
 
+def _as_from_a_terminal() -> None:
+    """In the tune's process before it runs Python: SIGINT's default action, as a program started from a
+    terminal has it. A test run started in the background of a shell without job control can have SIGINT
+    ignored, and its children inherit that: Python then keeps ignoring it, and so does the tune
+    (`deferred_interrupt` leaves a program's own SIGINT handling alone): the Ctrl-C would be lost."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _tune(script: str, log: str, moment=None) -> subprocess.CompletedProcess:
     """Run the tune; with a `moment`, Ctrl-C it when the moment comes (it must not end before). Its output goes
     to files, not pipes: a worker outliving the tune would hold a pipe open, and is checked for by name here.
@@ -71,7 +82,8 @@ def _tune(script: str, log: str, moment=None) -> subprocess.CompletedProcess:
     done = len(_finished(log)) if os.path.exists(os.path.join(log, tuning.MANIFEST)) else 0
     out_path, err_path = log + ".stdout", log + ".stderr"
     with open(out_path, "w") as out, open(err_path, "w") as err:
-        proc = subprocess.Popen([sys.executable, script, log], stdout=out, stderr=err, start_new_session=True)
+        proc = subprocess.Popen([sys.executable, script, log], stdout=out, stderr=err, start_new_session=True,
+                                preexec_fn=_as_from_a_terminal)
     try:
         while moment is not None and not moment(log, _read(os.path.join(log, SCHEDULER_LOG))[before:], done):
             assert proc.poll() is None, "the tune ended before the moment to interrupt it"
