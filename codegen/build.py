@@ -351,7 +351,10 @@ def _count_tuned(facts: dict, tuning, count: int | None) -> None:
 
 
 def _store(cdir, key, lib, binding, tuned: int | None = None):
-    """The cache entry `lib` was stored as, or None (no cache; or it cannot be written: a CacheWarning)."""
+    """The cache entry `lib` was stored as, or None (no cache; or it cannot be written: a CacheWarning). Never
+    a library built after a Ctrl-C that a fallback took for a failing TVM call (`interrupts`)."""
+    from .interrupts import check
+    check()
     if cdir is None:
         return None
     try:

@@ -94,7 +94,8 @@ def compile(fn_or_graph, *specs, target: str = "cpu", selector=None, cache_dir: 
         from .codegen.tuning import TuningWarning
         warnings.warn(f"dyntvm: tuning log {tuning_log} not applied: the model has no compiled region",
                       TuningWarning, stacklevel=2)
-    with _BUILD_LOCK:
+    from .codegen.interrupts import noted_interrupt
+    with _BUILD_LOCK, noted_interrupt():     # a Ctrl-C a fallback took for a failing TVM call: KeyboardInterrupt
         built = build(pg, target, cache_dir, use_cache, binding=binding, tuning=tuning, backend=backend)
     vm = virtual_machine(built.lib, backend.device) if built and built.lib is not None else None
     info = {"compile_time_s": round(time.perf_counter() - t0, 3),

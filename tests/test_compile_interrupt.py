@@ -1,0 +1,73 @@
+"""Ctrl-C during `dt.compile` (`codegen/interrupts.py`): a KeyboardInterrupt raised while TVM's C++ runs our
+Python comes out of the C++ call as an ordinary error; a schedule rule's fallback took it for a rule that does
+not apply and the compile finished, exit 0, as if no Ctrl-C had come (seen with a real Ctrl-C 7-8 s into the
+transformer example's build). Here a real process compiles a matmul model; its matmul schedule rule first
+calls, through tvm-ffi, a Python function that sends the process a real SIGINT and waits for it: the
+signal's handler runs inside that callback, as with a Ctrl-C landing in C++ code. The compile must end in
+KeyboardInterrupt and keep nothing in the compile cache."""
+import os
+import signal
+import subprocess
+import sys
+
+SCRIPT = """import os, signal, sys, time
+import numpy as np
+import tvm_ffi
+import dyntvm as dt
+from dyntvm import F
+from dyntvm.codegen.backends.cpu import cpu_schedule
+ctrl_c = sys.argv[2] == "ctrl-c"
+seen = []
+
+@tvm_ffi.register_global_func("dyntvm_test.ctrl_c")
+def _ctrl_c():
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(5)                       # the handler runs here: KeyboardInterrupt inside the callback
+
+original = cpu_schedule._matmul_select
+def matmul_select(*args, **kwargs):
+    if ctrl_c and not seen:
+        try:
+            tvm_ffi.get_global_func("dyntvm_test.ctrl_c")()
+        except BaseException as e:      # what the rule's fallback sees
+            seen.append(type(e).__name__)
+            print("the callback's KeyboardInterrupt came out as", type(e).__name__, flush=True)
+            raise
+    return original(*args, **kwargs)
+cpu_schedule._matmul_select = matmul_select
+
+W = np.random.default_rng(0).standard_normal((64, 32)).astype(np.float32)
+model = dt.compile(lambda x: F.relu(F.matmul(x, W)), dt.TensorSpec(("N", 64)), cache_dir=sys.argv[1])
+x = np.ones((3, 64), np.float32)
+assert np.allclose(model(x), np.maximum(x @ W, 0), rtol=1e-5, atol=1e-5)
+print("compiled", flush=True)
+"""
+
+
+def _run(tmp_path, mode: str) -> subprocess.CompletedProcess:
+    script = tmp_path / "compile_matmul.py"
+    script.write_text(SCRIPT)
+    return subprocess.run([sys.executable, str(script), str(tmp_path / "cache"), mode], capture_output=True,
+                          text=True, timeout=600,
+                          # SIGINT's default action, as from a terminal (a test run's may be ignored)
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+
+def _cached(tmp_path) -> list:
+    folder = tmp_path / "cache"
+    return [f for _, _, files in os.walk(folder) for f in files if f.endswith(".so")] if folder.exists() else []
+
+
+def test_a_ctrl_c_a_fallback_took_for_an_error_still_stops_the_compile(tmp_path):
+    run = _run(tmp_path, "ctrl-c")
+    assert "came out as" in run.stdout, run.stdout + run.stderr[-3000:]
+    assert run.returncode == -signal.SIGINT, f"exit {run.returncode}\n{run.stdout}\n{run.stderr[-3000:]}"
+    assert run.stderr.rstrip().splitlines()[-1] == "KeyboardInterrupt", run.stderr[-3000:]
+    assert "compiled" not in run.stdout
+    assert _cached(tmp_path) == [], "a library built after the Ctrl-C was kept in the compile cache"
+
+
+def test_without_a_ctrl_c_the_same_compile_runs_and_is_cached(tmp_path):
+    run = _run(tmp_path, "none")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "compiled" in run.stdout and len(_cached(tmp_path)) == 1
