@@ -1,0 +1,129 @@
+"""Inputs of a VM program call without copies: the kernels of a library with a program assume only element
+alignment (`codegen/backends/cpu/cpu_alignment.py`, `vm_program.ELEMENT_ALIGNED_INPUTS`), so a C-contiguous,
+writeable numpy input goes to the VM as it is wherever its data starts; the others (not contiguous, read-only,
+not element-aligned) are copied into the runner's kept buffers (`runtime/tensors.InputStaging.copies` counts
+them). Results equal numpy at every offset, including the kernels' vector loads (64 floats a row)."""
+import numpy as np
+import pytest
+
+import dyntvm as dt
+from dyntvm import F, examples
+from dyntvm.errors import InputError
+from dyntvm.examples.plain_numpy import BY_EXAMPLE
+from dyntvm.ir.vm_program import ELEMENT_ALIGNED_FUNCTION
+from helpers import assert_same  # tests/ is on sys.path
+
+W = (np.arange(64 * 32, dtype=np.float32).reshape(64, 32) % 7 - 3) / 8
+
+
+def _at(a: np.ndarray, offset: int) -> np.ndarray:
+    """A copy of `a` whose data starts `offset` bytes past a 64-byte boundary."""
+    raw = np.empty(a.nbytes + 128, np.uint8)
+    off = (-raw.ctypes.data) % 64 + offset
+    out = raw[off:off + a.nbytes].view(a.dtype).reshape(a.shape)
+    out[...] = a
+    assert out.ctypes.data % 64 == offset or not a.size
+    return out
+
+
+def _fn(x, m):
+    y = F.relu(x * 2.0 + 1.0)                            # vectorized elementwise over rows of 64
+    kept = F.boolean_mask(y, m)
+    return F.matmul(kept, W), F.sum(y, axis=1), kept
+
+
+def _want(x, m):
+    y = np.maximum(x * 2.0 + 1.0, 0.0)
+    return y[m] @ W, y.sum(axis=1), y[m]
+
+
+@pytest.fixture
+def model(monkeypatch):
+    monkeypatch.setenv("DYNTVM_VM_PROGRAM", "always")
+    m = dt.compile(_fn, dt.TensorSpec(("N", 64)), dt.TensorSpec(("N",), "bool"))
+    assert m.vm_program, m.vm_program_fallback
+    return m
+
+
+def _staging(model):
+    return model._threads.executor.program.staging
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 33])
+def test_misaligned_contiguous_inputs_are_not_copied(model, n):
+    """Every offset of a float32 array (4 to 60 bytes past 64) and of the bool mask (1 to 63) passes without a
+    copy; the result equals numpy's."""
+    rng = np.random.default_rng(n)
+    staging = _staging(model)
+    assert staging.element_aligned and "@" + ELEMENT_ALIGNED_FUNCTION in model.lib.as_text()
+    x0, m0 = rng.standard_normal((n, 64)).astype(np.float32), rng.random(n) < 0.5
+    for offset in (0, 4, 8, 16, 32, 60):
+        x, m = _at(x0, offset), _at(m0, (offset * 5 + 1) % 64)
+        copies, calls = staging.copies, model.vm_program_calls
+        assert_same(model(x, m), _want(x0, m0), rtol=1e-5, atol=1e-5, what=f"offset {offset}")
+        assert model.vm_program_calls == calls + 1
+        assert staging.copies == copies          # (n = 0: an empty tensor, no copy either)
+
+
+def test_inputs_the_kernels_cannot_take_as_they_are_are_copied(model):
+    """A strided view, a read-only array and a float32 array starting one byte off its element alignment are
+    copied (one copy each); a wrong dtype or rank is still the checker's error naming the input."""
+    rng = np.random.default_rng(0)
+    x0, m0 = rng.standard_normal((9, 64)).astype(np.float32), rng.random(9) < 0.5
+    staging = _staging(model)
+    wide = np.repeat(x0, 2, axis=1)
+    strided = wide[:, ::2]
+    assert not strided.flags.c_contiguous
+    readonly = x0.copy()
+    readonly.flags.writeable = False
+    raw = np.empty(x0.nbytes + 65, np.uint8)
+    off = (-raw.ctypes.data) % 64 + 1
+    unaligned = raw[off:off + x0.nbytes].view(np.float32).reshape(x0.shape)
+    unaligned[...] = x0
+    assert not unaligned.flags.aligned
+    for x in (strided, readonly, unaligned):
+        copies = staging.copies
+        assert_same(model(x, m0), _want(x0, m0), rtol=1e-5, atol=1e-5)
+        assert staging.copies == copies + 1
+    with pytest.raises(InputError, match=r"input 0 .*dtype is float64, expected float32"):
+        model(x0.astype(np.float64), m0)
+    with pytest.raises(InputError, match=r"input 0 .*rank is 1"):
+        model(x0[0], m0)
+    with pytest.raises(InputError, match=r"input 1 .*axis 0 is N=8, but N=9"):
+        model(x0, m0[:8])
+
+
+def test_detection_with_misaligned_inputs(monkeypatch):
+    """The detection example (masks, an MLP's GEMMs, topk) at inputs 4, 16 and 32 bytes past a 64-byte boundary:
+    no copy, results equal plain numpy; the same inputs aligned give the same results."""
+    monkeypatch.setenv("DYNTVM_VM_PROGRAM", "always")
+    ex = examples.get("detection")
+    model = dt.compile(ex.fn, *ex.specs)
+    assert model.vm_program, model.vm_program_fallback
+    staging = _staging(model)
+    for n in (1, 200, 37):
+        scores, boxes = ex.make_inputs(np.random.default_rng(n), N=n)
+        want = BY_EXAMPLE["detection"](scores, boxes)
+        for offset in (0, 4, 16, 32):
+            copies = staging.copies
+            got = model(_at(scores, offset), _at(boxes, (offset + 8) % 64))
+            assert_same(got, want, rtol=1e-4, atol=1e-4, what=f"N={n} offset {offset}")
+            assert staging.copies == copies
+
+
+def test_without_the_switch_misaligned_inputs_are_copied(monkeypatch):
+    """`vm_program.ELEMENT_ALIGNED_INPUTS` off (part of the cache key): the library does not say its kernels take
+    any alignment, and an input not 64-byte aligned is copied (one per input and call); aligned ones are not."""
+    from dyntvm.codegen import vm_program
+    monkeypatch.setattr(vm_program, "ELEMENT_ALIGNED_INPUTS", False)
+    monkeypatch.setenv("DYNTVM_VM_PROGRAM", "always")
+    model = dt.compile(_fn, dt.TensorSpec(("N", 64)), dt.TensorSpec(("N",), "bool"))
+    assert model.vm_program, model.vm_program_fallback
+    staging = _staging(model)
+    assert not staging.element_aligned and ELEMENT_ALIGNED_FUNCTION not in model.lib.as_text()
+    rng = np.random.default_rng(3)
+    x0, m0 = rng.standard_normal((5, 64)).astype(np.float32), rng.random(5) < 0.5
+    for offset, copied in ((0, 0), (16, 2), (4, 2)):
+        copies = staging.copies
+        assert_same(model(_at(x0, offset), _at(m0, offset)), _want(x0, m0), rtol=1e-5, atol=1e-5)
+        assert staging.copies == copies + copied
