@@ -127,3 +127,33 @@ def test_without_the_switch_misaligned_inputs_are_copied(monkeypatch):
         copies = staging.copies
         assert_same(model(_at(x0, offset), _at(m0, offset)), _want(x0, m0), rtol=1e-5, atol=1e-5)
         assert staging.copies == copies + copied
+
+
+def test_a_program_with_row_views_of_inputs_keeps_the_copies(monkeypatch):
+    """A foreach run by the program row by row (a `cond` in its body, kept as a cond) takes each row as a view made
+    zero-offset by TVM's `ensure_zero_offset`, which requires a 64-byte aligned base: such a library does not say
+    its kernels take any alignment, so inputs not 64-byte aligned are copied (7 rows of 16 bytes: row 4 starts 64
+    bytes in). Results equal numpy at offsets 0 and 16."""
+    from dyntvm.partition import cond_select
+    monkeypatch.setenv("DYNTVM_VM_PROGRAM", "always")
+    monkeypatch.setattr(cond_select, "SELECT_WORK", -1)
+
+    def fn(x, flags):
+        def body(rows, states):
+            row, flag = rows
+            y = F.cond(flag, lambda: F.relu(row) * 2.0, lambda: row - 1.0)
+            return [y], [states[0] + F.sum(y)]
+        (ys,), (total,) = F.foreach(body, [x, flags], [F.zeros(())])
+        return ys, total
+
+    model = dt.compile(fn, dt.TensorSpec(("T", 4)), dt.TensorSpec(("T",), "bool"))
+    assert model.vm_program, model.vm_program_fallback
+    staging = _staging(model)
+    assert not staging.element_aligned and ELEMENT_ALIGNED_FUNCTION not in model.lib.as_text()
+    rng = np.random.default_rng(5)
+    x0, f0 = rng.standard_normal((7, 4)).astype(np.float32), rng.random(7) < 0.5
+    ys = np.where(f0[:, None], np.maximum(x0, 0) * 2.0, x0 - 1.0)
+    for offset, copied in ((0, 0), (16, 2)):
+        copies = staging.copies
+        assert_same(model(_at(x0, offset), _at(f0, offset)), (ys, ys.sum()), rtol=1e-5, atol=1e-5)
+        assert staging.copies == copies + copied
