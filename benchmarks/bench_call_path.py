@@ -63,7 +63,7 @@ def main():
         workloads += [w for w in branchy.workloads(False, False) if w.key.endswith(("_B1", "_B16"))]
     ctx = BuildContext(cache_dir=tempfile.mkdtemp(prefix="bench-call-path-"), threads=THREADS)
     for w in workloads:
-        w.inputs = tuple(_at16(np.ascontiguousarray(a)) for a in w.inputs)
+        w.inputs = tuple(_at16(np.asarray(a)) for a in w.inputs)
         prepared = _builds(w, ctx)
         for p in prepared.values():               # (dyntvm's and numpy's arguments: the misaligned arrays)
             if p.args and all(isinstance(a, np.ndarray) for a in p.args):
