@@ -157,3 +157,29 @@ def test_a_program_with_row_views_of_inputs_keeps_the_copies(monkeypatch):
         copies = staging.copies
         assert_same(model(_at(x0, offset), _at(f0, offset)), (ys, ys.sum()), rtol=1e-5, atol=1e-5)
         assert staging.copies == copies + copied
+
+
+def test_views_of_unaligned_inputs(monkeypatch):
+    """An input given back, reshaped, expanded and squeezed, and sliced (views the VM makes at byte offset 0, or
+    a slice kernel) at offsets 4 to 52: no copy, results equal numpy; the input and its reshape given back are the
+    caller's data, as the executor gives them back."""
+    monkeypatch.setenv("DYNTVM_VM_PROGRAM", "always")
+
+    def fn(x, m):
+        return x, F.reshape(x, (-1,)), F.squeeze(F.expand_dims(x, 0), 0) * 2.0, \
+            F.reshape(F.boolean_mask(x, m), (-1,)), x[1:3]
+
+    model = dt.compile(fn, dt.TensorSpec(("N", 3)), dt.TensorSpec(("N",), "bool"))
+    assert model.vm_program, model.vm_program_fallback
+    staging = _staging(model)
+    assert staging.element_aligned
+    rng = np.random.default_rng(2)
+    for n in (3, 8, 30):
+        x0, m0 = rng.standard_normal((n, 3)).astype(np.float32), rng.random(n) < 0.5
+        for offset in (0, 4, 16, 52):
+            x, copies = _at(x0, offset), staging.copies
+            got = model(x, _at(m0, offset))
+            assert_same(got, (x0, x0.reshape(-1), x0 * 2.0, x0[m0].reshape(-1), x0[1:3]))
+            assert staging.copies == copies
+            x[...] = 7.0
+            assert (got[0] == 7.0).all() and (got[1] == 7.0).all()
