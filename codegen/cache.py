@@ -51,6 +51,7 @@ SWITCHES = (("te_conv", "PHASED_STRIDES"), ("te_conv", "SPLIT_PHASES"), ("te_con
             ("te_conv", "POSITION_LANES_MAX_CHANNELS"),
             ("te_conv", "STRIDED_POSITION_LANES"), ("te_conv", "STRIDED_POSITION_LANES_MAX_CHANNELS"),
             ("te_conv", "FLAT_ACC_REGISTERS_AVX2"), ("vm_program", "INLINE_REGIONS"),
+            ("vm_program", "ELEMENT_ALIGNED_INPUTS"),
             ("vm_dynamic", "COUNT_RETURNED"), ("branch_storage", "REUSE_SHAPES"),
             ("backends.cpu.cpu_prepack", "PREPACK_WEIGHTS"), ("backends.cpu.cpu_schedule_conv", "BATCH_IN_PARALLEL"),
             ("backends.cpu.cpu_schedule_conv", "IMAGES_PER_CORE"),

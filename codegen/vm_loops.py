@@ -116,6 +116,7 @@ class LoopLowering:
 
     def _row(self, seq: _Seq, d, t: TensorType, lo):
         """Row `lo` of `d` (a data input of type `t`), copied."""
+        self.row_views = True       # (`ensure_zero_offset` needs a 64-byte aligned `d`: no ELEMENT_ALIGNED_FUNCTION)
         row_shape = [tvm.tirx.Var(f"r{j}", "int64") for j in range(1, t.ndim)]
         d = self._match(seq, d, relax.TensorType([tvm.tirx.Var("n", "int64")] + row_shape, t.dtype))
         size = _i64(np.dtype(t.dtype).itemsize)

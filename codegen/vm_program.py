@@ -37,7 +37,8 @@ from tvm.relax.utils import copy_with_new_vars
 from dyntvm.errors import CompileError
 
 from ..ir.graph import Graph
-from ..ir.vm_program import CALLBACKS_FUNCTION, GUARD_CALLBACK, KERNEL_CALLBACK, PROGRAM, node_keys, unsupported_nodes
+from ..ir.vm_program import (CALLBACKS_FUNCTION, ELEMENT_ALIGNED_FUNCTION, GUARD_CALLBACK, KERNEL_CALLBACK, PROGRAM,
+                             node_keys, unsupported_nodes)
 from .vm_dynamic import DynamicOps, native
 from .vm_guard import guard_needed, guard_symbols
 from .vm_loops import LoopLowering
@@ -50,6 +51,10 @@ from .vm_seq import FALLBACK_CALLBACK, _i64, _ret_ty, _Seq, _ty, _TRUE  # noqa: 
 # VMShapeLower: a jvp of a foreach, three torchvision detectors): `build_with_program` builds those again with the
 # regions called (`inline=False`). False: regions are always called.
 INLINE_REGIONS = True
+#: the library's kernels are built assuming only element alignment of their arguments, and say so
+#: (`ELEMENT_ALIGNED_FUNCTION`, `backends/cpu/cpu_alignment.py`): the runtime passes a numpy input that is not 64-byte
+#: aligned without copying it. False: TVM's 64 bytes (LLVM's aligned vector moves), such inputs copied per call.
+ELEMENT_ALIGNED_INPUTS = True
 
 
 class _Lowering(LoopLowering):
@@ -299,6 +304,11 @@ def add_program(mod: tvm.IRModule, graph: Graph, prefix: str, inline: bool = Fal
     callbacks = relax.Function([], relax.ShapeExpr([_i64(p) for p in positions]),
                                 relax.ShapeType(ndim=len(positions)))
     low.bb.add_func(callbacks.with_attr("global_symbol", CALLBACKS_FUNCTION), CALLBACKS_FUNCTION)
+    # (the CPU build lowers the kernels' alignment hints where this exists; a row view of a data input made zero-offset
+    # by TVM's `ensure_zero_offset` raises where the input is not 64-byte aligned: such programs keep the copies)
+    if ELEMENT_ALIGNED_INPUTS and not getattr(low, "row_views", False):
+        mark = relax.Function([], relax.ShapeExpr([_i64(1)]), relax.ShapeType(ndim=1))
+        low.bb.add_func(mark.with_attr("global_symbol", ELEMENT_ALIGNED_FUNCTION), ELEMENT_ALIGNED_FUNCTION)
     out = low.bb.get()
     for gv, f in low.recursive:
         out[gv] = f

@@ -46,6 +46,10 @@ NATIVE_GUARD_BYTES = 1 << 28
 #: the program calls `KERNEL_CALLBACK` for on every run; the others keyed (a `topk` / `slice` with tensor operands)
 #: call it back only for a failing check, to raise the op's error. The C++ runner needs kernels for the first only.
 CALLBACKS_FUNCTION = "dyntvm_callbacks"
+#: a function present in a program's library whose kernels assume only element alignment of their arguments (TVM's
+#: default: 64 bytes; `codegen/backends/cpu/cpu_alignment.py`): the runtime then passes a contiguous numpy input as it
+#: is, where it would otherwise copy one not 64-byte aligned (numpy gives 16) into an aligned buffer
+ELEMENT_ALIGNED_FUNCTION = "dyntvm_element_aligned"
 
 
 def _tensor_typed(values) -> bool:

@@ -26,8 +26,8 @@ import tvm_ffi
 from tvm_ffi._ffi_api import ArrayGetItem
 
 from ..ir.graph import Graph
-from ..ir.vm_program import (GUARD_CALLBACK, KERNEL_CALLBACK, NATIVE_GUARD_BYTES, PROGRAM, describe, node_keys,
-                             python_callbacks, unsupported_nodes)
+from ..ir.vm_program import (ELEMENT_ALIGNED_FUNCTION, GUARD_CALLBACK, KERNEL_CALLBACK, NATIVE_GUARD_BYTES, PROGRAM,
+                             describe, node_keys, python_callbacks, unsupported_nodes)
 from . import region_sizes
 from .kernels import KERNELS
 from .region_sizes import size_guard
@@ -135,8 +135,12 @@ def status(graph: Graph, vm, specialized: dict) -> tuple[bool, list]:
 
 
 def has_program(vm) -> bool:
+    return has_function(vm, PROGRAM)
+
+
+def has_function(vm, name: str) -> bool:
     try:
-        vm[PROGRAM]
+        vm[name]
         return True
     except Exception:  # noqa: BLE001 - AttributeError from the VM: not in this library
         return False
@@ -187,7 +191,8 @@ class ProgramRunner:
         self.copy = copied_outputs(graph)
         self.plain, self.positions = not any(self.copy), range(len(self.copy))
         self.calls = 0                       # program calls (tests: one per model call)
-        self.staging = InputStaging(len(graph.inputs))     # (one runner per thread, as its VM)
+        # (one per thread, as its VM)
+        self.staging = InputStaging(len(graph.inputs), has_function(vm, ELEMENT_ALIGNED_FUNCTION))
 
     def __call__(self, arrays: list, fallback) -> list:
         if not native_guard_ok():            # a machine with less memory than the program's checks assume

@@ -35,9 +35,11 @@ import tvm
 from tvm import relax, s_tir, tirx
 from tvm.relax.backend.cpu_generic import pipeline as _cpu_pipeline
 
+from ....ir.vm_program import ELEMENT_ALIGNED_FUNCTION
 from ...branch_storage import after_planning
 from ...compiled_loops import loop_pass
 from ...fusion_guard import opaque_shape_scalar_kernels
+from .cpu_alignment import PIPELINE
 from .cpu_fast_math import FAST_MATH, LANES_SUFFIX
 from .cpu_inline import inline_spatial
 from .cpu_schedule_conv import conv_block_name, conv_select
@@ -192,8 +194,10 @@ def build_cpu(mod: tvm.IRModule, target=None, loops=(), tuned=None, program=None
         if (isinstance(func, tirx.PrimFunc) and len(func.params) <= 1
                 and not func.attrs.get("tirx.noalias", False)):
             mod[gvar] = func.with_attr("tirx.noalias", True)
+    # a program that passes numpy inputs unaligned (`vm_program.ELEMENT_ALIGNED_INPUTS`): kernels without 64-byte hints
+    tir = PIPELINE if any(g.name_hint == ELEMENT_ALIGNED_FUNCTION for g in mod.get_global_vars()) else "default"
     with _lowering_context():
-        return tvm.compile(mod, target=target, relax_pipeline=None)
+        return tvm.compile(mod, target=target, relax_pipeline=None, tir_pipeline=tir)
 
 
 #: TIR's LoopPartition config for CPU builds: a partition of one iteration stays a loop. Unrolled, TVM 0.27
