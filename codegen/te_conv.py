@@ -188,7 +188,8 @@ _LATENCY_ACCUMULATORS = 8
 #: time, the minimum of 30 interleaved blocks (`python benchmarks/bench_conv_variants.py --variants base,t5` and
 #: the kernels alone in one process): 0.967x, 0.982x, 0.970x and 0.984x the time of tiles of 4 in four runs (two with
 #: the residual add). The strided layers stay at 4: the 3x3 / 2 64 -> 128 (28-wide rows) took 1.03x and 1.13x with 5
-#: (its taps share no input: 2 columns apart). 8: the tile of 4 (a switch for A/B).
+#: (its taps share no input: 2 columns apart). The model against 8 in one process (`bench_model_ab.py --ab
+#: te_conv.ROW_ACC_REGISTERS_AVX2=8`): B1 0.99x, B8 0.98x. 8: the tile of 4 (a switch for A/B).
 ROW_ACC_REGISTERS_AVX2 = 10
 
 
