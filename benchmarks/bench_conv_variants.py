@@ -8,6 +8,11 @@ ratio summed over the model's layers. For trying a tile / reduction-block change
     TVM_NUM_THREADS=1 .venv/bin/python benchmarks/bench_conv_variants.py [--variants base,cb4,vb8]
                                                                          [--only 3x3] [--rounds 5]
                                                                          [--layers resnet18|mobilenet]
+                                                                         [--block 0.25] [--stat median|min]
+
+`--stat min` (with many short blocks, e.g. `--rounds 30 --block 0.015`): each side's fastest block, which a busy
+machine's interference inflates least (a few % between two builds of one kernel under a load of 3-5, against 5-10%
+for the median of 5 blocks).
 
 Variants (module constants set while the layer compiles, restored after):
   base    as shipped
@@ -136,6 +141,7 @@ def main(argv=None) -> int:
                         help="resnet18's dense layers or mobilenet_v3_small's pointwise ones (MOBILENET_1X1)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--block", type=float, default=0.25, help="seconds per timing block")
+    parser.add_argument("--stat", default="median", choices=("median", "min"), help="of each side's blocks")
     parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)   # always 1
     args = parser.parse_args(argv)
     import tvm
@@ -191,7 +197,7 @@ def main(argv=None) -> int:
             if not err < 1e-3:
                 raise SystemExit(f"{label}, variant {name}: max |dyntvm - onnxruntime| {err}")
             runs[name] = types.SimpleNamespace(fn=lambda f=f: f(*targs))
-        ms = {s: t["median_ms"] for s, t in _cpu_times(runs, args.rounds, args.block).items()}
+        ms = {s: t[f"{args.stat}_ms"] for s, t in _cpu_times(runs, args.rounds, args.block).items()}
         flops = 2 * o * c * k * k * ho * ho
         ort_ms = ms["onnxruntime"]
         print(f"{label:24s} x{count} ort {ort_ms:7.3f} ms | " + " | ".join(
