@@ -8,6 +8,11 @@ ratio summed over the model's layers. For trying a tile / reduction-block change
     TVM_NUM_THREADS=1 .venv/bin/python benchmarks/bench_conv_variants.py [--variants base,cb4,vb8]
                                                                          [--only 3x3] [--rounds 5]
                                                                          [--layers resnet18|mobilenet]
+                                                                         [--block 0.25] [--stat median|min]
+
+`--stat min` (with many short blocks, e.g. `--rounds 30 --block 0.015`): each side's fastest block, which a busy
+machine's interference inflates least (a few % between two builds of one kernel under a load of 3-5, against 5-10%
+for the median of 5 blocks).
 
 Variants (module constants set while the layer compiles, restored after):
   base    as shipped
@@ -20,6 +25,11 @@ Variants (module constants set while the layer compiles, restored after):
   vb8t14  blocks of 8 x up to 14 positions
   ft8     AVX2 tiles of 16 channels x 4 positions over flattened positions too (`te_conv.FLAT_ACC_REGISTERS_AVX2` 8;
           shipped: 12, x 6 positions)
+  ft10    AVX2 tiles of 16 channels x 5 positions over flattened positions (`te_conv.FLAT_ACC_REGISTERS_AVX2` 10)
+  ft14    AVX2 tiles of 16 channels x 7 positions over flattened positions (14 accumulators)
+  t4      AVX2 per-row tiles of 16 channels x 4 positions for unit-stride 3x3 convs too
+          (`te_conv.ROW_ACC_REGISTERS_AVX2` 8; shipped: 10, x 5 positions)
+  t5      AVX2 register tile of 16 channels x up to 5 positions per row, strided convs too (10 accumulators)
   t6      AVX2 register tile of 16 channels x up to 6 positions (12 accumulators)
   vb32t3  output channels packed in blocks of 32 (4 AVX2 registers) x 3 positions (12 accumulators)
   rows    a symbolic row computed in whole row tiles (`te_conv.FLAT_POSITIONS` False; shipped: flattened positions)
@@ -96,12 +106,16 @@ def variants() -> dict:
         "cb2": {(csc, "CHANNEL_BLOCK"): 2},
         "cb4": {(csc, "CHANNEL_BLOCK"): 4},
         "cb16": {(csc, "CHANNEL_BLOCK"): 16},
-        "tile7": {(tc, "_ACC_REGISTERS"): {512: 14, 256: 14}},
+        "tile7": {(tc, "_ACC_REGISTERS"): {512: 14, 256: 14}, (tc, "ROW_ACC_REGISTERS_AVX2"): 14},
         "vb8": {(win, "out_channel_block"): _vb8},
         "vb8t14": {(win, "out_channel_block"): _vb8, (tc, "_ACC_REGISTERS"): {512: 14, 256: 14}},
         "rows": {(tc, "FLAT_POSITIONS"): False},
         "ft8": {(tc, "FLAT_ACC_REGISTERS_AVX2"): 8},
-        "t6": {(tc, "_ACC_REGISTERS"): {512: 14, 256: 12}},
+        "ft10": {(tc, "FLAT_ACC_REGISTERS_AVX2"): 10},
+        "ft14": {(tc, "FLAT_ACC_REGISTERS_AVX2"): 14},
+        "t4": {(tc, "ROW_ACC_REGISTERS_AVX2"): 8},
+        "t5": {(tc, "_ACC_REGISTERS"): {512: 14, 256: 10}},
+        "t6": {(tc, "_ACC_REGISTERS"): {512: 14, 256: 12}, (tc, "ROW_ACC_REGISTERS_AVX2"): 12},
         "vb32t3": {(win, "out_channel_block"): _vb32, (tc, "_ACC_REGISTERS"): {512: 14, 256: 12}},
         "spv": {(win, "out_channel_block"): lambda o, c, g: 1},
         "posinner": {(csc, "_channels_last"): lambda sch, epi, n_sp: False},
@@ -127,6 +141,7 @@ def main(argv=None) -> int:
                         help="resnet18's dense layers or mobilenet_v3_small's pointwise ones (MOBILENET_1X1)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--block", type=float, default=0.25, help="seconds per timing block")
+    parser.add_argument("--stat", default="median", choices=("median", "min"), help="of each side's blocks")
     parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)   # always 1
     args = parser.parse_args(argv)
     import tvm
@@ -182,7 +197,7 @@ def main(argv=None) -> int:
             if not err < 1e-3:
                 raise SystemExit(f"{label}, variant {name}: max |dyntvm - onnxruntime| {err}")
             runs[name] = types.SimpleNamespace(fn=lambda f=f: f(*targs))
-        ms = {s: t["median_ms"] for s, t in _cpu_times(runs, args.rounds, args.block).items()}
+        ms = {s: t[f"{args.stat}_ms"] for s, t in _cpu_times(runs, args.rounds, args.block).items()}
         flops = 2 * o * c * k * k * ho * ho
         ort_ms = ms["onnxruntime"]
         print(f"{label:24s} x{count} ort {ort_ms:7.3f} ms | " + " | ".join(

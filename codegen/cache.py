@@ -56,7 +56,7 @@ SWITCHES = (("te_conv", "PHASED_STRIDES"), ("te_conv", "SPLIT_PHASES"), ("te_con
             ("backends.cpu.cpu_prepack", "PREPACK_WEIGHTS"), ("backends.cpu.cpu_schedule_conv", "BATCH_IN_PARALLEL"),
             ("backends.cpu.cpu_schedule_conv", "IMAGES_PER_CORE"),
             ("backends.cpu.cpu_schedule_conv", "SPV_EPILOGUE_VECTORS"),
-            ("backends.cpu.cpu_schedule_conv", "OCV_EPILOGUE_TILE"),
+            ("backends.cpu.cpu_schedule_conv", "OCV_EPILOGUE_TILE"), ("te_conv", "ROW_ACC_REGISTERS_AVX2"),
             ("backends.cpu.cpu_schedule_depthwise", "COPY_PER_CHANNEL_BLOCK"),
             ("backends.cpu.cpu_schedule_depthwise", "COPY_BLOCKS_MIN"), ("backends.cuda.gpu_fuse", "MERGE_ELEMENTWISE"),
             ("backends.cuda.gpu_gemv", "SMALL_M_GEMV"),

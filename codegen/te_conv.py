@@ -178,13 +178,32 @@ def _host_vector_bits() -> int:
 _LATENCY_ACCUMULATORS = 8
 
 
-def _ocv_tiles(vb: int, dtype: str) -> tuple[int, int, int, int]:
+#: Accumulator registers of the per-row ``dt_conv_ocv`` register tile on AVX2 (blocks of 16 channels: two registers)
+#: of a 2-D conv of stride 1 along the row and several taps in a kernel row (a 3x3): 10 - 16 channels x 5 positions.
+#: The 4 positions of `_ACC_REGISTERS` (8 accumulators) are the FMAs' latency x throughput exactly: each of the 8
+#: chains gets 9 FMAs an input channel, and any stall (a load) leaves the FMA units idle. Neighbouring positions share
+#: their taps' broadcast inputs, so LLVM loads each input value once for the tile's taps (2 + 3 + ... registers beside
+#: the accumulators: 6 positions, 12 accumulators, took 1.02x the time of 4). resnet18's 64-channel 3x3 layers at
+#: 56 x 56 (a symbolic 56-wide row: 12 ragged tiles of 5, 60 positions, against 14 of 4), one thread, thread CPU
+#: time, the minimum of 30 interleaved blocks (`python benchmarks/bench_conv_variants.py --variants base,t5` and
+#: the kernels alone in one process): 0.967x, 0.982x, 0.970x and 0.984x the time of tiles of 4 in four runs (two with
+#: the residual add). The strided layers stay at 4: the 3x3 / 2 64 -> 128 (28-wide rows) took 1.03x and 1.13x with 5
+#: (its taps share no input: 2 columns apart). The model against 8 in one process (`bench_model_ab.py --ab
+#: te_conv.ROW_ACC_REGISTERS_AVX2=8`): B1 0.99x, B8 0.98x. 8: the tile of 4 (a switch for A/B).
+ROW_ACC_REGISTERS_AVX2 = 10
+
+
+def _ocv_tiles(vb: int, dtype: str, shared_taps: bool = False) -> tuple[int, int, int, int]:
     """(largest, smallest divisor taken, ragged, latency-bound) row tiles of ``dt_conv_ocv`` for blocks of vb
-    channels; the last: positions below which a tile takes as long as with that many (`row_tile`)."""
+    channels; the last: positions below which a tile takes as long as with that many (`row_tile`). `shared_taps`:
+    a 2-D conv of stride 1 along the row with several taps in a kernel row (`ROW_ACC_REGISTERS_AVX2`)."""
     bits = _host_vector_bits()
     lanes = max(1, bits // DataType(dtype).bits)
     regs = max(1, vb // lanes)
-    largest = max(1, _ACC_REGISTERS[bits] // regs)
+    accumulators = _ACC_REGISTERS[bits]
+    if shared_taps and bits == 256 and regs == 2 and ROW_ACC_REGISTERS_AVX2:
+        accumulators = ROW_ACC_REGISTERS_AVX2
+    largest = max(1, accumulators // regs)
     return largest, max(2, largest // 3), min(8, largest), min(largest, max(1, _LATENCY_ACCUMULATORS // regs))
 
 
@@ -452,7 +471,8 @@ def te_conv(x, w, strides, dilations, pads, out, groups: int, vb: int, guard=Non
         return _te_conv_pointwise(x, w, out, vb, guard)
     if strided_position_lanes(out, kernel, strides, pads, groups, vb, max(o_total, cg)):
         return _te_conv_strided_pointwise(x, w, strides, out, vb, guard)
-    tile, exact = row_tile(out[-1], _ocv_tiles(vb, str(x.dtype)) if vb > 1 else _SPV_TILES)
+    shared_taps = len(strides) == 2 and int(strides[-1]) == 1 and kernel[-1] > 1
+    tile, exact = row_tile(out[-1], _ocv_tiles(vb, str(x.dtype), shared_taps) if vb > 1 else _SPV_TILES)
     if flat_positions(out, vb, str(x.dtype), cg * functools.reduce(lambda a, b: a * b, kernel, 1),
                       is_pointwise(kernel, strides, pads), o_total):
         return _te_conv_flat(x, w, strides, dilations, pads, out, groups, vb, _flat_tile(vb, str(x.dtype)), guard)

@@ -117,19 +117,22 @@ def _scheduled_conv(target, c=32, o=64, residual=True, kernel=3, stride=1) -> st
     return func.script()
 
 
-@pytest.mark.parametrize("isa,bits,lanes,tile", [("znver3", 256, 8, 4), ("znver4", 512, 16, 8)])
-def test_register_tile_and_loop_order_from_isa_features(isa, bits, lanes, tile, monkeypatch, conv_log):
-    """A symbolic row in whole tiles of 16 channels x 4 positions on AVX2 (two vectors a position: 8 accumulators),
-    x 8 on AVX-512 (one vector; up to 14 where a static row allows). Built for the target's ISA (an AVX-512 build is
-    compiled, not run, on an AVX2 machine)."""
+@pytest.mark.parametrize("isa,bits,lanes,tile,registers", [("znver3", 256, 8, 4, 8), ("znver3", 256, 8, 5, 10),
+                                                          ("znver4", 512, 16, 8, 10)])
+def test_register_tile_and_loop_order_from_isa_features(isa, bits, lanes, tile, registers, monkeypatch, conv_log):
+    """A symbolic row in whole tiles of 16 channels x 5 positions on AVX2 (two vectors a position: 10 accumulators,
+    `te_conv.ROW_ACC_REGISTERS_AVX2`; x 4 with it at 8), x 8 on AVX-512 (one vector; up to 14 where a static row
+    allows). Built for the target's ISA (an AVX-512 build is compiled, not run, on an AVX2 machine)."""
     monkeypatch.setattr(te_conv, "_host_vector_bits", lambda: bits)   # te_conv sizes the tile for the host
+    monkeypatch.setattr(te_conv, "ROW_ACC_REGISTERS_AVX2", registers)
     text = _scheduled_conv(tvm.target.Target({"kind": "llvm", "mcpu": isa, "num-cores": 2}))
     assert conv_rules(conv_log) == (1, [])
     assert f'"dt_conv_row_tile": {tile}' in text
-    # (the epilogue's copy from its tile buffer to NCHW: the tile's positions a vector, `OCV_EPILOGUE_TILE`)
+    # (the epilogue's copy from its tile buffer to NCHW: the tile's positions a vector, `OCV_EPILOGUE_TILE`, where
+    # the tile is a multiple of 4 positions)
     from dyntvm.codegen.backends.cpu.cpu_schedule_conv import OCV_EPILOGUE_TILE
     assert {int(v) for v in re.findall(r"T\.vectorized\(T\.int64\((\d+)\)\)", text)} == (
-        {lanes, tile} if OCV_EPILOGUE_TILE else {lanes})
+        {lanes, tile} if OCV_EPILOGUE_TILE and tile % 4 == 0 else {lanes})
     # the reduction in the packed weight's order: the 32 input channels, then the 3 x 3 taps, the tile inside
     assert CHANNEL_BLOCK == 1
     assert re.search(r"for rc, rk0, rk1 in T\.grid\(T\.int64\(32\), T\.int64\(3\), T\.int64\(3\)\):\s+"
