@@ -193,7 +193,15 @@ def build_cpu(mod: tvm.IRModule, target=None, loops=(), tuned=None, program=None
                 and not func.attrs.get("tirx.noalias", False)):
             mod[gvar] = func.with_attr("tirx.noalias", True)
     with _lowering_context():
-        return tvm.compile(mod, target=target, relax_pipeline=None)
+        return tvm.compile(mod, target=target, relax_pipeline=None, tir_pipeline=tir_pipeline())
+
+
+def tir_pipeline() -> str:
+    """The TIR pipeline of CPU builds: TVM's, then (`te_conv.STRIDED_LANES`) lane-strided loads written as contiguous
+    loads and a shuffle (`cpu_strided_loads`)."""
+    from ...te_conv import STRIDED_LANES
+    from .cpu_strided_loads import pipeline_name
+    return pipeline_name() if STRIDED_LANES else "default"
 
 
 #: TIR's LoopPartition config for CPU builds: a partition of one iteration stays a loop. Unrolled, TVM 0.27
