@@ -64,7 +64,8 @@ PWP_ROWS_ATTR = "dt_conv_pwp_rows"
 # a prime) is computed over whole ragged tiles into a buffer a crop stage reads (no predicate in the reduction).
 _ACC_REGISTERS = {512: 14, 256: 8}
 _SPV_TILES = (64, 32, 8)      # (the last: the ragged tile of a symbolic width)
-#: A strided spv convolution reads its padded input stored as phases (`_padded_phases`); False: as before.
+#: A strided spv convolution reads its padded input stored as phases (`_padded_phases`; not one that `STRIDED_LANES`
+#: takes); False: as before.
 PHASED_STRIDES = True
 #: A strided spv convolution (depthwise, small groups) reads its zero-padded input (`_padded`, the plain copy of the
 #: unstrided ones) `stride` apart, not a phases copy: the vectorized row tile's loads ``x[Ramp(base, stride, lanes)]``
