@@ -43,6 +43,8 @@ Variants (module constants set while the layer compiles, restored after):
   pwlanes every pointwise conv vectorized along positions (`te_conv.POSITION_LANES_MAX_CHANNELS` None)
   spwocv  strided 1x1 convs in the channels form per row (`te_conv.STRIDED_POSITION_LANES` False; shipped: vectorized
           along the positions of a copy of the strided input)
+  pwnopad expanding pointwise convs on a plane the tile may not divide without the copy extended to whole tiles
+          (`te_conv.PADDED_POSITIONS` False: the run-time fallback to the channels form over flattened positions)
   posinner the epilogue iterated positions-innermost (not `cpu_schedule_conv._channels_last`)
   spv     every conv in the spatial-vectorized form (output channels not blocked)
   spv8    spv, 8-position row tiles, up to 8 channels a tile (12 accumulators): a GEMM-like 1x1 tile
@@ -130,6 +132,7 @@ def variants() -> dict:
         "pwocv": {(tc, "POSITION_LANES"): False},
         "pwlanes": {(tc, "POSITION_LANES_MAX_CHANNELS"): None},
         "spwocv": {(tc, "STRIDED_POSITION_LANES"): False},
+        "pwnopad": {(tc, "PADDED_POSITIONS"): False},
     }
 
 

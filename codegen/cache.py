@@ -43,12 +43,14 @@ def codegen_digest() -> str:
 
 #: the switches kept in the code for A/B comparisons (module of this package, name): their values are part of the
 #: cache key, so that a build with one flipped is not served the library built with it as committed
-SWITCHES = (("te_conv", "PHASED_STRIDES"), ("te_conv", "SPLIT_PHASES"), ("te_conv", "SPLIT_PHASES_MAX_CHANNELS"),
-            ("te_conv", "SPLIT_SPV_PADDING"), ("te_conv", "SPLIT_ROWS"), ("te_conv", "GUARD_IN_CONDITION"),
+SWITCHES = (("te_conv", "PHASED_STRIDES"), ("te_conv", "STRIDED_LANES"), ("te_conv", "STRIDED_LANES_MAX_TAPS"),
+            ("te_conv", "SPLIT_PHASES"), ("te_conv", "SPLIT_PHASES_MAX_CHANNELS"), ("te_conv", "SPLIT_SPV_PADDING"),
+            ("te_conv", "SPLIT_ROWS"), ("te_conv", "GUARD_IN_CONDITION"),
             ("te_conv", "FLAT_POSITIONS"),
             ("te_conv", "FLAT_MIN_REDUCTION"), ("te_conv", "FLAT_POINTWISE"),
             ("te_conv", "FLAT_POINTWISE_MAX_CHANNELS"), ("te_conv", "POSITION_LANES"),
-            ("te_conv", "POSITION_LANES_MAX_CHANNELS"),
+            ("te_conv", "POSITION_LANES_MAX_CHANNELS"), ("te_conv", "PADDED_POSITIONS"),
+            ("te_conv", "PADDED_POSITIONS_MIN_CHANNELS"), ("te_conv", "PADDED_POSITIONS_MAX_CHANNELS"),
             ("te_conv", "STRIDED_POSITION_LANES"), ("te_conv", "STRIDED_POSITION_LANES_MAX_CHANNELS"),
             ("te_conv", "FLAT_ACC_REGISTERS_AVX2"), ("vm_program", "INLINE_REGIONS"),
             ("vm_program", "ELEMENT_ALIGNED_INPUTS"),

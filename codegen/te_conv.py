@@ -64,8 +64,20 @@ PWP_ROWS_ATTR = "dt_conv_pwp_rows"
 # a prime) is computed over whole ragged tiles into a buffer a crop stage reads (no predicate in the reduction).
 _ACC_REGISTERS = {512: 14, 256: 8}
 _SPV_TILES = (64, 32, 8)      # (the last: the ragged tile of a symbolic width)
-#: A strided spv convolution reads its padded input stored as phases (`_padded_phases`); False: as before.
+#: A strided spv convolution reads its padded input stored as phases (`_padded_phases`; not one that `STRIDED_LANES`
+#: takes); False: as before.
 PHASED_STRIDES = True
+#: A strided spv convolution (depthwise, small groups) reads its zero-padded input (`_padded`, the plain copy of the
+#: unstrided ones) `stride` apart, not a phases copy: the vectorized row tile's loads ``x[Ramp(base, stride, lanes)]``
+#: are written by the CPU build as contiguous vector loads and a shuffle (`backends/cpu/cpu_strided_loads.py`; TVM's
+#: LLVM code generator alone gathers the lanes one by one). The phases copy (a deinterleave with a row's fixed costs
+#: and padding loops) was about half of mobilenet_v3_small's 72-channel 3x3 / 2 layer's time. False: `PHASED_STRIDES`
+#: as before (a switch for A/B).
+STRIDED_LANES = True
+#: ... for kernels of at most this many taps along the row (each tap's vector is 2 loads and 2 shuffles for stride 2):
+#: mobilenet_v3_small's 5x5 / 2 layers took 1.06x (96 @ 28) and 1.19x (288 @ 14) their phases form's time, the 3x3 / 2
+#: ones 0.84x (72 @ 56) and 1.0x (16 @ 112) (`bench_dw_layers.py --kernel --only /2 --ab te_conv.STRIDED_LANES`).
+STRIDED_LANES_MAX_TAPS = 3
 #: A strided spv convolution's phases copy (`_padded_phases`) marks its column bounds ``likely``: TIR's LoopPartition
 #: pass then splits the column loop into its padding and its interior (symbolic bounds too), and the interior, iterated
 #: (column, phase) with the phases unrolled (`cpu_schedule_depthwise.schedule_phases`), is an unconditional read of
@@ -140,6 +152,19 @@ POSITION_LANES = True
 #: -> 0.9-1.7x, but at 7 x 7 (96 <-> 576, 288 -> 96: the channels form, 49 positions in 56) 1.05-1.43x -> 1.37-1.63x;
 #: with hundreds of input channels the channels form's scalar stores are a small part of its time.
 POSITION_LANES_MAX_CHANNELS = 256
+#: ... and one of at least `PADDED_POSITIONS_MIN_CHANNELS` output channels whose plane H * W is not statically a
+#: multiple of the tile's positions (a symbolic size: checked at run time, where the tile did not divide H * W the
+#: kernel fell back to ``dt_conv_ocv`` over flattened positions, its tile's result stored one scalar an output) reads
+#: a copy of its input zero-extended to whole tiles of positions (the strided form's ``STRIDED_BLOCK`` with stride 1:
+#: the GEMM reads whole vectors, no test, no fallback). The copy is about 1 / O of the multiply-adds, so only for
+#: expanding convs: mobilenet_v3_small's 1x1 40 -> 240, 48 -> 144, 40 -> 120 at 14 x 14 (196 positions, 13 tiles and
+#: 4), and 48 -> 288 (`PADDED_POSITIONS_MAX_CHANNELS`: channels form over flattened positions before). False: the
+#: run-time choice as before (a switch for A/B).
+PADDED_POSITIONS = True
+PADDED_POSITIONS_MIN_CHANNELS = 120
+#: ... and at most this many input and output channels (in place of POSITION_LANES_MAX_CHANNELS): 48 -> 288 at 14 x 14
+#: 0.76x the channels form's time; 96 -> 576 at 7 x 7 1.09x (`bench_conv_variants.py --layers mobilenet`).
+PADDED_POSITIONS_MAX_CHANNELS = 288
 #: A strided pointwise 2-D conv (1x1, stride > 1, no padding, one group: resnet's downsampling convs) is computed as
 #: ``dt_conv_pwp`` too, on a copy of its strided input positions (``STRIDED_BLOCK``: [N, C, rows, W] with zero rows
 #: past H, stored flattened, so that the GEMM reads whole vectors of positions without a test; the copy is ~1 / O of
@@ -356,13 +381,18 @@ def _padded_phases(x, pads, stride: int, last_span=None, guard=None):
     return te.compute(shape, value, name=PHASES_BLOCK)
 
 
-def position_lanes(in_sizes, out, kernel, strides, pads, groups: int, vb: int, channels: int) -> bool:
+def position_lanes(in_sizes, out, kernel, strides, pads, groups: int, vb: int, channels: int,
+                   out_channels: int | None = None, dtype: str = "float32") -> bool:
     """Whether `te_conv` computes the conv as ``dt_conv_pwp`` (`POSITION_LANES`): a pointwise 2-D conv of one
-    group, at most POSITION_LANES_MAX_CHANNELS input and output `channels` (the larger of the two) and more than
-    one position whose output sizes are its input's (the same vars: the flattened input index is then h * W + w
-    of the output's)."""
+    group, at most POSITION_LANES_MAX_CHANNELS input and output `channels` (the larger of the two; for one that
+    reads the copy extended to whole tiles, `padded_positions` of its `out_channels`, PADDED_POSITIONS_MAX_CHANNELS)
+    and more than one position whose output sizes are its input's (the same vars: the flattened input index is then
+    h * W + w of the output's)."""
+    most = POSITION_LANES_MAX_CHANNELS
+    if most is not None and out_channels is not None and padded_positions(out, out_channels, dtype):
+        most = max(most, PADDED_POSITIONS_MAX_CHANNELS)
     return (POSITION_LANES and vb > 1 and groups == 1 and len(out) == 2
-            and (POSITION_LANES_MAX_CHANNELS is None or channels <= POSITION_LANES_MAX_CHANNELS)
+            and (most is None or channels <= most)
             and is_pointwise(kernel, strides, pads) and not all(_is_one(o) for o in out)
             and all(_same_size(a, b) for a, b in zip(in_sizes, out)))
 
@@ -375,6 +405,18 @@ def strided_position_lanes(out, kernel, strides, pads, groups: int, vb: int, cha
             and (STRIDED_POSITION_LANES_MAX_CHANNELS is None or channels <= STRIDED_POSITION_LANES_MAX_CHANNELS)
             and all(int(k) == 1 for k in kernel) and any(int(s) > 1 for s in strides)
             and not any(lo or hi for lo, hi in pads) and not all(_is_one(o) for o in out))
+
+
+def padded_positions(out, o_total: int, dtype: str) -> bool:
+    """Whether a ``dt_conv_pwp`` conv (`position_lanes`) of `o_total` output channels reads its input from a copy
+    extended to whole tiles (`PADDED_POSITIONS`): at least PADDED_POSITIONS_MIN_CHANNELS of them, and a plane not
+    statically a multiple of the tile's positions."""
+    if not PADDED_POSITIONS or o_total < PADDED_POSITIONS_MIN_CHANNELS:
+        return False
+    tile = _PWP_VECTORS * max(1, _host_vector_bits() // DataType(dtype).bits)
+    if all(isinstance(o, (int, tirx.IntImm)) for o in out):
+        return int(out[0]) * int(out[1]) % tile != 0
+    return True
 
 
 def _is_one(v) -> bool:
@@ -467,7 +509,9 @@ def te_conv(x, w, strides, dilations, pads, out, groups: int, vb: int, guard=Non
         o_total, cg, kernel = int(w.shape[0]) * vb, int(w.shape[1]), [int(k) for k in w.shape[2:2 + n_sp]]
     else:
         o_total, cg, kernel = int(w.shape[0]), int(w.shape[1]), [int(k) for k in w.shape[2:]]
-    if position_lanes(x.shape[2:], out, kernel, strides, pads, groups, vb, max(o_total, cg)):
+    if position_lanes(x.shape[2:], out, kernel, strides, pads, groups, vb, max(o_total, cg), o_total, str(x.dtype)):
+        if padded_positions(out, o_total, str(x.dtype)):
+            return _te_conv_strided_pointwise(x, w, [1] * len(strides), out, vb, guard)
         return _te_conv_pointwise(x, w, out, vb, guard)
     if strided_position_lanes(out, kernel, strides, pads, groups, vb, max(o_total, cg)):
         return _te_conv_strided_pointwise(x, w, strides, out, vb, guard)
@@ -481,6 +525,8 @@ def te_conv(x, w, strides, dilations, pads, out, groups: int, vb: int, guard=Non
     if not exact:   # whole tiles: ceil(W / tile) * tile positions, the input read past its end as zeros
         full[-1] = tirx.floordiv(out[-1] + _i64(tile - 1), _i64(tile)) * _i64(tile)
         last_span = (full[-1] - _i64(1)) * _i64(strides[-1]) + _i64((kernel[-1] - 1) * dilations[-1] + 1)
+    phased = (vb == 1 and strides[-1] > 1 and PHASED_STRIDES
+              and not (STRIDED_LANES and strides[-1] <= 4 and kernel[-1] <= STRIDED_LANES_MAX_TAPS))
     if vb > 1 and last_span is not None and not any(lo or hi for lo, hi in pads):
         # no padding, whole tiles: the positions past the row read its last input (their results are cut) instead
         # of a zero-extended copy of the whole input - for a strided 1x1 convolution that copy cost more than
@@ -490,7 +536,7 @@ def te_conv(x, w, strides, dilations, pads, out, groups: int, vb: int, guard=Non
 
         def xp(n, c, *pos):
             return x(n, c, *pos[:-1], tirx.min(pos[-1], last))
-    elif vb == 1 and strides[-1] > 1 and PHASED_STRIDES:
+    elif phased:
         st = strides[-1]
         phases = _padded_phases(x, pads, st, last_span, guard)
 
@@ -500,7 +546,6 @@ def te_conv(x, w, strides, dilations, pads, out, groups: int, vb: int, guard=Non
             return phases(n, c, *pos[:-1], tirx.floormod(tap, _i64(st)), w_out + tirx.floordiv(tap, _i64(st)))
     else:
         xp = _padded(x, pads, last_span, guard, split_columns=vb == 1 and SPLIT_SPV_PADDING)
-    phased = vb == 1 and strides[-1] > 1 and PHASED_STRIDES
     og = o_total // groups
     rc = [te.reduce_axis((_i64(0), _i64(cg)), name="rc")] if cg > 1 else []
     rk = [te.reduce_axis((_i64(0), _i64(k)), name=f"rk{i}") for i, k in enumerate(kernel)]

@@ -208,6 +208,7 @@ def test_depthwise_split_copy_switches(split, stride, monkeypatch, conv_log):
     from dyntvm.codegen import te_conv
     monkeypatch.setattr(te_conv, "SPLIT_PHASES", split)
     monkeypatch.setattr(te_conv, "SPLIT_SPV_PADDING", split)
+    monkeypatch.setattr(te_conv, "STRIDED_LANES", False)     # (the phases copy at stride 2, as before session 44)
     w = RNG.standard_normal((12, 1, 3, 3)).astype("float32")
     m = dt.compile(lambda x: F.conv(x, w, None, stride=stride, padding=1, groups=12), S(("N", 12, "H", "W")),
                    use_cache=False)
@@ -241,7 +242,9 @@ def test_strided_depthwise_copy_per_channel_block(per_block, k, c, monkeypatch, 
     all equal numpy at symbolic sizes (1 x 1, odd, 14 x 14, an empty batch) and are one conv kernel."""
     from dyntvm.codegen.backends.cpu import cpu_schedule_depthwise as dw
     from dyntvm.codegen.te_conv import PHASES_BLOCK, SPLIT_PHASES_MAX_CHANNELS, SPV_BLOCK
+    from dyntvm.codegen import te_conv
     monkeypatch.setattr(dw, "COPY_PER_CHANNEL_BLOCK", per_block)
+    monkeypatch.setattr(te_conv, "STRIDED_LANES", False)     # (3 taps: else no phases copy, session 44)
     w = RNG.standard_normal((c, 1, k, k)).astype("float32")
     b = RNG.standard_normal(c).astype("float32")
 

@@ -163,7 +163,10 @@ def test_strided_spatial_vectorized_conv_reads_phases(channels, groups, k, strid
     target = cpu_target()
     mod = schedule_module(legalize_and_fuse(target)(build_module(collect_regions(partition_graph(
         dt.trace(layer, S(sym)))))), target)
-    assert any(PHASES_BLOCK in f.script() for gv, f in mod.functions_items() if "conv" in gv.name_hint)
+    # (up to `te_conv.STRIDED_LANES_MAX_TAPS` taps a row: the padded input read `stride` apart instead, session 44)
+    from dyntvm.codegen import te_conv
+    phased = not (te_conv.STRIDED_LANES and k <= te_conv.STRIDED_LANES_MAX_TAPS)
+    assert any(PHASES_BLOCK in f.script() for gv, f in mod.functions_items() if "conv" in gv.name_hint) == phased
 
 
 @pytest.mark.parametrize("stride", [1, 2])

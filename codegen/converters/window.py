@@ -86,7 +86,7 @@ def _conv(bb, node, args, ctx):
         # over flattened positions: fusable with its epilogue as the per-row form is (`te_conv.OUT_EWISE_FUSABLE`)
         if flat_positions(sizes, vb, work, int(np.prod(sw[1:])), is_pointwise(sw[2:], a.strides, a.pads), sw[0]) \
                 or position_lanes(list(data.ty.shape.values)[2:], sizes, sw[2:], a.strides, a.pads, groups,
-                                  vb, max(sw[0], sw[1])) \
+                                  vb, max(sw[0], sw[1]), sw[0], work) \
                 or strided_position_lanes(sizes, sw[2:], a.strides, a.pads, groups, vb, max(sw[0], sw[1])):
             bb.update_func(call.args[0], bb.get()[call.args[0]].with_attr("op_pattern", OUT_EWISE_FUSABLE))
         return [cast(emit(bb, call), dt)]

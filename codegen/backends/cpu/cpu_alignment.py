@@ -4,8 +4,8 @@ TVM gives every PrimFunc parameter's buffer a data alignment of 64 bytes; MakePa
 ``storage_alignment`` attribute of the argument's data pointer, and LLVM then emits aligned vector moves
 (``vmovaps``), which fault on data that is not so aligned. Nothing checks it at run time. numpy allocates with
 16-byte alignment, so the runtime copied such an input into an aligned buffer before every call (two inputs of
-the detection example: ~4 us of its ~35 us call). `PIPELINE` is TVM's default TIR pipeline followed by a pass
-that sets those attributes to 1: LLVM then emits unaligned moves (``vmovups``: the same speed on aligned data),
+the detection example: ~4 us of its ~35 us call). `element_aligned_pass`, run after TVM's TIR pipeline
+(`cpu_schedule.tir_pipeline`), sets those attributes to 1: LLVM then emits unaligned moves (``vmovups``: the same speed on aligned data),
 and a contiguous numpy array of the argument's dtype is passed as it is. Only LLVM's alignment hints change, not
 where anything is allocated.
 """
@@ -14,9 +14,6 @@ from __future__ import annotations
 import tvm
 import tvm_ffi
 from tvm import tirx
-from tvm.tirx import compilation_pipeline as _pipelines
-
-PIPELINE = "dyntvm_element_aligned"
 
 
 def _element_aligned(stmt):
@@ -25,13 +22,7 @@ def _element_aligned(stmt):
     return stmt
 
 
-def _pipeline():
-    lower, finalize_host, finalize_device = _pipelines.get_tir_pipeline("default")
-
-    @tvm.transform.module_pass(opt_level=0, name="dyntvm.ElementAlignedArguments")
-    def element_aligned(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        return tvm_ffi.structural_map(lower(mod), (tirx.AttrStmt, _element_aligned))
-    return element_aligned, finalize_host, finalize_device
-
-
-_pipelines.register_tir_pipeline(PIPELINE, _pipeline)
+@tvm.transform.module_pass(opt_level=0, name="dyntvm.ElementAlignedArguments")
+def element_aligned_pass(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+    """Every ``storage_alignment`` hint of `mod` (lowered by TVM's TIR pipeline: MakePackedAPI made them) set to 1."""
+    return tvm_ffi.structural_map(mod, (tirx.AttrStmt, _element_aligned))

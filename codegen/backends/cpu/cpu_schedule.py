@@ -39,7 +39,6 @@ from ....ir.vm_program import ELEMENT_ALIGNED_FUNCTION
 from ...branch_storage import after_planning
 from ...compiled_loops import loop_pass
 from ...fusion_guard import opaque_shape_scalar_kernels
-from .cpu_alignment import PIPELINE
 from .cpu_fast_math import FAST_MATH, LANES_SUFFIX
 from .cpu_inline import inline_spatial
 from .cpu_schedule_conv import conv_block_name, conv_select
@@ -195,9 +194,31 @@ def build_cpu(mod: tvm.IRModule, target=None, loops=(), tuned=None, program=None
                 and not func.attrs.get("tirx.noalias", False)):
             mod[gvar] = func.with_attr("tirx.noalias", True)
     # a program that passes numpy inputs unaligned (`vm_program.ELEMENT_ALIGNED_INPUTS`): kernels without 64-byte hints
-    tir = PIPELINE if any(g.name_hint == ELEMENT_ALIGNED_FUNCTION for g in mod.get_global_vars()) else "default"
+    element_aligned = any(g.name_hint == ELEMENT_ALIGNED_FUNCTION for g in mod.get_global_vars())
     with _lowering_context():
-        return tvm.compile(mod, target=target, relax_pipeline=None, tir_pipeline=tir)
+        return tvm.compile(mod, target=target, relax_pipeline=None, tir_pipeline=tir_pipeline(element_aligned))
+
+
+def tir_pipeline(element_aligned: bool = False) -> str:
+    """The name of a CPU build's TIR pipeline (registered once a combination): TVM's, then (`te_conv.STRIDED_LANES`)
+    lane-strided loads written as contiguous loads and a shuffle (`cpu_strided_loads`), then, for a library whose
+    program passes numpy inputs unaligned (`element_aligned`: `vm_program.ELEMENT_ALIGNED_INPUTS`), the arguments'
+    alignment hints of one element (`cpu_alignment`)."""
+    from tvm.tirx import compilation_pipeline
+
+    from ...te_conv import STRIDED_LANES
+    from .cpu_alignment import element_aligned_pass
+    from .cpu_strided_loads import strided_loads_pass
+    extra = [p for p, on in ((strided_loads_pass, STRIDED_LANES), (element_aligned_pass, element_aligned)) if on]
+    if not extra:
+        return "default"
+    name = "dyntvm_cpu:" + "+".join(p.info.name for p in extra)
+
+    def make(**kwargs):
+        base, host, device = compilation_pipeline.get_tir_pipeline("s_tir", **kwargs)
+        return tvm.transform.Sequential([base, *extra]), host, device
+    compilation_pipeline.PIPELINE_MAP.setdefault(name, make)
+    return name
 
 
 #: TIR's LoopPartition config for CPU builds: a partition of one iteration stays a loop. Unrolled, TVM 0.27
