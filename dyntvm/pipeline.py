@@ -172,8 +172,9 @@ def tune(fn_or_graph, *specs, target: str = "cpu", trials: int = 64, shape_hints
     each resulting static kernel is tuned (`trials` candidates), and the tuned schedule kept only if the
     region it runs in is faster with it than with our default schedule, timed interleaved until the
     difference is outside the noise (`codegen/tuning_verdict.py`); else the log records it as rejected. Running
-    again with the same folder resumes: finished kernels are not tuned again. Ctrl-C stops at the next safe point (builds in progress are dropped, a
-    measurement in progress finishes), keeps what was finished and measured, and raises KeyboardInterrupt.
+    again with the same folder resumes: finished kernels are not tuned again. Ctrl-C stops at the next safe
+    point (builds in progress are dropped, a measurement in progress finishes), keeps what was finished and
+    measured, and raises KeyboardInterrupt.
 
     Args:
         fn_or_graph, *specs, selector: as for `compile`.
