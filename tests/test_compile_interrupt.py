@@ -110,3 +110,18 @@ def test_a_ctrl_c_that_came_out_of_a_tvm_call_as_an_error_ends_the_compile_as_ke
     assert run.stderr.rstrip().splitlines()[-1] == "KeyboardInterrupt", run.stderr[-3000:]
     assert "RuntimeError" in run.stderr and "compiled" not in run.stdout
     assert _cached(tmp_path) == []
+
+
+def test_a_ctrl_c_during_the_program_build_is_not_followed_by_another_build(tmp_path):
+    """The same error inside the VM program's build (which falls back to building again, with the regions
+    called, then without the program, on an error): KeyboardInterrupt at once, one build (before: three)."""
+    script = tmp_path / "compile_program.py"
+    count = "import atexit; calls = []; atexit.register(lambda: print('builds', len(calls)))"
+    script.write_text(ESCAPING.replace("vm_program.build_with_program = lambda *args, **kwargs: None", count)
+                      .replace("def build_cpu(*args, **kwargs):\n",
+                               "def build_cpu(*args, **kwargs):\n    calls.append(1)\n"))
+    run = subprocess.run([sys.executable, str(script), str(tmp_path / "cache")], capture_output=True, text=True,
+                         timeout=600, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert run.returncode == -signal.SIGINT, f"exit {run.returncode}\n{run.stdout}\n{run.stderr[-3000:]}"
+    assert "builds 1" in run.stdout, run.stdout + run.stderr[-3000:]
+    assert _cached(tmp_path) == []
