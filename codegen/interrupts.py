@@ -9,8 +9,10 @@ come (seen: a Ctrl-C 7-8 s into the transformer example's 15 s build, caught as 
 `noted_interrupt` keeps Python's own behaviour (KeyboardInterrupt where the signal lands) and notes that the
 signal came; `check` raises KeyboardInterrupt again if it did: before a build is stored in the compile
 cache (`build._store`: a library built through such a fallback is never cached) and before `dt.compile`
-returns. A program that ignores SIGINT or handles it itself, or a build outside the main thread, keeps its
-own way (nothing is noted). `tuning_interrupt` is the tune's stricter form (the signal only sets a flag).
+returns. An error that ends the build after such a signal (the KeyboardInterrupt come back out of the C++
+call as a RuntimeError, where no fallback took it) ends `dt.compile` as KeyboardInterrupt, from that error.
+A program that ignores SIGINT or handles it itself, or a build outside the main thread, keeps its own way
+(nothing is noted). `tuning_interrupt` is the tune's stricter form (the signal only sets a flag).
 """
 from __future__ import annotations
 
@@ -39,6 +41,10 @@ def noted_interrupt():
     previous = signal.signal(signal.SIGINT, _on_sigint)
     try:
         yield
+    except Exception as e:
+        if _came:       # the Ctrl-C came back out of a C++ call as this error (a RuntimeError): say what it was
+            raise KeyboardInterrupt from e
+        raise
     finally:
         signal.signal(signal.SIGINT, previous)
         came, _came = _came, False

@@ -371,6 +371,8 @@ def build_with_program(build_cpu, mod, tvm_target, loops, tuned, program):
         try:
             ex = build_cpu(mod, tvm_target, loops, tuned=tuned, program=program_pass(graph, prefix, declined, inline))
         except Exception as e:  # noqa: BLE001 - the program is an optimization: never the reason a build fails
+            from .interrupts import check
+            check()             # a Ctrl-C come out of a TVM call as this error: no second build
             if inline:
                 stats.inline_retries.append(f"{type(e).__name__}: {str(e).strip()[:300]}")
                 continue

@@ -171,9 +171,10 @@ def tune(fn_or_graph, *specs, target: str = "cpu", trials: int = 64, shape_hints
     Every region whose symbolic dims all have hints is specialized to each combination of hinted sizes;
     each resulting static kernel is tuned (`trials` candidates), and the tuned schedule kept only if the
     region it runs in is faster with it than with our default schedule, timed interleaved until the
-    difference is outside the noise (`codegen/tuning_verdict.py`); else the log records it as rejected. Running again with the same folder resumes: finished
-    kernels are not tuned again. Ctrl-C stops at the next safe point (builds in progress are dropped, a
-    measurement in progress finishes), keeps what was finished and measured, and raises KeyboardInterrupt.
+    difference is outside the noise (`codegen/tuning_verdict.py`); else the log records it as rejected. Running
+    again with the same folder resumes: finished kernels are not tuned again. Ctrl-C stops at the next safe
+    point (builds in progress are dropped, a measurement in progress finishes), keeps what was finished and
+    measured, and raises KeyboardInterrupt.
 
     Args:
         fn_or_graph, *specs, selector: as for `compile`.
@@ -366,6 +367,22 @@ def _check_hints(hints, symbols: list) -> dict:
     return out
 
 
+def _check_dynamic(dynamic) -> None:
+    """`hybridize`'s ``dynamic``: "all", or a sequence with, per input, "all" or a sequence of axis names (a
+    symbol, or None: the call's size); a CompileError naming what is wrong otherwise (not a TypeError later)."""
+    if isinstance(dynamic, str) and dynamic == "all":
+        return
+    if not isinstance(dynamic, (tuple, list)):
+        raise CompileError(f"hybridize: dynamic must be 'all' or a tuple with one entry per input, got {dynamic!r}")
+    for i, names in enumerate(dynamic):
+        if isinstance(names, str) and names == "all":
+            continue
+        if not isinstance(names, (tuple, list)) or \
+                not all(a is None or isinstance(a, (str, int)) and not isinstance(a, bool) for a in names):
+            raise CompileError(f"hybridize: dynamic[{i}] must be 'all' or a tuple with a symbol name (or None: the "
+                               f"call's size) per axis of input {i}, got {names!r}")
+
+
 def hybridize(fn, target: str = "cpu", dynamic=(), selector=None, cache_dir=None, autograph: bool = False):
     """Compile `fn` on first call and cache per input signature (MXNet's hybridize).
 
@@ -378,6 +395,7 @@ def hybridize(fn, target: str = "cpu", dynamic=(), selector=None, cache_dir=None
         >>> fast = dt.hybridize(lstm, dynamic=(("T", "B", None), ("B", None), ("B", None)))
         >>> hs, h = fast(xs, h0, c0)     # one compile serves every T and B
     """
+    _check_dynamic(dynamic)
     compiled: dict = {}
     is_leaf = lambda x: isinstance(x, np.ndarray)
 

@@ -71,3 +71,57 @@ def test_without_a_ctrl_c_the_same_compile_runs_and_is_cached(tmp_path):
     run = _run(tmp_path, "none")
     assert run.returncode == 0, run.stderr[-3000:]
     assert "compiled" in run.stdout and len(_cached(tmp_path)) == 1
+
+
+ESCAPING = """import os, signal, sys, time
+import numpy as np
+import tvm_ffi
+import dyntvm as dt
+from dyntvm import F
+from dyntvm.codegen import vm_program
+from dyntvm.codegen.backends.cpu import cpu_schedule
+vm_program.build_with_program = lambda *args, **kwargs: None    # no program build: nothing takes the error
+
+@tvm_ffi.register_global_func("dyntvm_test.ctrl_c_escaping")
+def _ctrl_c():
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(5)
+
+original = cpu_schedule.build_cpu
+def build_cpu(*args, **kwargs):
+    tvm_ffi.get_global_func("dyntvm_test.ctrl_c_escaping")()   # comes out as an error, not taken by a fallback
+    return original(*args, **kwargs)
+cpu_schedule.build_cpu = build_cpu
+
+W = np.random.default_rng(0).standard_normal((64, 32)).astype(np.float32)
+dt.compile(lambda x: F.relu(F.matmul(x, W)), dt.TensorSpec(("N", 64)), cache_dir=sys.argv[1])
+print("compiled", flush=True)
+"""
+
+
+def test_a_ctrl_c_that_came_out_of_a_tvm_call_as_an_error_ends_the_compile_as_keyboard_interrupt(tmp_path):
+    """The callback's KeyboardInterrupt comes out of the C++ call as a RuntimeError that nothing takes: the
+    compile ends in KeyboardInterrupt (exit by SIGINT), that error its cause (before: a RuntimeError, exit 1)."""
+    script = tmp_path / "compile_escaping.py"
+    script.write_text(ESCAPING)
+    run = subprocess.run([sys.executable, str(script), str(tmp_path / "cache")], capture_output=True, text=True,
+                         timeout=600, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert run.returncode == -signal.SIGINT, f"exit {run.returncode}\n{run.stdout}\n{run.stderr[-3000:]}"
+    assert run.stderr.rstrip().splitlines()[-1] == "KeyboardInterrupt", run.stderr[-3000:]
+    assert "RuntimeError" in run.stderr and "compiled" not in run.stdout
+    assert _cached(tmp_path) == []
+
+
+def test_a_ctrl_c_during_the_program_build_is_not_followed_by_another_build(tmp_path):
+    """The same error inside the VM program's build (which falls back to building again, with the regions
+    called, then without the program, on an error): KeyboardInterrupt at once, one build (before: three)."""
+    script = tmp_path / "compile_program.py"
+    count = "import atexit; calls = []; atexit.register(lambda: print('builds', len(calls)))"
+    script.write_text(ESCAPING.replace("vm_program.build_with_program = lambda *args, **kwargs: None", count)
+                      .replace("def build_cpu(*args, **kwargs):\n",
+                               "def build_cpu(*args, **kwargs):\n    calls.append(1)\n"))
+    run = subprocess.run([sys.executable, str(script), str(tmp_path / "cache")], capture_output=True, text=True,
+                         timeout=600, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert run.returncode == -signal.SIGINT, f"exit {run.returncode}\n{run.stdout}\n{run.stderr[-3000:]}"
+    assert "builds 1" in run.stdout, run.stdout + run.stderr[-3000:]
+    assert _cached(tmp_path) == []
