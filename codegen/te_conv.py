@@ -19,7 +19,8 @@
 * ``dt_conv_pwp`` (positions vectorized): a pointwise 2-D conv (1x1, stride 1, no padding, one group) as the GEMM
   [O, H * W] = W[O, C] x X[C, H * W] per image, the positions - contiguous in NCHW - the vector lanes, a weight
   value the broadcast (`POSITION_LANES`); the crop stage reads [N, O, H, W] back from [N, O, whole vectors]. A strided
-  1x1 conv is this GEMM on a copy of its strided positions (`STRIDED_POSITION_LANES`, ``STRIDED_BLOCK``).
+  1x1 conv is this GEMM on a copy of its strided positions (`STRIDED_POSITION_LANES`, ``STRIDED_BLOCK``); the TE of
+  both forms is in `te_conv_pwp`.
 
 Data and result stay NCHW (NCW, NCDHW): no layout change crosses the kernel's boundary, so symbolic batch and
 spatial dims, fusion with the epilogue (bias, activation, residual) and the rest of the graph are as before.
@@ -33,26 +34,9 @@ from tvm import DataType, te, tirx
 
 from .dims import I64
 
-OCV_BLOCK = "dt_conv_ocv"
-SPV_BLOCK = "dt_conv_spv"
-PAD_BLOCK = "dt_conv_pad"
-#: The padded input stored as phases (`_padded_phases`): a ``PAD_BLOCK`` whose last two axes are (phase, column).
-PHASES_BLOCK = "dt_conv_pad_phases"
-CROP_BLOCK = "dt_conv_crop"
-#: A pointwise 2-D conv vectorized along its positions (`POSITION_LANES`, `_te_conv_pointwise`).
-PWP_BLOCK = "dt_conv_pwp"
-#: The strided positions of a strided pointwise conv (`STRIDED_POSITION_LANES`), a ``PAD_BLOCK`` the schedule stores
-#: flattened (`cpu_schedule_conv._strided_copy`).
-STRIDED_BLOCK = PAD_BLOCK + "_strided"
-#: Suffix of a ``PAD_BLOCK`` whose column loop is split into padding and interior (`_padded`'s `split_columns`).
-SPLIT_SUFFIX = "_split"
-#: Annotation of the conv block: the register tile's output positions along a row (`row_tile`).
-ROW_TILE_ATTR = "dt_conv_row_tile"
-#: Annotation of a ``dt_conv_ocv`` block computed over the flattened positions of its last two output axes
-#: (`FLAT_POSITIONS`): its last axis is then h * W + w, whole tiles of ROW_TILE_ATTR positions.
-FLAT_ATTR = "dt_conv_flat"
-#: Annotation of a ``dt_conv_pwp`` block: the output channels of its register tile.
-PWP_ROWS_ATTR = "dt_conv_pwp_rows"
+from .te_conv_names import (CROP_BLOCK, FLAT_ATTR, OCV_BLOCK, PAD_BLOCK, PHASES_BLOCK,  # noqa: F401 - te_conv.X
+                            PWP_BLOCK, PWP_ROWS_ATTR, ROW_TILE_ATTR, SPLIT_SUFFIX, SPV_BLOCK, STRIDED_BLOCK)
+from .te_conv_pwp import te_conv_pointwise, te_conv_strided_pointwise
 
 # Register tiles. ocv: vb channels x `tw` output positions of a row. AVX-512 (32 registers, 16 fp32 lanes: vb = 16
 # is one register): 14 positions (14 accumulators, as TVM's x86 conv2d picks reg_n). AVX2 (16 registers: vb = 16 is
@@ -429,76 +413,12 @@ def _same_size(a, b) -> bool:
     return tvm_ffi.structural_equal(a, b)
 
 
-def _pwp_rows(channels: int) -> int:
-    """Output channels of the ``dt_conv_pwp`` register tile: the largest up to `_PWP_ROWS` dividing `channels`."""
-    most = _PWP_ROWS[_host_vector_bits()]
-    return next(r for r in range(most, 0, -1) if channels % r == 0)
-
-
-def _te_conv_pointwise(x, w, out, vb: int, guard=None):
-    """``dt_conv_pwp`` (`POSITION_LANES`): [N, O, ceil(H * W / v) * v] = W[O, C] x X[N, C, H * W] in whole vectors
-    of v positions, the input read as 0 past H * W under a ``likely`` test (TIR's LoopPartition splits the last
-    tile off); the packed weight [O / vb, C, 1, 1, vb] read at [o // vb, c, 0, 0, o % vb] (the size check's
-    `guard`, 0, added to its first index: a scalar the tile's loop hoists). The crop stage reads the result back
-    as [N, O, H, W]. The block's annotations: the positions (ROW_TILE_ATTR: `_PWP_VECTORS` vectors) and output
-    channels (PWP_ROWS_ATTR) of its register tile, which the schedule uses where it divides H * W (else it
-    schedules the block as ``dt_conv_ocv``: `cpu_schedule_conv._pointwise_select`). (Computed over H * W positions
-    exactly, the tile's split predicate sized the accumulator tile at run time: a workspace allocation a tile.)"""
-    height, width = out
+def _pwp_tile(x, o_total: int) -> tuple[int, int, int]:
+    """The ``dt_conv_pwp`` register tile of a conv of `x` to `o_total` channels (`te_conv_pwp`): (vector lanes,
+    positions: `_PWP_VECTORS` vectors, output channels: the largest up to `_PWP_ROWS` dividing `o_total`)."""
     lanes = max(1, _host_vector_bits() // DataType(str(x.dtype)).bits)
-    plane = height * width
-
-    def read(n, c, p):
-        return tirx.if_then_else(tirx.likely(p < plane), x(n, c, tirx.floordiv(p, width), tirx.floormod(p, width)),
-                                 tirx.const(0, x.dtype))
-    # (at least one tile: a block of fewer positions sized the accumulator tile at run time, min(blocks, tile))
-    flat = tirx.max(tirx.floordiv(plane + _i64(lanes - 1), _i64(lanes)) * _i64(lanes), _i64(_PWP_VECTORS * lanes))
-    return _pwp_gemm(x.shape[0], w, vb, read, flat, _PWP_VECTORS * lanes, out,
-                     guard[0] if guard is not None else _i64(0))
-
-
-def _pwp_gemm(batch, w, vb: int, read, flat, tile: int, out, w_offset=None):
-    """The ``dt_conv_pwp`` block [batch, O, flat] = sum over c of ``read(n, c, p)`` x the packed weight
-    [O / vb, C, 1, 1, vb] at [o // vb (+ `w_offset`), c, 0, 0, o % vb], annotated with its register tile's `tile`
-    positions and output channels, and the crop stage reading it back as [batch, O, *out]."""
-    o_total, cg = int(w.shape[0]) * vb, int(w.shape[1])
-    height, width = out
-    rc = te.reduce_axis((_i64(0), _i64(cg)), name="rc")
-
-    def value(n, o, p):
-        block = tirx.floordiv(o, _i64(vb))
-        wv = w[block if w_offset is None else block + w_offset, rc, _i64(0), _i64(0), tirx.floormod(o, _i64(vb))]
-        return te.sum(read(n, rc, p) * wv, axis=[rc])
-    res = te.compute([batch, _i64(o_total), flat], value, name=PWP_BLOCK,
-                     attrs={ROW_TILE_ATTR: tile, PWP_ROWS_ATTR: _pwp_rows(o_total)})
-    return te.compute([batch, _i64(o_total), height, width],
-                      lambda n, o, h, col: res(n, o, h * width + col), name=CROP_BLOCK)
-
-
-def _te_conv_strided_pointwise(x, w, strides, out, vb: int, guard=None):
-    """``dt_conv_pwp`` of a strided 1x1 conv (`STRIDED_POSITION_LANES`): the strided positions copied to
-    ``STRIDED_BLOCK`` [N, C, rows, W] (x[n, c, h * sh, w * sw], zeros in the rows past H, enough rows for whole
-    tiles of positions; the size check's `guard` read in its condition), which the schedule stores flattened
-    [N, C, rows * W] (`cpu_schedule_conv._strided_copy`): the GEMM's read [n, c, p // W, p % W] is then
-    [n, c, p], whole vectors without a test. The block [N, O, ceil(H * W / t) * t] (t: the tile's positions)
-    and the crop stage as `_te_conv_pointwise`'s."""
-    height, width = out
-    tile = _PWP_VECTORS * max(1, _host_vector_bits() // DataType(str(x.dtype)).bits)
-    plane = height * width
-    flat = tirx.max(tirx.floordiv(plane + _i64(tile - 1), _i64(tile)) * _i64(tile), _i64(tile))
-    # (the output sizes are >= 1 when the kernel runs: checked before it, `converters/window._check_sizes`)
-    cols = tirx.max(width, _i64(1))
-    rows = tirx.floordiv(flat + cols - _i64(1), cols)
-    sh, sw = (_i64(int(s)) for s in strides)
-    zero = tirx.const(0, x.dtype)
-    checked = [] if guard is None else [guard[0] == tirx.IntImm(guard.dtype, 0)]
-
-    def copy(n, c, h, col):
-        inside = tirx.all(tirx.likely(h < height), *checked)
-        return tirx.if_then_else(inside, x(n, c, h * sh, col * sw), zero)
-    xs = te.compute([x.shape[0], x.shape[1], rows, cols], copy, name=STRIDED_BLOCK)
-    return _pwp_gemm(x.shape[0], w, vb, lambda n, c, p: xs(n, c, tirx.floordiv(p, cols), tirx.floormod(p, cols)),
-                     flat, tile, out)
+    most = _PWP_ROWS[_host_vector_bits()]
+    return lanes, _PWP_VECTORS * lanes, next(r for r in range(most, 0, -1) if o_total % r == 0)
 
 
 def te_conv(x, w, strides, dilations, pads, out, groups: int, vb: int, guard=None):
@@ -511,10 +431,10 @@ def te_conv(x, w, strides, dilations, pads, out, groups: int, vb: int, guard=Non
         o_total, cg, kernel = int(w.shape[0]), int(w.shape[1]), [int(k) for k in w.shape[2:]]
     if position_lanes(x.shape[2:], out, kernel, strides, pads, groups, vb, max(o_total, cg), o_total, str(x.dtype)):
         if padded_positions(out, o_total, str(x.dtype)):
-            return _te_conv_strided_pointwise(x, w, [1] * len(strides), out, vb, guard)
-        return _te_conv_pointwise(x, w, out, vb, guard)
+            return te_conv_strided_pointwise(x, w, [1] * len(strides), out, vb, *_pwp_tile(x, o_total)[1:], guard)
+        return te_conv_pointwise(x, w, out, vb, *_pwp_tile(x, o_total), guard)
     if strided_position_lanes(out, kernel, strides, pads, groups, vb, max(o_total, cg)):
-        return _te_conv_strided_pointwise(x, w, strides, out, vb, guard)
+        return te_conv_strided_pointwise(x, w, strides, out, vb, *_pwp_tile(x, o_total)[1:], guard)
     shared_taps = len(strides) == 2 and int(strides[-1]) == 1 and kernel[-1] > 1
     tile, exact = row_tile(out[-1], _ocv_tiles(vb, str(x.dtype), shared_taps) if vb > 1 else _SPV_TILES)
     if flat_positions(out, vb, str(x.dtype), cg * functools.reduce(lambda a, b: a * b, kernel, 1),

@@ -414,7 +414,7 @@ def _pointwise_select(func, target, name: str, work) -> tirx.PrimFunc:
     and 1 position) took 9.5x the channels form's time."""
     sch = s_tir.Schedule(func)
     if any(sch.get(b).name_hint.startswith(STRIDED_BLOCK) for b in child_blocks(sch)):
-        # a strided conv's copy (`te_conv._te_conv_strided_pointwise`): whole tiles of positions, no test
+        # a strided conv's copy (`te_conv_pwp.te_conv_strided_pointwise`): whole tiles of positions, no test
         return _select(func, _parallel_cands(work, target, lambda par: _sched_pointwise(func, target, name, par)))
     block = sch.get(sch.get_sblock(name))
     tw = int(block.annotations[ROW_TILE_ATTR])
