@@ -13,9 +13,14 @@ from tvm.sym import Analyzer, ConstIntBound
 from dyntvm.errors import CompileError
 from ..ir.dims import BinOp, Const, DimExpr, DimVisitor, Sym, parse_dim
 
-__all__ = ["ConvertContext", "I64", "provably_equal", "is_one"]
+__all__ = ["ConvertContext", "I64", "i64", "provably_equal", "is_one"]
 
 I64 = "int64"
+
+
+def i64(v):
+    """An int as an int64 TIR constant (a PrimExpr as it is): the dims and sizes of the TE computes."""
+    return tirx.IntImm(I64, v) if isinstance(v, int) else v
 
 _TIR_BINOPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
                "//": tirx.floordiv, "%": tirx.floormod}

@@ -32,7 +32,7 @@ import functools
 import tvm_ffi
 from tvm import DataType, te, tirx
 
-from .dims import I64
+from .dims import i64 as _i64
 
 from .te_conv_names import (CROP_BLOCK, FLAT_ATTR, OCV_BLOCK, PAD_BLOCK, PHASES_BLOCK,  # noqa: F401 - te_conv.X
                             PWP_BLOCK, PWP_ROWS_ATTR, ROW_TILE_ATTR, SPLIT_SUFFIX, SPV_BLOCK, STRIDED_BLOCK)
@@ -62,6 +62,9 @@ STRIDED_LANES = True
 #: mobilenet_v3_small's 5x5 / 2 layers took 1.06x (96 @ 28) and 1.19x (288 @ 14) their phases form's time, the 3x3 / 2
 #: ones 0.84x (72 @ 56) and 1.0x (16 @ 112) (`bench_dw_layers.py --kernel --only /2 --ab te_conv.STRIDED_LANES`).
 STRIDED_LANES_MAX_TAPS = 3
+#: ... and strides up to this (the strides `cpu_strided_loads` rewrites: about `stride` vector loads a lane-strided
+#: load)
+STRIDED_LANES_MAX_STRIDE = 4
 #: A strided spv convolution's phases copy (`_padded_phases`) marks its column bounds ``likely``: TIR's LoopPartition
 #: pass then splits the column loop into its padding and its interior (symbolic bounds too), and the interior, iterated
 #: (column, phase) with the phases unrolled (`cpu_schedule_depthwise.schedule_phases`), is an unconditional read of
@@ -225,10 +228,6 @@ def _flat_tile(vb: int, dtype: str) -> int:
     if bits == 256 and vb // max(1, bits // DataType(dtype).bits) == 2:
         return max(1, FLAT_ACC_REGISTERS_AVX2 // 2)
     return tiles[2]
-
-
-def _i64(v):
-    return tirx.IntImm(I64, v) if isinstance(v, int) else v
 
 
 def out_channel_block(out_per_group: int, cin_per_group: int, groups: int) -> int:
@@ -397,7 +396,7 @@ def padded_positions(out, o_total: int, dtype: str) -> bool:
     statically a multiple of the tile's positions."""
     if not PADDED_POSITIONS or o_total < PADDED_POSITIONS_MIN_CHANNELS:
         return False
-    tile = _PWP_VECTORS * max(1, _host_vector_bits() // DataType(dtype).bits)
+    tile = _pwp_tile(dtype, o_total)[1]
     if all(isinstance(o, (int, tirx.IntImm)) for o in out):
         return int(out[0]) * int(out[1]) % tile != 0
     return True
@@ -413,10 +412,10 @@ def _same_size(a, b) -> bool:
     return tvm_ffi.structural_equal(a, b)
 
 
-def _pwp_tile(x, o_total: int) -> tuple[int, int, int]:
-    """The ``dt_conv_pwp`` register tile of a conv of `x` to `o_total` channels (`te_conv_pwp`): (vector lanes,
+def _pwp_tile(dtype: str, o_total: int) -> tuple[int, int, int]:
+    """The ``dt_conv_pwp`` register tile of a conv of `dtype` to `o_total` channels (`te_conv_pwp`): (vector lanes,
     positions: `_PWP_VECTORS` vectors, output channels: the largest up to `_PWP_ROWS` dividing `o_total`)."""
-    lanes = max(1, _host_vector_bits() // DataType(str(x.dtype)).bits)
+    lanes = max(1, _host_vector_bits() // DataType(dtype).bits)
     most = _PWP_ROWS[_host_vector_bits()]
     return lanes, _PWP_VECTORS * lanes, next(r for r in range(most, 0, -1) if o_total % r == 0)
 
@@ -429,12 +428,13 @@ def te_conv(x, w, strides, dilations, pads, out, groups: int, vb: int, guard=Non
         o_total, cg, kernel = int(w.shape[0]) * vb, int(w.shape[1]), [int(k) for k in w.shape[2:2 + n_sp]]
     else:
         o_total, cg, kernel = int(w.shape[0]), int(w.shape[1]), [int(k) for k in w.shape[2:]]
+    pwp_tile = _pwp_tile(str(x.dtype), o_total)
     if position_lanes(x.shape[2:], out, kernel, strides, pads, groups, vb, max(o_total, cg), o_total, str(x.dtype)):
         if padded_positions(out, o_total, str(x.dtype)):
-            return te_conv_strided_pointwise(x, w, [1] * len(strides), out, vb, *_pwp_tile(x, o_total)[1:], guard)
-        return te_conv_pointwise(x, w, out, vb, *_pwp_tile(x, o_total), guard)
+            return te_conv_strided_pointwise(x, w, [1] * len(strides), out, vb, *pwp_tile[1:], guard)
+        return te_conv_pointwise(x, w, out, vb, *pwp_tile, guard)
     if strided_position_lanes(out, kernel, strides, pads, groups, vb, max(o_total, cg)):
-        return te_conv_strided_pointwise(x, w, strides, out, vb, *_pwp_tile(x, o_total)[1:], guard)
+        return te_conv_strided_pointwise(x, w, strides, out, vb, *pwp_tile[1:], guard)
     shared_taps = len(strides) == 2 and int(strides[-1]) == 1 and kernel[-1] > 1
     tile, exact = row_tile(out[-1], _ocv_tiles(vb, str(x.dtype), shared_taps) if vb > 1 else _SPV_TILES)
     if flat_positions(out, vb, str(x.dtype), cg * functools.reduce(lambda a, b: a * b, kernel, 1),
@@ -446,7 +446,8 @@ def te_conv(x, w, strides, dilations, pads, out, groups: int, vb: int, guard=Non
         full[-1] = tirx.floordiv(out[-1] + _i64(tile - 1), _i64(tile)) * _i64(tile)
         last_span = (full[-1] - _i64(1)) * _i64(strides[-1]) + _i64((kernel[-1] - 1) * dilations[-1] + 1)
     phased = (vb == 1 and strides[-1] > 1 and PHASED_STRIDES
-              and not (STRIDED_LANES and strides[-1] <= 4 and kernel[-1] <= STRIDED_LANES_MAX_TAPS))
+              and not (STRIDED_LANES and strides[-1] <= STRIDED_LANES_MAX_STRIDE
+                       and kernel[-1] <= STRIDED_LANES_MAX_TAPS))
     if vb > 1 and last_span is not None and not any(lo or hi for lo, hi in pads):
         # no padding, whole tiles: the positions past the row read its last input (their results are cut) instead
         # of a zero-extended copy of the whole input - for a strided 1x1 convolution that copy cost more than

@@ -8,12 +8,8 @@ from __future__ import annotations
 
 from tvm import te, tirx
 
-from .dims import I64
+from .dims import i64 as _i64
 from .te_conv_names import CROP_BLOCK, PWP_BLOCK, PWP_ROWS_ATTR, ROW_TILE_ATTR, STRIDED_BLOCK
-
-
-def _i64(v):
-    return tirx.IntImm(I64, v) if isinstance(v, int) else v
 
 
 def te_conv_pointwise(x, w, out, vb: int, lanes: int, tile: int, tile_channels: int, guard=None):

@@ -8,17 +8,13 @@ from __future__ import annotations
 import tvm
 from tvm import te, tirx
 
-from .dims import I64
+from .dims import i64 as _i64
 from .te_kernels import isnan_bits
 
 
 #: block names of `te_max_pool` (`cpu_schedule_pool` schedules them)
 MAX_POOL_BLOCK = "max_pool"
 POOL_PAD_BLOCK = "dt_pool_pad"
-
-
-def _i64(v):
-    return tirx.IntImm(I64, v) if isinstance(v, int) else v
 
 
 def _taps(x, kernel, strides, dilations, pads, rk, o):

@@ -4,19 +4,23 @@ A loop vectorized over positions that reads its input `s` apart (a stride-2 dept
 input: column w * 2 + tap) gives a load ``buf[Ramp(base, s, L)]``, which TVM's LLVM code generator writes as
 L scalar loads and inserts (a gather). `strided_loads_pass` (run at the end of the TIR pipeline of a CPU
 build, `cpu_schedule.tir_pipeline`) writes each such float load of a constant stride 2..`MAX_STRIDE` as
-ceil(span / L) contiguous loads of L lanes - span = s * (L - 1) + 1, the last one ending at the last element read, so that nothing past
-the strided load's own extent is read - and a ``Shuffle`` picking the lanes, which LLVM lowers to a few
-``vshufps`` / ``vpermps`` (for stride 2: two loads and two shuffles per vector, where the gather took 8 loads and
-8 inserts). (Tried: one in-block ``vshufps`` a load, the accumulator tile kept in that shuffle's lane order and
-shuffled back by its readers: 1.04-1.23x the time of this form on mobilenet_v3_small's 3x3 / 2 layers.)
+ceil(span / L) contiguous loads of L lanes - span = s * (L - 1) + 1, the last one ending at the last element
+read, so that nothing past the strided load's own extent is read - and a ``Shuffle`` picking the lanes, which
+LLVM lowers to a few ``vshufps`` / ``vpermps`` (for stride 2: two loads and two shuffles per vector, where the
+gather took 8 loads and 8 inserts). (Tried: one in-block ``vshufps`` a load, the accumulator tile kept in that
+shuffle's lane order and shuffled back by its readers: 1.04-1.23x the time of this form on mobilenet_v3_small's
+3x3 / 2 layers.)
 """
 from __future__ import annotations
 
 import tvm
 from tvm import tirx
 
-#: Strides rewritten (a stride of s reads ceil((s * (L - 1) + 1) / L) vectors, about s of them, for L lanes).
-MAX_STRIDE = 4
+from ...te_conv import STRIDED_LANES_MAX_STRIDE
+
+#: Strides rewritten (a stride of s reads ceil((s * (L - 1) + 1) / L) vectors, about s of them, for L lanes): those
+#: `te_conv` counts on for its strided depthwise convs (`te_conv.STRIDED_LANES`).
+MAX_STRIDE = STRIDED_LANES_MAX_STRIDE
 
 
 def _const(e) -> int | None:
